@@ -1,0 +1,49 @@
+//! Shared formatting helpers for the subcommands.
+
+use std::io::Write;
+
+use fairfeed_wire::FieldValue;
+
+/// `HH:MM:SS.nnnnnnnnn` for nanoseconds since midnight.
+pub fn time_of_day(ns: u64) -> String {
+    let s = ns / 1_000_000_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:09}",
+        s / 3600,
+        (s / 60) % 60,
+        s % 60,
+        ns % 1_000_000_000
+    )
+}
+
+/// A field value as JSON: numbers as numbers, prices as decimal strings, text as strings.
+pub fn field_json(v: FieldValue) -> serde_json::Value {
+    match v {
+        FieldValue::Uint(u) => u.into(),
+        FieldValue::Int(i) => i.into(),
+        other => other.to_string().into(),
+    }
+}
+
+/// Writes `v` as one line of JSON; a closed pipe (`| head`) ends quietly.
+pub fn print_json_line(out: &mut impl Write, v: &serde_json::Value) -> anyhow::Result<bool> {
+    match writeln!(out, "{v}") {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A progress bar on stderr (hidden when stderr is not a terminal).
+pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {msg} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}

@@ -1,0 +1,46 @@
+//! `fairfeed` — one binary, one subcommand per job; each subcommand is a thin
+//! shell over the library crates.
+
+use clap::{Parser, Subcommand};
+
+mod cmd_decode;
+mod cmd_gen;
+mod cmd_replay;
+mod cmd_stats;
+mod fmt;
+
+/// fairfeed: fair, fast market-data dissemination.
+///
+/// Generate, inspect and replay NASDAQ TotalView-ITCH 5.0 feeds over MoldUDP64.
+#[derive(Parser)]
+#[command(name = "fairfeed", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a realistic synthetic ITCH 5.0 feed (and optional impaired A/B lines) as pcap.
+    Gen(cmd_gen::Args),
+    /// Print a capture's MoldUDP64 packets and ITCH messages, with sequence tracking.
+    Decode(cmd_decode::Args),
+    /// Characterize a capture's workload: rates, packing, sizes, peaks, symbol burstiness.
+    Stats(cmd_stats::Args),
+    /// Send a capture's UDP payloads to an address with its own pacing or a fixed rate.
+    Replay(cmd_replay::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Gen(a) => cmd_gen::run(a),
+        Command::Decode(a) => cmd_decode::run(a),
+        Command::Stats(a) => cmd_stats::run(a),
+        Command::Replay(a) => cmd_replay::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("fairfeed: error: {e:#}");
+        std::process::exit(1);
+    }
+}

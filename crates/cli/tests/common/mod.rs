@@ -1,0 +1,81 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `fairfeed` binary cargo built for these tests.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_fairfeed")
+}
+
+/// Runs `fairfeed` with `args`; panics with its stderr unless it succeeds.
+pub fn fairfeed(args: &[&str]) -> Output {
+    let out = Command::new(bin())
+        .args(args)
+        .output()
+        .expect("spawn fairfeed");
+    assert!(
+        out.status.success(),
+        "fairfeed {args:?} failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Parses stdout as one JSON value.
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The shared real-capture directory. Its absence is a loud failure, never a silent pass.
+pub fn real_data_dir() -> PathBuf {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/itch50-real");
+    assert!(
+        d.is_dir(),
+        "REAL DATA MISSING: {} not found. The real NASDAQ captures live in ../shared/data/itch50-real beside the checkout.",
+        d.display()
+    );
+    d
+}
+
+/// True if `tool --version`-style probing succeeds. When FAIRFEED_REQUIRE_TOOLS=1
+/// (the README test command sets it) a missing tool fails the test; otherwise the
+/// test says loudly that it is skipped.
+pub fn have_tool(cmd: &str, args: &[&str]) -> bool {
+    let ok = Command::new(cmd)
+        .args(args)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let msg = format!("external tool `{cmd} {}` is not available", args.join(" "));
+        if std::env::var("FAIRFEED_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!("{msg} (FAIRFEED_REQUIRE_TOOLS=1): run scripts/test.sh to install it");
+        }
+        eprintln!("SKIPPED: {msg}; run scripts/test.sh to install it");
+    }
+    ok
+}
+
+/// A temporary directory for one test's files.
+pub fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// Every `.pcap` in the real-data directory, sorted.
+pub fn real_captures() -> Vec<PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(real_data_dir())
+        .expect("read real data dir")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
+        .collect();
+    v.sort();
+    assert!(
+        v.len() >= 40,
+        "expected the full set of real captures, found {}",
+        v.len()
+    );
+    v
+}

@@ -1,0 +1,209 @@
+//! Whole-feed decoding: MoldUDP64 sequence tracking per session, ITCH message
+//! counts per type, gaps and typed error counts. Pure: fed one UDP payload at
+//! a time, so it serves files (`fairfeed decode`) and live sockets alike.
+
+use std::collections::BTreeMap;
+
+use fairfeed_wire::itch;
+use fairfeed_wire::moldudp64::Packet;
+use serde::Serialize;
+
+/// Gap ranges kept in a summary; further gaps are only counted.
+pub const GAP_LIST_MAX: usize = 1000;
+
+/// What one packet held, for printing.
+#[derive(Debug)]
+pub enum PacketEvent<'a> {
+    /// A data packet; each block decoded or the error that stopped it.
+    Data {
+        session: String,
+        sequence: u64,
+        messages: Vec<Result<itch::Message<'a>, fairfeed_wire::Error>>,
+    },
+    Heartbeat {
+        session: String,
+        next_sequence: u64,
+    },
+    EndOfSession {
+        session: String,
+        next_sequence: u64,
+    },
+    /// Not a MoldUDP64 packet.
+    Bad(fairfeed_wire::Error),
+}
+
+/// Sequence state of one MoldUDP64 session.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SessionState {
+    pub first_seq: u64,
+    pub next_seq: u64,
+    pub packets: u64,
+    pub messages: u64,
+    pub gaps: u64,
+    pub missing_messages: u64,
+    /// Packets whose messages were all seen before (duplicates or late retransmits).
+    pub duplicate_packets: u64,
+    pub ended: bool,
+}
+
+/// Counters over a whole feed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    pub packets: u64,
+    pub data_packets: u64,
+    pub heartbeats: u64,
+    pub end_of_session: u64,
+    pub messages: u64,
+    pub bytes: u64,
+    /// Messages per ITCH type (type byte as a one-character key).
+    pub types: BTreeMap<String, u64>,
+    /// First sequence number seen (first session).
+    pub first_seq: u64,
+    /// The sequence number expected next (first session).
+    pub next_seq: u64,
+    /// Sequence gaps opened (all sessions).
+    pub gaps: u64,
+    pub missing_messages: u64,
+    pub duplicate_packets: u64,
+    /// Decode errors (all kinds).
+    pub errors: u64,
+    pub error_kinds: BTreeMap<String, u64>,
+    /// The first gaps as [expected, got) ranges.
+    pub gap_list: Vec<(u64, u64)>,
+    pub sessions: BTreeMap<String, SessionState>,
+}
+
+/// Feeds packets in, keeps a [`Summary`].
+#[derive(Debug)]
+pub struct FeedDecoder {
+    summary: Summary,
+    first_session: Option<String>,
+    types: [u64; 256],
+}
+
+impl Default for FeedDecoder {
+    fn default() -> Self {
+        FeedDecoder {
+            summary: Summary::default(),
+            first_session: None,
+            types: [0; 256],
+        }
+    }
+}
+
+impl FeedDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn error(&mut self, e: &fairfeed_wire::Error) {
+        self.summary.errors += 1;
+        *self
+            .summary
+            .error_kinds
+            .entry(e.kind().to_string())
+            .or_default() += 1;
+    }
+
+    /// Decodes one UDP payload and updates the counters.
+    pub fn handle<'a>(&mut self, payload: &'a [u8]) -> PacketEvent<'a> {
+        self.summary.packets += 1;
+        self.summary.bytes += payload.len() as u64;
+        let p = match Packet::new_checked(payload) {
+            Ok(p) => p,
+            Err(e) => {
+                self.error(&e);
+                return PacketEvent::Bad(e);
+            }
+        };
+        let session = p.session().to_string();
+        let first = self
+            .first_session
+            .get_or_insert_with(|| session.clone())
+            .clone();
+        let seq = p.sequence();
+        let next = p.next_sequence();
+        let st = self
+            .summary
+            .sessions
+            .entry(session.clone())
+            .or_insert_with(|| SessionState {
+                first_seq: seq,
+                next_seq: seq,
+                ..Default::default()
+            });
+        st.packets += 1;
+        let mut gap = None;
+        if p.is_end_of_session() {
+            st.ended = true;
+        }
+        if seq > st.next_seq {
+            gap = Some((st.next_seq, seq));
+            st.gaps += 1;
+            st.missing_messages += seq - st.next_seq;
+        } else if next <= st.next_seq && p.message_count() > 0 {
+            st.duplicate_packets += 1;
+        }
+        st.next_seq = st.next_seq.max(next);
+        let (first_seq, next_seq) = (st.first_seq, st.next_seq);
+        if session == first {
+            self.summary.first_seq = first_seq;
+            self.summary.next_seq = next_seq;
+        }
+        if let Some((from, to)) = gap {
+            self.summary.gaps += 1;
+            self.summary.missing_messages += to - from;
+            if self.summary.gap_list.len() < GAP_LIST_MAX {
+                self.summary.gap_list.push((from, to));
+            }
+        }
+        if p.is_heartbeat() {
+            self.summary.heartbeats += 1;
+            return PacketEvent::Heartbeat {
+                session,
+                next_sequence: seq,
+            };
+        }
+        if p.is_end_of_session() {
+            self.summary.end_of_session += 1;
+            return PacketEvent::EndOfSession {
+                session,
+                next_sequence: seq,
+            };
+        }
+        self.summary.data_packets += 1;
+        let mut messages = Vec::with_capacity(usize::from(p.count()));
+        let mut decoded = 0;
+        for block in p.into_messages() {
+            let m = block.and_then(itch::Message::parse);
+            match &m {
+                Ok(msg) => {
+                    decoded += 1;
+                    self.types[usize::from(msg.msg_type())] += 1;
+                }
+                Err(e) => self.error(e),
+            }
+            messages.push(m);
+        }
+        self.summary.messages += decoded;
+        if let Some(s) = self.summary.sessions.get_mut(&session) {
+            s.messages += decoded;
+        }
+        PacketEvent::Data {
+            session,
+            sequence: seq,
+            messages,
+        }
+    }
+
+    /// The counters so far.
+    pub fn summary(&self) -> Summary {
+        let mut s = self.summary.clone();
+        s.duplicate_packets = s.sessions.values().map(|x| x.duplicate_packets).sum();
+        s.types = (0..=255u8)
+            .filter(|&t| self.types[usize::from(t)] > 0)
+            .map(|t| ((t as char).to_string(), self.types[usize::from(t)]))
+            .collect();
+        s
+    }
+}

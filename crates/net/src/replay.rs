@@ -1,0 +1,109 @@
+//! Replays captured UDP payloads to a socket address with the capture's own
+//! pacing (scaled by a speed factor), at a fixed packet rate, or as fast as
+//! possible; measures how close each send came to its schedule.
+
+use std::net::{SocketAddr, UdpSocket};
+
+use fairfeed_feed::capture::Datagram;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::pace::{Pacer, SPIN_NS_DEFAULT};
+
+/// Send buffer we ask the kernel for, so bursts of a fast feed are not dropped
+/// at the sender.
+pub const SEND_BUFFER_BYTES: usize = 4 << 20;
+
+/// How to schedule the sends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pacing {
+    /// The capture's inter-packet times divided by `speed` (1.0 = real time).
+    Capture { speed: f64 },
+    /// A fixed rate in packets per second.
+    Rate { pps: f64 },
+    /// No waiting at all.
+    Max,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    pub packets: u64,
+    pub bytes: u64,
+    pub send_errors: u64,
+    pub elapsed_s: f64,
+    pub achieved_pps: f64,
+    /// Send time minus scheduled time, nanoseconds.
+    pub lateness_p50_ns: u64,
+    pub lateness_p99_ns: u64,
+    pub lateness_max_ns: u64,
+}
+
+/// A UDP socket bound to an ephemeral port of the right family, with a large send buffer.
+pub fn sender_socket(to: SocketAddr) -> std::io::Result<UdpSocket> {
+    let domain = if to.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    let _ = s.set_send_buffer_size(SEND_BUFFER_BYTES);
+    let any: SocketAddr = if to.is_ipv4() {
+        "0.0.0.0:0".parse().expect("valid")
+    } else {
+        "[::]:0".parse().expect("valid")
+    };
+    s.bind(&any.into())?;
+    s.connect(&to.into())?;
+    Ok(s.into())
+}
+
+/// Sends `datagrams` to `to`; `progress` is called after each send with the count so far.
+pub fn replay(
+    datagrams: &[Datagram],
+    to: SocketAddr,
+    pacing: Pacing,
+    mut progress: impl FnMut(u64),
+) -> std::io::Result<ReplayReport> {
+    let sock = sender_socket(to)?;
+    let mut lateness =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
+    let first_ts = datagrams.first().map_or(0, |d| d.ts_ns);
+    let pacer = Pacer::new(SPIN_NS_DEFAULT);
+    let (mut packets, mut bytes, mut errors) = (0u64, 0u64, 0u64);
+    for (i, d) in datagrams.iter().enumerate() {
+        let deadline = match pacing {
+            Pacing::Capture { speed } => (d.ts_ns.saturating_sub(first_ts) as f64 / speed) as u64,
+            Pacing::Rate { pps } => (i as f64 * 1e9 / pps) as u64,
+            Pacing::Max => 0,
+        };
+        let late = pacer.wait_until(deadline);
+        if pacing != Pacing::Max {
+            lateness.saturating_record(late);
+        }
+        match sock.send(&d.payload) {
+            Ok(n) => {
+                packets += 1;
+                bytes += n as u64;
+            }
+            Err(_) => errors += 1,
+        }
+        progress(packets + errors);
+    }
+    let elapsed_s = pacer.now_ns() as f64 / 1e9;
+    Ok(ReplayReport {
+        packets,
+        bytes,
+        send_errors: errors,
+        elapsed_s,
+        achieved_pps: if elapsed_s > 0.0 {
+            packets as f64 / elapsed_s
+        } else {
+            0.0
+        },
+        lateness_p50_ns: lateness.value_at_quantile(0.5),
+        lateness_p99_ns: lateness.value_at_quantile(0.99),
+        lateness_max_ns: lateness.max(),
+    })
+}
