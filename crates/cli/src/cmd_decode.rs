@@ -38,8 +38,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let print = !(a.summary_json || a.quiet);
     let mut printing = print;
     let mut n = 0u64;
+    let mut capture_error = None;
     for frame in CaptureReader::open(&a.file)? {
-        let Some(d) = udp_of(&frame?, a.port, &mut skipped) else {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                // A torn capture: report what came before it, then the error.
+                capture_error = Some(e);
+                break;
+            }
+        };
+        let Some(d) = udp_of(&frame, a.port, &mut skipped) else {
             continue;
         };
         n += 1;
@@ -50,17 +59,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if !printing {
             continue;
         }
-        let ok = if a.json {
-            json_packet(&mut out, n, d.ts_ns, &ev)?
-        } else {
-            text_packet(&mut out, n, &d, &ev)?
-        };
+        let ok = if a.json { json_packet(&mut out, n, d.ts_ns, &ev)? } else { text_packet(&mut out, n, &d, &ev)? };
         if !ok {
             printing = false; // reader went away; keep counting for the exit status
         }
     }
     let mut summary = serde_json::to_value(dec.summary())?;
     summary["skipped_frames"] = serde_json::to_value(&skipped)?;
+    if let Some(e) = &capture_error {
+        summary["capture_error"] = e.to_string().into();
+    }
     if a.summary_json {
         writeln!(out, "{summary}")?;
     } else if !a.json {
@@ -68,7 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let _ = writeln!(
             out,
             "\n{} packets ({} data, {} heartbeats, {} end-of-session), {} messages, {} bytes\n\
-             sequence {}..{}  gaps {} ({} messages missing)  duplicate packets {}  errors {}",
+             sequence {}..{}  gaps {} ({} messages still missing)  reordered packets {}  duplicate packets {}  errors {}",
             s.packets,
             s.data_packets,
             s.heartbeats,
@@ -79,6 +87,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             s.next_seq,
             s.gaps,
             s.missing_messages,
+            s.reordered_packets,
             s.duplicate_packets,
             s.errors
         );
@@ -89,7 +98,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     let _ = out.flush();
-    Ok(())
+    match capture_error {
+        Some(e) => Err(anyhow::Error::new(e)
+            .context("capture ends in a damaged record; the output above covers what came before it")),
+        None => Ok(()),
+    }
 }
 
 fn text_packet(
@@ -98,43 +111,17 @@ fn text_packet(
     d: &fairfeed_feed::capture::Datagram,
     ev: &PacketEvent<'_>,
 ) -> anyhow::Result<bool> {
-    let head = format!(
-        "#{n} {}.{:09} {} -> {}",
-        d.ts_ns / 1_000_000_000,
-        d.ts_ns % 1_000_000_000,
-        d.src,
-        d.dst
-    );
+    let head = format!("#{n} {}.{:09} {} -> {}", d.ts_ns / 1_000_000_000, d.ts_ns % 1_000_000_000, d.src, d.dst);
     let r = match ev {
         PacketEvent::Bad(e) => writeln!(out, "{head} not MoldUDP64: {e}"),
-        PacketEvent::Heartbeat {
-            session,
-            next_sequence,
-        } => {
-            writeln!(
-                out,
-                "{head} session {session} heartbeat next {next_sequence}"
-            )
+        PacketEvent::Heartbeat { session, next_sequence } => {
+            writeln!(out, "{head} session {session} heartbeat next {next_sequence}")
         }
-        PacketEvent::EndOfSession {
-            session,
-            next_sequence,
-        } => {
-            writeln!(
-                out,
-                "{head} session {session} END OF SESSION next {next_sequence}"
-            )
+        PacketEvent::EndOfSession { session, next_sequence } => {
+            writeln!(out, "{head} session {session} END OF SESSION next {next_sequence}")
         }
-        PacketEvent::Data {
-            session,
-            sequence,
-            messages,
-        } => {
-            let mut r = writeln!(
-                out,
-                "{head} session {session} seq {sequence} count {}",
-                messages.len()
-            );
+        PacketEvent::Data { session, sequence, messages } => {
+            let mut r = writeln!(out, "{head} session {session} seq {sequence} count {}", messages.len());
             for (i, m) in messages.iter().enumerate() {
                 if r.is_err() {
                     break;
@@ -156,12 +143,7 @@ fn text_packet(
 
 /// `A AddOrder 09:30:00.000001234 locate=7 order_ref=... price=12.3400`
 pub fn message_text(m: &Message<'_>) -> String {
-    let mut s = format!(
-        "{} {} {}",
-        m.msg_type() as char,
-        m.name(),
-        time_of_day(m.timestamp())
-    );
+    let mut s = format!("{} {} {}", m.msg_type() as char, m.name(), time_of_day(m.timestamp()));
     m.visit(&mut |name, v| {
         if name != "timestamp" {
             s.push_str(&format!(" {name}={v}"));
@@ -170,18 +152,8 @@ pub fn message_text(m: &Message<'_>) -> String {
     s
 }
 
-fn json_packet(
-    out: &mut impl Write,
-    n: u64,
-    ts_ns: u64,
-    ev: &PacketEvent<'_>,
-) -> anyhow::Result<bool> {
-    let PacketEvent::Data {
-        session,
-        sequence,
-        messages,
-    } = ev
-    else {
+fn json_packet(out: &mut impl Write, n: u64, ts_ns: u64, ev: &PacketEvent<'_>) -> anyhow::Result<bool> {
+    let PacketEvent::Data { session, sequence, messages } = ev else {
         return Ok(true);
     };
     for (i, m) in messages.iter().enumerate() {

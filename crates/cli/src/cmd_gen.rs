@@ -62,29 +62,13 @@ pub struct Args {
     loss_a: f64,
     #[arg(long, default_value_t = 0.0, help = "B line: fraction of packets lost")]
     loss_b: f64,
-    #[arg(
-        long,
-        default_value_t = 0.0,
-        help = "A line: fraction of packets duplicated"
-    )]
+    #[arg(long, default_value_t = 0.0, help = "A line: fraction of packets duplicated")]
     dup_a: f64,
-    #[arg(
-        long,
-        default_value_t = 0.0,
-        help = "B line: fraction of packets duplicated"
-    )]
+    #[arg(long, default_value_t = 0.0, help = "B line: fraction of packets duplicated")]
     dup_b: f64,
-    #[arg(
-        long,
-        default_value_t = 0.0,
-        help = "A line: fraction of packets reordered"
-    )]
+    #[arg(long, default_value_t = 0.0, help = "A line: fraction of packets reordered")]
     reorder_a: f64,
-    #[arg(
-        long,
-        default_value_t = 0.0,
-        help = "B line: fraction of packets reordered"
-    )]
+    #[arg(long, default_value_t = 0.0, help = "B line: fraction of packets reordered")]
     reorder_b: f64,
     #[arg(long, default_value_t = 0.0, help = "A line: fixed delay, µs")]
     delay_a_us: f64,
@@ -100,10 +84,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        a.session.len() <= 10 && a.session.is_ascii(),
-        "--session must be at most 10 ASCII characters"
-    );
+    anyhow::ensure!(a.session.len() <= 10 && a.session.is_ascii(), "--session must be at most 10 ASCII characters");
     let cfg = GenConfig {
         seed: a.seed,
         messages: a.messages,
@@ -116,10 +97,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ..GenConfig::default()
     };
     let gen = Generator::new(cfg)?;
-    let imp_a =
-        line(a.loss_a, a.dup_a, a.reorder_a, a.delay_a_us, a.jitter_a_us).context("A line")?;
-    let imp_b =
-        line(a.loss_b, a.dup_b, a.reorder_b, a.delay_b_us, a.jitter_b_us).context("B line")?;
+    let imp_a = line(a.loss_a, a.dup_a, a.reorder_a, a.delay_a_us, a.jitter_a_us).context("A line")?;
+    let imp_b = line(a.loss_b, a.dup_b, a.reorder_b, a.delay_b_us, a.jitter_b_us).context("B line")?;
     let day_ns = a.day_unix_s * 1_000_000_000;
     let dst_a = SocketAddrV4::new(GROUP_A, a.port);
     let pb = crate::fmt::progress(a.messages, "generating messages");
@@ -141,19 +120,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     w.finish()?;
     pb.finish_and_clear();
     let mut lines = serde_json::Map::new();
-    for (path, imp, seed_salt, group) in [
-        (&a.a_out, imp_a, 0xA, GROUP_A),
-        (&a.b_out, imp_b, 0xB, GROUP_B),
-    ] {
+    for (path, imp, seed_salt, group) in [(&a.a_out, imp_a, 0xA, GROUP_A), (&a.b_out, imp_b, 0xB, GROUP_B)] {
         if let Some(path) = path {
-            let report = write_line(
-                &clean,
-                &imp,
-                a.seed ^ (seed_salt << 56),
-                path,
-                day_ns,
-                SocketAddrV4::new(group, a.port),
-            )?;
+            let report =
+                write_line(&clean, &imp, a.seed ^ (seed_salt << 56), path, day_ns, SocketAddrV4::new(group, a.port))?;
             lines.insert(path.display().to_string(), serde_json::to_value(report)?);
         }
     }
@@ -164,13 +134,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.json {
         println!("{summary}");
     } else {
-        eprintln!(
-            "wrote {} ({} messages in {} packets, {} bytes)",
-            a.out.display(),
-            a.messages,
-            packets,
-            bytes
-        );
+        eprintln!("wrote {} ({} messages in {} packets, {} bytes)", a.out.display(), a.messages, packets, bytes);
         for (k, v) in &lines {
             eprintln!("wrote {k}: {v}");
         }
@@ -178,24 +142,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn line(
-    loss: f64,
-    dup: f64,
-    reorder: f64,
-    delay_us: f64,
-    jitter_us: f64,
-) -> anyhow::Result<Impairment> {
-    anyhow::ensure!(
-        delay_us >= 0.0 && jitter_us >= 0.0,
-        "delays must not be negative"
-    );
-    let imp = Impairment {
-        loss,
-        dup,
-        reorder,
-        delay_ns: (delay_us * 1e3) as u64,
-        jitter_ns: (jitter_us * 1e3) as u64,
-    };
+fn line(loss: f64, dup: f64, reorder: f64, delay_us: f64, jitter_us: f64) -> anyhow::Result<Impairment> {
+    anyhow::ensure!(delay_us >= 0.0 && jitter_us >= 0.0, "delays must not be negative");
+    let imp = Impairment { loss, dup, reorder, delay_ns: (delay_us * 1e3) as u64, jitter_ns: (jitter_us * 1e3) as u64 };
     imp.validate().map_err(anyhow::Error::msg)?;
     Ok(imp)
 }

@@ -45,10 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             Pacing::Rate { pps }
         }
         (false, None) => {
-            anyhow::ensure!(
-                a.speed > 0.0 && a.speed.is_finite(),
-                "--speed must be positive"
-            );
+            anyhow::ensure!(a.speed > 0.0 && a.speed.is_finite(), "--speed must be positive");
             Pacing::Capture { speed: a.speed }
         }
     };

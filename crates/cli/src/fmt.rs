@@ -7,13 +7,7 @@ use fairfeed_wire::FieldValue;
 /// `HH:MM:SS.nnnnnnnnn` for nanoseconds since midnight.
 pub fn time_of_day(ns: u64) -> String {
     let s = ns / 1_000_000_000;
-    format!(
-        "{:02}:{:02}:{:02}.{:09}",
-        s / 3600,
-        (s / 60) % 60,
-        s % 60,
-        ns % 1_000_000_000
-    )
+    format!("{:02}:{:02}:{:02}.{:09}", s / 3600, (s / 60) % 60, s % 60, ns % 1_000_000_000)
 }
 
 /// A field value as JSON: numbers as numbers, prices as decimal strings, text as strings.
@@ -38,11 +32,9 @@ pub fn print_json_line(out: &mut impl Write, v: &serde_json::Value) -> anyhow::R
 pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(len);
     pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} {msg} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} ({per_sec}, eta {eta})")
+            .expect("valid template")
+            .progress_chars("=> "),
     );
     pb.set_message(what.to_string());
     pb

@@ -12,11 +12,7 @@ fn every_real_capture_decodes_without_errors() {
     let mut total_messages = 0;
     let mut types = std::collections::BTreeSet::new();
     for path in real_captures() {
-        let s = json(&fairfeed(&[
-            "decode",
-            path.to_str().unwrap(),
-            "--summary-json",
-        ]));
+        let s = json(&fairfeed(&["decode", path.to_str().unwrap(), "--summary-json"]));
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         assert_eq!(s["errors"], 0, "{name}: {s}");
         assert!(s["messages"].as_u64().unwrap() >= 1, "{name}: no messages");
@@ -28,9 +24,7 @@ fn every_real_capture_decodes_without_errors() {
     }
     assert!(total_messages >= 150, "only {total_messages} messages");
     // The collection covers these types; each decoded.
-    for t in [
-        "S", "H", "Y", "L", "J", "A", "F", "E", "C", "X", "D", "U", "P", "Q", "I", "N",
-    ] {
+    for t in ["S", "H", "Y", "L", "J", "A", "F", "E", "C", "X", "D", "U", "P", "Q", "I", "N"] {
         assert!(types.contains(t), "type {t} not seen in real data");
     }
 }
@@ -38,21 +32,13 @@ fn every_real_capture_decodes_without_errors() {
 fn decode_json_lines(file: &str) -> Vec<serde_json::Value> {
     let path = real_data_dir().join(file);
     let out = fairfeed(&["decode", path.to_str().unwrap(), "--json"]);
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 #[test]
 fn multiple_packets_capture_has_the_known_values() {
     let file = "Nasdaq_Nasdaq.Equities.TotalView.Itch.v5.0_Multiple.Packets.pcap";
-    let s = json(&fairfeed(&[
-        "decode",
-        real_data_dir().join(file).to_str().unwrap(),
-        "--summary-json",
-    ]));
+    let s = json(&fairfeed(&["decode", real_data_dir().join(file).to_str().unwrap(), "--summary-json"]));
     assert_eq!(s["packets"], 2);
     assert_eq!(s["messages"], 39);
     assert_eq!(s["sessions"]["000010059B"]["first_seq"], 14_764_496);
@@ -75,13 +61,8 @@ fn multiple_packets_capture_has_the_known_values() {
 
 #[test]
 fn other_real_messages_have_the_known_values() {
-    let m = decode_json_lines(
-        "Nasdaq_Nasdaq.Equities.TotalView.Itch.v5.0_NetOrderImbalanceIndicatorMessage.pcap",
-    );
-    assert_eq!(
-        (m[0]["type"].as_str(), m[0]["stock"].as_str()),
-        (Some("I"), Some("MDC"))
-    );
+    let m = decode_json_lines("Nasdaq_Nasdaq.Equities.TotalView.Itch.v5.0_NetOrderImbalanceIndicatorMessage.pcap");
+    assert_eq!((m[0]["type"].as_str(), m[0]["stock"].as_str()), (Some("I"), Some("MDC")));
     assert_eq!(m[0]["far_price"], "46.4400");
     assert_eq!(m[0]["cross_type"], "O");
     let m = decode_json_lines("Nasdaq_Bx.Equities.TotalView.Itch.v5.0_OrderReplaceMessage.pcap");
@@ -90,8 +71,7 @@ fn other_real_messages_have_the_known_values() {
     assert_eq!(m[0]["original_order_ref"], 2_589_422);
     assert_eq!(m[0]["new_order_ref"], 3_541_246);
     assert_eq!(m[0]["price"], "54.8800");
-    let m =
-        decode_json_lines("Nasdaq_Nasdaq.Equities.TotalView.Itch.v5.0.20230822_CrossTrade.pcap");
+    let m = decode_json_lines("Nasdaq_Nasdaq.Equities.TotalView.Itch.v5.0.20230822_CrossTrade.pcap");
     assert_eq!(m[0]["stock"], "BAC-Q");
     assert_eq!(m[0]["match_number"], 255_550);
 }

@@ -19,10 +19,7 @@ use pcap_file::{DataLink, Endianness, TsResolution};
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error("{path}: not a pcap or pcapng file ({detail})")]
     Format { path: String, detail: String },
     #[error("{path}: writing failed: {detail}")]
@@ -60,10 +57,7 @@ pub struct SkipCounts {
 
 enum Inner {
     Pcap(PcapReader<BufReader<File>>, Option<LinkType>),
-    PcapNg(
-        Box<PcapNgReader<BufReader<File>>>,
-        Vec<(Option<LinkType>, u64, u64)>,
-    ),
+    PcapNg(Box<PcapNgReader<BufReader<File>>>, Vec<(Option<LinkType>, u64, u64)>),
 }
 
 /// Reads pcap or pcapng files frame by frame.
@@ -93,23 +87,14 @@ impl CaptureReader {
     /// Opens a capture, telling pcap from pcapng by the magic number.
     pub fn open(path: &Path) -> Result<Self, CaptureError> {
         let p = path.display().to_string();
-        let io = |source| CaptureError::Io {
-            path: p.clone(),
-            source,
-        };
+        let io = |source| CaptureError::Io { path: p.clone(), source };
         let mut f = File::open(path).map_err(io)?;
         let mut magic = [0u8; 4];
         f.read_exact(&mut magic).map_err(io)?;
         let f = File::open(path).map_err(io)?;
-        let fmt = |e: pcap_file::PcapError| CaptureError::Format {
-            path: p.clone(),
-            detail: e.to_string(),
-        };
+        let fmt = |e: pcap_file::PcapError| CaptureError::Format { path: p.clone(), detail: e.to_string() };
         let inner = if magic == [0x0a, 0x0d, 0x0d, 0x0a] {
-            Inner::PcapNg(
-                Box::new(PcapNgReader::new(BufReader::new(f)).map_err(fmt)?),
-                Vec::new(),
-            )
+            Inner::PcapNg(Box::new(PcapNgReader::new(BufReader::new(f)).map_err(fmt)?), Vec::new())
         } else {
             let r = PcapReader::new(BufReader::new(f)).map_err(fmt)?;
             let link = link_of(r.header().datalink);
@@ -120,10 +105,7 @@ impl CaptureReader {
 
     /// The next frame, or `None` at the end of the file.
     pub fn next_frame(&mut self) -> Option<Result<Frame, CaptureError>> {
-        let fmt = |e: pcap_file::PcapError| CaptureError::Format {
-            path: self.path.clone(),
-            detail: e.to_string(),
-        };
+        let fmt = |e: pcap_file::PcapError| CaptureError::Format { path: self.path.clone(), detail: e.to_string() };
         match &mut self.inner {
             Inner::Pcap(r, link) => {
                 let p = r.next_packet()?;
@@ -144,26 +126,15 @@ impl CaptureReader {
                         ifaces.push((link_of(idb.linktype), mul, div));
                     }
                     Block::EnhancedPacket(epb) => {
-                        let (link, mul, div) = ifaces
-                            .get(epb.interface_id as usize)
-                            .copied()
-                            .unwrap_or((None, 1, 1));
+                        let (link, mul, div) = ifaces.get(epb.interface_id as usize).copied().unwrap_or((None, 1, 1));
                         // pcap-file reports the raw tick count as nanoseconds; rescale by if_tsresol.
                         let raw = epb.timestamp.as_nanos() as u64;
                         let ts_ns = (u128::from(raw) * u128::from(mul) / u128::from(div)) as u64;
-                        return Some(Ok(Frame {
-                            ts_ns,
-                            link,
-                            data: epb.data.into_owned(),
-                        }));
+                        return Some(Ok(Frame { ts_ns, link, data: epb.data.into_owned() }));
                     }
                     Block::SimplePacket(spb) => {
                         let link = ifaces.first().and_then(|i| i.0);
-                        return Some(Ok(Frame {
-                            ts_ns: 0,
-                            link,
-                            data: spb.data.into_owned(),
-                        }));
+                        return Some(Ok(Frame { ts_ns: 0, link, data: spb.data.into_owned() }));
                     }
                     _ => {}
                 }
@@ -209,10 +180,7 @@ pub fn udp_of(frame: &Frame, port: Option<u16>, skipped: &mut SkipCounts) -> Opt
 }
 
 /// Reads every UDP datagram of a capture (to `port`, if given).
-pub fn read_datagrams(
-    path: &Path,
-    port: Option<u16>,
-) -> Result<(Vec<Datagram>, SkipCounts), CaptureError> {
+pub fn read_datagrams(path: &Path, port: Option<u16>) -> Result<(Vec<Datagram>, SkipCounts), CaptureError> {
     let mut skipped = SkipCounts::default();
     let mut out = Vec::new();
     for frame in CaptureReader::open(path)? {
@@ -238,10 +206,7 @@ impl CaptureWriter {
     /// Creates (truncates) `path`.
     pub fn create(path: &Path) -> Result<Self, CaptureError> {
         let p = path.display().to_string();
-        let f = File::create(path).map_err(|source| CaptureError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let f = File::create(path).map_err(|source| CaptureError::Io { path: p.clone(), source })?;
         let header = PcapHeader {
             version_major: 2,
             version_minor: 4,
@@ -253,16 +218,8 @@ impl CaptureWriter {
             endianness: Endianness::Little,
         };
         let writer = PcapWriter::with_header(BufWriter::with_capacity(1 << 20, f), header)
-            .map_err(|e| CaptureError::Write {
-                path: p.clone(),
-                detail: e.to_string(),
-            })?;
-        Ok(CaptureWriter {
-            writer,
-            path: p,
-            frame_buf: vec![0; SNAPLEN as usize],
-            ident: 0,
-        })
+            .map_err(|e| CaptureError::Write { path: p.clone(), detail: e.to_string() })?;
+        Ok(CaptureWriter { writer, path: p, frame_buf: vec![0; SNAPLEN as usize], ident: 0 })
     }
 
     /// Appends one datagram from `src` to `dst` captured at `ts_ns`.
@@ -276,14 +233,7 @@ impl CaptureWriter {
         let dst_mac = if dst.ip().is_multicast() {
             frame::multicast_mac(dst.ip().octets())
         } else {
-            [
-                0x02,
-                0,
-                dst.ip().octets()[1],
-                dst.ip().octets()[2],
-                dst.ip().octets()[3],
-                0x02,
-            ]
+            [0x02, 0, dst.ip().octets()[1], dst.ip().octets()[2], dst.ip().octets()[3], 0x02]
         };
         let s = src.ip().octets();
         let repr = UdpFrameRepr {
@@ -299,21 +249,11 @@ impl CaptureWriter {
         self.ident = self.ident.wrapping_add(1);
         let n = repr
             .emit(payload, &mut self.frame_buf)
-            .map_err(|e| CaptureError::Write {
-                path: self.path.clone(),
-                detail: e.to_string(),
-            })?;
-        let pkt = PcapPacket::new(
-            std::time::Duration::from_nanos(ts_ns),
-            n as u32,
-            &self.frame_buf[..n],
-        );
+            .map_err(|e| CaptureError::Write { path: self.path.clone(), detail: e.to_string() })?;
+        let pkt = PcapPacket::new(std::time::Duration::from_nanos(ts_ns), n as u32, &self.frame_buf[..n]);
         self.writer
             .write_packet(&pkt)
-            .map_err(|e| CaptureError::Write {
-                path: self.path.clone(),
-                detail: e.to_string(),
-            })?;
+            .map_err(|e| CaptureError::Write { path: self.path.clone(), detail: e.to_string() })?;
         Ok(())
     }
 

@@ -41,9 +41,42 @@ pub struct SessionState {
     pub messages: u64,
     pub gaps: u64,
     pub missing_messages: u64,
-    /// Packets whose messages were all seen before (duplicates or late retransmits).
+    /// Late packets whose messages were all seen before.
     pub duplicate_packets: u64,
+    /// Late packets that filled (part of) an earlier gap.
+    pub reordered_packets: u64,
     pub ended: bool,
+    /// Gaps not yet filled, as [from, to) ranges (at most [`OPEN_GAPS_MAX`]).
+    #[serde(skip)]
+    open_gaps: Vec<(u64, u64)>,
+}
+
+/// Open gaps tracked per session; beyond this, late packets for further gaps
+/// count as duplicates and their messages stay counted as missing.
+pub const OPEN_GAPS_MAX: usize = 4096;
+
+impl SessionState {
+    /// Removes [from, to) from the open gaps; returns how many missing messages it filled.
+    fn fill(&mut self, from: u64, to: u64) -> u64 {
+        let mut filled = 0;
+        let mut kept = Vec::with_capacity(self.open_gaps.len() + 1);
+        for &(a, b) in &self.open_gaps {
+            let (lo, hi) = (a.max(from), b.min(to));
+            if lo >= hi {
+                kept.push((a, b));
+                continue;
+            }
+            filled += hi - lo;
+            if a < lo {
+                kept.push((a, lo));
+            }
+            if hi < b {
+                kept.push((hi, b));
+            }
+        }
+        self.open_gaps = kept;
+        filled
+    }
 }
 
 /// Counters over a whole feed.
@@ -63,8 +96,10 @@ pub struct Summary {
     pub next_seq: u64,
     /// Sequence gaps opened (all sessions).
     pub gaps: u64,
+    /// Messages in gaps that no later packet filled.
     pub missing_messages: u64,
     pub duplicate_packets: u64,
+    pub reordered_packets: u64,
     /// Decode errors (all kinds).
     pub errors: u64,
     pub error_kinds: BTreeMap<String, u64>,
@@ -83,11 +118,7 @@ pub struct FeedDecoder {
 
 impl Default for FeedDecoder {
     fn default() -> Self {
-        FeedDecoder {
-            summary: Summary::default(),
-            first_session: None,
-            types: [0; 256],
-        }
+        FeedDecoder { summary: Summary::default(), first_session: None, types: [0; 256] }
     }
 }
 
@@ -98,11 +129,7 @@ impl FeedDecoder {
 
     fn error(&mut self, e: &fairfeed_wire::Error) {
         self.summary.errors += 1;
-        *self
-            .summary
-            .error_kinds
-            .entry(e.kind().to_string())
-            .or_default() += 1;
+        *self.summary.error_kinds.entry(e.kind().to_string()).or_default() += 1;
     }
 
     /// Decodes one UDP payload and updates the counters.
@@ -117,23 +144,17 @@ impl FeedDecoder {
             }
         };
         let session = p.session().to_string();
-        let first = self
-            .first_session
-            .get_or_insert_with(|| session.clone())
-            .clone();
+        let first = self.first_session.get_or_insert_with(|| session.clone()).clone();
         let seq = p.sequence();
         let next = p.next_sequence();
-        let st = self
-            .summary
-            .sessions
-            .entry(session.clone())
-            .or_insert_with(|| SessionState {
-                first_seq: seq,
-                next_seq: seq,
-                ..Default::default()
-            });
+        let st = self.summary.sessions.entry(session.clone()).or_insert_with(|| SessionState {
+            first_seq: seq,
+            next_seq: seq,
+            ..Default::default()
+        });
         st.packets += 1;
         let mut gap = None;
+        let mut filled = 0;
         if p.is_end_of_session() {
             st.ended = true;
         }
@@ -141,8 +162,19 @@ impl FeedDecoder {
             gap = Some((st.next_seq, seq));
             st.gaps += 1;
             st.missing_messages += seq - st.next_seq;
-        } else if next <= st.next_seq && p.message_count() > 0 {
-            st.duplicate_packets += 1;
+            if st.open_gaps.len() < OPEN_GAPS_MAX {
+                st.open_gaps.push((st.next_seq, seq));
+            }
+        } else if seq < st.next_seq && p.message_count() > 0 {
+            // Late: either it fills (part of) an open gap — reordering — or it
+            // repeats messages already seen.
+            filled = st.fill(seq, next);
+            if filled > 0 {
+                st.reordered_packets += 1;
+                st.missing_messages -= filled;
+            } else {
+                st.duplicate_packets += 1;
+            }
         }
         st.next_seq = st.next_seq.max(next);
         let (first_seq, next_seq) = (st.first_seq, st.next_seq);
@@ -150,6 +182,7 @@ impl FeedDecoder {
             self.summary.first_seq = first_seq;
             self.summary.next_seq = next_seq;
         }
+        self.summary.missing_messages -= filled;
         if let Some((from, to)) = gap {
             self.summary.gaps += 1;
             self.summary.missing_messages += to - from;
@@ -159,17 +192,11 @@ impl FeedDecoder {
         }
         if p.is_heartbeat() {
             self.summary.heartbeats += 1;
-            return PacketEvent::Heartbeat {
-                session,
-                next_sequence: seq,
-            };
+            return PacketEvent::Heartbeat { session, next_sequence: seq };
         }
         if p.is_end_of_session() {
             self.summary.end_of_session += 1;
-            return PacketEvent::EndOfSession {
-                session,
-                next_sequence: seq,
-            };
+            return PacketEvent::EndOfSession { session, next_sequence: seq };
         }
         self.summary.data_packets += 1;
         let mut messages = Vec::with_capacity(usize::from(p.count()));
@@ -189,21 +216,51 @@ impl FeedDecoder {
         if let Some(s) = self.summary.sessions.get_mut(&session) {
             s.messages += decoded;
         }
-        PacketEvent::Data {
-            session,
-            sequence: seq,
-            messages,
-        }
+        PacketEvent::Data { session, sequence: seq, messages }
     }
 
     /// The counters so far.
     pub fn summary(&self) -> Summary {
         let mut s = self.summary.clone();
         s.duplicate_packets = s.sessions.values().map(|x| x.duplicate_packets).sum();
+        s.reordered_packets = s.sessions.values().map(|x| x.reordered_packets).sum();
         s.types = (0..=255u8)
             .filter(|&t| self.types[usize::from(t)] > 0)
             .map(|t| ((t as char).to_string(), self.types[usize::from(t)]))
             .collect();
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fairfeed_wire::moldudp64::{PacketBuilder, Session};
+
+    fn packet(seq: u64, n: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; 200];
+        let mut b = PacketBuilder::new(&mut buf, Session::from_str_padded("S"), seq).unwrap();
+        let mut msg = [0u8; 12];
+        fairfeed_wire::itch::SystemEventRepr { event_code: b'O', ..Default::default() }.emit(&mut msg).unwrap();
+        for _ in 0..n {
+            b.push(&msg).unwrap();
+        }
+        let len = b.finish();
+        buf.truncate(len);
+        buf
+    }
+
+    #[test]
+    fn reordering_fills_gaps_and_duplicates_are_told_apart() {
+        let mut d = FeedDecoder::new();
+        for (seq, n) in [(1, 2), (5, 2), (3, 2), (3, 2), (1, 1), (9, 1), (7, 1)] {
+            d.handle(&packet(seq, n));
+        }
+        let s = d.summary();
+        assert_eq!(s.gaps, 2); // 3..5 and 7..9 opened
+        assert_eq!(s.reordered_packets, 2); // 3 and 7 came late and filled
+        assert_eq!(s.duplicate_packets, 2); // the second 3, and 1
+        assert_eq!(s.missing_messages, 1); // 8 never came
+        assert_eq!(s.next_seq, 10);
     }
 }

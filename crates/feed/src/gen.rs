@@ -27,9 +27,7 @@
 use std::collections::{HashSet, VecDeque};
 
 use fairfeed_wire::itch::{self, MessageRepr};
-use fairfeed_wire::moldudp64::{
-    PacketBuilder, PacketRepr, Session, COUNT_END_OF_SESSION, PACKET_LEN_DEFAULT_MAX,
-};
+use fairfeed_wire::moldudp64::{PacketBuilder, PacketRepr, Session, COUNT_END_OF_SESSION, PACKET_LEN_DEFAULT_MAX};
 use fairfeed_wire::{Alpha, Price4, Price8, Stock, Timestamp48};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
@@ -50,6 +48,8 @@ pub const MARKET_OPEN_NS: u64 = 34_200_000_000_000;
 const SEND_DELAY_NS: u64 = 2_000;
 /// One cent in `Price4` units.
 const TICK: u32 = 100;
+/// S&P 500 reference value for the MWCB decline levels: $4,300 in `Price8` units.
+const MWCB_REFERENCE: u64 = 430_000_000_000;
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -115,6 +115,20 @@ pub struct GenPacket {
     pub payload: Vec<u8>,
 }
 
+/// Header fields of the message being built.
+#[derive(Debug, Clone, Copy)]
+struct Hdr {
+    locate: u16,
+    timestamp: Timestamp48,
+}
+
+/// Builds an ITCH value with the header from a [`Hdr`].
+macro_rules! repr {
+    ($h:expr, $repr:ident { $($f:ident: $v:expr),* $(,)? }) => {
+        itch::$repr { stock_locate: $h.locate, tracking_number: 0, timestamp: $h.timestamp, $($f: $v),* }.into()
+    };
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Order {
     order_ref: u64,
@@ -156,14 +170,8 @@ fn ticker_names(rng: &mut ChaCha12Rng, n: u32) -> Vec<String> {
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(n as usize);
     while out.len() < n as usize {
-        let len = if out.len() < 26 * 26 {
-            rng.gen_range(2..=4)
-        } else {
-            rng.gen_range(4..=7)
-        };
-        let s: String = (0..len)
-            .map(|_| char::from(b'A' + rng.gen_range(0..26u8)))
-            .collect();
+        let len = if out.len() < 26 * 26 { rng.gen_range(2..=4) } else { rng.gen_range(4..=7) };
+        let s: String = (0..len).map(|_| char::from(b'A' + rng.gen_range(0..26u8))).collect();
         if seen.insert(s.clone()) {
             out.push(s);
         }
@@ -177,11 +185,9 @@ impl Generator {
         if cfg.symbols == 0 || cfg.symbols > SYMBOLS_MAX {
             return Err(GenError::Symbols(cfg.symbols));
         }
-        if !(cfg.rate_msgs_per_s > 0.0
-            && cfg.rate_msgs_per_s.is_finite()
-            && cfg.msgs_per_packet_mean >= 1.0)
-            || !cfg.msgs_per_packet_mean.is_finite()
-        {
+        let rate_ok = cfg.rate_msgs_per_s > 0.0 && cfg.rate_msgs_per_s.is_finite();
+        let mpp_ok = cfg.msgs_per_packet_mean >= 1.0 && cfg.msgs_per_packet_mean.is_finite();
+        if !rate_ok || !mpp_ok {
             return Err(GenError::Rate);
         }
         if !(72..=fairfeed_wire::moldudp64::PACKET_LEN_MAX).contains(&cfg.packet_len_max) {
@@ -242,11 +248,7 @@ impl Generator {
         let closing = g.closing_len();
         let needed = g.queue.len() as u64 + closing;
         if g.cfg.messages < needed {
-            return Err(GenError::TooFewMessages {
-                needed,
-                symbols: g.cfg.symbols,
-                got: g.cfg.messages,
-            });
+            return Err(GenError::TooFewMessages { needed, symbols: g.cfg.symbols, got: g.cfg.messages });
         }
         g.flow_left = g.cfg.messages - needed;
         g.flow_duration_ns = g.flow_left as f64 / g.cfg.rate_msgs_per_s * 1e9;
@@ -260,13 +262,7 @@ impl Generator {
 
     fn system_event(&mut self, code: u8) -> MessageRepr {
         let timestamp = self.ts();
-        itch::SystemEventRepr {
-            stock_locate: 0,
-            tracking_number: 0,
-            timestamp,
-            event_code: code,
-        }
-        .into()
+        itch::SystemEventRepr { stock_locate: 0, tracking_number: 0, timestamp, event_code: code }.into()
     }
 
     fn queue_preamble(&mut self) {
@@ -307,9 +303,9 @@ impl Generator {
                 stock_locate: 0,
                 tracking_number: 0,
                 timestamp,
-                level1: Price8(4_300_00_000_000 * 93 / 100),
-                level2: Price8(4_300_00_000_000 * 87 / 100),
-                level3: Price8(4_300_00_000_000 * 80 / 100),
+                level1: Price8(MWCB_REFERENCE * 93 / 100),
+                level2: Price8(MWCB_REFERENCE * 87 / 100),
+                level3: Price8(MWCB_REFERENCE * 80 / 100),
             }
             .into(),
         );
@@ -380,14 +376,8 @@ impl Generator {
             lower_price_range_collar: Price4(mid - mid / 10),
             upper_price_range_collar: Price4(mid + mid / 10)
         });
-        push!(MwcbStatusRepr {
-            breached_level: b'1'
-        });
-        push!(OperationalHaltRepr {
-            stock: stock,
-            market_code: b'Q',
-            operational_halt_action: b'T'
-        });
+        push!(MwcbStatusRepr { breached_level: b'1' });
+        push!(OperationalHaltRepr { stock: stock, market_code: b'Q', operational_halt_action: b'T' });
         push!(LuldAuctionCollarRepr {
             stock: stock,
             auction_collar_reference_price: p,
@@ -395,14 +385,8 @@ impl Generator {
             lower_auction_collar_price: Price4(mid - mid / 20),
             auction_collar_extension: 0
         });
-        push!(RetailPriceImprovementRepr {
-            stock: stock,
-            interest_flag: b'B'
-        });
-        push!(RegShoRestrictionRepr {
-            stock: stock,
-            reg_sho_action: b'0'
-        });
+        push!(RetailPriceImprovementRepr { stock: stock, interest_flag: b'B' });
+        push!(RegShoRestrictionRepr { stock: stock, reg_sho_action: b'0' });
         push!(NoiiRepr {
             paired_shares: 10_000,
             imbalance_shares: 500,
@@ -423,9 +407,7 @@ impl Generator {
             match_number: match_number,
             cross_type: b'O'
         });
-        push!(BrokenTradeRepr {
-            match_number: match_number
-        });
+        push!(BrokenTradeRepr { match_number: match_number });
     }
 
     fn closing_len(&self) -> u64 {
@@ -442,9 +424,7 @@ impl Generator {
 
     fn pick_symbol(&mut self) -> usize {
         let u: f64 = self.rng.gen();
-        self.popularity_cdf
-            .partition_point(|&c| c < u)
-            .min(self.books.len() - 1)
+        self.popularity_cdf.partition_point(|&c| c < u).min(self.books.len() - 1)
     }
 
     /// Intraday U-curve, normalized to mean 1 over the session.
@@ -452,9 +432,8 @@ impl Generator {
         const A: f64 = 3.0;
         const B: f64 = 2.0;
         const TAU: f64 = 0.05;
-        let x = ((self.now_ns.saturating_sub(self.cfg.start_ns)) as f64
-            / self.flow_duration_ns.max(1.0))
-        .clamp(0.0, 1.0);
+        let x =
+            ((self.now_ns.saturating_sub(self.cfg.start_ns)) as f64 / self.flow_duration_ns.max(1.0)).clamp(0.0, 1.0);
         let norm = 1.0 + (A + B) * TAU * (1.0 - (-1.0 / TAU).exp());
         (1.0 + A * (-x / TAU).exp() + B * (-(1.0 - x) / TAU).exp()) / norm
     }
@@ -472,19 +451,10 @@ impl Generator {
         // Distance from the mid in ticks: mostly near the top of the book.
         let k = (self.rng.gen::<f64>().powi(2) * 12.0) as u32;
         let mid = self.books[b].mid;
-        let price = if side == b'B' {
-            mid.saturating_sub((k + 1) * TICK).max(TICK)
-        } else {
-            mid + (k + 1) * TICK
-        };
+        let price = if side == b'B' { mid.saturating_sub((k + 1) * TICK).max(TICK) } else { mid + (k + 1) * TICK };
         let order_ref = self.next_order_ref;
         self.next_order_ref += 1;
-        Order {
-            order_ref,
-            side,
-            shares: self.shares(),
-            price,
-        }
+        Order { order_ref, side, shares: self.shares(), price }
     }
 
     /// Index of an aggressive order (best of a few random picks on one side).
@@ -526,8 +496,7 @@ impl Generator {
 
     /// One order-flow message for book `b`, applied to the book.
     fn flow_message(&mut self, b: usize) -> MessageRepr {
-        let timestamp = self.ts();
-        let (locate, stock) = (self.books[b].locate, self.books[b].stock);
+        let h = Hdr { locate: self.books[b].locate, timestamp: self.ts() };
         let n = self.books[b].orders.len();
         let mut r: f64 = self.rng.gen();
         if n == 0 {
@@ -537,124 +506,131 @@ impl Generator {
         } else if n > 256 {
             r = 0.1 + r * 0.9; // fewer adds in a deep book
         }
-        macro_rules! repr {
-            ($repr:ident { $($f:ident: $v:expr),* $(,)? }) => {
-                itch::$repr { stock_locate: locate, tracking_number: 0, timestamp, $($f: $v),* }.into()
-            };
+        match r {
+            r if r < 0.40 => self.add(b, h),
+            r if r < 0.77 => self.delete(b, h),
+            r if r < 0.82 => self.cancel(b, h),
+            r if r < 0.90 => self.replace(b, h),
+            r if r < 0.98 => self.execute(b, h),
+            _ => self.hidden_trade(b, h),
         }
-        if r < 0.40 {
-            let o = self.new_order(b);
-            self.books[b].orders.push(o);
-            if self.rng.gen_bool(0.08) {
-                return repr!(AddOrderMpidRepr {
+    }
+
+    fn add(&mut self, b: usize, h: Hdr) -> MessageRepr {
+        let o = self.new_order(b);
+        let stock = self.books[b].stock;
+        self.books[b].orders.push(o);
+        if self.rng.gen_bool(0.08) {
+            return repr!(
+                h,
+                AddOrderMpidRepr {
                     order_ref: o.order_ref,
                     side: o.side,
                     shares: o.shares,
                     stock: stock,
                     price: Price4(o.price),
                     attribution: Alpha(*b"FFMM")
-                });
-            }
-            return repr!(AddOrderRepr {
+                }
+            );
+        }
+        repr!(
+            h,
+            AddOrderRepr {
                 order_ref: o.order_ref,
                 side: o.side,
                 shares: o.shares,
                 stock: stock,
                 price: Price4(o.price)
-            });
-        }
-        if r < 0.77 {
-            let i = self.rng.gen_range(0..n);
-            let o = self.books[b].orders.swap_remove(i);
-            return repr!(OrderDeleteRepr {
-                order_ref: o.order_ref
-            });
-        }
-        if r < 0.82 {
-            let i = self.rng.gen_range(0..n);
-            let o = &mut self.books[b].orders[i];
-            if o.shares > 1 {
-                let cancelled = 1 + (o.shares - 1) / 2;
-                o.shares -= cancelled;
-                let order_ref = o.order_ref;
-                return repr!(OrderCancelRepr {
-                    order_ref: order_ref,
-                    cancelled_shares: cancelled
-                });
             }
-            let o = self.books[b].orders.swap_remove(i);
-            return repr!(OrderDeleteRepr {
-                order_ref: o.order_ref
-            });
+        )
+    }
+
+    fn delete(&mut self, b: usize, h: Hdr) -> MessageRepr {
+        let i = self.rng.gen_range(0..self.books[b].orders.len());
+        let o = self.books[b].orders.swap_remove(i);
+        repr!(h, OrderDeleteRepr { order_ref: o.order_ref })
+    }
+
+    /// A partial cancel; an order of one share is deleted instead.
+    fn cancel(&mut self, b: usize, h: Hdr) -> MessageRepr {
+        let i = self.rng.gen_range(0..self.books[b].orders.len());
+        let o = &mut self.books[b].orders[i];
+        if o.shares > 1 {
+            let cancelled = 1 + (o.shares - 1) / 2;
+            o.shares -= cancelled;
+            let order_ref = o.order_ref;
+            return repr!(h, OrderCancelRepr { order_ref: order_ref, cancelled_shares: cancelled });
         }
-        if r < 0.90 {
-            let i = self.rng.gen_range(0..n);
-            let old = self.books[b].orders[i];
-            let mut new = self.new_order(b);
-            new.side = old.side;
-            new.price = if old.side == b'B' {
-                old.price.saturating_sub(TICK).max(TICK)
-            } else {
-                old.price + TICK
-            };
-            self.books[b].orders[i] = new;
-            return repr!(OrderReplaceRepr {
+        let o = self.books[b].orders.swap_remove(i);
+        repr!(h, OrderDeleteRepr { order_ref: o.order_ref })
+    }
+
+    /// Moves an order one tick away, under a new reference, as `U` does.
+    fn replace(&mut self, b: usize, h: Hdr) -> MessageRepr {
+        let i = self.rng.gen_range(0..self.books[b].orders.len());
+        let old = self.books[b].orders[i];
+        let mut new = self.new_order(b);
+        new.side = old.side;
+        new.price = if old.side == b'B' { old.price.saturating_sub(TICK).max(TICK) } else { old.price + TICK };
+        self.books[b].orders[i] = new;
+        repr!(
+            h,
+            OrderReplaceRepr {
                 original_order_ref: old.order_ref,
                 new_order_ref: new.order_ref,
                 shares: new.shares,
                 price: Price4(new.price)
-            });
-        }
-        if r < 0.98 {
-            let i = self.aggressive_order(b);
-            let o = self.books[b].orders[i];
-            let executed = if self.rng.gen_bool(0.5) {
-                o.shares
-            } else {
-                o.shares.min(100 * self.rng.gen_range(1..=3))
-            };
-            if executed == o.shares {
-                self.books[b].orders.swap_remove(i);
-            } else {
-                self.books[b].orders[i].shares -= executed;
             }
-            let match_number = self.next_match;
-            self.next_match += 1;
-            self.move_mid(b);
-            if self.rng.gen_bool(0.12) {
-                let px = if o.side == b'B' {
-                    o.price + TICK
-                } else {
-                    o.price.saturating_sub(TICK).max(TICK)
-                };
-                return repr!(OrderExecutedWithPriceRepr {
+        )
+    }
+
+    /// Executes (part of) an aggressive order, sometimes at a better price (`C`).
+    fn execute(&mut self, b: usize, h: Hdr) -> MessageRepr {
+        let i = self.aggressive_order(b);
+        let o = self.books[b].orders[i];
+        let executed = if self.rng.gen_bool(0.5) { o.shares } else { o.shares.min(100 * self.rng.gen_range(1..=3)) };
+        if executed == o.shares {
+            self.books[b].orders.swap_remove(i);
+        } else {
+            self.books[b].orders[i].shares -= executed;
+        }
+        let match_number = self.next_match;
+        self.next_match += 1;
+        self.move_mid(b);
+        if self.rng.gen_bool(0.12) {
+            let px = if o.side == b'B' { o.price + TICK } else { o.price.saturating_sub(TICK).max(TICK) };
+            return repr!(
+                h,
+                OrderExecutedWithPriceRepr {
                     order_ref: o.order_ref,
                     executed_shares: executed,
                     match_number: match_number,
                     printable: b'Y',
                     execution_price: Price4(px)
-                });
-            }
-            return repr!(OrderExecutedRepr {
-                order_ref: o.order_ref,
-                executed_shares: executed,
-                match_number: match_number
-            });
+                }
+            );
         }
-        // A trade against a hidden order: the book shows nothing of it.
+        repr!(h, OrderExecutedRepr { order_ref: o.order_ref, executed_shares: executed, match_number: match_number })
+    }
+
+    /// A trade against a hidden order: the book shows nothing of it.
+    fn hidden_trade(&mut self, b: usize, h: Hdr) -> MessageRepr {
         let match_number = self.next_match;
         self.next_match += 1;
         let side = if self.rng.gen_bool(0.5) { b'B' } else { b'S' };
         let shares = self.shares();
-        let price = Price4(self.books[b].mid);
-        repr!(TradeRepr {
-            order_ref: 0,
-            side: side,
-            shares: shares,
-            stock: stock,
-            price: price,
-            match_number: match_number
-        })
+        let (stock, price) = (self.books[b].stock, Price4(self.books[b].mid));
+        repr!(
+            h,
+            TradeRepr {
+                order_ref: 0,
+                side: side,
+                shares: shares,
+                stock: stock,
+                price: price,
+                match_number: match_number
+            }
+        )
     }
 
     fn note_recent(&mut self, b: usize) {
@@ -705,20 +681,12 @@ impl Generator {
 
     fn finish_packet(&mut self, len: usize, count: u16) -> GenPacket {
         self.seq += u64::from(count);
-        GenPacket {
-            ts_ns: self.send_time(),
-            payload: self.packet_buf[..len].to_vec(),
-        }
+        GenPacket { ts_ns: self.send_time(), payload: self.packet_buf[..len].to_vec() }
     }
 
     fn header_only(&mut self, count: u16, ts_ns: u64) -> GenPacket {
         let mut payload = vec![0; fairfeed_wire::moldudp64::HEADER_LEN];
-        let _ = PacketRepr {
-            session: self.cfg.session,
-            sequence: self.seq,
-            count,
-        }
-        .emit(&mut payload);
+        let _ = PacketRepr { session: self.cfg.session, sequence: self.seq, count }.emit(&mut payload);
         self.last_send_ns = ts_ns;
         GenPacket { ts_ns, payload }
     }
@@ -757,12 +725,8 @@ impl Iterator for Generator {
                 self.queue.pop_front();
             }
         } else {
-            let mean_gap_ns = self.cfg.msgs_per_packet_mean
-                / (self.cfg.rate_msgs_per_s * self.rate_shape())
-                * 1e9;
-            let gap = Exp::new(1.0 / mean_gap_ns)
-                .map(|e| e.sample(&mut self.rng))
-                .unwrap_or(mean_gap_ns);
+            let mean_gap_ns = self.cfg.msgs_per_packet_mean / (self.cfg.rate_msgs_per_s * self.rate_shape()) * 1e9;
+            let gap = Exp::new(1.0 / mean_gap_ns).map(|e| e.sample(&mut self.rng)).unwrap_or(mean_gap_ns);
             let next_ns = self.now_ns + gap as u64;
             if next_ns > self.last_send_ns + HEARTBEAT_INTERVAL_NS && self.last_send_ns > 0 {
                 // Idle: a heartbeat now, the burst later.
@@ -789,15 +753,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn gen(messages: u64, seed: u64, all_types: bool) -> Vec<GenPacket> {
-        Generator::new(GenConfig {
-            messages,
-            seed,
-            symbols: 20,
-            all_types,
-            ..Default::default()
-        })
-        .unwrap()
-        .collect()
+        Generator::new(GenConfig { messages, seed, symbols: 20, all_types, ..Default::default() }).unwrap().collect()
     }
 
     /// Replays the stream against our own book model: every reference is to a
@@ -827,18 +783,12 @@ mod tests {
                     }
                     Message::OrderDelete(m) => assert!(live.remove(&m.order_ref()).is_some()),
                     Message::OrderCancel(m) => {
-                        let s = live
-                            .get_mut(&m.order_ref())
-                            .expect("cancel of a live order");
+                        let s = live.get_mut(&m.order_ref()).expect("cancel of a live order");
                         assert!(*s > m.cancelled_shares());
                         *s -= m.cancelled_shares();
                     }
-                    Message::OrderExecuted(m) => {
-                        exec(&mut live, m.order_ref(), m.executed_shares())
-                    }
-                    Message::OrderExecutedWithPrice(m) => {
-                        exec(&mut live, m.order_ref(), m.executed_shares())
-                    }
+                    Message::OrderExecuted(m) => exec(&mut live, m.order_ref(), m.executed_shares()),
+                    Message::OrderExecutedWithPrice(m) => exec(&mut live, m.order_ref(), m.executed_shares()),
                     Message::OrderReplace(m) => {
                         assert!(live.remove(&m.original_order_ref()).is_some());
                         assert!(live.insert(m.new_order_ref(), m.shares()).is_none());
@@ -848,9 +798,7 @@ mod tests {
             }
         }
         assert_eq!(total, 50_000);
-        assert!(Packet::new_checked(&packets.last().unwrap().payload[..])
-            .unwrap()
-            .is_end_of_session());
+        assert!(Packet::new_checked(&packets.last().unwrap().payload[..]).unwrap().is_end_of_session());
     }
 
     fn exec(live: &mut HashMap<u64, u32>, r: u64, n: u32) {
@@ -883,21 +831,8 @@ mod tests {
 
     #[test]
     fn too_few_messages_is_a_clear_error() {
-        let e = Generator::new(GenConfig {
-            messages: 10,
-            symbols: 20,
-            ..Default::default()
-        })
-        .err()
-        .unwrap();
+        let e = Generator::new(GenConfig { messages: 10, symbols: 20, ..Default::default() }).err().unwrap();
         assert!(matches!(e, GenError::TooFewMessages { .. }));
-        assert_eq!(
-            Generator::new(GenConfig {
-                symbols: 0,
-                ..Default::default()
-            })
-            .err(),
-            Some(GenError::Symbols(0))
-        );
+        assert_eq!(Generator::new(GenConfig { symbols: 0, ..Default::default() }).err(), Some(GenError::Symbols(0)));
     }
 }

@@ -37,11 +37,7 @@ pub struct LineReport {
 impl Impairment {
     /// Checks every fraction lies in [0, 1].
     pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
-            ("loss", self.loss),
-            ("dup", self.dup),
-            ("reorder", self.reorder),
-        ] {
+        for (name, v) in [("loss", self.loss), ("dup", self.dup), ("reorder", self.reorder)] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{name} must be a fraction in [0, 1], got {v}"));
             }
@@ -53,49 +49,33 @@ impl Impairment {
 /// Applies `imp` to `clean`, returning the line's packets in arrival order.
 pub fn impair(clean: &[GenPacket], imp: &Impairment, seed: u64) -> (Vec<GenPacket>, LineReport) {
     let mut rng = ChaCha12Rng::seed_from_u64(seed);
-    let mut report = LineReport {
-        packets_in: clean.len() as u64,
-        ..Default::default()
-    };
+    let mut report = LineReport { packets_in: clean.len() as u64, ..Default::default() };
     let mut out: Vec<(u64, usize, GenPacket)> = Vec::with_capacity(clean.len() + clean.len() / 50);
+    // Jitter alone never reorders: a line is a FIFO path, so each packet
+    // arrives after the one before it. Only `reorder` breaks the order.
+    let mut fifo_t = 0u64;
     for (i, p) in clean.iter().enumerate() {
         if imp.loss > 0.0 && rng.gen_bool(imp.loss) {
             report.lost += 1;
             report.lost_indices.push(i);
             continue;
         }
-        let jitter = if imp.jitter_ns > 0 {
-            rng.gen_range(0..imp.jitter_ns)
-        } else {
-            0
-        };
-        let mut t = p.ts_ns + imp.delay_ns + jitter;
+        let jitter = if imp.jitter_ns > 0 { rng.gen_range(0..imp.jitter_ns) } else { 0 };
+        let mut t = (p.ts_ns + imp.delay_ns + jitter).max(fifo_t + 1);
         if imp.reorder > 0.0 && rng.gen_bool(imp.reorder) {
             // Held back behind the next one to three packets.
             let k = rng.gen_range(1..=3usize);
             if let Some(later) = clean.get(i + k) {
-                t = t.max(later.ts_ns + imp.delay_ns + 1 + rng.gen_range(0..1_000));
+                t = t.max(later.ts_ns + imp.delay_ns + imp.jitter_ns + 1 + rng.gen_range(0..1_000));
                 report.reordered += 1;
             }
+        } else {
+            fifo_t = t;
         }
-        out.push((
-            t,
-            out.len(),
-            GenPacket {
-                ts_ns: t,
-                payload: p.payload.clone(),
-            },
-        ));
+        out.push((t, out.len(), GenPacket { ts_ns: t, payload: p.payload.clone() }));
         if imp.dup > 0.0 && rng.gen_bool(imp.dup) {
             let td = t + rng.gen_range(1_000..50_000);
-            out.push((
-                td,
-                out.len(),
-                GenPacket {
-                    ts_ns: td,
-                    payload: p.payload.clone(),
-                },
-            ));
+            out.push((td, out.len(), GenPacket { ts_ns: td, payload: p.payload.clone() }));
             report.duplicated += 1;
         }
     }
@@ -111,20 +91,9 @@ mod tests {
 
     #[test]
     fn impairments_do_what_they_say() {
-        let clean: Vec<_> = Generator::new(GenConfig {
-            messages: 20_000,
-            symbols: 10,
-            ..Default::default()
-        })
-        .unwrap()
-        .collect();
-        let imp = Impairment {
-            loss: 0.05,
-            dup: 0.03,
-            reorder: 0.04,
-            delay_ns: 10_000,
-            jitter_ns: 0,
-        };
+        let clean: Vec<_> =
+            Generator::new(GenConfig { messages: 20_000, symbols: 10, ..Default::default() }).unwrap().collect();
+        let imp = Impairment { loss: 0.05, dup: 0.03, reorder: 0.04, delay_ns: 10_000, jitter_ns: 0 };
         let (line, r) = impair(&clean, &imp, 9);
         let n = clean.len() as f64;
         assert!((r.lost as f64 / n - 0.05).abs() < 0.02, "lost {}", r.lost);
@@ -135,33 +104,16 @@ mod tests {
         let clean_set: std::collections::HashSet<_> = clean.iter().map(|p| &p.payload).collect();
         assert!(line.iter().all(|p| clean_set.contains(&p.payload)));
         // No impairment: the line is the clean feed shifted by the delay.
-        let (same, _) = impair(
-            &clean,
-            &Impairment {
-                delay_ns: 5,
-                ..Default::default()
-            },
-            1,
-        );
-        assert!(same
-            .iter()
-            .zip(&clean)
-            .all(|(a, b)| a.payload == b.payload && a.ts_ns == b.ts_ns + 5));
+        let (same, _) = impair(&clean, &Impairment { delay_ns: 5, ..Default::default() }, 1);
+        assert!(same.iter().zip(&clean).all(|(a, b)| a.payload == b.payload && a.ts_ns >= b.ts_ns + 5));
+        // Jitter keeps the order; only `reorder` changes it.
+        let (jittered, _) = impair(&clean, &Impairment { jitter_ns: 50_000, ..Default::default() }, 2);
+        assert!(jittered.iter().zip(&clean).all(|(a, b)| a.payload == b.payload));
     }
 
     #[test]
     fn bad_fractions_are_rejected() {
-        assert!(Impairment {
-            loss: 1.5,
-            ..Default::default()
-        }
-        .validate()
-        .is_err());
-        assert!(Impairment {
-            dup: -0.1,
-            ..Default::default()
-        }
-        .validate()
-        .is_err());
+        assert!(Impairment { loss: 1.5, ..Default::default() }.validate().is_err());
+        assert!(Impairment { dup: -0.1, ..Default::default() }.validate().is_err());
     }
 }

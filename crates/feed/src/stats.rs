@@ -12,15 +12,8 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// Interarrival bounds reported as a CDF, in nanoseconds (1 µs … 1 s).
-pub const INTERARRIVAL_BOUNDS_NS: [u64; 7] = [
-    1_000,
-    10_000,
-    100_000,
-    1_000_000,
-    10_000_000,
-    100_000_000,
-    1_000_000_000,
-];
+pub const INTERARRIVAL_BOUNDS_NS: [u64; 7] =
+    [1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000, 1_000_000_000];
 
 /// Accumulates the statistics.
 pub struct StatsBuilder {
@@ -150,8 +143,7 @@ impl StatsBuilder {
             return;
         }
         self.data_packets += 1;
-        self.per_packet
-            .saturating_record(u64::from(p.message_count()));
+        self.per_packet.saturating_record(u64::from(p.message_count()));
         for block in p.messages() {
             let Ok(m) = block.and_then(itch::Message::parse) else {
                 self.undecodable += 1;
@@ -178,19 +170,12 @@ impl StatsBuilder {
 
     /// The statistics so far.
     pub fn finish(&self) -> Stats {
-        let duration_s = self
-            .first_ts
-            .map_or(0.0, |f| (self.last_ts - f) as f64 / 1e9);
+        let duration_s = self.first_ts.map_or(0.0, |f| (self.last_ts - f) as f64 / 1e9);
         let peak = |key: fn(&(u64, u64, u64)) -> u64| {
             self.per_second
                 .iter()
                 .max_by_key(|(s, v)| (key(v), std::cmp::Reverse(**s)))
-                .map(|(&second, &(packets, messages, bytes))| Peak {
-                    second,
-                    packets,
-                    messages,
-                    bytes,
-                })
+                .map(|(&second, &(packets, messages, bytes))| Peak { second, packets, messages, bytes })
                 .unwrap_or_default()
         };
         let n = self.interarrival.len().max(1) as f64;
@@ -201,28 +186,12 @@ impl StatsBuilder {
             undecodable_messages: self.undecodable,
             bytes: self.bytes,
             duration_s,
-            mean_packets_per_s: if duration_s > 0.0 {
-                self.packets as f64 / duration_s
-            } else {
-                0.0
-            },
-            mean_messages_per_s: if duration_s > 0.0 {
-                self.messages as f64 / duration_s
-            } else {
-                0.0
-            },
+            mean_packets_per_s: if duration_s > 0.0 { self.packets as f64 / duration_s } else { 0.0 },
+            mean_messages_per_s: if duration_s > 0.0 { self.messages as f64 / duration_s } else { 0.0 },
             msgs_per_packet: dist(&self.per_packet),
             packet_bytes: dist(&self.packet_size),
-            msg_bytes_mean: if self.messages > 0 {
-                self.msg_bytes as f64 / self.messages as f64
-            } else {
-                0.0
-            },
-            types: self
-                .msg_size
-                .iter()
-                .map(|(t, &(c, b))| (t.to_string(), (c, b as f64 / c as f64)))
-                .collect(),
+            msg_bytes_mean: if self.messages > 0 { self.msg_bytes as f64 / self.messages as f64 } else { 0.0 },
+            types: self.msg_size.iter().map(|(t, &(c, b))| (t.to_string(), (c, b as f64 / c as f64))).collect(),
             peak_packets: peak(|v| v.0),
             peak_messages: peak(|v| v.1),
             peak_bytes: peak(|v| v.2),

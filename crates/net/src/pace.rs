@@ -19,10 +19,7 @@ pub struct Pacer {
 impl Pacer {
     /// Starts the clock now.
     pub fn new(spin_ns: u64) -> Self {
-        Pacer {
-            start: Instant::now(),
-            spin_ns,
-        }
+        Pacer { start: Instant::now(), spin_ns }
     }
 
     /// Nanoseconds since the start.

@@ -42,18 +42,11 @@ pub struct ReplayReport {
 
 /// A UDP socket bound to an ephemeral port of the right family, with a large send buffer.
 pub fn sender_socket(to: SocketAddr) -> std::io::Result<UdpSocket> {
-    let domain = if to.is_ipv4() {
-        Domain::IPV4
-    } else {
-        Domain::IPV6
-    };
+    let domain = if to.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
     let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
     let _ = s.set_send_buffer_size(SEND_BUFFER_BYTES);
-    let any: SocketAddr = if to.is_ipv4() {
-        "0.0.0.0:0".parse().expect("valid")
-    } else {
-        "[::]:0".parse().expect("valid")
-    };
+    let any: SocketAddr =
+        if to.is_ipv4() { "0.0.0.0:0".parse().expect("valid") } else { "[::]:0".parse().expect("valid") };
     s.bind(&any.into())?;
     s.connect(&to.into())?;
     Ok(s.into())
@@ -67,8 +60,7 @@ pub fn replay(
     mut progress: impl FnMut(u64),
 ) -> std::io::Result<ReplayReport> {
     let sock = sender_socket(to)?;
-    let mut lateness =
-        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
+    let mut lateness = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
     let first_ts = datagrams.first().map_or(0, |d| d.ts_ns);
     let pacer = Pacer::new(SPIN_NS_DEFAULT);
     let (mut packets, mut bytes, mut errors) = (0u64, 0u64, 0u64);
@@ -97,11 +89,7 @@ pub fn replay(
         bytes,
         send_errors: errors,
         elapsed_s,
-        achieved_pps: if elapsed_s > 0.0 {
-            packets as f64 / elapsed_s
-        } else {
-            0.0
-        },
+        achieved_pps: if elapsed_s > 0.0 { packets as f64 / elapsed_s } else { 0.0 },
         lateness_p50_ns: lateness.value_at_quantile(0.5),
         lateness_p99_ns: lateness.value_at_quantile(0.99),
         lateness_max_ns: lateness.max(),

@@ -14,6 +14,8 @@ use crate::soupbintcp;
 /// ITCH: a message that parses re-emits to the identical bytes, at the
 /// specified length; one that does not parse has a wrong type or length.
 pub fn itch_message(data: &[u8]) {
+    // The table check and the full decode agree on what is valid.
+    assert_eq!(itch::validate(data).ok(), itch::Message::parse(data).ok().map(|m| m.msg_type()));
     match itch::Message::parse(data) {
         Ok(m) => {
             assert_eq!(Some(data.len()), itch::spec_len(data[0]));
@@ -66,18 +68,12 @@ pub fn moldudp64_packet(data: &[u8]) {
     assert!(ok <= usize::from(p.message_count()));
     assert!(consumed <= data.len());
     if errors == 0 {
-        assert_eq!(
-            consumed,
-            data.len(),
-            "a clean walk consumes the whole packet"
-        );
+        assert_eq!(consumed, data.len(), "a clean walk consumes the whole packet");
         assert_eq!(ok, usize::from(p.message_count()));
     }
     if let Ok(r) = moldudp64::Request::new_checked(data) {
         let mut buf = [0u8; moldudp64::HEADER_LEN];
-        moldudp64::RequestRepr::parse(&r)
-            .emit(&mut buf)
-            .expect("20 bytes");
+        moldudp64::RequestRepr::parse(&r).emit(&mut buf).expect("20 bytes");
         assert_eq!(&buf[..], data);
     }
 }
@@ -131,13 +127,8 @@ pub fn udp_frame(data: &[u8]) {
     let Some((&selector, frame_bytes)) = data.split_first() else {
         return;
     };
-    let link = [
-        LinkType::Ethernet,
-        LinkType::Raw,
-        LinkType::LinuxSll,
-        LinkType::LinuxSll2,
-        LinkType::Null,
-    ][usize::from(selector) % 5];
+    let link = [LinkType::Ethernet, LinkType::Raw, LinkType::LinuxSll, LinkType::LinuxSll2, LinkType::Null]
+        [usize::from(selector) % 5];
     if let Ok(d) = frame::parse_udp(link, frame_bytes) {
         let start = d.payload.as_ptr() as usize - frame_bytes.as_ptr() as usize;
         assert!(start + d.payload.len() <= frame_bytes.len());

@@ -15,20 +15,12 @@ pub enum Error {
     /// A message type byte this protocol does not define.
     UnknownType { protocol: Protocol, msg_type: u8 },
     /// A known message type whose length differs from the specification.
-    BadLength {
-        protocol: Protocol,
-        msg_type: u8,
-        expected: usize,
-        actual: usize,
-    },
+    BadLength { protocol: Protocol, msg_type: u8, expected: usize, actual: usize },
     /// A length prefix or count claims more bytes than the packet holds.
     Overrun { needed: usize, available: usize },
     /// A packet header is self-inconsistent (for example a MoldUDP64 heartbeat
     /// or end-of-session packet with a payload).
-    Malformed {
-        protocol: Protocol,
-        reason: &'static str,
-    },
+    Malformed { protocol: Protocol, reason: &'static str },
     /// Bytes left over after the last message a header announced.
     TrailingBytes { protocol: Protocol, extra: usize },
     /// The frame is valid but not what we decode (not IPv4, not UDP, an IP fragment...).
@@ -79,34 +71,17 @@ impl fmt::Display for Error {
                 write!(f, "truncated: need {needed} bytes, have {available}")
             }
             Error::UnknownType { protocol, msg_type } => {
-                write!(
-                    f,
-                    "{protocol}: unknown message type {}",
-                    Printable(msg_type)
-                )
+                write!(f, "{protocol}: unknown message type {}", Printable(msg_type))
             }
-            Error::BadLength {
-                protocol,
-                msg_type,
-                expected,
-                actual,
-            } => write!(
-                f,
-                "{protocol}: message type {} must be {expected} bytes, got {actual}",
-                Printable(msg_type)
-            ),
+            Error::BadLength { protocol, msg_type, expected, actual } => {
+                write!(f, "{protocol}: message type {} must be {expected} bytes, got {actual}", Printable(msg_type))
+            }
             Error::Overrun { needed, available } => {
-                write!(
-                    f,
-                    "length overruns packet: need {needed} bytes, have {available}"
-                )
+                write!(f, "length overruns packet: need {needed} bytes, have {available}")
             }
             Error::Malformed { protocol, reason } => write!(f, "{protocol}: {reason}"),
             Error::TrailingBytes { protocol, extra } => {
-                write!(
-                    f,
-                    "{protocol}: {extra} trailing bytes after the last message"
-                )
+                write!(f, "{protocol}: {extra} trailing bytes after the last message")
             }
             Error::Unsupported { reason } => write!(f, "unsupported frame: {reason}"),
         }
@@ -132,10 +107,7 @@ impl fmt::Display for Printable {
 #[inline]
 pub(crate) fn check_len(buf: &[u8], needed: usize) -> Result<(), Error> {
     if buf.len() < needed {
-        Err(Error::Truncated {
-            needed,
-            available: buf.len(),
-        })
+        Err(Error::Truncated { needed, available: buf.len() })
     } else {
         Ok(())
     }

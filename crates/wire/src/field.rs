@@ -136,10 +136,7 @@ macro_rules! price_field {
                 b[..$n].copy_from_slice(&self.0.to_be_bytes());
             }
             fn value(self) -> FieldValue {
-                FieldValue::Price {
-                    raw: self.0 as i64,
-                    decimals: $dec,
-                }
+                FieldValue::Price { raw: self.0 as i64, decimals: $dec }
             }
         }
         impl fmt::Display for $t {
@@ -181,13 +178,7 @@ pub fn fmt_fixed(f: &mut fmt::Formatter<'_>, raw: i64, decimals: u8) -> fmt::Res
     let scale = 10u64.pow(u32::from(decimals));
     let sign = if raw < 0 { "-" } else { "" };
     let abs = raw.unsigned_abs();
-    write!(
-        f,
-        "{sign}{}.{:0width$}",
-        abs / scale,
-        abs % scale,
-        width = decimals as usize
-    )
+    write!(f, "{sign}{}.{:0width$}", abs / scale, abs % scale, width = decimals as usize)
 }
 
 /// Space-padded alphanumeric text of a fixed width (stock symbols, MPIDs).
@@ -248,10 +239,7 @@ impl<const N: usize> Field for Alpha<N> {
         let t = self.trimmed();
         let len = t.len().min(TEXT_MAX);
         bytes[..len].copy_from_slice(&t[..len]);
-        FieldValue::Text {
-            bytes,
-            len: len as u8,
-        }
+        FieldValue::Text { bytes, len: len as u8 }
     }
 }
 

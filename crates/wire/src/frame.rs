@@ -94,9 +94,7 @@ pub fn parse_udp(link: LinkType, frame: &[u8]) -> Result<UdpDatagram<'_>, Error>
             let mut at = 12;
             let mut tags = 0;
             let mut ethertype = be16(frame, at);
-            while (ethertype == ETHERTYPE_VLAN || ethertype == ETHERTYPE_QINQ)
-                && tags < VLAN_TAGS_MAX
-            {
+            while (ethertype == ETHERTYPE_VLAN || ethertype == ETHERTYPE_QINQ) && tags < VLAN_TAGS_MAX {
                 at += 4;
                 check_len(frame, at + 2)?;
                 ethertype = be16(frame, at);
@@ -118,24 +116,16 @@ fn parse_ipv4_udp(ip: &[u8]) -> Result<UdpDatagram<'_>, Error> {
     }
     let ihl = usize::from(ip[0] & 0x0f) * 4;
     if ihl < IPV4_HEADER_LEN {
-        return Err(Error::Malformed {
-            protocol: Protocol::Frame,
-            reason: "IPv4 header length < 20",
-        });
+        return Err(Error::Malformed { protocol: Protocol::Frame, reason: "IPv4 header length < 20" });
     }
     let total = usize::from(be16(ip, 2));
     if total < ihl {
-        return Err(Error::Malformed {
-            protocol: Protocol::Frame,
-            reason: "IPv4 total length < header length",
-        });
+        return Err(Error::Malformed { protocol: Protocol::Frame, reason: "IPv4 total length < header length" });
     }
     check_len(ip, total)?;
     let flags_frag = be16(ip, 6);
     if flags_frag & 0x3fff != 0 {
-        return Err(Error::Unsupported {
-            reason: "IPv4 fragment",
-        });
+        return Err(Error::Unsupported { reason: "IPv4 fragment" });
     }
     if ip[9] != IP_PROTO_UDP {
         return Err(Error::Unsupported { reason: "not UDP" });
@@ -144,10 +134,7 @@ fn parse_ipv4_udp(ip: &[u8]) -> Result<UdpDatagram<'_>, Error> {
     check_len(udp, UDP_HEADER_LEN)?;
     let udp_len = usize::from(be16(udp, 4));
     if udp_len < UDP_HEADER_LEN {
-        return Err(Error::Malformed {
-            protocol: Protocol::Frame,
-            reason: "UDP length < 8",
-        });
+        return Err(Error::Malformed { protocol: Protocol::Frame, reason: "UDP length < 8" });
     }
     check_len(udp, udp_len)?;
     Ok(UdpDatagram {
@@ -201,10 +188,7 @@ impl UdpFrameRepr {
     pub fn emit(&self, payload: &[u8], buf: &mut [u8]) -> Result<usize, Error> {
         let n = UDP_FRAME_HEADER_LEN + payload.len();
         if IPV4_HEADER_LEN + UDP_HEADER_LEN + payload.len() > usize::from(u16::MAX) {
-            return Err(Error::Malformed {
-                protocol: Protocol::Frame,
-                reason: "payload too long for IPv4",
-            });
+            return Err(Error::Malformed { protocol: Protocol::Frame, reason: "payload too long for IPv4" });
         }
         check_len(buf, n)?;
         let buf = &mut buf[..n];
@@ -293,12 +277,7 @@ mod tests {
         tagged[..12].copy_from_slice(&plain[..12]);
         tagged[12..16].copy_from_slice(&[0x81, 0x00, 0x00, 0x05]);
         tagged[16..n + 4].copy_from_slice(&plain[12..n]);
-        assert_eq!(
-            parse_udp(LinkType::Ethernet, &tagged[..n + 4])
-                .unwrap()
-                .payload,
-            b"x"
-        );
+        assert_eq!(parse_udp(LinkType::Ethernet, &tagged[..n + 4]).unwrap().payload, b"x");
     }
 
     #[test]
@@ -306,15 +285,9 @@ mod tests {
         let mut buf = [0u8; 64];
         let n = repr().emit(b"hello", &mut buf).unwrap();
         for cut in 0..n {
-            assert!(
-                parse_udp(LinkType::Ethernet, &buf[..cut]).is_err(),
-                "cut at {cut}"
-            );
+            assert!(parse_udp(LinkType::Ethernet, &buf[..cut]).is_err(), "cut at {cut}");
         }
         buf[23] = 6; // TCP
-        assert_eq!(
-            parse_udp(LinkType::Ethernet, &buf[..n]),
-            Err(Error::Unsupported { reason: "not UDP" })
-        );
+        assert_eq!(parse_udp(LinkType::Ethernet, &buf[..n]), Err(Error::Unsupported { reason: "not UDP" }));
     }
 }

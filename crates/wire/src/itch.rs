@@ -259,6 +259,24 @@ const _: () = {
     }
 };
 
+/// Checks a message's type and exact length without decoding it — one table
+/// lookup, no branch on the type — for hops that forward packets unread
+/// (arbitrators, proxies) but must not forward garbage. Returns the type byte.
+#[inline]
+pub fn validate(b: &[u8]) -> Result<u8, Error> {
+    let Some(&t) = b.first() else {
+        return Err(Error::Truncated { needed: 1, available: 0 });
+    };
+    let expected = usize::from(LENGTHS[usize::from(t)]);
+    if expected == b.len() {
+        Ok(t)
+    } else if expected == 0 {
+        Err(Error::UnknownType { protocol: Protocol::Itch50, msg_type: t })
+    } else {
+        Err(Error::BadLength { protocol: Protocol::Itch50, msg_type: t, expected, actual: b.len() })
+    }
+}
+
 impl<'a> Message<'a> {
     /// Stock locate code (header field shared by every type).
     #[inline]
@@ -319,9 +337,7 @@ mod tests {
 
     #[test]
     fn deconstruct_add_order() {
-        let Message::AddOrder(m) = Message::parse(&ADD_ORDER).unwrap() else {
-            panic!()
-        };
+        let Message::AddOrder(m) = Message::parse(&ADD_ORDER).unwrap() else { panic!() };
         assert_eq!(m.stock_locate(), 7);
         assert_eq!(m.tracking_number(), 2);
         assert_eq!(m.timestamp(), Timestamp48(0x1f1a_2b3c_4d5e));
@@ -335,9 +351,7 @@ mod tests {
 
     #[test]
     fn construct_add_order_writes_every_byte() {
-        let Message::AddOrder(m) = Message::parse(&ADD_ORDER).unwrap() else {
-            panic!()
-        };
+        let Message::AddOrder(m) = Message::parse(&ADD_ORDER).unwrap() else { panic!() };
         let mut buf = [0xa5u8; 40];
         assert_eq!(m.to_repr().emit(&mut buf), Ok(36));
         assert_eq!(&buf[..36], &ADD_ORDER[..]);
@@ -348,50 +362,28 @@ mod tests {
     fn emit_into_short_buffer_is_an_error() {
         let r = MessageRepr::from(SystemEventRepr::default());
         let mut buf = [0u8; 11];
-        assert_eq!(
-            r.emit(&mut buf),
-            Err(Error::Truncated {
-                needed: 12,
-                available: 11
-            })
-        );
+        assert_eq!(r.emit(&mut buf), Err(Error::Truncated { needed: 12, available: 11 }));
     }
 
     #[test]
     fn wrong_length_and_unknown_type_are_typed_errors() {
         assert!(matches!(
             Message::parse(&ADD_ORDER[..35]),
-            Err(Error::BadLength {
-                msg_type: b'A',
-                expected: 36,
-                actual: 35,
-                ..
-            })
+            Err(Error::BadLength { msg_type: b'A', expected: 36, actual: 35, .. })
         ));
         let mut long = [0u8; 37];
         long[..36].copy_from_slice(&ADD_ORDER);
-        assert!(matches!(
-            Message::parse(&long),
-            Err(Error::BadLength { actual: 37, .. })
-        ));
-        assert!(matches!(
-            Message::parse(b"Z123"),
-            Err(Error::UnknownType { msg_type: b'Z', .. })
-        ));
+        assert!(matches!(Message::parse(&long), Err(Error::BadLength { actual: 37, .. })));
+        assert!(matches!(Message::parse(b"Z123"), Err(Error::UnknownType { msg_type: b'Z', .. })));
         assert!(matches!(Message::parse(&[]), Err(Error::Truncated { .. })));
     }
 
     #[test]
     fn mwcb_levels_have_eight_decimals() {
-        let r = MwcbDeclineLevelRepr {
-            level1: Price8(123_456_789_012),
-            ..Default::default()
-        };
+        let r = MwcbDeclineLevelRepr { level1: Price8(123_456_789_012), ..Default::default() };
         let mut buf = [0u8; 35];
         r.emit(&mut buf).unwrap();
-        let Message::MwcbDeclineLevel(v) = Message::parse(&buf).unwrap() else {
-            panic!()
-        };
+        let Message::MwcbDeclineLevel(v) = Message::parse(&buf).unwrap() else { panic!() };
         assert_eq!(v.level1().to_string(), "1234.56789012");
     }
 
@@ -403,24 +395,9 @@ mod tests {
         let n: Vec<_> = names.iter().map(|x| x.0).collect();
         assert_eq!(
             n,
-            [
-                "stock_locate",
-                "tracking_number",
-                "timestamp",
-                "order_ref",
-                "side",
-                "shares",
-                "stock",
-                "price"
-            ]
+            ["stock_locate", "tracking_number", "timestamp", "order_ref", "side", "shares", "stock", "price"]
         );
-        assert_eq!(
-            names[7].1,
-            FieldValue::Price {
-                raw: 3_400_040,
-                decimals: 4
-            }
-        );
+        assert_eq!(names[7].1, FieldValue::Price { raw: 3_400_040, decimals: 4 });
     }
 
     #[test]

@@ -19,6 +19,23 @@ pub trait Tail: Copy {
     fn as_slice(&self) -> &[u8];
 }
 
+/// The whole received bytes of a message that has a tail; views of fixed-size
+/// messages do without it and stay one pointer wide.
+#[derive(Clone, Copy)]
+pub struct TailRef<'a, T>(&'a [u8], core::marker::PhantomData<T>);
+
+impl<'a, T> TailRef<'a, T> {
+    #[doc(hidden)]
+    pub fn new(b: &'a [u8]) -> Self {
+        TailRef(b, core::marker::PhantomData)
+    }
+
+    #[doc(hidden)]
+    pub fn whole(&self) -> &'a [u8] {
+        self.0
+    }
+}
+
 macro_rules! has_tail {
     () => {
         false
@@ -58,9 +75,9 @@ macro_rules! message_one {
             /// before any getter can run.
             #[derive(Clone, Copy)]
             pub struct $name<'a> {
-                bytes: &'a [u8],
                 #[allow(dead_code)] // unread by field-less messages
                 fixed: &'a [u8; $len],
+                $(tail: $crate::macros::TailRef<'a, $tail>,)?
             }
 
             const _: () = assert!(
@@ -91,7 +108,7 @@ macro_rules! message_one {
                             })
                         }
                     };
-                    let v = Self { bytes: b, fixed };
+                    let v = Self { fixed, $(tail: $crate::macros::TailRef::<'a, $tail>::new(b),)? };
                     $(
                         let declared = usize::from(u16::from_be_bytes([fixed[$len - 2], fixed[$len - 1]]));
                         if declared != b.len() - $len || <$tail as $crate::macros::Tail>::from_slice(v.tail()).is_none() {
@@ -108,14 +125,16 @@ macro_rules! message_one {
 
                 /// The whole message as received.
                 #[inline]
+                #[allow(unreachable_code)]
                 pub fn as_bytes(&self) -> &'a [u8] {
-                    self.bytes
+                    $(return <$crate::macros::TailRef<'a, $tail>>::whole(&self.tail);)?
+                    &self.fixed[..]
                 }
 
                 /// Bytes after the fixed part (empty unless the message allows a tail).
                 #[inline]
                 pub fn tail(&self) -> &'a [u8] {
-                    &self.bytes[$len..]
+                    &self.as_bytes()[$len..]
                 }
 
                 getters!(1; $($(#[$hm])* $hfield : $hty,)* $($(#[$fm])* $field : $fty),*);
@@ -233,6 +252,13 @@ macro_rules! messages {
         pub enum MessageRepr {
             $($(#[$m])* $name($repr),)*
         }
+
+        /// Specified length by type byte (0: unknown type), for checks without dispatch.
+        pub const LENGTHS: [u16; 256] = {
+            let mut t = [0u16; 256];
+            $(t[$code as usize] = $len;)*
+            t
+        };
 
         /// Every type byte of this family, in specification order.
         pub const TYPES: &[u8] = &[$($code),*];

@@ -119,8 +119,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The sequence number expected after this packet.
     pub fn next_sequence(&self) -> u64 {
-        self.sequence()
-            .wrapping_add(u64::from(self.message_count()))
+        self.sequence().wrapping_add(u64::from(self.message_count()))
     }
 
     /// The bytes after the header.
@@ -135,11 +134,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Walks the message blocks.
     pub fn messages(&self) -> Messages<'_> {
-        Messages {
-            rest: self.payload(),
-            remaining: self.message_count(),
-            done: false,
-        }
+        Messages { rest: self.payload(), remaining: self.message_count(), done: false }
     }
 
     /// Consumes the view, returning the buffer.
@@ -152,11 +147,7 @@ impl<'a> Packet<&'a [u8]> {
     /// Walks the message blocks, borrowing the underlying buffer rather than the view.
     pub fn into_messages(self) -> Messages<'a> {
         let remaining = self.message_count();
-        Messages {
-            rest: &self.buffer[HEADER_LEN..],
-            remaining,
-            done: false,
-        }
+        Messages { rest: &self.buffer[HEADER_LEN..], remaining, done: false }
     }
 }
 
@@ -198,25 +189,16 @@ impl<'a> Iterator for Messages<'a> {
             if self.rest.is_empty() {
                 return None;
             }
-            return Some(Err(Error::TrailingBytes {
-                protocol: Protocol::MoldUdp64,
-                extra: self.rest.len(),
-            }));
+            return Some(Err(Error::TrailingBytes { protocol: Protocol::MoldUdp64, extra: self.rest.len() }));
         }
         let Some((len, after)) = self.rest.split_first_chunk::<BLOCK_HEADER_LEN>() else {
             self.done = true;
-            return Some(Err(Error::Overrun {
-                needed: BLOCK_HEADER_LEN,
-                available: self.rest.len(),
-            }));
+            return Some(Err(Error::Overrun { needed: BLOCK_HEADER_LEN, available: self.rest.len() }));
         };
         let len = usize::from(u16::from_be_bytes(*len));
         let Some((msg, rest)) = after.split_at_checked(len) else {
             self.done = true;
-            return Some(Err(Error::Overrun {
-                needed: len,
-                available: after.len(),
-            }));
+            return Some(Err(Error::Overrun { needed: len, available: after.len() }));
         };
         self.rest = rest;
         self.remaining -= 1;
@@ -239,11 +221,7 @@ pub struct PacketRepr {
 impl PacketRepr {
     /// Reads the header of a checked packet.
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Self {
-        PacketRepr {
-            session: p.session(),
-            sequence: p.sequence(),
-            count: p.count(),
-        }
+        PacketRepr { session: p.session(), sequence: p.sequence(), count: p.count() }
     }
 
     /// Bytes `emit` writes (the header only; blocks follow it).
@@ -283,24 +261,13 @@ impl<'a> PacketBuilder<'a> {
     /// Starts a packet whose first message has sequence number `sequence`.
     /// The packet may use all of `buf`; slice it to cap the packet size.
     pub fn new(buf: &'a mut [u8], session: Session, sequence: u64) -> Result<Self, Error> {
-        PacketRepr {
-            session,
-            sequence,
-            count: 0,
-        }
-        .emit(buf)?;
-        Ok(PacketBuilder {
-            buf,
-            len: HEADER_LEN,
-            count: 0,
-        })
+        PacketRepr { session, sequence, count: 0 }.emit(buf)?;
+        Ok(PacketBuilder { buf, len: HEADER_LEN, count: 0 })
     }
 
     /// Appends one message block.
     pub fn push(&mut self, msg: &[u8]) -> Result<(), PushError> {
-        if msg.len() > usize::from(u16::MAX)
-            || HEADER_LEN + BLOCK_HEADER_LEN + msg.len() > self.buf.len()
-        {
+        if msg.len() > usize::from(u16::MAX) || HEADER_LEN + BLOCK_HEADER_LEN + msg.len() > self.buf.len() {
             return Err(PushError::TooLong);
         }
         // 0xFFFF is reserved for end of session, so a packet holds at most 0xFFFE.
@@ -370,10 +337,7 @@ impl<T: AsRef<[u8]>> Request<T> {
         let n = buffer.as_ref().len();
         check_len(buffer.as_ref(), HEADER_LEN)?;
         if n != HEADER_LEN {
-            return Err(Error::TrailingBytes {
-                protocol: Protocol::MoldUdp64,
-                extra: n - HEADER_LEN,
-            });
+            return Err(Error::TrailingBytes { protocol: Protocol::MoldUdp64, extra: n - HEADER_LEN });
         }
         Ok(Request { buffer })
     }
@@ -405,11 +369,7 @@ pub struct RequestRepr {
 impl RequestRepr {
     /// Reads a checked request.
     pub fn parse<T: AsRef<[u8]>>(r: &Request<T>) -> Self {
-        RequestRepr {
-            session: r.session(),
-            sequence: r.sequence(),
-            count: r.count(),
-        }
+        RequestRepr { session: r.session(), sequence: r.sequence(), count: r.count() }
     }
 
     /// Bytes `emit` writes.
@@ -419,12 +379,7 @@ impl RequestRepr {
 
     /// Writes the 20-byte request.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
-        PacketRepr {
-            session: self.session,
-            sequence: self.sequence,
-            count: self.count,
-        }
-        .emit(buf)
+        PacketRepr { session: self.session, sequence: self.sequence, count: self.count }.emit(buf)
     }
 }
 
@@ -433,9 +388,8 @@ mod tests {
     use super::*;
 
     // A heartbeat: session "SESSION001", next sequence 0x0102030405060708, count 0.
-    const HEARTBEAT: [u8; 20] = [
-        b'S', b'E', b'S', b'S', b'I', b'O', b'N', b'0', b'0', b'1', 1, 2, 3, 4, 5, 6, 7, 8, 0, 0,
-    ];
+    const HEARTBEAT: [u8; 20] =
+        [b'S', b'E', b'S', b'S', b'I', b'O', b'N', b'0', b'0', b'1', 1, 2, 3, 4, 5, 6, 7, 8, 0, 0];
 
     #[test]
     fn deconstruct_heartbeat() {
@@ -462,19 +416,13 @@ mod tests {
     fn heartbeat_with_payload_is_malformed() {
         let mut b = [0u8; 24];
         b[..20].copy_from_slice(&HEARTBEAT);
-        assert!(matches!(
-            Packet::new_checked(&b[..]),
-            Err(Error::Malformed { .. })
-        ));
+        assert!(matches!(Packet::new_checked(&b[..]), Err(Error::Malformed { .. })));
     }
 
     #[test]
     fn construct_request_writes_every_byte() {
-        let r = RequestRepr {
-            session: Session::from_str_padded("SESSION001"),
-            sequence: 0x0102_0304_0506_0708,
-            count: 0,
-        };
+        let r =
+            RequestRepr { session: Session::from_str_padded("SESSION001"), sequence: 0x0102_0304_0506_0708, count: 0 };
         let mut buf = [0xa5u8; 21];
         assert_eq!(r.emit(&mut buf), Ok(20));
         assert_eq!(&buf[..20], &HEARTBEAT);
@@ -502,10 +450,7 @@ mod tests {
         assert!(matches!(got[2], Err(Error::Overrun { .. })));
         // Claim 1: the second block is trailing garbage, reported after the first.
         bad[19] = 1;
-        let got: Vec<_> = Packet::new_checked(&bad[..])
-            .unwrap()
-            .into_messages()
-            .collect();
+        let got: Vec<_> = Packet::new_checked(&bad[..]).unwrap().into_messages().collect();
         assert_eq!(got[0], Ok(&b"abc"[..]));
         assert!(matches!(got[1], Err(Error::TrailingBytes { extra: 6, .. })));
     }

@@ -28,10 +28,7 @@ const _: () = assert!(APPENDAGE_LEN_MAX <= u8::MAX as usize);
 
 impl Appendage {
     /// The empty appendage.
-    pub const EMPTY: Appendage = Appendage {
-        bytes: [0; APPENDAGE_LEN_MAX],
-        len: 0,
-    };
+    pub const EMPTY: Appendage = Appendage { bytes: [0; APPENDAGE_LEN_MAX], len: 0 };
 }
 
 impl Default for Appendage {
@@ -268,9 +265,7 @@ mod tests {
         let mut buf = [0xa5u8; 60];
         assert_eq!(r.emit(&mut buf), Ok(53));
         assert_eq!(&buf[45..47], &[0, 6], "emit writes the appendage length");
-        let inbound::Message::EnterOrder(v) = inbound::Message::parse(&buf[..53]).unwrap() else {
-            panic!()
-        };
+        let inbound::Message::EnterOrder(v) = inbound::Message::parse(&buf[..53]).unwrap() else { panic!() };
         assert_eq!(v.appendage_length(), 6);
         assert_eq!(v.tail(), &[1, 4, 0, 0, 0, 7]);
         assert_eq!(v.to_repr().appendage, r.appendage);
@@ -284,15 +279,7 @@ mod tests {
         for (t, n) in [(b'O', 47), (b'U', 40), (b'X', 9), (b'M', 10), (b'Q', 1)] {
             assert_eq!(inbound::spec_len(t), Some(n));
         }
-        for (t, n) in [
-            (b'S', 10),
-            (b'A', 64),
-            (b'U', 68),
-            (b'C', 18),
-            (b'E', 36),
-            (b'J', 29),
-            (b'B', 36),
-        ] {
+        for (t, n) in [(b'S', 10), (b'A', 64), (b'U', 68), (b'C', 18), (b'E', 36), (b'J', 29), (b'B', 36)] {
             assert_eq!(outbound::spec_len(t), Some(n));
         }
     }

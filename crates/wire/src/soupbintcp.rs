@@ -70,12 +70,7 @@ pub enum PacketRepr<'a> {
     /// `Z` End of Session.
     EndOfSession,
     /// `L` Login Request.
-    LoginRequest {
-        username: Alpha<6>,
-        password: Alpha<10>,
-        session: Alpha<10>,
-        sequence: u64,
-    },
+    LoginRequest { username: Alpha<6>, password: Alpha<10>, session: Alpha<10>, sequence: u64 },
     /// `U` Unsequenced Data (an application message, e.g. OUCH inbound).
     UnsequencedData(&'a [u8]),
     /// `R` Client Heartbeat.
@@ -92,10 +87,7 @@ pub fn split_packet(buf: &[u8]) -> Result<Option<(PacketRepr<'_>, usize)>, Error
     };
     let len = usize::from(u16::from_be_bytes(*len));
     if len == 0 {
-        return Err(Error::Malformed {
-            protocol: Protocol::SoupBinTcp,
-            reason: "zero-length packet",
-        });
+        return Err(Error::Malformed { protocol: Protocol::SoupBinTcp, reason: "zero-length packet" });
     }
     let Some(body) = rest.get(..len) else {
         return Ok(None);
@@ -108,10 +100,7 @@ impl<'a> PacketRepr<'a> {
     pub fn parse(body: &'a [u8]) -> Result<Self, Error> {
         use packet_type::*;
         let Some((&t, p)) = body.split_first() else {
-            return Err(Error::Truncated {
-                needed: 1,
-                available: 0,
-            });
+            return Err(Error::Truncated { needed: 1, available: 0 });
         };
         let exact = |n: usize| -> Result<(), Error> {
             if p.len() == n {
@@ -131,10 +120,7 @@ impl<'a> PacketRepr<'a> {
             UNSEQUENCED_DATA => PacketRepr::UnsequencedData(p),
             LOGIN_ACCEPTED => {
                 exact(LOGIN_ACCEPTED_LEN)?;
-                PacketRepr::LoginAccepted {
-                    session: Alpha::read(&p[..10]),
-                    sequence: parse_numeric(&p[10..30])?,
-                }
+                PacketRepr::LoginAccepted { session: Alpha::read(&p[..10]), sequence: parse_numeric(&p[10..30])? }
             }
             LOGIN_REJECTED => {
                 exact(1)?;
@@ -158,12 +144,7 @@ impl<'a> PacketRepr<'a> {
                     _ => PacketRepr::LogoutRequest,
                 }
             }
-            _ => {
-                return Err(Error::UnknownType {
-                    protocol: Protocol::SoupBinTcp,
-                    msg_type: t,
-                })
-            }
+            _ => return Err(Error::UnknownType { protocol: Protocol::SoupBinTcp, msg_type: t }),
         })
     }
 
@@ -186,9 +167,7 @@ impl<'a> PacketRepr<'a> {
 
     fn payload_len(&self) -> usize {
         match self {
-            PacketRepr::Debug(p)
-            | PacketRepr::SequencedData(p)
-            | PacketRepr::UnsequencedData(p) => p.len(),
+            PacketRepr::Debug(p) | PacketRepr::SequencedData(p) | PacketRepr::UnsequencedData(p) => p.len(),
             PacketRepr::LoginAccepted { .. } => LOGIN_ACCEPTED_LEN,
             PacketRepr::LoginRejected { .. } => 1,
             PacketRepr::LoginRequest { .. } => LOGIN_REQUEST_LEN,
@@ -205,10 +184,7 @@ impl<'a> PacketRepr<'a> {
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
         let plen = self.payload_len();
         if plen > PAYLOAD_LEN_MAX {
-            return Err(Error::Malformed {
-                protocol: Protocol::SoupBinTcp,
-                reason: "payload longer than 65534 bytes",
-            });
+            return Err(Error::Malformed { protocol: Protocol::SoupBinTcp, reason: "payload longer than 65534 bytes" });
         }
         let n = self.buffer_len();
         check_len(buf, n)?;
@@ -216,20 +192,15 @@ impl<'a> PacketRepr<'a> {
         buf[2] = self.packet_type();
         let p = &mut buf[3..n];
         match *self {
-            PacketRepr::Debug(d)
-            | PacketRepr::SequencedData(d)
-            | PacketRepr::UnsequencedData(d) => p.copy_from_slice(d),
+            PacketRepr::Debug(d) | PacketRepr::SequencedData(d) | PacketRepr::UnsequencedData(d) => {
+                p.copy_from_slice(d)
+            }
             PacketRepr::LoginAccepted { session, sequence } => {
                 session.write(&mut p[..10]);
                 emit_numeric(sequence, &mut p[10..30]);
             }
             PacketRepr::LoginRejected { reason } => p[0] = reason,
-            PacketRepr::LoginRequest {
-                username,
-                password,
-                session,
-                sequence,
-            } => {
+            PacketRepr::LoginRequest { username, password, session, sequence } => {
                 username.write(&mut p[..6]);
                 password.write(&mut p[6..16]);
                 session.write(&mut p[16..26]);
@@ -247,18 +218,12 @@ pub fn parse_numeric(b: &[u8]) -> Result<u64, Error> {
     let mut v: u64 = 0;
     for &c in digits {
         if !c.is_ascii_digit() {
-            return Err(Error::Malformed {
-                protocol: Protocol::SoupBinTcp,
-                reason: "non-digit in numeric field",
-            });
+            return Err(Error::Malformed { protocol: Protocol::SoupBinTcp, reason: "non-digit in numeric field" });
         }
         v = v
             .checked_mul(10)
             .and_then(|v| v.checked_add(u64::from(c - b'0')))
-            .ok_or(Error::Malformed {
-                protocol: Protocol::SoupBinTcp,
-                reason: "numeric field overflows u64",
-            })?;
+            .ok_or(Error::Malformed { protocol: Protocol::SoupBinTcp, reason: "numeric field overflows u64" })?;
     }
     Ok(v)
 }
@@ -304,26 +269,12 @@ mod tests {
 
     #[test]
     fn bad_frames_are_typed_errors() {
-        assert!(matches!(
-            split_packet(&[0, 0]),
-            Err(Error::Malformed { .. })
-        ));
-        assert!(matches!(
-            split_packet(&[0, 1, b'?']),
-            Err(Error::UnknownType { .. })
-        ));
-        assert!(matches!(
-            split_packet(&[0, 2, b'H', 0]),
-            Err(Error::BadLength { .. })
-        ));
+        assert!(matches!(split_packet(&[0, 0]), Err(Error::Malformed { .. })));
+        assert!(matches!(split_packet(&[0, 1, b'?']), Err(Error::UnknownType { .. })));
+        assert!(matches!(split_packet(&[0, 2, b'H', 0]), Err(Error::BadLength { .. })));
         assert_eq!(split_packet(&[0]), Ok(None));
         let mut acc = [0u8; 33];
-        PacketRepr::LoginAccepted {
-            session: Alpha::from_str_left_padded("S1"),
-            sequence: 9,
-        }
-        .emit(&mut acc)
-        .unwrap();
+        PacketRepr::LoginAccepted { session: Alpha::from_str_left_padded("S1"), sequence: 9 }.emit(&mut acc).unwrap();
         acc[20] = b'x';
         assert!(matches!(split_packet(&acc), Err(Error::Malformed { .. })));
     }

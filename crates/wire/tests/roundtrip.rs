@@ -12,10 +12,7 @@ use fairfeed_wire::Alpha;
 use proptest::prelude::*;
 
 /// Random body bytes of a given type at its exact length.
-fn typed_bytes(
-    types: &'static [u8],
-    spec_len: fn(u8) -> Option<usize>,
-) -> impl Strategy<Value = Vec<u8>> {
+fn typed_bytes(types: &'static [u8], spec_len: fn(u8) -> Option<usize>) -> impl Strategy<Value = Vec<u8>> {
     proptest::sample::select(types).prop_flat_map(move |t| {
         let n = spec_len(t).unwrap();
         proptest::collection::vec(any::<u8>(), n - 1).prop_map(move |mut v| {

@@ -11,16 +11,8 @@ pub fn bin() -> &'static str {
 
 /// Runs `fairfeed` with `args`; panics with its stderr unless it succeeds.
 pub fn fairfeed(args: &[&str]) -> Output {
-    let out = Command::new(bin())
-        .args(args)
-        .output()
-        .expect("spawn fairfeed");
-    assert!(
-        out.status.success(),
-        "fairfeed {args:?} failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(bin()).args(args).output().expect("spawn fairfeed");
+    assert!(out.status.success(), "fairfeed {args:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     out
 }
 
@@ -45,10 +37,7 @@ pub fn real_data_dir() -> PathBuf {
 /// (the README test command sets it) a missing tool fails the test; otherwise the
 /// test says loudly that it is skipped.
 pub fn have_tool(cmd: &str, args: &[&str]) -> bool {
-    let ok = Command::new(cmd)
-        .args(args)
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let ok = Command::new(cmd).args(args).output().is_ok_and(|o| o.status.success());
     if !ok {
         let msg = format!("external tool `{cmd} {}` is not available", args.join(" "));
         if std::env::var("FAIRFEED_REQUIRE_TOOLS").as_deref() == Ok("1") {
@@ -72,10 +61,6 @@ pub fn real_captures() -> Vec<PathBuf> {
         .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
         .collect();
     v.sort();
-    assert!(
-        v.len() >= 40,
-        "expected the full set of real captures, found {}",
-        v.len()
-    );
+    assert!(v.len() >= 40, "expected the full set of real captures, found {}", v.len());
     v
 }

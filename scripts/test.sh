@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs everything the tests need and runs all of them:
+#   - Debian's tshark (independent MoldUDP64 dissector) and PyPI's itchfeed
+#     (independent ITCH 5.0 decoder), which the tests compare us against;
+#   - formatting and clippy checks;
+#   - every unit, property, integration and doc test of the workspace, in release
+#     mode, with FAIRFEED_REQUIRE_TOOLS=1 so a missing external tool fails loudly.
+# Runs as root on a fresh Debian machine (CI) or as a user with sudo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+
+need_apt=()
+command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== installing ${need_apt[*]} (apt)"
+  export DEBIAN_FRONTEND=noninteractive
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections 2>/dev/null || true
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! python3 -c "import itch.messages" >/dev/null 2>&1; then
+  echo "== installing itchfeed (pip)"
+  python3 -m pip install --quiet itchfeed 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages itchfeed
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "test.sh: cargo not found. Install Rust >= 1.85 (https://rustup.rs) and re-run." >&2
+  exit 1
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --release --quiet -- -D warnings
+
+echo "== cargo test (release)"
+FAIRFEED_REQUIRE_TOOLS=1 cargo test --workspace --release 2>&1 | tee target/test.log
+grep -q "test result: FAILED" target/test.log && exit 1
+summary=$(awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d skipped", p, f, i}' target/test.log)
+echo "$summary"
