@@ -152,7 +152,6 @@ struct Held {
     bytes: Vec<u8>,
     info: PacketInfo,
     arrival_ns: u64,
-    source: Source,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -429,7 +428,7 @@ impl Arbitrator {
             let bytes = packet.to_vec();
             self.held_bytes += bytes.len();
             self.held_msgs += info.count;
-            if let Some(old) = self.held.insert(info.seq, Held { bytes, info, arrival_ns: now, source }) {
+            if let Some(old) = self.held.insert(info.seq, Held { bytes, info, arrival_ns: now }) {
                 self.held_bytes -= old.bytes.len();
                 self.held_msgs -= old.info.count;
             }

@@ -27,6 +27,8 @@ pub struct Journal {
     bytes: Vec<u8>,
     /// Offsets of each message in `bytes`; message `first_seq + i` is `ends[i-1]..ends[i]`.
     ends: Vec<usize>,
+    /// First sequence number of each journaled packet, ascending.
+    packet_starts: Vec<u64>,
 }
 
 /// Why a packet could not be journaled.
@@ -50,7 +52,7 @@ impl Default for Journal {
 
 impl Journal {
     pub fn new() -> Self {
-        Journal { session: None, first_seq: 1, bytes: Vec::new(), ends: Vec::new() }
+        Journal { session: None, first_seq: 1, bytes: Vec::new(), ends: Vec::new(), packet_starts: Vec::new() }
     }
 
     /// The session, once a packet was journaled.
@@ -91,6 +93,9 @@ impl Journal {
         if p.sequence() > next {
             return Err(JournalError::Gap { expected: next, got: p.sequence() });
         }
+        if p.sequence() == next {
+            self.packet_starts.push(next);
+        }
         for (i, m) in p.messages().enumerate() {
             let m = m.map_err(JournalError::Decode)?;
             if p.sequence() + i as u64 == self.next_seq() {
@@ -99,6 +104,13 @@ impl Journal {
             }
         }
         Ok(())
+    }
+
+    /// Sequence number after the last message of the originally sent packet
+    /// that holds `seq`.
+    pub fn packet_end(&self, seq: u64) -> u64 {
+        let i = self.packet_starts.partition_point(|&s| s <= seq);
+        self.packet_starts.get(i).copied().unwrap_or_else(|| self.next_seq())
     }
 
     /// Message `seq`, if journaled.
@@ -119,13 +131,22 @@ pub struct ServerConfig {
     pub packet_len_max: usize,
     /// Requests per second each requester may make, on average.
     pub rate_per_s: f64,
+    /// End each answer where the originally sent packet ended, so a client that
+    /// re-asks for the rest rebuilds the feed packet for packet.
+    pub keep_packet_boundaries: bool,
     /// Requests a requester may make in a burst.
     pub burst: f64,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { count_max: 500, packet_len_max: 1400, rate_per_s: 2_000.0, burst: 200.0 }
+        ServerConfig {
+            count_max: 500,
+            packet_len_max: 1400,
+            rate_per_s: 2_000.0,
+            burst: 200.0,
+            keep_packet_boundaries: true,
+        }
     }
 }
 
@@ -222,8 +243,11 @@ impl RetransmitServer {
         }
         let cap = out.len().min(self.cfg.packet_len_max);
         let mut b = PacketBuilder::new(&mut out[..cap], session, r.sequence()).ok()?;
-        let want = u64::from(r.count().min(self.cfg.count_max));
-        for seq in r.sequence()..r.sequence() + want {
+        let mut end = r.sequence() + u64::from(r.count().min(self.cfg.count_max));
+        if self.cfg.keep_packet_boundaries {
+            end = end.min(self.journal.packet_end(r.sequence()));
+        }
+        for seq in r.sequence()..end {
             let Some(m) = self.journal.get(seq) else { break };
             if b.push(m).is_err() {
                 break;
@@ -261,7 +285,8 @@ mod tests {
 
     #[test]
     fn answers_from_the_requested_sequence_with_a_cap() {
-        let mut s = RetransmitServer::new(journal(1000), ServerConfig { count_max: 10, ..Default::default() });
+        let cfg = ServerConfig { count_max: 10, keep_packet_boundaries: false, ..Default::default() };
+        let mut s = RetransmitServer::new(journal(1000), cfg);
         let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let mut out = [0u8; 1400];
         let n = s.handle_request(0, from, &req(101, 50), &mut out).unwrap();
@@ -269,6 +294,22 @@ mod tests {
         assert_eq!((p.sequence(), p.count()), (101, 10));
         let first = p.messages().next().unwrap().unwrap();
         assert_eq!(first, &101u64.to_be_bytes());
+    }
+
+    #[test]
+    fn answers_keep_the_original_packet_boundaries() {
+        // The journal's packets hold two messages each: 1-2, 3-4, ...
+        let mut s = RetransmitServer::new(journal(100), ServerConfig::default());
+        let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut out = [0u8; 1400];
+        for (seq, want) in [(5, 2), (6, 1), (9, 2)] {
+            let n = s.handle_request(0, from, &req(seq, 50), &mut out).unwrap();
+            assert_eq!(Packet::new_checked(&out[..n]).unwrap().count(), want);
+        }
+        let mut s =
+            RetransmitServer::new(journal(100), ServerConfig { keep_packet_boundaries: false, ..Default::default() });
+        let n = s.handle_request(0, from, &req(5, 50), &mut out).unwrap();
+        assert_eq!(Packet::new_checked(&out[..n]).unwrap().count(), 50);
     }
 
     #[test]

@@ -161,6 +161,9 @@ impl Stats {
             return;
         }
         *slot = RaceSlot { seq, line: line as u8, seen: 1 << line, at_ns: now, valid: true };
+        if self.gauge_at == (0, 0) {
+            self.gauge_at = (now, self.ll_messages); // the message rate is measured from the first data
+        }
         self.lines[line].first_arrivals += 1;
     }
 
@@ -180,8 +183,6 @@ impl Stats {
             let rate = (self.ll_messages - m0) as f64 * 1e9 / (now - t0) as f64;
             self.message_rate_per_s =
                 if self.message_rate_per_s == 0.0 { rate } else { 0.7 * self.message_rate_per_s + 0.3 * rate };
-            self.gauge_at = (now, self.ll_messages);
-        } else if t0 == 0 {
             self.gauge_at = (now, self.ll_messages);
         }
         if self.message_rate_per_s > 0.0 {

@@ -1,8 +1,12 @@
 //! # fairfeed-net
 //!
 //! The I/O shells around fairfeed's pure cores: precise send pacing
-//! ([`pace`]) and capture replay over UDP ([`replay`]). Everything that owns a
-//! socket, a thread or a clock lives here, never in the cores.
+//! ([`pace`]), capture replay over UDP ([`replay`]), and the line arbitrator
+//! over live UDP ([`arb_live`], with the retransmission server's socket loop)
+//! and over capture files ([`arb_offline`]). Everything that owns a socket, a
+//! thread or a clock lives here, never in the cores.
 
+pub mod arb_live;
+pub mod arb_offline;
 pub mod pace;
 pub mod replay;

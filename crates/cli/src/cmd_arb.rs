@@ -1,0 +1,296 @@
+//! `fairfeed arb` and `fairfeed retransmit-server`: the line arbitrator's
+//! shells on capture files and on live UDP.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use fairfeed_arb::core::{Arbitrator, Config, Mode, RetransmitConfig, Start, Window};
+use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
+use fairfeed_arb::spec::SeqSpec;
+use fairfeed_feed::capture::{read_datagrams, CaptureWriter, Datagram};
+use fairfeed_net::arb_live::{run_live, run_retransmit_server, LiveConfig};
+use fairfeed_net::arb_offline::run_offline;
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ModeArg {
+    Time,
+    Count,
+    TimeCount,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Line A from a capture (offline mode).
+    #[arg(long, requires = "out", conflicts_with_all = ["a", "b"])]
+    a_pcap: Option<PathBuf>,
+    /// Line B from a capture (offline mode).
+    #[arg(long)]
+    b_pcap: Option<PathBuf>,
+    /// Offline: the high-reliability output as a pcap.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Offline: also the low-latency output as a pcap.
+    #[arg(long)]
+    out_ll_pcap: Option<PathBuf>,
+    /// Offline: recover gaps no line filled from this capture of the clean feed,
+    /// through the retransmission server's request/response core.
+    #[arg(long)]
+    retransmit_journal: Option<PathBuf>,
+    /// Offline: virtual round trip to the retransmission server, µs.
+    #[arg(long, default_value_t = 100.0)]
+    retransmit_rtt_us: f64,
+    /// Only datagrams to this UDP port in the captures.
+    #[arg(long)]
+    port: Option<u16>,
+
+    /// Live: listen for line A here.
+    #[arg(long)]
+    a: Option<SocketAddr>,
+    /// Live: listen for line B here.
+    #[arg(long)]
+    b: Option<SocketAddr>,
+    /// Live: further lines (C, D, ...).
+    #[arg(long = "line")]
+    more_lines: Vec<SocketAddr>,
+    /// Live: send the low-latency output here.
+    #[arg(long)]
+    out_ll: Option<SocketAddr>,
+    /// Live: send the high-reliability output here.
+    #[arg(long)]
+    out_hr: Option<SocketAddr>,
+    /// Live: send non-market packets here.
+    #[arg(long)]
+    out_side: Option<SocketAddr>,
+    /// Live: the MoldUDP64 retransmission server.
+    #[arg(long)]
+    retransmit: Option<SocketAddr>,
+    /// Live: a UDP control socket (`stats`, `mode time|count|time-count`, `max-hold-us N`, `max-count N`).
+    #[arg(long)]
+    control: Option<SocketAddr>,
+    /// Live: exit once the session ended and the high-reliability output drained.
+    #[arg(long)]
+    exit_on_end: bool,
+    /// Live: exit after this many seconds.
+    #[arg(long)]
+    max_seconds: Option<f64>,
+    /// Live: spin instead of sleeping when idle (lower latency, one busy core).
+    #[arg(long)]
+    busy_poll: bool,
+    /// Live: print a stats line to stderr this often (seconds).
+    #[arg(long)]
+    stats_interval_s: Option<f64>,
+
+    /// Protocol preset: where the sequence number lives (moldudp64, xdp).
+    #[arg(long, default_value = "moldudp64")]
+    protocol: String,
+    /// High-reliability window.
+    #[arg(long, value_enum, default_value = "time-count")]
+    mode: ModeArg,
+    /// Time window: longest a packet is held, µs.
+    #[arg(long, default_value_t = 1000.0)]
+    max_hold_us: f64,
+    /// Count window: most messages held.
+    #[arg(long, default_value_t = 1000)]
+    max_count: u64,
+    /// Any mode: give up waiting after this long without data, ms.
+    #[arg(long, default_value_t = 50.0)]
+    idle_flush_ms: f64,
+    /// First sequence number (offline default: the lowest seen on any line;
+    /// live default: the first packet's).
+    #[arg(long)]
+    start_seq: Option<u64>,
+    /// Ask for a gap after it has been open this long, µs.
+    #[arg(long, default_value_t = 200.0)]
+    retransmit_grace_us: f64,
+    /// Re-ask after this long without an answer, ms.
+    #[arg(long, default_value_t = 20.0)]
+    retransmit_timeout_ms: f64,
+    /// Asks per range before giving it up.
+    #[arg(long, default_value_t = 5)]
+    retransmit_attempts: u32,
+    /// Write the statistics here as JSON at exit.
+    #[arg(long)]
+    stats_json: Option<PathBuf>,
+}
+
+fn config(a: &Args, lines: usize, start: Start, retransmit: bool) -> Config {
+    let mode = match a.mode {
+        ModeArg::Time => Mode::Time,
+        ModeArg::Count => Mode::Count,
+        ModeArg::TimeCount => Mode::TimeCount,
+    };
+    Config {
+        lines,
+        window: Window { mode, max_hold_ns: (a.max_hold_us * 1e3) as u64, max_count_msgs: a.max_count },
+        start,
+        idle_flush_ns: (a.idle_flush_ms * 1e6) as u64,
+        retransmit: retransmit.then(|| RetransmitConfig {
+            grace_ns: (a.retransmit_grace_us * 1e3) as u64,
+            timeout_ns: (a.retransmit_timeout_ms * 1e6) as u64,
+            attempts_max: a.retransmit_attempts,
+            ..RetransmitConfig::default()
+        }),
+        ..Config::default()
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let spec = SeqSpec::preset(&a.protocol)
+        .with_context(|| format!("unknown --protocol {:?} (known: moldudp64, xdp)", a.protocol))?;
+    if a.a_pcap.is_some() {
+        offline(&a, spec)
+    } else {
+        live(&a, spec)
+    }
+}
+
+/// Loads a capture into a retransmission journal.
+fn journal(path: &std::path::Path, port: Option<u16>) -> anyhow::Result<Journal> {
+    let (datagrams, _) = read_datagrams(path, port)?;
+    let mut j = Journal::new();
+    for d in &datagrams {
+        j.append_packet(&d.payload)
+            .map_err(|e| anyhow::anyhow!("{}: cannot journal a packet: {e:?}", path.display()))?;
+    }
+    anyhow::ensure!(!j.is_empty(), "{}: no MoldUDP64 messages to journal", path.display());
+    Ok(j)
+}
+
+fn offline(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
+    let (Some(pa), Some(out)) = (&a.a_pcap, &a.out) else { anyhow::bail!("offline mode needs --a-pcap and --out") };
+    let mut lines: Vec<Vec<Datagram>> = vec![read_datagrams(pa, a.port)?.0];
+    if let Some(pb) = &a.b_pcap {
+        lines.push(read_datagrams(pb, a.port)?.0);
+    }
+    let start = match a.start_seq {
+        Some(s) => Start::Seq(s),
+        None => lines
+            .iter()
+            .flatten()
+            .filter_map(|d| spec.parse(&d.payload))
+            .map(|i| i.seq)
+            .min()
+            .map_or(Start::First, Start::Seq),
+    };
+    let mut server = match &a.retransmit_journal {
+        Some(p) => Some(RetransmitServer::new(
+            journal(p, a.port)?,
+            ServerConfig { rate_per_s: 1e9, burst: 1e9, ..Default::default() },
+        )),
+        None => None,
+    };
+    let mut arb = Arbitrator::new(config(a, lines.len(), start, server.is_some()), spec).map_err(anyhow::Error::msg)?;
+    let output = run_offline(&mut arb, &lines, server.as_mut(), (a.retransmit_rtt_us * 1e3) as u64);
+    let dst = lines[0].first().map_or(SocketAddrV4::new(Ipv4Addr::new(233, 54, 12, 111), 26477), |d| d.dst);
+    let src = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 40_000);
+    let write = |path: &PathBuf, packets: &[fairfeed_net::arb_offline::Timed]| -> anyhow::Result<()> {
+        let mut w = CaptureWriter::create(path)?;
+        for p in packets {
+            w.write(p.ts_ns, src, dst, &p.payload)?;
+        }
+        Ok(w.finish()?)
+    };
+    write(out, &output.high_reliability)?;
+    if let Some(p) = &a.out_ll_pcap {
+        write(p, &output.low_latency)?;
+    }
+    let last = lines.iter().flatten().map(|d| d.ts_ns).max().unwrap_or(0);
+    let mut stats = serde_json::to_value(arb.stats_now(last))?;
+    if let Some(s) = &server {
+        stats["retransmit_server"] = serde_json::to_value(s.stats())?;
+    }
+    report(a, &stats)
+}
+
+fn report(a: &Args, stats: &serde_json::Value) -> anyhow::Result<()> {
+    if let Some(p) = &a.stats_json {
+        std::fs::write(p, serde_json::to_string_pretty(stats)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    eprintln!(
+        "arb: {} high-reliability packets, {} low-latency; gaps opened {}, filled by line {}, by retransmission {}, \
+         given up {}; lost messages {}; duplicates {}",
+        stats["hr_packets"],
+        stats["ll_packets"],
+        stats["gaps_opened"],
+        stats["gaps_filled_by_line"],
+        stats["gaps_filled_by_retransmit"],
+        stats["gaps_given_up"],
+        stats["lost_messages"],
+        stats["duplicates"]
+    );
+    Ok(())
+}
+
+fn live(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
+    let lines: Vec<SocketAddr> = a.a.iter().chain(a.b.iter()).chain(a.more_lines.iter()).copied().collect();
+    anyhow::ensure!(!lines.is_empty(), "give lines as --a/--b (live) or --a-pcap/--b-pcap (offline)");
+    anyhow::ensure!(a.out_ll.is_some() || a.out_hr.is_some(), "give at least one of --out-ll, --out-hr");
+    let start = a.start_seq.map_or(Start::First, Start::Seq);
+    let arb =
+        Arbitrator::new(config(a, lines.len(), start, a.retransmit.is_some()), spec).map_err(anyhow::Error::msg)?;
+    let cfg = LiveConfig {
+        lines,
+        out_ll: a.out_ll,
+        out_hr: a.out_hr,
+        out_side: a.out_side,
+        retransmit: a.retransmit,
+        control: a.control,
+        exit_on_end: a.exit_on_end,
+        max_seconds: a.max_seconds,
+        busy_poll: a.busy_poll,
+        stats_interval: a.stats_interval_s.map(Duration::from_secs_f64),
+    };
+    let (stats, send_errors) = run_live(arb, &cfg, |s| {
+        eprintln!(
+            "arb: hr {} ll {} dup {} gaps {} (line {}, retransmit {}, given up {}) lost {} held {} saturation {:.3}",
+            s.hr_packets,
+            s.ll_packets,
+            s.duplicates,
+            s.gaps_opened,
+            s.gaps_filled_by_line,
+            s.gaps_filled_by_retransmit,
+            s.gaps_given_up,
+            s.lost_messages,
+            s.buffer_packets,
+            s.saturation
+        );
+    })
+    .context("live arbitration")?;
+    let mut v = serde_json::to_value(&stats)?;
+    v["send_errors"] = send_errors.into();
+    report(a, &v)
+}
+
+#[derive(clap::Args)]
+pub struct ServerArgs {
+    /// The clean feed to serve from (a pcap of the MoldUDP64 packets sent).
+    #[arg(long)]
+    journal: PathBuf,
+    /// Only datagrams to this UDP port in the journal capture.
+    #[arg(long)]
+    port: Option<u16>,
+    /// Where to listen for requests, e.g. 127.0.0.1:26478.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Messages per answer at most.
+    #[arg(long, default_value_t = 500)]
+    count_max: u16,
+    /// Requests per second per requester (token bucket rate).
+    #[arg(long, default_value_t = 2000.0)]
+    rate_per_s: f64,
+    /// Exit after this many seconds.
+    #[arg(long)]
+    max_seconds: Option<f64>,
+}
+
+pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
+    let j = journal(&a.journal, a.port)?;
+    eprintln!("retransmit-server: {} messages journaled, listening on {}", j.len(), a.listen);
+    let cfg = ServerConfig { count_max: a.count_max, rate_per_s: a.rate_per_s, ..ServerConfig::default() };
+    let mut server = RetransmitServer::new(j, cfg);
+    run_retransmit_server(&mut server, a.listen, a.max_seconds).with_context(|| format!("serving on {}", a.listen))?;
+    eprintln!("retransmit-server: {}", serde_json::to_string(server.stats())?);
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! The arbitrator on live UDP: one socket per line, outputs sent to UDP
+//! addresses, retransmission requests to a MoldUDP64 server, and a control
+//! socket that changes the window at run time.
+//!
+//! Single-threaded: every socket is non-blocking; when nothing is ready the
+//! loop sleeps in `poll(2)` until the next packet or the arbitrator's next
+//! timer, or — with `busy_poll` — spins, trading a core for latency (seed 003).
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use fairfeed_arb::core::{Arbitrator, Mode, Sink, Source, Stream};
+use fairfeed_arb::stats::Stats;
+use fairfeed_wire::moldudp64::RequestRepr;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// Receive buffer asked for on each line socket: absorbs bursts while the loop is busy.
+pub const LINE_RECV_BUFFER_BYTES: usize = 8 << 20;
+/// Datagrams read from one socket per loop turn at most, so one busy line
+/// cannot starve the others or the timers.
+pub const RECV_BATCH_MAX: usize = 64;
+/// Largest datagram accepted.
+const DATAGRAM_MAX: usize = 65_536;
+
+/// Where the live arbitrator listens and sends.
+#[derive(Debug, Clone, Default)]
+pub struct LiveConfig {
+    pub lines: Vec<SocketAddr>,
+    pub out_ll: Option<SocketAddr>,
+    pub out_hr: Option<SocketAddr>,
+    pub out_side: Option<SocketAddr>,
+    pub retransmit: Option<SocketAddr>,
+    pub control: Option<SocketAddr>,
+    /// Stop once the session ended and the high-reliability output drained.
+    pub exit_on_end: bool,
+    pub max_seconds: Option<f64>,
+    pub busy_poll: bool,
+    /// Call `on_stats` this often.
+    pub stats_interval: Option<Duration>,
+}
+
+/// Binds a UDP socket with a large receive buffer, non-blocking.
+pub fn bind_udp(addr: SocketAddr, recv_buffer: usize) -> std::io::Result<UdpSocket> {
+    let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    let _ = s.set_recv_buffer_size(recv_buffer);
+    s.bind(&addr.into())?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
+struct UdpSink<'a> {
+    out: &'a UdpSocket,
+    retrans: Option<&'a UdpSocket>,
+    cfg: &'a LiveConfig,
+    send_errors: u64,
+}
+
+impl Sink for UdpSink<'_> {
+    fn emit(&mut self, stream: Stream, packet: &[u8]) {
+        let to = match stream {
+            Stream::LowLatency => self.cfg.out_ll,
+            Stream::HighReliability => self.cfg.out_hr,
+            Stream::Side(_) => self.cfg.out_side,
+        };
+        if let Some(to) = to {
+            if self.out.send_to(packet, to).is_err() {
+                self.send_errors += 1;
+            }
+        }
+    }
+    fn request(&mut self, r: RequestRepr) {
+        let mut b = [0u8; 20];
+        if r.emit(&mut b).is_ok() {
+            if let Some(s) = self.retrans {
+                if s.send(&b).is_err() {
+                    self.send_errors += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Applies one control command; returns the reply.
+fn control(arb: &mut Arbitrator, now: u64, cmd: &str, sink: &mut UdpSink<'_>) -> String {
+    let mut w = arb.window();
+    let mut it = cmd.split_whitespace();
+    let (Some(verb), arg) = (it.next(), it.next()) else { return "error: empty command".into() };
+    let num = || arg.and_then(|a| a.parse::<u64>().ok());
+    match (verb, arg) {
+        ("stats", _) => return serde_json::to_string(arb.stats_now(now)).unwrap_or_default(),
+        ("mode", Some("time")) => w.mode = Mode::Time,
+        ("mode", Some("count")) => w.mode = Mode::Count,
+        ("mode", Some("time-count")) => w.mode = Mode::TimeCount,
+        ("max-hold-us", _) if num().is_some() => w.max_hold_ns = num().unwrap_or(0).saturating_mul(1000),
+        ("max-count", _) if num().is_some() => w.max_count_msgs = num().unwrap_or(0),
+        _ => return format!(
+            "error: unknown command {cmd:?} (try: stats | mode time|count|time-count | max-hold-us N | max-count N)"
+        ),
+    }
+    arb.set_window(now, w, sink);
+    format!("ok {}", serde_json::to_string(&w).unwrap_or_default())
+}
+
+/// Runs until the session ends (with `exit_on_end`) or `max_seconds` pass;
+/// returns the final counters and the number of failed sends.
+pub fn run_live(
+    mut arb: Arbitrator,
+    cfg: &LiveConfig,
+    mut on_stats: impl FnMut(&Stats),
+) -> std::io::Result<(Stats, u64)> {
+    assert!(!cfg.lines.is_empty(), "at least one line");
+    let lines: Vec<UdpSocket> =
+        cfg.lines.iter().map(|a| bind_udp(*a, LINE_RECV_BUFFER_BYTES)).collect::<Result<_, _>>()?;
+    let out = UdpSocket::bind("0.0.0.0:0")?;
+    let retrans = match cfg.retransmit {
+        Some(a) => {
+            let s = bind_udp("0.0.0.0:0".parse().expect("valid"), LINE_RECV_BUFFER_BYTES)?;
+            s.connect(a)?;
+            Some(s)
+        }
+        None => None,
+    };
+    let ctl = cfg.control.map(|a| bind_udp(a, 1 << 16)).transpose()?;
+    let start = Instant::now();
+    let now = || start.elapsed().as_nanos() as u64;
+    let mut sink = UdpSink { out: &out, retrans: retrans.as_ref(), cfg, send_errors: 0 };
+    let mut buf = vec![0u8; DATAGRAM_MAX];
+    let mut next_stats = cfg.stats_interval.map(|d| d.as_nanos() as u64);
+    loop {
+        let mut got = 0;
+        for (l, s) in lines.iter().enumerate() {
+            for _ in 0..RECV_BATCH_MAX {
+                let Ok(n) = s.recv(&mut buf) else { break };
+                arb.handle_packet(now(), Source::Line(l), &buf[..n], &mut sink);
+                got += 1;
+            }
+        }
+        if let Some(r) = &retrans {
+            while let Ok(n) = r.recv(&mut buf) {
+                arb.handle_packet(now(), Source::Retransmit, &buf[..n], &mut sink);
+                got += 1;
+            }
+        }
+        if let Some(c) = &ctl {
+            if let Ok((n, from)) = c.recv_from(&mut buf) {
+                let reply = control(&mut arb, now(), String::from_utf8_lossy(&buf[..n]).trim(), &mut sink);
+                let _ = c.send_to(reply.as_bytes(), from);
+            }
+        }
+        let t = now();
+        if arb.next_timeout().is_some_and(|d| d <= t) {
+            arb.handle_timeout(t, &mut sink);
+        }
+        if let Some(ns) = next_stats {
+            if t >= ns {
+                on_stats(arb.stats_now(t));
+                next_stats = cfg.stats_interval.map(|d| t + d.as_nanos() as u64);
+            }
+        }
+        if (cfg.exit_on_end && arb.drained()) || cfg.max_seconds.is_some_and(|m| t as f64 / 1e9 >= m) {
+            break;
+        }
+        if got > 0 || cfg.busy_poll {
+            continue;
+        }
+        // Nothing ready: sleep until a packet or the next timer (at most 10 ms).
+        let wait_ns = arb.next_timeout().map_or(10_000_000, |d| d.saturating_sub(now())).min(10_000_000);
+        if wait_ns < 1_000_000 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let mut fds: Vec<PollFd> = lines.iter().map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)).collect();
+        if let Some(r) = &retrans {
+            fds.push(PollFd::new(r.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(c) = &ctl {
+            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+        }
+        let ms = u16::try_from(wait_ns / 1_000_000).unwrap_or(10);
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+    }
+    let t = now();
+    arb.handle_timeout(t, &mut sink);
+    Ok((arb.stats_now(t).clone(), sink.send_errors))
+}
+
+/// Serves MoldUDP64 retransmission requests on `listen` from `server`'s
+/// journal until `max_seconds` pass (or forever).
+pub fn run_retransmit_server(
+    server: &mut fairfeed_arb::retransmit::RetransmitServer,
+    listen: SocketAddr,
+    max_seconds: Option<f64>,
+) -> std::io::Result<()> {
+    let sock = bind_udp(listen, 1 << 20)?;
+    sock.set_nonblocking(false)?;
+    sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let start = Instant::now();
+    let mut buf = [0u8; 2048];
+    let mut out = vec![0u8; fairfeed_wire::moldudp64::PACKET_LEN_DEFAULT_MAX];
+    while max_seconds.is_none_or(|m| start.elapsed().as_secs_f64() < m) {
+        let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
+        let now = start.elapsed().as_nanos() as u64;
+        if let Some(len) = server.handle_request(now, from, &buf[..n], &mut out) {
+            let _ = sock.send_to(&out[..len], from);
+        }
+    }
+    Ok(())
+}
