@@ -31,7 +31,7 @@ enum Command {
     /// Send a capture's UDP payloads to an address with its own pacing or a fixed rate.
     Replay(cmd_replay::Args),
     /// Merge redundant A/B lines: low-latency and high-reliability outputs, on captures or live UDP.
-    Arb(cmd_arb::Args),
+    Arb(Box<cmd_arb::Args>),
     /// Serve MoldUDP64 retransmission requests from a capture of the clean feed.
     RetransmitServer(cmd_arb::ServerArgs),
 }
@@ -43,7 +43,7 @@ fn main() {
         Command::Decode(a) => cmd_decode::run(a),
         Command::Stats(a) => cmd_stats::run(a),
         Command::Replay(a) => cmd_replay::run(a),
-        Command::Arb(a) => cmd_arb::run(a),
+        Command::Arb(a) => cmd_arb::run(*a),
         Command::RetransmitServer(a) => cmd_arb::run_server(a),
     };
     if let Err(e) = result {
