@@ -480,6 +480,9 @@ impl Arbitrator {
 
     /// Removes [from, to) from the holes; counts holes closed, by source.
     fn fill_holes(&mut self, from: u64, to: u64, source: Source) -> u64 {
+        if self.holes.is_empty() {
+            return 0;
+        }
         let overlapping: Vec<u64> =
             self.holes.range(..to).filter(|(&a, h)| h.to > from && a < to).map(|(&a, _)| a).collect();
         let mut closed = 0;
@@ -550,6 +553,9 @@ impl Arbitrator {
 
     /// Timers, windows and retransmission, after any event.
     fn service(&mut self, now: u64, sink: &mut impl Sink) {
+        if self.held.is_empty() && self.holes.is_empty() && self.requests.is_empty() {
+            return; // the common case: in order, nothing waiting
+        }
         self.check_windows(now, sink);
         if self.cfg.retransmit.is_some() {
             self.retransmit(now, sink, false);

@@ -93,6 +93,9 @@ pub struct SeqSpec {
     pub framing: Option<Framing>,
     /// Session field (MoldUDP64's 10 bytes), needed for retransmission requests.
     pub session: Option<Range<usize>>,
+    /// A header field holding the whole packet's length, rewritten when a
+    /// packet is trimmed (XDP's PacketSize).
+    pub packet_len: Option<IntField>,
 }
 
 /// What kind of packet the header says this is.
@@ -131,6 +134,7 @@ impl SeqSpec {
             end_count: Some(0xFFFF),
             framing: Some(Framing { len: IntField::be(0, 2), extra: 2 }),
             session: Some(0..10),
+            packet_len: None,
         }
     }
 
@@ -148,6 +152,7 @@ impl SeqSpec {
             end_count: None,
             framing: Some(Framing { len: IntField::le(0, 2), extra: 0 }),
             session: None,
+            packet_len: Some(IntField::le(0, 2)),
         }
     }
 
@@ -230,6 +235,10 @@ impl SeqSpec {
         out.extend_from_slice(&b[at..]);
         self.seq.write(out, info.seq + skip);
         cf.write(out, info.count - skip);
+        if let Some(pl) = self.packet_len {
+            let len = out.len() as u64;
+            pl.write(out, len);
+        }
         true
     }
 }

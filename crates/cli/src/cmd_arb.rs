@@ -10,8 +10,25 @@ use fairfeed_arb::core::{Arbitrator, Config, Mode, RetransmitConfig, Start, Wind
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
 use fairfeed_feed::capture::{read_datagrams, CaptureWriter, Datagram};
-use fairfeed_net::arb_live::{run_live, run_retransmit_server, LiveConfig};
+use fairfeed_net::arb_live::{run_live, run_retransmit_server, IdleStrategy, LiveConfig};
 use fairfeed_net::arb_offline::run_offline;
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum IdleArg {
+    Spin,
+    Backoff,
+    Park,
+}
+
+impl IdleArg {
+    pub fn strategy(self) -> IdleStrategy {
+        match self {
+            IdleArg::Spin => IdleStrategy::Spin,
+            IdleArg::Backoff => IdleStrategy::BACKOFF_DEFAULT,
+            IdleArg::Park => IdleStrategy::Park,
+        }
+    }
+}
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum ModeArg {
@@ -75,7 +92,11 @@ pub struct Args {
     /// Live: exit after this many seconds.
     #[arg(long)]
     max_seconds: Option<f64>,
-    /// Live: spin instead of sleeping when idle (lower latency, one busy core).
+    /// Live: what to do when no packet is ready: spin (lowest latency, one busy
+    /// core), backoff (spin 50 µs, yield to 1 ms, then sleep), park (sleep at once).
+    #[arg(long, value_enum, default_value = "backoff")]
+    idle: IdleArg,
+    /// Live: same as --idle spin.
     #[arg(long)]
     busy_poll: bool,
     /// Live: print a stats line to stderr this often (seconds).
@@ -239,7 +260,7 @@ fn live(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
         control: a.control,
         exit_on_end: a.exit_on_end,
         max_seconds: a.max_seconds,
-        busy_poll: a.busy_poll,
+        idle: if a.busy_poll { IdleStrategy::Spin } else { a.idle.strategy() },
         stats_interval: a.stats_interval_s.map(Duration::from_secs_f64),
     };
     let (stats, send_errors) = run_live(arb, &cfg, |s| {

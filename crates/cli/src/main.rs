@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod cmd_arb;
+mod cmd_bench;
 mod cmd_decode;
 mod cmd_gen;
 mod cmd_replay;
@@ -34,6 +35,9 @@ enum Command {
     Arb(Box<cmd_arb::Args>),
     /// Serve MoldUDP64 retransmission requests from a capture of the clean feed.
     RetransmitServer(cmd_arb::ServerArgs),
+    /// End-to-end benchmarks, each with a baseline measured in the same run.
+    #[command(subcommand)]
+    Bench(cmd_bench::Bench),
 }
 
 fn main() {
@@ -45,6 +49,7 @@ fn main() {
         Command::Replay(a) => cmd_replay::run(a),
         Command::Arb(a) => cmd_arb::run(*a),
         Command::RetransmitServer(a) => cmd_arb::run_server(a),
+        Command::Bench(b) => cmd_bench::run(b),
     };
     if let Err(e) = result {
         eprintln!("fairfeed: error: {e:#}");

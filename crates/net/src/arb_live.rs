@@ -36,9 +36,28 @@ pub struct LiveConfig {
     /// Stop once the session ended and the high-reliability output drained.
     pub exit_on_end: bool,
     pub max_seconds: Option<f64>,
-    pub busy_poll: bool,
+    pub idle: IdleStrategy,
     /// Call `on_stats` this often.
     pub stats_interval: Option<Duration>,
+}
+
+/// What the loop does when no packet is ready (Aeron's idle strategies; seed
+/// 003 shows why polling matters: waking a sleeping thread costs tens of µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdleStrategy {
+    /// Never sleep: lowest latency, one core always busy.
+    Spin,
+    /// Spin for `spin_ns` after the last packet, then yield the CPU until
+    /// `yield_ns`, then sleep in `poll(2)`.
+    Backoff { spin_ns: u64, yield_ns: u64 },
+    /// Sleep in `poll(2)` at once: least CPU, highest wake-up latency.
+    #[default]
+    Park,
+}
+
+impl IdleStrategy {
+    /// Spin 50 µs, yield until 1 ms, then park.
+    pub const BACKOFF_DEFAULT: IdleStrategy = IdleStrategy::Backoff { spin_ns: 50_000, yield_ns: 1_000_000 };
 }
 
 /// Binds a UDP socket with a large receive buffer, non-blocking.
@@ -96,9 +115,11 @@ fn control(arb: &mut Arbitrator, now: u64, cmd: &str, sink: &mut UdpSink<'_>) ->
         ("mode", Some("time-count")) => w.mode = Mode::TimeCount,
         ("max-hold-us", _) if num().is_some() => w.max_hold_ns = num().unwrap_or(0).saturating_mul(1000),
         ("max-count", _) if num().is_some() => w.max_count_msgs = num().unwrap_or(0),
-        _ => return format!(
+        _ => {
+            return format!(
             "error: unknown command {cmd:?} (try: stats | mode time|count|time-count | max-hold-us N | max-count N)"
-        ),
+        )
+        }
     }
     arb.set_window(now, w, sink);
     format!("ok {}", serde_json::to_string(&w).unwrap_or_default())
@@ -129,6 +150,7 @@ pub fn run_live(
     let mut sink = UdpSink { out: &out, retrans: retrans.as_ref(), cfg, send_errors: 0 };
     let mut buf = vec![0u8; DATAGRAM_MAX];
     let mut next_stats = cfg.stats_interval.map(|d| d.as_nanos() as u64);
+    let mut last_busy = 0u64;
     loop {
         let mut got = 0;
         for (l, s) in lines.iter().enumerate() {
@@ -163,8 +185,25 @@ pub fn run_live(
         if (cfg.exit_on_end && arb.drained()) || cfg.max_seconds.is_some_and(|m| t as f64 / 1e9 >= m) {
             break;
         }
-        if got > 0 || cfg.busy_poll {
+        if got > 0 {
+            last_busy = t;
             continue;
+        }
+        let idle_for = t.saturating_sub(last_busy);
+        match cfg.idle {
+            IdleStrategy::Spin => {
+                std::hint::spin_loop();
+                continue;
+            }
+            IdleStrategy::Backoff { spin_ns, .. } if idle_for < spin_ns => {
+                std::hint::spin_loop();
+                continue;
+            }
+            IdleStrategy::Backoff { yield_ns, .. } if idle_for < yield_ns => {
+                std::thread::yield_now();
+                continue;
+            }
+            _ => {}
         }
         // Nothing ready: sleep until a packet or the next timer (at most 10 ms).
         let wait_ns = arb.next_timeout().map_or(10_000_000, |d| d.saturating_sub(now())).min(10_000_000);

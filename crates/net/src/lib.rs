@@ -8,5 +8,6 @@
 
 pub mod arb_live;
 pub mod arb_offline;
+pub mod bench;
 pub mod pace;
 pub mod replay;
