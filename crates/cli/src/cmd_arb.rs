@@ -315,3 +315,25 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
     eprintln!("retransmit-server: {}", serde_json::to_string(server.stats())?);
     Ok(())
 }
+
+#[derive(clap::Args)]
+pub struct ControlArgs {
+    /// The arbitrator's --control address.
+    addr: SocketAddr,
+    /// The command: stats | mode time|count|time-count | max-hold-us N | max-count N
+    #[arg(required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+/// Sends one control command and prints the reply.
+pub fn run_control(a: ControlArgs) -> anyhow::Result<()> {
+    let sock = std::net::UdpSocket::bind(if a.addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
+    sock.set_read_timeout(Some(Duration::from_secs(2)))?;
+    sock.send_to(a.command.join(" ").as_bytes(), a.addr)?;
+    let mut buf = vec![0u8; 65_536];
+    let n = sock.recv(&mut buf).with_context(|| format!("no reply from {} within 2 s", a.addr))?;
+    let reply = String::from_utf8_lossy(&buf[..n]);
+    println!("{reply}");
+    anyhow::ensure!(!reply.starts_with("error"), "the arbitrator refused the command");
+    Ok(())
+}

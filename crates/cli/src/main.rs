@@ -35,6 +35,8 @@ enum Command {
     Arb(Box<cmd_arb::Args>),
     /// Serve MoldUDP64 retransmission requests from a capture of the clean feed.
     RetransmitServer(cmd_arb::ServerArgs),
+    /// Send a command to a running arbitrator's control socket and print the reply.
+    Control(cmd_arb::ControlArgs),
     /// End-to-end benchmarks, each with a baseline measured in the same run.
     #[command(subcommand)]
     Bench(cmd_bench::Bench),
@@ -49,6 +51,7 @@ fn main() {
         Command::Replay(a) => cmd_replay::run(a),
         Command::Arb(a) => cmd_arb::run(*a),
         Command::RetransmitServer(a) => cmd_arb::run_server(a),
+        Command::Control(a) => cmd_arb::run_control(a),
         Command::Bench(b) => cmd_bench::run(b),
     };
     if let Err(e) = result {

@@ -141,13 +141,12 @@ fn live_udp_with_retransmission_server_loses_nothing() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    // The control socket answers while the feed flows.
-    let ctl = UdpSocket::bind("127.0.0.1:0").unwrap();
-    ctl.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    ctl.send_to(b"max-hold-us 2000", format!("127.0.0.1:{pc}")).unwrap();
+    // The control socket takes a new window while the feed flows.
+    let reply = fairfeed(&["control", &format!("127.0.0.1:{pc}"), "max-hold-us", "2000"]);
+    assert!(reply.stdout.starts_with(b"ok"), "{}", String::from_utf8_lossy(&reply.stdout));
+    let bad = Command::new(bin()).args(["control", &format!("127.0.0.1:{pc}"), "frobnicate"]).output().unwrap();
+    assert!(!bad.status.success());
     let mut buf = vec![0u8; 65536];
-    let n = ctl.recv(&mut buf).expect("control reply");
-    assert!(buf[..n].starts_with(b"ok"), "{}", String::from_utf8_lossy(&buf[..n]));
     let replay = |file: &std::path::Path, port: u16| {
         Command::new(bin())
             .args(["replay", file.to_str().unwrap(), "--to", &format!("127.0.0.1:{port}"), "--rate", "8000"])
