@@ -79,11 +79,21 @@ pub struct RetransmitConfig {
     pub attempts_max: u32,
     /// Messages asked for in one request at most.
     pub request_count_max: u16,
+    /// Wait at least as long as the slower line usually lags (the measured
+    /// p99 lead between lines) before asking, so gaps the other line will fill
+    /// anyway are not requested.
+    pub adaptive_grace: bool,
 }
 
 impl Default for RetransmitConfig {
     fn default() -> Self {
-        RetransmitConfig { grace_ns: 200_000, timeout_ns: 20_000_000, attempts_max: 5, request_count_max: 1_000 }
+        RetransmitConfig {
+            grace_ns: 200_000,
+            timeout_ns: 20_000_000,
+            attempts_max: 5,
+            request_count_max: 1_000,
+            adaptive_grace: true,
+        }
     }
 }
 
@@ -348,8 +358,9 @@ impl Arbitrator {
         }
         if let Some(rt) = self.cfg.retransmit {
             if self.requests.len() < REQUESTS_IN_FLIGHT_MAX {
+                let grace = self.grace_ns(&rt);
                 for (_, h) in self.holes.iter().filter(|(&f, h)| !h.abandoned && !self.covered(f)) {
-                    at(h.opened_ns.saturating_add(rt.grace_ns));
+                    at(h.opened_ns.saturating_add(grace));
                 }
             }
             for r in &self.requests {
@@ -357,6 +368,15 @@ impl Arbitrator {
             }
         }
         t
+    }
+
+    /// How long a gap may stay open before it is requested.
+    fn grace_ns(&self, rt: &RetransmitConfig) -> u64 {
+        if rt.adaptive_grace {
+            rt.grace_ns.max(self.stats.lead_p99_cached)
+        } else {
+            rt.grace_ns
+        }
     }
 
     /// The first missing range inside [from, to), if any.
@@ -669,10 +689,11 @@ impl Arbitrator {
             i += 1;
         }
         // New holes.
+        let grace = self.grace_ns(&rt);
         let due: Vec<(u64, u64)> = self
             .holes
             .iter()
-            .filter(|(_, h)| !h.abandoned && (forced || now.saturating_sub(h.opened_ns) >= rt.grace_ns))
+            .filter(|(_, h)| !h.abandoned && (forced || now.saturating_sub(h.opened_ns) >= grace))
             .map(|(&a, h)| (a, h.to))
             .collect();
         for (mut from, to) in due {

@@ -84,7 +84,16 @@ pub struct Stats {
     ring: Vec<RaceSlot>,
     #[serde(skip)]
     gauge_at: (u64, u64),
+    /// The worst line's p99 lead, refreshed every [`LEAD_REFRESH`] samples
+    /// (the adaptive retransmission grace reads it on the hot path).
+    #[serde(skip)]
+    pub(crate) lead_p99_cached: u64,
+    #[serde(skip)]
+    lead_samples: u64,
 }
+
+/// Lead samples between refreshes of the cached p99 lead.
+const LEAD_REFRESH: u64 = 1024;
 
 impl Stats {
     pub(crate) fn new(lines: usize, window: Window) -> Self {
@@ -130,6 +139,8 @@ impl Stats {
             saturation: 0.0,
             ring: vec![RaceSlot::default(); RACE_RING],
             gauge_at: (0, 0),
+            lead_p99_cached: 0,
+            lead_samples: 0,
         }
     }
 
@@ -157,6 +168,10 @@ impl Stats {
                 let lead = now.saturating_sub(slot.at_ns).min(LEAD_NS_MAX);
                 let winner = usize::from(slot.line);
                 self.lines[winner].lead.saturating_record(lead);
+                self.lead_samples += 1;
+                if self.lead_samples % LEAD_REFRESH == 0 {
+                    self.lead_p99_cached = self.lines.iter().map(|l| l.lead.value_at_quantile(0.99)).max().unwrap_or(0);
+                }
             }
             return;
         }

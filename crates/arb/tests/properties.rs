@@ -166,10 +166,12 @@ proptest! {
     fn retransmission_recovers_everything(
         sizes in proptest::collection::vec(1u16..5, 1..200),
         a in line_imp(), b in line_imp(), w in any_window(), seed in any::<u64>(),
-        rtt in 1_000u64..100_000, count_max in 1u16..20, grace in 0u64..50_000
+        rtt in 1_000u64..100_000, count_max in 1u16..20, grace in 0u64..50_000, adaptive in any::<bool>()
     ) {
         let sc = scenario(&sizes, &[a, b], seed);
-        let rt = RetransmitConfig { grace_ns: grace, timeout_ns: 500_000, attempts_max: 4, request_count_max: 50 };
+        let rt = RetransmitConfig {
+            grace_ns: grace, timeout_ns: 500_000, attempts_max: 4, request_count_max: 50, adaptive_grace: adaptive,
+        };
         let cfg = Config { window: w, idle_flush_ns: 1_000_000, retransmit: Some(rt), ..wide() };
         let server = ServerConfig { count_max, rate_per_s: 1e9, burst: 1e9, ..ServerConfig::default() };
         let h = run(cfg, &sc, Some((server, rtt)));

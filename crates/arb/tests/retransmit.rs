@@ -26,7 +26,13 @@ fn cfg(rt: RetransmitConfig) -> Config {
 }
 
 fn rt() -> RetransmitConfig {
-    RetransmitConfig { grace_ns: 20 * US, timeout_ns: 200 * US, attempts_max: 3, request_count_max: 100 }
+    RetransmitConfig {
+        grace_ns: 20 * US,
+        timeout_ns: 200 * US,
+        attempts_max: 3,
+        request_count_max: 100,
+        adaptive_grace: false,
+    }
 }
 
 /// Feeds seq 1..=n on both lines 10 µs apart, skipping `lost` on both.
@@ -126,4 +132,33 @@ fn partial_overlap_is_trimmed_never_repeated() {
     h.run(u64::MAX);
     assert_eq!(h.out.hr_seqs(), (1..=40).collect::<Vec<_>>());
     assert!(h.arb.stats().trimmed >= 1);
+}
+
+/// Line B lags A by 300 µs. When A loses packets, a fixed 20 µs grace asks the
+/// server for gaps B is about to fill; the adaptive grace has learnt the lag
+/// and asks for nothing.
+#[test]
+fn adaptive_grace_learns_the_line_lag() {
+    let run = |adaptive: bool| {
+        let c = Config {
+            window: Window { mode: Mode::Time, max_hold_ns: 1_000 * US, max_count_msgs: 10_000 },
+            ..cfg(RetransmitConfig { adaptive_grace: adaptive, ..rt() })
+        };
+        let mut h = Harness::new(c).with_server(&clean(3_000), ServerConfig::default(), 30 * US);
+        for s in 1..=3_000u64 {
+            if !(s > 2_000 && s % 100 == 0) {
+                h.arrive(s * 10 * US, 0, packet(s, 1));
+            }
+            h.arrive(s * 10 * US + 300 * US, 1, packet(s, 1));
+        }
+        h.run(u64::MAX);
+        assert_eq!(h.out.hr_seqs(), (1..=3_000).collect::<Vec<_>>());
+        let s = h.arb.stats();
+        (s.requests_sent, s.gaps_filled_by_line)
+    };
+    let (fixed_requests, _) = run(false);
+    let (adaptive_requests, filled_by_line) = run(true);
+    assert_eq!(fixed_requests, 9); // 2100..2900; nothing after 3000 reveals its gap
+    assert_eq!(adaptive_requests, 0);
+    assert_eq!(filled_by_line, 9);
 }

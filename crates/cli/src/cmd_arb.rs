@@ -131,6 +131,10 @@ pub struct Args {
     /// Asks per range before giving it up.
     #[arg(long, default_value_t = 5)]
     retransmit_attempts: u32,
+    /// Use exactly --retransmit-grace-us; by default the grace grows to the
+    /// measured p99 lag between the lines, so gaps the slower line fills are not requested.
+    #[arg(long)]
+    retransmit_fixed_grace: bool,
     /// Write the statistics here as JSON at exit.
     #[arg(long)]
     stats_json: Option<PathBuf>,
@@ -151,6 +155,7 @@ fn config(a: &Args, lines: usize, start: Start, retransmit: bool) -> Config {
             grace_ns: (a.retransmit_grace_us * 1e3) as u64,
             timeout_ns: (a.retransmit_timeout_ms * 1e6) as u64,
             attempts_max: a.retransmit_attempts,
+            adaptive_grace: !a.retransmit_fixed_grace,
             ..RetransmitConfig::default()
         }),
         ..Config::default()
