@@ -7,6 +7,7 @@ mod cmd_arb;
 mod cmd_bench;
 mod cmd_decode;
 mod cmd_gen;
+mod cmd_plan;
 mod cmd_replay;
 mod cmd_stats;
 mod fmt;
@@ -37,6 +38,8 @@ enum Command {
     RetransmitServer(cmd_arb::ServerArgs),
     /// Send a command to a running arbitrator's control socket and print the reply.
     Control(cmd_arb::ControlArgs),
+    /// Plan a fair multicast tree (fan-out, depth, sibling hedging) as TOML/JSON and DOT.
+    Plan(cmd_plan::Args),
     /// End-to-end benchmarks, each with a baseline measured in the same run.
     #[command(subcommand)]
     Bench(cmd_bench::Bench),
@@ -53,6 +56,7 @@ fn main() {
         Command::RetransmitServer(a) => cmd_arb::run_server(a),
         Command::Control(a) => cmd_arb::run_control(a),
         Command::Bench(b) => cmd_bench::run(b),
+        Command::Plan(a) => cmd_plan::run(a),
     };
     if let Err(e) = result {
         eprintln!("fairfeed: error: {e:#}");

@@ -184,3 +184,42 @@ fn truncated_capture_keeps_the_good_packets() {
     assert_eq!(s["errors"], 0);
     assert!(s["capture_error"].is_string());
 }
+
+#[test]
+fn plan_writes_a_valid_topology_and_refuses_impossible_ones() {
+    let d = tmp();
+    let (toml_path, dot) = (d.path().join("t.toml"), d.path().join("t.dot"));
+    fairfeed(&[
+        "plan",
+        "--receivers",
+        "100",
+        "--hedge",
+        "1",
+        "--out",
+        toml_path.to_str().unwrap(),
+        "--dot",
+        dot.to_str().unwrap(),
+    ]);
+    let t: toml::Value = toml::from_str(&std::fs::read_to_string(&toml_path).unwrap()).unwrap();
+    assert_eq!(t["fanout"].as_integer(), Some(10));
+    assert_eq!(t["depth"].as_integer(), Some(2));
+    let nodes = t["trees"][0]["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 1 + 10 + 100);
+    assert!(std::fs::read_to_string(&dot).unwrap().contains("style=dotted"));
+    let out = Command::new(bin())
+        .args([
+            "plan",
+            "--receivers",
+            "100",
+            "--fanout",
+            "3",
+            "--depth",
+            "2",
+            "--out",
+            d.path().join("x.toml").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fewer than 100"));
+}

@@ -135,3 +135,20 @@ pub fn udp_frame(data: &[u8]) {
         moldudp64_packet(d.payload);
     }
 }
+
+/// Overlay: a header that parses re-emits to the same 40 bytes, and a report
+/// that parses re-emits to the same bytes.
+pub fn overlay_packet(data: &[u8]) {
+    if let Ok((h, payload)) = crate::overlay::HeaderRepr::parse(data) {
+        let mut buf = [0u8; crate::overlay::HEADER_LEN];
+        h.emit(&mut buf).expect("40 bytes");
+        assert_eq!(&buf[..38], &data[..38]);
+        assert_eq!(payload.len(), usize::from(h.payload_len));
+        if let Ok(r) = crate::overlay::ReportRepr::parse(payload) {
+            let mut rb = [0u8; crate::overlay::REPORT_LEN];
+            r.emit(&mut rb).expect("report length");
+            assert_eq!(&rb[..], &payload[..crate::overlay::REPORT_LEN]);
+        }
+        moldudp64_packet(payload);
+    }
+}

@@ -35,6 +35,7 @@ pub enum Protocol {
     SoupBinTcp,
     Ouch50,
     Frame,
+    Overlay,
 }
 
 impl Error {
@@ -60,6 +61,7 @@ impl fmt::Display for Protocol {
             Protocol::SoupBinTcp => "SoupBinTCP",
             Protocol::Ouch50 => "OUCH 5.0",
             Protocol::Frame => "Ethernet/IPv4/UDP",
+            Protocol::Overlay => "fairfeed overlay",
         })
     }
 }

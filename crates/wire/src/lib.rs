@@ -36,6 +36,7 @@ pub mod frame;
 pub mod itch;
 pub mod moldudp64;
 pub mod ouch;
+pub mod overlay;
 pub mod soupbintcp;
 
 pub use error::{Error, Protocol};

@@ -119,6 +119,7 @@ proptest! {
         checks::ouch_inbound(&data);
         checks::ouch_outbound(&data);
         checks::udp_frame(&data);
+        checks::overlay_packet(&data);
     }
 
     #[test]

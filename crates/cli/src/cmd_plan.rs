@@ -1,0 +1,78 @@
+//! `fairfeed plan`: the multicast tree a deployment (or the simulator) uses.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use fairfeed_tree::plan::{plan, to_dot, CostModel, PlanRequest, Role};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Number of receivers.
+    #[arg(long)]
+    receivers: usize,
+    /// Hedging factor H: each proxy also serves the children of H siblings.
+    #[arg(long, default_value_t = 1)]
+    hedge: usize,
+    /// Fan-out F (default: Jasper's heuristic F = 10, D = ⌈log10 N⌉).
+    #[arg(long)]
+    fanout: Option<usize>,
+    /// Depth D, counting the receivers' layer.
+    #[arg(long)]
+    depth: Option<usize>,
+    /// Choose D and F with the linear cost model (per-hop + per-copy cost).
+    #[arg(long)]
+    cost_model: bool,
+    /// Cost model: latency of one hop, µs (Jasper measured ≈ 30).
+    #[arg(long, default_value_t = 30.0)]
+    hop_us: f64,
+    /// Cost model: cost of one more copy a proxy sends, µs (Jasper: ≈ 2.7).
+    #[arg(long, default_value_t = 2.7)]
+    copy_us: f64,
+    /// Trees sharing the receivers (symbols sharded by stock locate).
+    #[arg(long, default_value_t = 1)]
+    trees: usize,
+    /// Write the topology here (.toml, or .json).
+    #[arg(long)]
+    out: PathBuf,
+    /// Also write tree 0 as Graphviz DOT (and an SVG beside it when `dot` is installed).
+    #[arg(long)]
+    dot: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let req = PlanRequest {
+        receivers: a.receivers,
+        fanout: a.fanout,
+        depth: a.depth,
+        hedge: a.hedge,
+        cost_model: a.cost_model.then_some(CostModel { hop_ns: a.hop_us * 1e3, copy_ns: a.copy_us * 1e3 }),
+        trees: a.trees,
+    };
+    let topo = plan(&req).map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    let text = if a.out.extension().is_some_and(|e| e == "json") {
+        serde_json::to_string_pretty(&topo)?
+    } else {
+        toml::to_string(&topo).context("serializing the topology as TOML")?
+    };
+    std::fs::write(&a.out, text).with_context(|| format!("writing {}", a.out.display()))?;
+    let proxies = topo.trees.iter().flat_map(|t| &t.nodes).filter(|n| n.role == Role::Proxy).count();
+    eprintln!(
+        "plan: {} receivers, fan-out {}, depth {}, hedge {}, {} tree(s), {} proxies -> {}",
+        topo.receivers,
+        topo.fanout,
+        topo.depth,
+        topo.hedge,
+        topo.trees.len(),
+        proxies,
+        a.out.display()
+    );
+    if let Some(dot) = &a.dot {
+        std::fs::write(dot, to_dot(&topo, 0)).with_context(|| format!("writing {}", dot.display()))?;
+        let svg = dot.with_extension("svg");
+        match std::process::Command::new("dot").arg("-Tsvg").arg(dot).arg("-o").arg(&svg).status() {
+            Ok(s) if s.success() => eprintln!("plan: drew {}", svg.display()),
+            _ => eprintln!("plan: wrote {} (install graphviz's `dot` to draw it)", dot.display()),
+        }
+    }
+    Ok(())
+}

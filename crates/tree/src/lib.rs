@@ -1,0 +1,18 @@
+//! # fairfeed-tree
+//!
+//! The fair multicast core after Jasper (seed 000), sans-IO:
+//! - [`plan`]: the tree planner (fan-out, depth, sibling hedging, several
+//!   trees sharing receivers), its validation and Graphviz output;
+//! - [`node`]: the sender, proxy and receiver state machines — first copy wins,
+//!   hold-and-release at the deadline, OWD reports aggregated up the tree, and
+//!   the deadline controller;
+//! - [`dedup`]: bounded duplicate detection; [`owd`]: the OWD window.
+//!
+//! Nothing here owns a socket or reads a clock: time is an argument and output
+//! goes to a [`node::Transmit`], so the simulator and the UDP shell drive the
+//! same code.
+
+pub mod dedup;
+pub mod node;
+pub mod owd;
+pub mod plan;

@@ -1,0 +1,530 @@
+//! The three node state machines of a fair multicast tree: sender, proxy,
+//! receiver. Sans-IO: each takes the current time (on its own, possibly
+//! imperfectly synchronized, clock) and the bytes it received, and hands what
+//! it sends to a [`Transmit`]. The simulator, the in-memory network and the
+//! UDP shell drive the same code.
+//!
+//! - The **sender** numbers each market-data packet, stamps its send time and
+//!   deadline = now + OWD_G + margin, and sends one copy to each child.
+//!   OWD_G is the max of the p95 one-way delays reported up the tree; the
+//!   margin is 0 under the paper's rule or set by the [`Controller`].
+//! - A **proxy** keeps the first copy of each packet, forwards it to its
+//!   children and to its hedge targets, and drops later copies. It merges its
+//!   children's reports (max of delays, sum of counts, ignoring stale children)
+//!   and reports to its parent.
+//! - A **receiver** keeps the first copy, holds it until its deadline and
+//!   releases it then — at once, and counted late, if the deadline has passed.
+//!   It keeps a window of one-way delays and reports its p95 to its parent.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use fairfeed_wire::overlay::{self, HeaderRepr, Kind, ReportRepr};
+
+use crate::dedup::{Dedup, Seen};
+use crate::owd::OwdWindow;
+
+/// Packets a receiver holds at most; beyond it the earliest is released early
+/// (counted) rather than memory growing without bound.
+pub const HOLD_MAX: usize = 65_536;
+/// Children whose last report is older than this many report intervals are ignored.
+pub const STALE_INTERVALS: u64 = 5;
+
+/// Where nodes send packets.
+pub trait Transmit {
+    /// Sends `bytes` to node `to`. The same buffer may be passed for many
+    /// destinations: a shell replicates it without copying.
+    fn send(&mut self, to: u32, bytes: &[u8]);
+}
+
+/// Per-node settings.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeConfig {
+    pub tree: u16,
+    /// How often receivers and proxies report up the tree.
+    pub report_interval_ns: u64,
+    /// Deadline offset the sender uses before any report arrives.
+    pub initial_owd_ns: u64,
+    /// The quantile receivers report (Jasper: 0.95).
+    pub owd_quantile: f64,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig { tree: 0, report_interval_ns: 10_000_000, initial_owd_ns: 1_000_000, owd_quantile: 0.95 }
+    }
+}
+
+fn report_packet(
+    cfg: &NodeConfig,
+    origin: u32,
+    now: u64,
+    r: &ReportRepr,
+) -> [u8; overlay::HEADER_LEN + overlay::REPORT_LEN] {
+    let mut b = [0u8; overlay::HEADER_LEN + overlay::REPORT_LEN];
+    let h = HeaderRepr {
+        kind: Some(Kind::Report),
+        tree: cfg.tree,
+        origin,
+        send_ns: now,
+        payload_len: overlay::REPORT_LEN as u16,
+        ..HeaderRepr::default()
+    };
+    let _ = h.emit(&mut b);
+    let _ = r.emit(&mut b[overlay::HEADER_LEN..]);
+    b
+}
+
+/// Reports from children, merged per interval.
+#[derive(Debug, Default, Clone)]
+struct ChildReports {
+    /// child → (report, when it arrived, counts already passed up)
+    last: HashMap<u32, (ReportRepr, u64, bool)>,
+    pub stale_ignored: u64,
+}
+
+impl ChildReports {
+    fn record(&mut self, from: u32, r: ReportRepr, now: u64) {
+        self.last.insert(from, (r, now, false));
+    }
+
+    /// Max of fresh delays; counts of reports not yet passed up.
+    fn merge(&mut self, now: u64, stale_ns: u64) -> Option<ReportRepr> {
+        let mut out: Option<ReportRepr> = None;
+        for (r, at, used) in self.last.values_mut() {
+            if now.saturating_sub(*at) > stale_ns {
+                self.stale_ignored += 1;
+                continue;
+            }
+            let mut part = *r;
+            if *used {
+                part.messages = 0;
+                part.late = 0;
+                part.hold_sum_ns = 0;
+            }
+            *used = true;
+            out.get_or_insert_with(ReportRepr::default).merge(&part);
+        }
+        out
+    }
+}
+
+/// How the sender sets the deadline margin on top of OWD_G.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum DeadlineRule {
+    /// Jasper's rule: deadline = now + OWD_G (max of p95s), plus a fixed margin.
+    Paper { margin_ns: i64 },
+    /// Our controller: adjust the margin so that the share of (message,
+    /// receiver) pairs released on time meets `target_on_time`, with as little
+    /// added latency as it allows.
+    Controller { target_on_time: f64 },
+}
+
+/// The deadline controller (beyond the paper). Each report interval it looks at
+/// the late share the tree reported: above the allowance it raises the margin
+/// by a step sized from how late the latest message was; well below it, it
+/// lowers the margin slowly. The margin may go below zero — OWD_G, a max of
+/// p95s, can be more than the target needs.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Controller {
+    pub target_on_time: f64,
+    pub margin_ns: i64,
+    pub adjustments: u64,
+}
+
+impl Controller {
+    pub fn new(target_on_time: f64) -> Self {
+        assert!((0.0..1.0).contains(&target_on_time), "target must be in [0, 1)");
+        Controller { target_on_time, margin_ns: 0, adjustments: 0 }
+    }
+
+    /// Folds one interval's totals in; `owd_g` bounds how far the margin may fall.
+    pub fn update(&mut self, r: &ReportRepr, owd_g_ns: u64) {
+        if r.messages == 0 {
+            return;
+        }
+        let allowed = 1.0 - self.target_on_time;
+        let late = f64::from(r.late) / f64::from(r.messages);
+        let owd = owd_g_ns as i64;
+        if late > allowed {
+            let step = (r.late_max_ns as i64 / 2).max(owd / 20).max(1_000);
+            self.margin_ns = self.margin_ns.saturating_add(step);
+            self.adjustments += 1;
+        } else if late < allowed / 4.0 {
+            let step = (owd / 100).max(100);
+            self.margin_ns = (self.margin_ns - step).max(-owd / 2);
+            self.adjustments += 1;
+        }
+    }
+}
+
+/// Sender counters.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SenderStats {
+    pub packets: u64,
+    pub reports: u64,
+    pub owd_g_ns: u64,
+    pub margin_ns: i64,
+}
+
+/// The multicast sender of one tree.
+pub struct Sender {
+    pub id: u32,
+    cfg: NodeConfig,
+    children: Vec<u32>,
+    seq: u64,
+    reports: ChildReports,
+    rule: DeadlineRule,
+    controller: Option<Controller>,
+    owd_g_ns: Option<u64>,
+    next_update_ns: u64,
+    buf: Vec<u8>,
+    pub stats: SenderStats,
+}
+
+impl Sender {
+    pub fn new(id: u32, children: Vec<u32>, cfg: NodeConfig, rule: DeadlineRule) -> Self {
+        let controller = match rule {
+            DeadlineRule::Controller { target_on_time } => Some(Controller::new(target_on_time)),
+            DeadlineRule::Paper { .. } => None,
+        };
+        Sender {
+            id,
+            cfg,
+            children,
+            seq: 0,
+            reports: ChildReports::default(),
+            rule,
+            controller,
+            owd_g_ns: None,
+            next_update_ns: 0,
+            buf: Vec::with_capacity(2048),
+            stats: SenderStats::default(),
+        }
+    }
+
+    /// The deadline offset in force: OWD_G plus the margin.
+    pub fn deadline_offset_ns(&self) -> u64 {
+        let owd = self.owd_g_ns.unwrap_or(self.cfg.initial_owd_ns) as i64;
+        let margin = match (self.rule, &self.controller) {
+            (DeadlineRule::Paper { margin_ns }, _) => margin_ns,
+            (_, Some(c)) => c.margin_ns,
+            _ => 0,
+        };
+        (owd + margin).max(0) as u64
+    }
+
+    /// Sends one market-data payload (a MoldUDP64 packet) down the tree;
+    /// returns its overlay sequence number.
+    pub fn handle_message(&mut self, now: u64, payload: &[u8], tx: &mut impl Transmit) -> u64 {
+        self.seq += 1;
+        let h = HeaderRepr {
+            kind: Some(Kind::Data),
+            tree: self.cfg.tree,
+            sequence: self.seq,
+            send_ns: now,
+            deadline_ns: now + self.deadline_offset_ns(),
+            origin: self.id,
+            payload_len: payload.len().min(usize::from(u16::MAX)) as u16,
+            ..HeaderRepr::default()
+        };
+        self.buf.clear();
+        self.buf.resize(overlay::HEADER_LEN, 0);
+        let _ = h.emit(&mut self.buf);
+        self.buf.extend_from_slice(&payload[..usize::from(h.payload_len)]);
+        for &c in &self.children {
+            tx.send(c, &self.buf);
+        }
+        self.stats.packets += 1;
+        self.seq
+    }
+
+    /// A report from a layer-0 child.
+    pub fn handle_report(&mut self, now: u64, bytes: &[u8]) {
+        let Ok((h, p)) = HeaderRepr::parse(bytes) else { return };
+        let Ok(r) = ReportRepr::parse(p) else { return };
+        if h.kind == Some(Kind::Report) {
+            self.reports.record(h.origin, r, now);
+            self.stats.reports += 1;
+        }
+        if now >= self.next_update_ns {
+            self.update(now);
+        }
+    }
+
+    /// Recomputes OWD_G (and the controller) from fresh reports; called each interval.
+    pub fn update(&mut self, now: u64) {
+        self.next_update_ns = now + self.cfg.report_interval_ns;
+        let stale = self.cfg.report_interval_ns * STALE_INTERVALS;
+        if let Some(r) = self.reports.merge(now, stale) {
+            if r.owd_p95_ns > 0 {
+                self.owd_g_ns = Some(r.owd_p95_ns);
+            }
+            if let Some(c) = &mut self.controller {
+                c.update(&r, self.owd_g_ns.unwrap_or(0));
+            }
+        }
+        self.stats.owd_g_ns = self.owd_g_ns.unwrap_or(0);
+        self.stats.margin_ns = self.controller.map_or(0, |c| c.margin_ns);
+    }
+}
+
+/// Proxy counters.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ProxyStats {
+    pub received: u64,
+    pub forwarded: u64,
+    pub copies_sent: u64,
+    pub duplicates: u64,
+    pub too_old: u64,
+    pub bad_packets: u64,
+    pub reports_in: u64,
+    pub reports_out: u64,
+}
+
+/// A proxy: first copy wins, forwarded to children and hedge targets.
+pub struct Proxy {
+    pub id: u32,
+    cfg: NodeConfig,
+    parent: u32,
+    targets: Vec<u32>,
+    dedup: Dedup,
+    reports: ChildReports,
+    next_report_ns: u64,
+    pub stats: ProxyStats,
+}
+
+impl Proxy {
+    /// `targets` = own children followed by hedge targets.
+    pub fn new(id: u32, parent: u32, children: &[u32], hedge_targets: &[u32], cfg: NodeConfig) -> Self {
+        let targets = children.iter().chain(hedge_targets).copied().collect();
+        Proxy {
+            id,
+            cfg,
+            parent,
+            targets,
+            dedup: Dedup::default(),
+            reports: ChildReports::default(),
+            next_report_ns: cfg.report_interval_ns,
+            stats: ProxyStats::default(),
+        }
+    }
+
+    /// A packet arrived (data from above or a report from below).
+    pub fn handle_packet(&mut self, now: u64, bytes: &mut [u8], tx: &mut impl Transmit) {
+        let Ok((h, payload)) = HeaderRepr::parse(bytes) else {
+            self.stats.bad_packets += 1;
+            return;
+        };
+        match h.kind {
+            Some(Kind::Data) => {
+                self.stats.received += 1;
+                match self.dedup.check(h.sequence) {
+                    Seen::New => {
+                        overlay::bump_hop(bytes);
+                        for &t in &self.targets {
+                            tx.send(t, bytes);
+                        }
+                        self.stats.forwarded += 1;
+                        self.stats.copies_sent += self.targets.len() as u64;
+                    }
+                    Seen::Duplicate => self.stats.duplicates += 1,
+                    Seen::TooOld => self.stats.too_old += 1,
+                }
+            }
+            Some(Kind::Report) => {
+                if let Ok(r) = ReportRepr::parse(payload) {
+                    self.reports.record(h.origin, r, now);
+                    self.stats.reports_in += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// When the next report is due.
+    pub fn next_timeout(&self) -> u64 {
+        self.next_report_ns
+    }
+
+    /// Sends the merged report up if it is due.
+    pub fn handle_timeout(&mut self, now: u64, tx: &mut impl Transmit) {
+        if now < self.next_report_ns {
+            return;
+        }
+        self.next_report_ns = now + self.cfg.report_interval_ns;
+        let stale = self.cfg.report_interval_ns * STALE_INTERVALS;
+        if let Some(r) = self.reports.merge(now, stale) {
+            tx.send(self.parent, &report_packet(&self.cfg, self.id, now, &r));
+            self.stats.reports_out += 1;
+        }
+    }
+}
+
+/// A message a receiver released to its application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    pub sequence: u64,
+    /// The MoldUDP64 packet, header stripped.
+    pub payload: Vec<u8>,
+    pub deadline_ns: u64,
+    pub arrival_ns: u64,
+    pub send_ns: u64,
+    /// It arrived after its deadline, so it was released on arrival.
+    pub late: bool,
+}
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Hold {
+    deadline_ns: u64,
+    sequence: u64,
+    arrival_ns: u64,
+    send_ns: u64,
+    payload: Vec<u8>,
+}
+
+/// Receiver counters.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReceiverStats {
+    pub received: u64,
+    pub released: u64,
+    pub late: u64,
+    pub duplicates: u64,
+    pub too_old: u64,
+    pub bad_packets: u64,
+    pub hold_overflow: u64,
+    pub hold_sum_ns: u64,
+    pub reports_out: u64,
+}
+
+/// A receiver: first copy wins, held until its deadline.
+pub struct Receiver {
+    pub id: u32,
+    cfg: NodeConfig,
+    parent: u32,
+    dedup: Dedup,
+    held: BinaryHeap<Reverse<Hold>>,
+    owd: OwdWindow,
+    interval: ReportRepr,
+    next_report_ns: u64,
+    /// Released messages not yet taken by the application.
+    ready: std::collections::VecDeque<Released>,
+    pub stats: ReceiverStats,
+}
+
+impl Receiver {
+    pub fn new(id: u32, parent: u32, cfg: NodeConfig) -> Self {
+        Receiver {
+            id,
+            cfg,
+            parent,
+            dedup: Dedup::default(),
+            held: BinaryHeap::new(),
+            owd: OwdWindow::default(),
+            interval: ReportRepr { receivers: 1, ..ReportRepr::default() },
+            next_report_ns: cfg.report_interval_ns,
+            ready: Default::default(),
+            stats: ReceiverStats::default(),
+        }
+    }
+
+    /// A data packet arrived at local time `now`.
+    pub fn handle_packet(&mut self, now: u64, bytes: &[u8]) {
+        let Ok((h, payload)) = HeaderRepr::parse(bytes) else {
+            self.stats.bad_packets += 1;
+            return;
+        };
+        if h.kind != Some(Kind::Data) {
+            return;
+        }
+        self.stats.received += 1;
+        match self.dedup.check(h.sequence) {
+            Seen::New => {}
+            Seen::Duplicate => {
+                self.stats.duplicates += 1;
+                return;
+            }
+            Seen::TooOld => {
+                self.stats.too_old += 1;
+                return;
+            }
+        }
+        self.owd.record(now as i64 - h.send_ns as i64);
+        let hold = Hold {
+            deadline_ns: h.deadline_ns,
+            sequence: h.sequence,
+            arrival_ns: now,
+            send_ns: h.send_ns,
+            payload: payload.to_vec(),
+        };
+        if now >= h.deadline_ns {
+            self.release(hold);
+            return;
+        }
+        if self.held.len() >= HOLD_MAX {
+            if let Some(Reverse(early)) = self.held.pop() {
+                self.stats.hold_overflow += 1;
+                self.release(early);
+            }
+        }
+        self.held.push(Reverse(hold));
+    }
+
+    fn release(&mut self, h: Hold) {
+        // Late means it *arrived* after its deadline; a timer that fires a
+        // little after the deadline is the shell's release precision, measured apart.
+        let late = h.arrival_ns > h.deadline_ns;
+        let hold_ns = h.deadline_ns.saturating_sub(h.arrival_ns);
+        self.stats.released += 1;
+        self.interval.messages = self.interval.messages.saturating_add(1);
+        if late {
+            self.stats.late += 1;
+            self.interval.late = self.interval.late.saturating_add(1);
+            self.interval.late_max_ns = self.interval.late_max_ns.max(h.arrival_ns - h.deadline_ns);
+        } else {
+            self.stats.hold_sum_ns += hold_ns;
+            self.interval.hold_sum_ns = self.interval.hold_sum_ns.saturating_add(hold_ns);
+        }
+        self.ready.push_back(Released {
+            sequence: h.sequence,
+            payload: h.payload,
+            deadline_ns: h.deadline_ns,
+            arrival_ns: h.arrival_ns,
+            send_ns: h.send_ns,
+            late,
+        });
+    }
+
+    /// The earliest time something is due: a held deadline or a report.
+    pub fn next_timeout(&self) -> u64 {
+        self.held.peek().map_or(self.next_report_ns, |Reverse(h)| h.deadline_ns.min(self.next_report_ns))
+    }
+
+    /// Releases what is due and sends the report when due.
+    pub fn handle_timeout(&mut self, now: u64, tx: &mut impl Transmit) {
+        while self.held.peek().is_some_and(|Reverse(h)| h.deadline_ns <= now) {
+            if let Some(Reverse(h)) = self.held.pop() {
+                self.release(h);
+            }
+        }
+        if now >= self.next_report_ns {
+            self.next_report_ns = now + self.cfg.report_interval_ns;
+            if let Some(p) = self.owd.quantile(self.cfg.owd_quantile) {
+                self.interval.owd_p95_ns = p;
+                tx.send(self.parent, &report_packet(&self.cfg, self.id, now, &self.interval));
+                self.stats.reports_out += 1;
+            }
+            self.interval = ReportRepr { receivers: 1, ..ReportRepr::default() };
+        }
+    }
+
+    /// The next released message, in release order.
+    pub fn poll_release(&mut self) -> Option<Released> {
+        self.ready.pop_front()
+    }
+
+    /// Messages held now.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+}

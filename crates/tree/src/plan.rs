@@ -1,0 +1,448 @@
+//! The tree planner: from N receivers, a fan-out F and depth D (or the paper's
+//! heuristic, or a linear cost model) and a hedging factor H, the overlay
+//! topology every node of a deployment reads.
+//!
+//! Layers follow Jasper's figure 3: the sender, proxy layers 0..D−2, and the
+//! receivers as layer D−1. Layer j holds up to F^(j+1) proxies (fewer when N
+//! needs fewer), each node's children are a contiguous block of the next layer
+//! (child c of a layer of size s' under a layer of size s has parent
+//! ⌊c·s/s'⌋, which is Jasper's ⌊c/F⌋ for full layers), and receivers are
+//! spread evenly over the last proxy layer.
+//!
+//! **Sibling hedging:** a proxy at index p of its layer also sends to the
+//! children of its H next siblings p+1..p+H (wrapping around the layer), so a
+//! node below layer 0 hears from its parent and its parent's H previous
+//! siblings — H+1 copies over distinct parents whenever the layer has H+1
+//! nodes (Jasper's recursion L(S, P_i^n) = min_j …P^{n−1}_{⌊i/F⌋−j}…).
+//! Each proxy sends at most F + H·F copies of a message.
+
+use serde::{Deserialize, Serialize};
+
+/// Receivers a plan may have (the simulator's scale target is 10,000).
+pub const RECEIVERS_MAX: usize = 100_000;
+/// Largest fan-out accepted.
+pub const FANOUT_MAX: usize = 1_024;
+/// Deepest tree accepted (layers including the receivers).
+pub const DEPTH_MAX: usize = 8;
+/// Trees sharing the same receivers at most.
+pub const TREES_MAX: usize = 64;
+
+/// What to plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    pub receivers: usize,
+    pub fanout: Option<usize>,
+    pub depth: Option<usize>,
+    pub hedge: usize,
+    /// Choose D (and F) by a linear latency model instead of the heuristic.
+    pub cost_model: Option<CostModel>,
+    /// Trees sharing the receivers; symbols are sharded across them.
+    pub trees: usize,
+}
+
+/// Jasper §4: each extra layer adds a hop (≈ 30 µs in their cloud), each extra
+/// copy a proxy sends adds a serialization cost (≈ 2.7 µs).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    pub hop_ns: f64,
+    pub copy_ns: f64,
+}
+
+impl CostModel {
+    /// The paper's figures.
+    pub const JASPER: CostModel = CostModel { hop_ns: 30_000.0, copy_ns: 2_700.0 };
+
+    /// Estimated worst-case latency of a tree of depth `d` and fan-out `f`.
+    pub fn estimate_ns(&self, d: usize, f: usize) -> f64 {
+        d as f64 * (self.hop_ns + f as f64 * self.copy_ns)
+    }
+}
+
+/// A node's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Sender,
+    Proxy,
+    Receiver,
+}
+
+/// One node of one tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub id: u32,
+    pub role: Role,
+    /// −1 for the sender; 0.. for proxies; depth−1 for receivers.
+    pub layer: i32,
+    /// Index within its layer.
+    pub index: u32,
+    pub parent: Option<u32>,
+    pub children: Vec<u32>,
+    /// The children of the H siblings this node hedges for.
+    pub hedge_targets: Vec<u32>,
+    /// Where the node listens (filled by deployments; `fairfeed demo` assigns loopback addresses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+}
+
+/// One tree: its sender and proxies; receivers are shared by all trees.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tree {
+    pub id: u16,
+    pub nodes: Vec<Node>,
+}
+
+/// The plan every node reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Topology {
+    pub receivers: usize,
+    pub fanout: usize,
+    pub depth: usize,
+    pub hedge: usize,
+    /// How symbols map to trees: stock locate modulo the number of trees.
+    pub sharding: String,
+    /// Receiver node ids (the same in every tree).
+    pub receiver_ids: Vec<u32>,
+    pub trees: Vec<Tree>,
+}
+
+/// Why a request cannot be planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanError(pub String);
+
+impl std::fmt::Display for PlanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+fn err<T>(s: impl Into<String>) -> Result<T, PlanError> {
+    Err(PlanError(s.into()))
+}
+
+/// Smallest f with f^d ≥ n.
+fn fanout_for(n: usize, d: usize) -> usize {
+    let mut f = (n as f64).powf(1.0 / d as f64).floor().max(1.0) as usize;
+    while f.saturating_pow(d as u32) < n {
+        f += 1;
+    }
+    f
+}
+
+/// Picks (depth, fan-out) for a request.
+pub fn shape(req: &PlanRequest) -> Result<(usize, usize), PlanError> {
+    let n = req.receivers;
+    if n == 0 || n > RECEIVERS_MAX {
+        return err(format!("--receivers must be 1..={RECEIVERS_MAX}, got {n}"));
+    }
+    let (d, f) = match (req.depth, req.fanout, req.cost_model) {
+        (Some(d), Some(f), _) => (d, f),
+        (Some(d), None, _) => (d, fanout_for(n, d)),
+        (None, Some(f), _) => {
+            if f < 2 && n > 1 {
+                return err("--fanout must be at least 2 when --depth is not given");
+            }
+            let mut d = 1;
+            while f.saturating_pow(d as u32) < n {
+                d += 1;
+            }
+            (d, f)
+        }
+        (None, None, Some(m)) => (1..=DEPTH_MAX)
+            .map(|d| (d, fanout_for(n, d)))
+            .filter(|&(_, f)| f <= FANOUT_MAX)
+            .min_by(|a, b| m.estimate_ns(a.0, a.1).total_cmp(&m.estimate_ns(b.0, b.1)))
+            .unwrap_or((1, n)),
+        // Jasper's heuristic: F = 10, D = ⌈log10 N⌉ (at least 1).
+        (None, None, None) => {
+            let mut d = 1;
+            while 10usize.saturating_pow(d as u32) < n {
+                d += 1;
+            }
+            (d, 10)
+        }
+    };
+    if d == 0 || d > DEPTH_MAX {
+        return err(format!("--depth must be 1..={DEPTH_MAX}, got {d}"));
+    }
+    if f == 0 || f > FANOUT_MAX {
+        return err(format!("--fanout must be 1..={FANOUT_MAX}, got {f}"));
+    }
+    if f.saturating_pow(d as u32) < n {
+        return err(format!(
+            "a tree of fan-out {f} and depth {d} reaches {} receivers, fewer than {n}",
+            f.pow(d as u32)
+        ));
+    }
+    Ok((d, f))
+}
+
+/// Builds the topology.
+pub fn plan(req: &PlanRequest) -> Result<Topology, PlanError> {
+    let (depth, fanout) = shape(req)?;
+    let n = req.receivers;
+    if req.trees == 0 || req.trees > TREES_MAX {
+        return err(format!("--trees must be 1..={TREES_MAX}, got {}", req.trees));
+    }
+    if req.hedge > fanout.max(1) * 4 {
+        return err(format!("--hedge {} is far beyond the fan-out {fanout}; use at most {}", req.hedge, fanout * 4));
+    }
+    // Proxy layer sizes: F^(j+1), capped so the last proxy layer has at most N nodes.
+    let mut sizes: Vec<usize> = (0..depth - 1).map(|j| fanout.pow(j as u32 + 1)).collect();
+    let mut cap = n;
+    for s in sizes.iter_mut().rev() {
+        *s = (*s).min(cap);
+        cap = cap.div_ceil(fanout).max(1);
+    }
+    let receiver_ids: Vec<u32> = (0..n as u32).collect();
+    let mut next_id = n as u32;
+    let mut trees = Vec::with_capacity(req.trees);
+    for t in 0..req.trees {
+        let mut nodes = Vec::new();
+        let sender = next_id;
+        next_id += 1;
+        nodes.push(Node {
+            id: sender,
+            role: Role::Sender,
+            layer: -1,
+            index: 0,
+            parent: None,
+            children: vec![],
+            hedge_targets: vec![],
+            addr: None,
+        });
+        // Layer ids: previous layer's ids, to link parents and children.
+        let mut prev: Vec<u32> = vec![sender];
+        let mut prev_node_idx: Vec<usize> = vec![0];
+        let layer_count = sizes.len() + 1;
+        for (j, layer_size) in sizes.iter().copied().chain(std::iter::once(n)).enumerate().take(layer_count) {
+            let is_receivers = j == sizes.len();
+            let ids: Vec<u32> = if is_receivers {
+                receiver_ids.clone()
+            } else {
+                let ids = (next_id..next_id + layer_size as u32).collect();
+                next_id += layer_size as u32;
+                ids
+            };
+            let mut idxs = Vec::with_capacity(ids.len());
+            for (c, &id) in ids.iter().enumerate() {
+                let p = c * prev.len() / layer_size;
+                let parent = prev[p];
+                nodes[prev_node_idx[p]].children.push(id);
+                idxs.push(nodes.len());
+                nodes.push(Node {
+                    id,
+                    role: if is_receivers { Role::Receiver } else { Role::Proxy },
+                    layer: j as i32,
+                    index: c as u32,
+                    parent: Some(parent),
+                    children: vec![],
+                    hedge_targets: vec![],
+                    addr: None,
+                });
+            }
+            prev = ids;
+            prev_node_idx = idxs;
+        }
+        // Sibling hedging, layer by layer (proxies only; the sender has no siblings).
+        let max_layer = sizes.len() as i32;
+        for layer in 0..max_layer {
+            let members: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].layer == layer).collect();
+            let s = members.len();
+            for (p, &i) in members.iter().enumerate() {
+                let mut targets = Vec::new();
+                for k in 1..=req.hedge.min(s.saturating_sub(1)) {
+                    let sib = members[(p + k) % s];
+                    targets.extend(nodes[sib].children.iter().copied());
+                }
+                nodes[i].hedge_targets = targets;
+            }
+        }
+        trees.push(Tree { id: t as u16, nodes });
+    }
+    let topo = Topology {
+        receivers: n,
+        fanout,
+        depth,
+        hedge: req.hedge,
+        sharding: "stock_locate % trees".into(),
+        receiver_ids,
+        trees,
+    };
+    validate(&topo)?;
+    Ok(topo)
+}
+
+/// Tree of a symbol: stock locate modulo the number of trees.
+pub fn tree_for_locate(locate: u16, trees: usize) -> usize {
+    usize::from(locate) % trees.max(1)
+}
+
+/// Checks the plan's promises: every receiver reachable in every tree, H+1
+/// distinct parents below layer 0 where the layer allows it, at most F + H·F
+/// sends per node per message.
+pub fn validate(t: &Topology) -> Result<(), PlanError> {
+    for tree in &t.trees {
+        let by_id: std::collections::HashMap<u32, &Node> = tree.nodes.iter().map(|n| (n.id, n)).collect();
+        let mut senders_of: std::collections::HashMap<u32, std::collections::BTreeSet<u32>> = Default::default();
+        for n in &tree.nodes {
+            let sends = n.children.len() + n.hedge_targets.len();
+            if sends > t.fanout + t.hedge * t.fanout {
+                return err(format!("tree {}: node {} sends {sends} copies, more than F + H·F", tree.id, n.id));
+            }
+            for &c in n.children.iter().chain(&n.hedge_targets) {
+                if !by_id.contains_key(&c) {
+                    return err(format!("tree {}: node {} sends to unknown node {c}", tree.id, n.id));
+                }
+                senders_of.entry(c).or_default().insert(n.id);
+            }
+        }
+        for &r in &t.receiver_ids {
+            // Reachable: walk parents up to the sender.
+            let mut cur = by_id.get(&r).copied();
+            let mut steps = 0;
+            while let Some(n) = cur {
+                if n.role == Role::Sender {
+                    break;
+                }
+                steps += 1;
+                if steps > DEPTH_MAX + 1 {
+                    return err(format!("tree {}: receiver {r} has a parent cycle", tree.id));
+                }
+                cur = n.parent.and_then(|p| by_id.get(&p).copied());
+            }
+            if cur.is_none() {
+                return err(format!("tree {}: receiver {r} is not connected to the sender", tree.id));
+            }
+        }
+        for n in tree.nodes.iter().filter(|n| n.layer > 0) {
+            let layer_above = tree.nodes.iter().filter(|m| m.layer == n.layer - 1).count();
+            let want = (t.hedge + 1).min(layer_above);
+            let got = senders_of.get(&n.id).map_or(0, |s| s.len());
+            if got < want {
+                return err(format!("tree {}: node {} hears from {got} parents, expected {want}", tree.id, n.id));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Graphviz DOT of one tree: layers on ranks in index order, solid edges to
+/// children, dotted hedging edges (which do not move the layout).
+pub fn to_dot(t: &Topology, tree: usize) -> String {
+    let mut s = String::from("digraph fairfeed {\n  rankdir=TB; ordering=out; nodesep=0.15;\n  node [shape=circle, fontsize=9, width=0.4, fixedsize=true];\n");
+    let Some(tr) = t.trees.get(tree) else { return s + "}\n" };
+    let max_layer = tr.nodes.iter().map(|n| n.layer).max().unwrap_or(-1);
+    for layer in -1..=max_layer {
+        let mut members: Vec<&Node> = tr.nodes.iter().filter(|n| n.layer == layer).collect();
+        members.sort_by_key(|n| n.index);
+        s.push_str("  { rank=same;");
+        for n in &members {
+            let (shape, label) = match n.role {
+                Role::Sender => ("doublecircle", "S".to_string()),
+                Role::Proxy => ("circle", format!("P{}.{}", n.layer, n.index)),
+                Role::Receiver => ("box", format!("R{}", n.index)),
+            };
+            s.push_str(&format!(" n{} [shape={shape}, label=\"{label}\"];", n.id));
+        }
+        s.push_str(" }\n");
+        // Invisible edges keep each layer in index order.
+        for w in members.windows(2) {
+            s.push_str(&format!("  n{} -> n{} [style=invis];\n", w[0].id, w[1].id));
+        }
+    }
+    for n in &tr.nodes {
+        for c in &n.children {
+            s.push_str(&format!("  n{} -> n{};\n", n.id, c));
+        }
+        for c in &n.hedge_targets {
+            s.push_str(&format!("  n{} -> n{} [style=dotted, color=gray50, constraint=false];\n", n.id, c));
+        }
+    }
+    s.push_str("}\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(n: usize, h: usize) -> PlanRequest {
+        PlanRequest { receivers: n, fanout: None, depth: None, hedge: h, cost_model: None, trees: 1 }
+    }
+
+    #[test]
+    fn heuristic_matches_jasper() {
+        assert_eq!(shape(&req(10, 0)), Ok((1, 10)));
+        assert_eq!(shape(&req(100, 0)), Ok((2, 10)));
+        assert_eq!(shape(&req(1000, 0)), Ok((3, 10)));
+        assert_eq!(shape(&req(5000, 0)), Ok((4, 10)));
+    }
+
+    #[test]
+    fn cost_model_picks_table_1_optima() {
+        // Jasper's table 1: best <D, F> is <1,10> for N=10, <2,10> for N=100, <3,10> for N=1000.
+        for (n, want) in [(10, (1, 10)), (100, (2, 10)), (1000, (3, 10))] {
+            let r = PlanRequest { cost_model: Some(CostModel::JASPER), ..req(n, 0) };
+            assert_eq!(shape(&r), Ok(want), "N={n}");
+        }
+    }
+
+    #[test]
+    fn figure_3_tree_with_sibling_hedging() {
+        let r = PlanRequest { fanout: Some(3), depth: Some(3), ..req(27, 1) };
+        let t = plan(&r).unwrap();
+        let tree = &t.trees[0];
+        let layer = |l: i32| tree.nodes.iter().filter(|n| n.layer == l).count();
+        assert_eq!((layer(-1), layer(0), layer(1), layer(2)), (1, 3, 9, 27));
+        // P^0_0 sends to its children (P^1_0..2) and to P^0_1's children (P^1_3..5).
+        let p00 = tree.nodes.iter().find(|n| n.layer == 0 && n.index == 0).unwrap();
+        let idx = |ids: &[u32]| -> Vec<u32> {
+            ids.iter().map(|id| tree.nodes.iter().find(|n| n.id == *id).unwrap().index).collect()
+        };
+        assert_eq!(idx(&p00.children), [0, 1, 2]);
+        assert_eq!(idx(&p00.hedge_targets), [3, 4, 5]);
+        // The last sibling wraps around to the first.
+        let p02 = tree.nodes.iter().find(|n| n.layer == 0 && n.index == 2).unwrap();
+        assert_eq!(idx(&p02.hedge_targets), [0, 1, 2]);
+    }
+
+    #[test]
+    fn uneven_receivers_are_spread_and_reachable() {
+        for n in [1, 7, 99, 101, 1234, 5000] {
+            for h in [0, 1, 2] {
+                let t = plan(&req(n, h)).unwrap_or_else(|e| panic!("N={n} H={h}: {e}"));
+                let last: Vec<&Node> = t.trees[0]
+                    .nodes
+                    .iter()
+                    .filter(|x| x.role == Role::Proxy && x.layer == t.depth as i32 - 2)
+                    .collect();
+                if !last.is_empty() {
+                    let counts: Vec<usize> = last.iter().map(|p| p.children.len()).collect();
+                    let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+                    assert!(hi - lo <= 1, "N={n}: uneven spread {lo}..{hi}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_requests_are_refused_clearly() {
+        let e = plan(&PlanRequest { fanout: Some(3), depth: Some(2), ..req(100, 0) }).unwrap_err();
+        assert!(e.0.contains("fewer than 100"), "{e}");
+        assert!(plan(&req(0, 0)).is_err());
+        assert!(plan(&PlanRequest { trees: 0, ..req(10, 0) }).is_err());
+    }
+
+    #[test]
+    fn several_trees_share_receivers() {
+        let t = plan(&PlanRequest { trees: 3, ..req(100, 1) }).unwrap();
+        assert_eq!(t.trees.len(), 3);
+        let proxies: std::collections::HashSet<u32> =
+            t.trees.iter().flat_map(|tr| tr.nodes.iter().filter(|n| n.role != Role::Receiver).map(|n| n.id)).collect();
+        assert_eq!(proxies.len(), 3 * 11, "each tree has its own sender and 10 proxies");
+        assert_eq!(tree_for_locate(7, 3), 1);
+    }
+}

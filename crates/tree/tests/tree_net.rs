@@ -1,0 +1,217 @@
+//! Goal: sender, proxies and receivers built from a plan deliver every
+//! message to every receiver exactly once, never before its deadline, and
+//! hedging survives a crashed proxy. Method: an in-memory network in virtual
+//! time with seeded random link delays (uniform 20–60 µs, plus rare 500 µs
+//! spikes), the planner's topology, and the node state machines.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+
+use fairfeed_tree::node::{DeadlineRule, NodeConfig, Proxy, Receiver, Released, Sender, Transmit};
+use fairfeed_tree::plan::{plan, PlanRequest, Role};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// (delivery time, tie-break order, destination, bytes)
+type InFlight = Reverse<(u64, u64, u32, Vec<u8>)>;
+
+struct Net {
+    now: u64,
+    queue: BinaryHeap<InFlight>,
+    order: u64,
+    rng: ChaCha8Rng,
+    dead: HashSet<u32>,
+}
+
+struct Tx<'a>(&'a mut Net);
+
+impl Transmit for Tx<'_> {
+    fn send(&mut self, to: u32, bytes: &[u8]) {
+        let n = &mut *self.0;
+        let mut d = n.rng.gen_range(20_000..60_000);
+        if n.rng.gen_bool(0.001) {
+            d += 500_000;
+        }
+        n.order += 1;
+        n.queue.push(Reverse((n.now + d, n.order, to, bytes.to_vec())));
+    }
+}
+
+struct Outcome {
+    released: HashMap<u32, Vec<Released>>,
+    messages: u64,
+    receivers: Vec<u32>,
+}
+
+fn run(receivers: usize, hedge: usize, crash_layer0: bool, rule: DeadlineRule, seed: u64) -> Outcome {
+    let topo =
+        plan(&PlanRequest { receivers, fanout: Some(5), depth: None, hedge, cost_model: None, trees: 1 }).unwrap();
+    let cfg = NodeConfig { report_interval_ns: 2_000_000, initial_owd_ns: 300_000, ..NodeConfig::default() };
+    let tree = &topo.trees[0];
+    let sender_node = tree.nodes.iter().find(|n| n.role == Role::Sender).unwrap();
+    let mut sender = Sender::new(sender_node.id, sender_node.children.clone(), cfg, rule);
+    let mut proxies: HashMap<u32, Proxy> = tree
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::Proxy)
+        .map(|n| (n.id, Proxy::new(n.id, n.parent.unwrap(), &n.children, &n.hedge_targets, cfg)))
+        .collect();
+    let mut rx: HashMap<u32, Receiver> = tree
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::Receiver)
+        .map(|n| (n.id, Receiver::new(n.id, n.parent.unwrap(), cfg)))
+        .collect();
+    let mut net =
+        Net { now: 0, queue: BinaryHeap::new(), order: 0, rng: ChaCha8Rng::seed_from_u64(seed), dead: HashSet::new() };
+    if crash_layer0 {
+        let victim = tree.nodes.iter().find(|n| n.layer == 0 && n.role == Role::Proxy).unwrap().id;
+        net.dead.insert(victim);
+    }
+    let messages = 2_000u64;
+    let mut released: HashMap<u32, Vec<Released>> = HashMap::new();
+    let mut next_send = 0u64;
+    let mut sent = 0u64;
+    let end = messages * 100_000 + 50_000_000;
+    while net.now < end {
+        // Next event: a delivery, a send, or a node timer (checked every 10 µs).
+        let t_deliver = net.queue.peek().map(|Reverse((t, ..))| *t).unwrap_or(u64::MAX);
+        let t_send = if sent < messages { next_send } else { u64::MAX };
+        let t = t_deliver.min(t_send).min(net.now + 10_000);
+        net.now = t;
+        if t == t_send {
+            let payload = format!("message {sent}").into_bytes();
+            sender.handle_message(t, &payload, &mut Tx(&mut net));
+            sent += 1;
+            next_send += 100_000; // 10,000 messages/s
+        }
+        while net.queue.peek().is_some_and(|Reverse((d, ..))| *d <= t) {
+            let Reverse((_, _, to, mut bytes)) = net.queue.pop().unwrap();
+            if net.dead.contains(&to) {
+                continue;
+            }
+            if to == sender.id {
+                sender.handle_report(t, &bytes);
+            } else if let Some(p) = proxies.get_mut(&to) {
+                p.handle_packet(t, &mut bytes, &mut Tx(&mut net));
+            } else if let Some(r) = rx.get_mut(&to) {
+                r.handle_packet(t, &bytes);
+            }
+        }
+        for p in proxies.values_mut() {
+            if p.next_timeout() <= t {
+                p.handle_timeout(t, &mut Tx(&mut net));
+            }
+        }
+        for r in rx.values_mut() {
+            if r.next_timeout() <= t {
+                r.handle_timeout(t, &mut Tx(&mut net));
+            }
+            while let Some(m) = r.poll_release() {
+                released.entry(r.id).or_default().push(Released { arrival_ns: t, ..m });
+            }
+        }
+    }
+    Outcome { released, messages, receivers: topo.receiver_ids.clone() }
+}
+
+fn check_once_and_on_time(o: &Outcome) {
+    for (r, msgs) in &o.released {
+        let mut seen = HashSet::new();
+        for m in msgs {
+            assert!(seen.insert(m.sequence), "receiver {r} released {} twice", m.sequence);
+            // `arrival_ns` was overwritten with the release instant above.
+            assert!(m.arrival_ns >= m.deadline_ns, "receiver {r} released {} before its deadline", m.sequence);
+        }
+    }
+}
+
+#[test]
+fn every_receiver_gets_every_message_once_and_not_early() {
+    for hedge in [0, 1, 2] {
+        let o = run(60, hedge, false, DeadlineRule::Paper { margin_ns: 0 }, 1);
+        check_once_and_on_time(&o);
+        for r in &o.receivers {
+            assert_eq!(o.released.get(r).map_or(0, |v| v.len()) as u64, o.messages, "H={hedge} receiver {r}");
+        }
+    }
+}
+
+#[test]
+fn hedging_survives_a_crashed_proxy() {
+    let with = run(60, 1, true, DeadlineRule::Paper { margin_ns: 0 }, 2);
+    check_once_and_on_time(&with);
+    for r in &with.receivers {
+        assert_eq!(
+            with.released.get(r).map_or(0, |v| v.len()) as u64,
+            with.messages,
+            "receiver {r} lost messages despite H=1"
+        );
+    }
+    let without = run(60, 0, true, DeadlineRule::Paper { margin_ns: 0 }, 2);
+    let starved = without.receivers.iter().filter(|r| without.released.get(r).is_none_or(|v| v.is_empty())).count();
+    assert!(starved > 0, "with H=0 the crashed proxy's subtree must starve");
+}
+
+/// Share of messages (after warm-up) every receiver released at the same instant.
+fn simultaneous_share(o: &Outcome) -> f64 {
+    let mut by_seq: HashMap<u64, Vec<u64>> = HashMap::new();
+    for msgs in o.released.values() {
+        for m in msgs.iter().filter(|m| m.sequence > 500) {
+            by_seq.entry(m.sequence).or_default().push(m.arrival_ns);
+        }
+    }
+    let fair = by_seq.values().filter(|ts| ts.iter().min() == ts.iter().max()).count();
+    fair as f64 / by_seq.len() as f64
+}
+
+#[test]
+fn reports_set_deadlines_and_hold_and_release_aligns_receivers() {
+    // With deadlines from the reports, many messages leave every receiver at once;
+    // with deadlines in the past (no holding), almost none do.
+    let held = simultaneous_share(&run(60, 1, false, DeadlineRule::Paper { margin_ns: 0 }, 3));
+    let unheld = simultaneous_share(&run(60, 1, false, DeadlineRule::Paper { margin_ns: -10_000_000 }, 3));
+    assert!(held > 0.3, "only {held:.2} of messages released simultaneously");
+    assert!(unheld < 0.05, "without holding {unheld:.2} were simultaneous");
+}
+
+#[test]
+fn controller_hits_its_on_time_target() {
+    let o = run(60, 1, false, DeadlineRule::Controller { target_on_time: 0.999 }, 4);
+    check_once_and_on_time(&o);
+    let (mut late, mut total) = (0u64, 0u64);
+    for msgs in o.released.values() {
+        for m in msgs.iter().filter(|m| m.sequence > 1000) {
+            total += 1;
+            late += u64::from(m.late);
+        }
+    }
+    let on_time = 1.0 - late as f64 / total as f64;
+    assert!(on_time > 0.99, "on-time share {on_time}");
+}
+
+#[test]
+#[ignore = "prints figures; run with --ignored --nocapture"]
+fn print_rule_comparison() {
+    for (name, rule) in [
+        ("paper", DeadlineRule::Paper { margin_ns: 0 }),
+        ("controller 99.9%", DeadlineRule::Controller { target_on_time: 0.999 }),
+    ] {
+        let o = run(60, 1, false, rule, 5);
+        let (mut late, mut total, mut lat) = (0u64, 0u64, Vec::new());
+        for msgs in o.released.values() {
+            for m in msgs.iter().filter(|m| m.sequence > 1000) {
+                total += 1;
+                late += u64::from(m.late);
+                lat.push(m.arrival_ns - m.send_ns);
+            }
+        }
+        lat.sort_unstable();
+        println!(
+            "{name}: on-time {:.4}, simultaneous {:.3}, release latency p50 {} µs",
+            1.0 - late as f64 / total as f64,
+            simultaneous_share(&o),
+            lat[lat.len() / 2] / 1000
+        );
+    }
+}
