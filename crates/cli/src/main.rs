@@ -9,6 +9,7 @@ mod cmd_decode;
 mod cmd_gen;
 mod cmd_plan;
 mod cmd_replay;
+mod cmd_sim;
 mod cmd_stats;
 mod fmt;
 
@@ -40,6 +41,9 @@ enum Command {
     Control(cmd_arb::ControlArgs),
     /// Plan a fair multicast tree (fan-out, depth, sibling hedging) as TOML/JSON and DOT.
     Plan(cmd_plan::Args),
+    /// Experiments in the deterministic simulator (fair multicast tree).
+    #[command(subcommand)]
+    Sim(cmd_sim::Sim),
     /// End-to-end benchmarks, each with a baseline measured in the same run.
     #[command(subcommand)]
     Bench(cmd_bench::Bench),
@@ -57,6 +61,7 @@ fn main() {
         Command::Control(a) => cmd_arb::run_control(a),
         Command::Bench(b) => cmd_bench::run(b),
         Command::Plan(a) => cmd_plan::run(a),
+        Command::Sim(s) => cmd_sim::run(s),
     };
     if let Err(e) = result {
         eprintln!("fairfeed: error: {e:#}");

@@ -47,11 +47,20 @@ pub struct NodeConfig {
     pub initial_owd_ns: u64,
     /// The quantile receivers report (Jasper: 0.95).
     pub owd_quantile: f64,
+    /// Receivers hold messages until their deadline (off: release on arrival,
+    /// as a plain tree or direct unicast does).
+    pub hold_and_release: bool,
 }
 
 impl Default for NodeConfig {
     fn default() -> Self {
-        NodeConfig { tree: 0, report_interval_ns: 10_000_000, initial_owd_ns: 1_000_000, owd_quantile: 0.95 }
+        NodeConfig {
+            tree: 0,
+            report_interval_ns: 10_000_000,
+            initial_owd_ns: 1_000_000,
+            owd_quantile: 0.95,
+            hold_and_release: true,
+        }
     }
 }
 
@@ -457,6 +466,10 @@ impl Receiver {
             send_ns: h.send_ns,
             payload: payload.to_vec(),
         };
+        if !self.cfg.hold_and_release {
+            self.release(Hold { deadline_ns: now, ..hold });
+            return;
+        }
         if now >= h.deadline_ns {
             self.release(hold);
             return;

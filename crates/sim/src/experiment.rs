@@ -1,0 +1,200 @@
+//! Experiments: each builds its configurations, runs them, and returns rows
+//! that serialize to `summary.json`.
+
+use fairfeed_tree::node::{DeadlineRule, NodeConfig};
+use fairfeed_tree::plan::{plan, PlanRequest};
+use serde::Serialize;
+
+use crate::engine::{run, RunResult, SimConfig};
+use crate::model::ModelFile;
+
+/// One row of the fairness experiment (Jasper's table 3 and figure 11).
+#[derive(Debug, Clone, Serialize)]
+pub struct FairnessRow {
+    pub scheme: String,
+    pub receivers: usize,
+    pub hedge: usize,
+    pub fanout: usize,
+    pub depth: usize,
+    pub oml_p50_us: f64,
+    pub oml_p99_us: f64,
+    pub dws_p50_us: f64,
+    pub dws_p99_us: f64,
+    pub pf_0us: f64,
+    pub pf_1us: f64,
+    pub hold_mean_us: f64,
+    pub late_fraction: f64,
+    pub incomplete_messages: u64,
+    pub messages: u64,
+    pub deadline_offset_us: f64,
+    /// Busiest node's egress load: copies per message × per-copy cost × rate.
+    /// Above 1 its queue grows without bound and latencies grow with run length.
+    pub busiest_node_load: f64,
+    pub events: u64,
+}
+
+/// Settings shared by the fairness runs.
+#[derive(Debug, Clone)]
+pub struct FairnessConfig {
+    pub receivers: usize,
+    pub hedge: usize,
+    pub seed: u64,
+    pub messages: u64,
+    pub rate_per_s: f64,
+    pub model: ModelFile,
+    /// Target on-time share for the controller rows.
+    pub target_on_time: f64,
+}
+
+impl Default for FairnessConfig {
+    fn default() -> Self {
+        FairnessConfig {
+            receivers: 100,
+            hedge: 2,
+            seed: 1,
+            messages: 10_000,
+            rate_per_s: 5_000.0,
+            model: ModelFile::default(),
+            target_on_time: 0.999,
+        }
+    }
+}
+
+fn load(topo: &fairfeed_tree::plan::Topology, c: &FairnessConfig) -> f64 {
+    let copies = topo.trees[0].nodes.iter().map(|n| n.children.len() + n.hedge_targets.len()).max().unwrap_or(0);
+    copies as f64 * c.model.link.copy_us * 1e-6 * c.rate_per_s
+}
+
+fn row(scheme: &str, hedge: usize, fanout: usize, depth: usize, load: f64, r: RunResult) -> FairnessRow {
+    FairnessRow {
+        scheme: scheme.into(),
+        receivers: r.receivers,
+        hedge,
+        fanout,
+        depth,
+        oml_p50_us: r.oml_p50_us,
+        oml_p99_us: r.oml_p99_us,
+        dws_p50_us: r.dws_p50_us,
+        dws_p99_us: r.dws_p99_us,
+        pf_0us: r.pf_0us,
+        pf_1us: r.pf_1us,
+        hold_mean_us: r.hold_mean_us,
+        late_fraction: r.late_fraction,
+        incomplete_messages: r.incomplete_messages,
+        messages: r.messages,
+        deadline_offset_us: r.deadline_offset_us,
+        busiest_node_load: load,
+        events: r.events,
+    }
+}
+
+/// The six schemes of the fairness comparison, on the same seed and model:
+/// direct unicast; CloudEx (direct unicast + hold-and-release); a tree; a tree
+/// with hedging; Jasper (tree + hedging + hold-and-release, the paper's rule);
+/// and Jasper with our deadline controller. `progress` is told each scheme.
+pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec<FairnessRow>, String> {
+    let n = c.receivers;
+    let direct =
+        plan(&PlanRequest { receivers: n, fanout: Some(n), depth: Some(1), hedge: 0, cost_model: None, trees: 1 })
+            .map_err(|e| e.to_string())?;
+    let tree0 = plan(&PlanRequest { receivers: n, fanout: None, depth: None, hedge: 0, cost_model: None, trees: 1 })
+        .map_err(|e| e.to_string())?;
+    let treeh =
+        plan(&PlanRequest { receivers: n, fanout: None, depth: None, hedge: c.hedge, cost_model: None, trees: 1 })
+            .map_err(|e| e.to_string())?;
+    let base = SimConfig {
+        seed: c.seed,
+        messages: c.messages,
+        rate_per_s: c.rate_per_s,
+        warmup_messages: (c.messages / 5).min(2_000),
+        link: c.model.link,
+        clock: c.model.clock,
+        node: NodeConfig { report_interval_ns: 10_000_000, initial_owd_ns: 1_000_000, ..NodeConfig::default() },
+        rule: DeadlineRule::Paper { margin_ns: 0 },
+        crash: None,
+    };
+    let no_hold = NodeConfig { hold_and_release: false, ..base.node };
+    let controller = DeadlineRule::Controller { target_on_time: c.target_on_time };
+    let runs: [(&str, &fairfeed_tree::plan::Topology, usize, NodeConfig, DeadlineRule); 6] = [
+        ("direct-unicast", &direct, 0, no_hold, base.rule),
+        ("cloudex", &direct, 0, base.node, base.rule),
+        ("tree", &tree0, 0, no_hold, base.rule),
+        ("tree+hedging", &treeh, c.hedge, no_hold, base.rule),
+        ("jasper", &treeh, c.hedge, base.node, base.rule),
+        ("jasper+controller", &treeh, c.hedge, base.node, controller),
+    ];
+    let mut rows = Vec::new();
+    for (name, topo, hedge, node, rule) in runs {
+        progress(name);
+        let cfg = SimConfig { node, rule, ..base.clone() };
+        rows.push(row(name, hedge, topo.fanout, topo.depth, load(topo, c), run(topo, &cfg)));
+    }
+    Ok(rows)
+}
+
+/// The rows as a Markdown table.
+pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
+    let mut s = String::from(
+        "| scheme | N | H | F×D | OML p50 µs | OML p99 µs | DWS p50 µs | DWS p99 µs | P(F) 0 µs | P(F) 1 µs | hold mean µs | late | load |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1} | {:.4} | {:.2}{} |\n",
+            r.scheme,
+            r.receivers,
+            r.hedge,
+            r.fanout,
+            r.depth,
+            r.oml_p50_us,
+            r.oml_p99_us,
+            r.dws_p50_us,
+            r.dws_p99_us,
+            r.pf_0us,
+            r.pf_1us,
+            r.hold_mean_us,
+            r.late_fraction,
+            r.busiest_node_load,
+            if r.busiest_node_load > 1.0 { " (overloaded)" } else { "" }
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> FairnessConfig {
+        FairnessConfig { receivers: 30, hedge: 1, messages: 3_000, rate_per_s: 2_000.0, ..FairnessConfig::default() }
+    }
+
+    #[test]
+    fn same_seed_same_result() {
+        let a = serde_json_like(&fairness(&small(), |_| {}).unwrap());
+        let b = serde_json_like(&fairness(&small(), |_| {}).unwrap());
+        assert_eq!(a, b);
+        let c = serde_json_like(&fairness(&FairnessConfig { seed: 2, ..small() }, |_| {}).unwrap());
+        assert_ne!(a, c);
+    }
+
+    fn serde_json_like(rows: &[FairnessRow]) -> String {
+        format!("{rows:?}")
+    }
+
+    #[test]
+    fn hold_and_release_and_the_controller_do_what_they_claim() {
+        let rows = fairness(&small(), |_| {}).unwrap();
+        let get = |s: &str| rows.iter().find(|r| r.scheme == s).unwrap();
+        // Without holding nothing is simultaneous; with it most messages are.
+        assert_eq!(get("tree+hedging").pf_1us, 0.0);
+        assert!(get("jasper").pf_1us > 0.5, "jasper P(F) {}", get("jasper").pf_1us);
+        // The controller trades a little latency for fewer late deliveries.
+        assert!(get("jasper+controller").late_fraction <= get("jasper").late_fraction);
+        assert!(get("jasper+controller").pf_1us >= get("jasper").pf_1us);
+        // Hedging cuts the tail.
+        assert!(get("tree+hedging").oml_p99_us < get("tree").oml_p99_us);
+        for r in &rows {
+            assert_eq!(r.incomplete_messages, 0, "{}: lossless links lost messages", r.scheme);
+        }
+    }
+}
