@@ -223,3 +223,57 @@ fn plan_writes_a_valid_topology_and_refuses_impossible_ones() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("fewer than 100"));
 }
+
+#[test]
+fn sim_fairness_writes_the_documented_rows() {
+    let d = tmp();
+    let model = d.path().join("model.toml");
+    std::fs::write(
+        &model,
+        "[link]\nkind = \"uniform\"\nmin_us = 10\nmax_us = 50\ncopy_us = 1.0\n[clock]\noffset_us = 0.02\n",
+    )
+    .unwrap();
+    let out = d.path().join("fair");
+    fairfeed(&[
+        "sim",
+        "experiment",
+        "fairness",
+        "--receivers",
+        "40",
+        "--seed",
+        "3",
+        "--out",
+        out.to_str().unwrap(),
+        "--messages",
+        "2000",
+        "--latency-model",
+        model.to_str().unwrap(),
+    ]);
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    let schemes: Vec<&str> = rows.iter().map(|r| r["scheme"].as_str().unwrap()).collect();
+    assert_eq!(schemes, ["direct-unicast", "cloudex", "tree", "tree+hedging", "jasper", "jasper+controller"]);
+    for r in rows {
+        for k in [
+            "receivers",
+            "hedge",
+            "oml_p50_us",
+            "oml_p99_us",
+            "dws_p50_us",
+            "dws_p99_us",
+            "pf_0us",
+            "pf_1us",
+            "hold_mean_us",
+            "late_fraction",
+        ] {
+            assert!(r.get(k).is_some_and(|v| !v.is_null()), "{} lacks {k}", r["scheme"]);
+        }
+        assert_eq!(r["receivers"], 40);
+    }
+    assert!(std::fs::read_to_string(out.join("summary.md")).unwrap().contains("| jasper |"));
+    let bad = Command::new(bin())
+        .args(["sim", "experiment", "fairness", "--receivers", "0", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+}
