@@ -73,6 +73,11 @@ pub struct RunResult {
     pub events: u64,
     /// Final deadline offset the sender used (OWD_G + margin), µs.
     pub deadline_offset_us: f64,
+    /// Per-message OML and delivery window samples, µs (for CDFs).
+    #[serde(skip)]
+    pub oml_us: Vec<f64>,
+    #[serde(skip)]
+    pub dws_us: Vec<f64>,
 }
 
 enum SimNode {
@@ -364,5 +369,7 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
         late_fraction: if released > 0 && cfg.node.hold_and_release { late as f64 / released as f64 } else { 0.0 },
         events,
         deadline_offset_us: offset,
+        oml_us: oml.iter().map(|&x| x as f64 / 1e3).collect(),
+        dws_us: dws.iter().map(|&x| x as f64 / 1e3).collect(),
     }
 }

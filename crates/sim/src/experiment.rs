@@ -31,6 +31,10 @@ pub struct FairnessRow {
     /// Above 1 its queue grows without bound and latencies grow with run length.
     pub busiest_node_load: f64,
     pub events: u64,
+    #[serde(skip)]
+    pub oml_us: Vec<f64>,
+    #[serde(skip)]
+    pub dws_us: Vec<f64>,
 }
 
 /// Settings shared by the fairness runs.
@@ -85,6 +89,8 @@ fn row(scheme: &str, hedge: usize, fanout: usize, depth: usize, load: f64, r: Ru
         deadline_offset_us: r.deadline_offset_us,
         busiest_node_load: load,
         events: r.events,
+        oml_us: r.oml_us,
+        dws_us: r.dws_us,
     }
 }
 

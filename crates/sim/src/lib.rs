@@ -10,3 +10,5 @@
 pub mod engine;
 pub mod experiment;
 pub mod model;
+pub mod montecarlo;
+pub mod plot;

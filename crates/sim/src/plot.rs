@@ -1,0 +1,71 @@
+//! CDF plots as SVG (plotters' SVG backend: no fonts or system libraries needed).
+
+use plotters::prelude::*;
+
+/// Colours for up to eight series.
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+/// Draws the empirical CDFs of `series` (name, values) into an SVG file.
+/// Values beyond the `clip` quantile of all series are left out of the x range
+/// so one heavy tail does not flatten the rest.
+pub fn cdf_svg(
+    path: &std::path::Path,
+    title: &str,
+    x_label: &str,
+    series: &[(String, Vec<f64>)],
+    clip: f64,
+) -> Result<(), String> {
+    let mut all: Vec<f64> = series.iter().flat_map(|(_, v)| v.iter().copied()).filter(|x| x.is_finite()).collect();
+    if all.is_empty() {
+        return Err("nothing to plot".into());
+    }
+    all.sort_by(f64::total_cmp);
+    let lo = all[0].min(0.0);
+    let hi = all[((clip * all.len() as f64) as usize).min(all.len() - 1)].max(lo + 1e-9) * 1.05;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(lo..hi, 0.0..1.0)
+        .map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc(x_label).y_desc("CDF").draw().map_err(|e| e.to_string())?;
+    for (k, (name, values)) in series.iter().enumerate() {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            continue;
+        }
+        let n = v.len() as f64;
+        // At most ~2,000 points per curve.
+        let step = (v.len() / 2000).max(1);
+        let pts: Vec<(f64, f64)> =
+            v.iter().enumerate().step_by(step).map(|(i, &x)| (x.min(hi), (i + 1) as f64 / n)).collect();
+        let c = COLOURS[k % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())?;
+    Ok(())
+}
