@@ -72,49 +72,7 @@ fn plot(path: &std::path::Path, title: &str, x: &str, series: &[(String, Vec<f64
 pub fn run(s: Sim) -> anyhow::Result<()> {
     match s {
         Sim::Experiment(Experiment::HedgingMc { seed, out, iterations, fanout, lo_us, hi_us }) => {
-            anyhow::ensure!((1..=10_000_000).contains(&iterations), "--iterations must be 1..=10,000,000");
-            anyhow::ensure!((2..=100).contains(&fanout), "--fanout must be 2..=100");
-            anyhow::ensure!(0.0 <= lo_us && lo_us <= hi_us, "need 0 <= --lo-us <= --hi-us");
-            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            let rows = hedging_monte_carlo(&[1, 2, 3, 4], &[0, 1, 2, 3], fanout, lo_us, hi_us, iterations, seed);
-            std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
-            let mut md = format!(
-                "# Hedging Monte Carlo (Jasper §5.2), F = {fanout}, hops ~ U({lo_us}, {hi_us}) µs, {iterations} iterations, seed {seed}\n\n\
-                 | D | H | mean µs | σ µs | p50 µs | p99 µs |\n|---|---|---|---|---|---|\n"
-            );
-            for r in &rows {
-                md.push_str(&format!(
-                    "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} |\n",
-                    r.depth, r.hedge, r.mean_us, r.sigma_us, r.p50_us, r.p99_us
-                ));
-            }
-            std::fs::write(out.join("summary.md"), &md)?;
-            print!("{md}");
-            let by_depth: Vec<(String, Vec<f64>)> = rows
-                .iter()
-                .filter(|r| r.hedge == 0)
-                .map(|r| (format!("D={}, H=0", r.depth), r.samples_us.clone()))
-                .collect();
-            plot(
-                &out.join("cdf_by_depth_h0.svg"),
-                "No hedging: latency grows and spreads with depth",
-                "latency (µs)",
-                &by_depth,
-                1.0,
-            );
-            let by_h: Vec<(String, Vec<f64>)> = rows
-                .iter()
-                .filter(|r| r.depth == 3)
-                .map(|r| (format!("D=3, H={}", r.hedge), r.samples_us.clone()))
-                .collect();
-            plot(
-                &out.join("cdf_by_hedge_d3.svg"),
-                "Hedging narrows the distribution and moves it left",
-                "latency (µs)",
-                &by_h,
-                1.0,
-            );
-            Ok(())
+            hedging_mc(seed, &out, iterations, fanout, lo_us, hi_us)
         }
         Sim::Experiment(Experiment::Fairness {
             receivers,
@@ -125,30 +83,92 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             rate,
             latency_model,
             target_on_time,
-        }) => {
-            anyhow::ensure!((1..=20_000).contains(&receivers), "--receivers must be 1..=20,000");
-            anyhow::ensure!((0.0..1.0).contains(&target_on_time), "--target-on-time must be in [0, 1)");
-            let model = match &latency_model {
-                Some(p) => ModelFile::from_toml(
-                    &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-                )
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
-                None => ModelFile::default(),
-            };
-            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            let cfg = FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, model, target_on_time };
-            let t0 = Instant::now();
-            let pb = crate::fmt::progress(6, "simulating schemes");
-            let rows = fairness(&cfg, |name| {
-                pb.set_message(format!("simulating {name}"));
-                pb.inc(1);
-            })
-            .map_err(anyhow::Error::msg)?;
-            pb.finish_and_clear();
-            let wall = t0.elapsed().as_secs_f64();
-            let events: u64 = rows.iter().map(|r| r.events).sum();
-            std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
-            let md = format!(
+        }) => fairness_cmd(receivers, seed, out, hedge, messages, rate, latency_model, target_on_time),
+    }
+}
+
+fn hedging_mc(
+    seed: u64,
+    out: &std::path::Path,
+    iterations: usize,
+    fanout: usize,
+    lo_us: f64,
+    hi_us: f64,
+) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=10_000_000).contains(&iterations), "--iterations must be 1..=10,000,000");
+    anyhow::ensure!((2..=100).contains(&fanout), "--fanout must be 2..=100");
+    anyhow::ensure!(0.0 <= lo_us && lo_us <= hi_us, "need 0 <= --lo-us <= --hi-us");
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let rows = hedging_monte_carlo(&[1, 2, 3, 4], &[0, 1, 2, 3], fanout, lo_us, hi_us, iterations, seed);
+    std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
+    let mut md = format!(
+                "# Hedging Monte Carlo (Jasper §5.2), F = {fanout}, hops ~ U({lo_us}, {hi_us}) µs, {iterations} iterations, seed {seed}\n\n\
+                 | D | H | mean µs | σ µs | p50 µs | p99 µs |\n|---|---|---|---|---|---|\n"
+            );
+    for r in &rows {
+        md.push_str(&format!(
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.1} |\n",
+            r.depth, r.hedge, r.mean_us, r.sigma_us, r.p50_us, r.p99_us
+        ));
+    }
+    std::fs::write(out.join("summary.md"), &md)?;
+    print!("{md}");
+    let by_depth: Vec<(String, Vec<f64>)> =
+        rows.iter().filter(|r| r.hedge == 0).map(|r| (format!("D={}, H=0", r.depth), r.samples_us.clone())).collect();
+    plot(
+        &out.join("cdf_by_depth_h0.svg"),
+        "No hedging: latency grows and spreads with depth",
+        "latency (µs)",
+        &by_depth,
+        1.0,
+    );
+    let by_h: Vec<(String, Vec<f64>)> =
+        rows.iter().filter(|r| r.depth == 3).map(|r| (format!("D=3, H={}", r.hedge), r.samples_us.clone())).collect();
+    plot(
+        &out.join("cdf_by_hedge_d3.svg"),
+        "Hedging narrows the distribution and moves it left",
+        "latency (µs)",
+        &by_h,
+        1.0,
+    );
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fairness_cmd(
+    receivers: usize,
+    seed: u64,
+    out: PathBuf,
+    hedge: usize,
+    messages: u64,
+    rate: f64,
+    latency_model: Option<PathBuf>,
+    target_on_time: f64,
+) -> anyhow::Result<()> {
+    {
+        anyhow::ensure!((1..=20_000).contains(&receivers), "--receivers must be 1..=20,000");
+        anyhow::ensure!((0.0..1.0).contains(&target_on_time), "--target-on-time must be in [0, 1)");
+        let model = match &latency_model {
+            Some(p) => {
+                ModelFile::from_toml(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+            }
+            None => ModelFile::default(),
+        };
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let cfg = FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, model, target_on_time };
+        let t0 = Instant::now();
+        let pb = crate::fmt::progress(6, "simulating schemes");
+        let rows = fairness(&cfg, |name| {
+            pb.set_message(format!("simulating {name}"));
+            pb.inc(1);
+        })
+        .map_err(anyhow::Error::msg)?;
+        pb.finish_and_clear();
+        let wall = t0.elapsed().as_secs_f64();
+        let events: u64 = rows.iter().map(|r| r.events).sum();
+        std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
+        let md = format!(
                 "# Fairness, N = {receivers}, seed {seed}\n\n{} messages per scheme at {rate} msg/s; link model: {}.\n\n{}\n\n\
                  {events} events in {wall:.1} s ({:.2} M events/s).\n",
                 messages,
@@ -156,27 +176,26 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
                 fairness_markdown(&rows),
                 events as f64 / wall / 1e6
             );
-            std::fs::write(out.join("summary.md"), &md)?;
-            print!("{md}");
-            let stable: Vec<&fairfeed_sim::experiment::FairnessRow> =
-                rows.iter().filter(|r| r.busiest_node_load <= 1.0).collect();
-            let oml: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.oml_us.clone())).collect();
-            plot(
-                &out.join("oml_cdf.svg"),
-                &format!("Overall multicast latency, N = {receivers} (overloaded schemes left out)"),
-                "OML (µs)",
-                &oml,
-                0.995,
-            );
-            let dws: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.dws_us.clone())).collect();
-            plot(
-                &out.join("dws_cdf.svg"),
-                &format!("Delivery window, N = {receivers}"),
-                "delivery window (µs)",
-                &dws,
-                0.995,
-            );
-            Ok(())
-        }
+        std::fs::write(out.join("summary.md"), &md)?;
+        print!("{md}");
+        let stable: Vec<&fairfeed_sim::experiment::FairnessRow> =
+            rows.iter().filter(|r| r.busiest_node_load <= 1.0).collect();
+        let oml: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.oml_us.clone())).collect();
+        plot(
+            &out.join("oml_cdf.svg"),
+            &format!("Overall multicast latency, N = {receivers} (overloaded schemes left out)"),
+            "OML (µs)",
+            &oml,
+            0.995,
+        );
+        let dws: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.dws_us.clone())).collect();
+        plot(
+            &out.join("dws_cdf.svg"),
+            &format!("Delivery window, N = {receivers}"),
+            "delivery window (µs)",
+            &dws,
+            0.995,
+        );
+        Ok(())
     }
 }

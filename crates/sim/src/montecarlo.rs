@@ -33,34 +33,38 @@ fn layer_size(f: usize, layer: usize) -> usize {
     f.saturating_pow(layer as u32 + 1)
 }
 
-fn arrival(
-    layer: usize,
-    i: usize,
+/// The recursion's parameters and one iteration's state.
+struct Draw<'a> {
     f: usize,
     h: usize,
     lo: f64,
     hi: f64,
-    rng: &mut ChaCha12Rng,
-    memo: &mut HashMap<(usize, usize), f64>,
-) -> f64 {
-    if let Some(&v) = memo.get(&(layer, i)) {
-        return v;
-    }
-    let v = if layer == 0 {
-        rng.gen_range(lo..=hi)
-    } else {
-        let size = layer_size(f, layer - 1);
-        let p = i / f;
-        let mut best = f64::INFINITY;
-        for j in 0..=h.min(size - 1) {
-            let q = (p + size - j % size) % size;
-            let up = arrival(layer - 1, q, f, h, lo, hi, rng, memo);
-            best = best.min(up + rng.gen_range(lo..=hi));
+    rng: &'a mut ChaCha12Rng,
+    memo: HashMap<(usize, usize), f64>,
+}
+
+impl Draw<'_> {
+    /// Arrival time at node `i` of `layer`, memoized within the iteration.
+    fn arrival(&mut self, layer: usize, i: usize) -> f64 {
+        if let Some(&v) = self.memo.get(&(layer, i)) {
+            return v;
         }
-        best
-    };
-    memo.insert((layer, i), v);
-    v
+        let v = if layer == 0 {
+            self.rng.gen_range(self.lo..=self.hi)
+        } else {
+            let size = layer_size(self.f, layer - 1);
+            let p = i / self.f;
+            let mut best = f64::INFINITY;
+            for j in 0..=self.h.min(size - 1) {
+                let q = (p + size - j % size) % size;
+                let up = self.arrival(layer - 1, q);
+                best = best.min(up + self.rng.gen_range(self.lo..=self.hi));
+            }
+            best
+        };
+        self.memo.insert((layer, i), v);
+        v
+    }
 }
 
 /// Runs `iterations` draws for each depth and hedging factor.
@@ -79,12 +83,11 @@ pub fn hedging_monte_carlo(
         for &h in hedges {
             let mut rng = ChaCha12Rng::seed_from_u64(seed ^ ((d as u64) << 32) ^ h as u64);
             let mut v = Vec::with_capacity(iterations);
-            let mut memo = HashMap::new();
+            let leaf_layer = d - 1;
             for _ in 0..iterations {
-                memo.clear();
-                let leaf_layer = d - 1;
                 let i = rng.gen_range(0..layer_size(fanout, leaf_layer));
-                v.push(arrival(leaf_layer, i, fanout, h, lo_us, hi_us, &mut rng, &mut memo));
+                let mut draw = Draw { f: fanout, h, lo: lo_us, hi: hi_us, rng: &mut rng, memo: HashMap::new() };
+                v.push(draw.arrival(leaf_layer, i));
             }
             v.sort_by(f64::total_cmp);
             let mean = v.iter().sum::<f64>() / v.len() as f64;
