@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use fairfeed_sim::experiment::{fairness, fairness_markdown, FairnessConfig};
+use fairfeed_sim::experiment::{crash, fairness, fairness_markdown, table1, FairnessConfig};
 use fairfeed_sim::model::ModelFile;
 use fairfeed_sim::montecarlo::hedging_monte_carlo;
 use fairfeed_sim::plot::cdf_svg;
@@ -39,9 +39,37 @@ pub enum Experiment {
         /// A link/clock model file (TOML; see `fairfeed_sim::model`); default: the calibrated cloud model.
         #[arg(long)]
         latency_model: Option<PathBuf>,
-        /// The controller's target share of on-time deliveries.
-        #[arg(long, default_value_t = 0.999)]
-        target_on_time: f64,
+        /// The controller's target P(F): the share of messages every receiver
+        /// gets on time. It aims at a per-delivery on-time share of 1 − (1 − P(F))/N.
+        #[arg(long, default_value_t = 0.99)]
+        target_pf: f64,
+        /// Or give the per-delivery on-time target directly.
+        #[arg(long)]
+        target_on_time: Option<f64>,
+    },
+    /// Jasper's table 1: median OML of plain trees for several ⟨D, F⟩ at N = 10, 100, 1,000.
+    Table1 {
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 5_000)]
+        messages: u64,
+        #[arg(long, default_value_t = 5_000.0)]
+        rate: f64,
+    },
+    /// A layer-0 proxy crashes halfway through; deliveries lost per hedging factor.
+    Crash {
+        #[arg(long, default_value_t = 100)]
+        receivers: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 5_000)]
+        messages: u64,
+        #[arg(long, default_value_t = 5_000.0)]
+        rate: f64,
     },
     /// Monte Carlo of Jasper's hedging recursion (§5.2, figure 5): latency to a
     /// receiver for depths 1–4 and hedging factors 0–3, uniform hop delays.
@@ -69,8 +97,62 @@ fn plot(path: &std::path::Path, title: &str, x: &str, series: &[(String, Vec<f64
     }
 }
 
+fn write_json(out: &std::path::Path, v: &impl serde::Serialize, md: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(v)?)?;
+    std::fs::write(out.join("summary.md"), md)?;
+    print!("{md}");
+    Ok(())
+}
+
 pub fn run(s: Sim) -> anyhow::Result<()> {
     match s {
+        Sim::Experiment(Experiment::Table1 { seed, out, messages, rate }) => {
+            let c = FairnessConfig { seed, messages, rate_per_s: rate, ..FairnessConfig::default() };
+            let shapes = [
+                (10, 1, 10),
+                (10, 2, 4),
+                (100, 1, 100),
+                (100, 2, 10),
+                (100, 3, 5),
+                (1000, 2, 32),
+                (1000, 3, 10),
+                (1000, 4, 6),
+            ];
+            let rows = table1(&c, &shapes).map_err(anyhow::Error::msg)?;
+            let mut md = format!(
+                "# Table 1: median OML of plain trees (no hedging, no holding), seed {seed}, {messages} messages at {rate} msg/s\n\n\
+                 | N | D | F | OML p50 µs | OML p99 µs | busiest node load |\n|---|---|---|---|---|---|\n"
+            );
+            for r in &rows {
+                md.push_str(&format!(
+                    "| {} | {} | {} | {:.1} | {:.1} | {:.2}{} |\n",
+                    r.receivers,
+                    r.depth,
+                    r.fanout,
+                    r.oml_p50_us,
+                    r.oml_p99_us,
+                    r.busiest_node_load,
+                    if r.busiest_node_load > 1.0 { " (overloaded)" } else { "" }
+                ));
+            }
+            write_json(&out, &rows, &md)
+        }
+        Sim::Experiment(Experiment::Crash { receivers, seed, out, messages, rate }) => {
+            let c = FairnessConfig { receivers, seed, messages, rate_per_s: rate, ..FairnessConfig::default() };
+            let rows = crash(&c, &[0, 1, 2]).map_err(anyhow::Error::msg)?;
+            let mut md = format!(
+                "# A layer-0 proxy crashes halfway, N = {receivers}, seed {seed}, {messages} messages at {rate} msg/s\n\n\
+                 | H | receivers with loss | deliveries lost | messages incomplete |\n|---|---|---|---|\n"
+            );
+            for r in &rows {
+                md.push_str(&format!(
+                    "| {} | {} | {} | {} |\n",
+                    r.hedge, r.receivers_with_loss, r.lost_deliveries, r.incomplete_messages
+                ));
+            }
+            write_json(&out, &rows, &md)
+        }
         Sim::Experiment(Experiment::HedgingMc { seed, out, iterations, fanout, lo_us, hi_us }) => {
             hedging_mc(seed, &out, iterations, fanout, lo_us, hi_us)
         }
@@ -82,8 +164,13 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             messages,
             rate,
             latency_model,
+            target_pf,
             target_on_time,
-        }) => fairness_cmd(receivers, seed, out, hedge, messages, rate, latency_model, target_on_time),
+        }) => {
+            anyhow::ensure!((0.0..1.0).contains(&target_pf), "--target-pf must be in [0, 1)");
+            let target = target_on_time.unwrap_or(1.0 - (1.0 - target_pf) / receivers.max(1) as f64);
+            fairness_cmd(receivers, seed, out, hedge, messages, rate, latency_model, target)
+        }
     }
 }
 
@@ -169,13 +256,14 @@ fn fairness_cmd(
         let events: u64 = rows.iter().map(|r| r.events).sum();
         std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
         let md = format!(
-                "# Fairness, N = {receivers}, seed {seed}\n\n{} messages per scheme at {rate} msg/s; link model: {}.\n\n{}\n\n\
+            "# Fairness, N = {receivers}, seed {seed}\n\n{} messages per scheme at {rate} msg/s; link model: {}; \
+                 controller target: {target_on_time} of deliveries on time.\n\n{}\n\n\
                  {events} events in {wall:.1} s ({:.2} M events/s).\n",
-                messages,
-                latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string()),
-                fairness_markdown(&rows),
-                events as f64 / wall / 1e6
-            );
+            messages,
+            latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string()),
+            fairness_markdown(&rows),
+            events as f64 / wall / 1e6
+        );
         std::fs::write(out.join("summary.md"), &md)?;
         print!("{md}");
         let stable: Vec<&fairfeed_sim::experiment::FairnessRow> =

@@ -59,6 +59,8 @@ pub struct RunResult {
     pub incomplete_messages: u64,
     /// (message, receiver) pairs never delivered.
     pub lost_deliveries: u64,
+    /// Receivers that missed at least one message (after warm-up).
+    pub receivers_with_loss: usize,
     pub oml_p50_us: f64,
     pub oml_p99_us: f64,
     pub dws_p50_us: f64,
@@ -340,11 +342,16 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
             dws.iter().filter(|&&d| f(d)).count() as f64 / dws.len() as f64
         }
     };
+    let expected = counted.len() as u64;
     let (mut late, mut released, mut hold_sum) = (0u64, 0u64, 0u64);
+    let mut receivers_with_loss = 0;
     let mut offset = 0.0;
     for node in nodes {
         match node {
             SimNode::Receiver(r, _) => {
+                if r.stats.released.saturating_sub(cfg.warmup_messages) < expected {
+                    receivers_with_loss += 1;
+                }
                 late += r.stats.late;
                 released += r.stats.released;
                 hold_sum += r.stats.hold_sum_ns;
@@ -359,6 +366,7 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
         messages: counted.len() as u64,
         incomplete_messages: (counted.len() - complete.len()) as u64,
         lost_deliveries: counted.iter().map(|m| u64::from(n.saturating_sub(m.delivered))).sum(),
+        receivers_with_loss,
         oml_p50_us: percentile(&oml, 0.5),
         oml_p99_us: percentile(&oml, 0.99),
         dws_p50_us: percentile(&dws, 0.5),
