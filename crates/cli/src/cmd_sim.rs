@@ -4,10 +4,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use fairfeed_sim::experiment::{crash, fairness, fairness_markdown, table1, FairnessConfig};
+use fairfeed_sim::experiment::{crash, fairness, fairness_markdown, hedging, table1, FairnessConfig};
 use fairfeed_sim::model::ModelFile;
 use fairfeed_sim::montecarlo::hedging_monte_carlo;
-use fairfeed_sim::plot::cdf_svg;
+use fairfeed_sim::plot::{cdf_svg, lines_svg};
 
 #[derive(clap::Subcommand)]
 pub enum Sim {
@@ -54,6 +54,20 @@ pub enum Experiment {
         #[arg(long)]
         out: PathBuf,
         #[arg(long, default_value_t = 5_000)]
+        messages: u64,
+        #[arg(long, default_value_t = 5_000.0)]
+        rate: f64,
+    },
+    /// Jasper figures 8 and 9: trees with H = 0, 1, 2 (no holding): OML and
+    /// delivery-window CDFs, OML over time, per-receiver p50/p99 one-way delays.
+    Hedging {
+        #[arg(long, default_value_t = 100)]
+        receivers: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 10_000)]
         messages: u64,
         #[arg(long, default_value_t = 5_000.0)]
         rate: f64,
@@ -137,6 +151,9 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
                 ));
             }
             write_json(&out, &rows, &md)
+        }
+        Sim::Experiment(Experiment::Hedging { receivers, seed, out, messages, rate }) => {
+            hedging_cmd(receivers, seed, &out, messages, rate)
         }
         Sim::Experiment(Experiment::Crash { receivers, seed, out, messages, rate }) => {
             let c = FairnessConfig { receivers, seed, messages, rate_per_s: rate, ..FairnessConfig::default() };
@@ -286,4 +303,87 @@ fn fairness_cmd(
         );
         Ok(())
     }
+}
+
+fn hedging_cmd(receivers: usize, seed: u64, out: &std::path::Path, messages: u64, rate: f64) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=20_000).contains(&receivers), "--receivers must be 1..=20,000");
+    let c = FairnessConfig { receivers, seed, messages, rate_per_s: rate, ..FairnessConfig::default() };
+    let pb = crate::fmt::progress(3, "simulating hedging factors");
+    let rows = hedging(&c, &[0, 1, 2], |h| {
+        pb.set_message(format!("simulating H={h}"));
+        pb.inc(1);
+    })
+    .map_err(anyhow::Error::msg)?;
+    pb.finish_and_clear();
+    let mut md = format!(
+        "# Hedging (Jasper figures 8 and 9), N = {receivers}, seed {seed}, {messages} messages at {rate} msg/s, no holding\n\n\
+         | H | OML p50 µs | OML p99 µs | DWS p50 µs | DWS p99 µs | receivers' median p50 OWD µs | receivers' median p99 OWD µs | events | events/s |\n\
+         |---|---|---|---|---|---|---|---|---|\n"
+    );
+    for r in &rows {
+        md.push_str(&format!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} M |\n",
+            r.hedge,
+            r.oml_p50_us,
+            r.oml_p99_us,
+            r.dws_p50_us,
+            r.dws_p99_us,
+            r.receiver_owd_p50_median_us,
+            r.receiver_owd_p99_median_us,
+            r.events,
+            r.events_per_s / 1e6
+        ));
+    }
+    write_json(out, &rows, &md)?;
+    let runs: Vec<(usize, &fairfeed_sim::engine::RunResult)> =
+        rows.iter().filter_map(|r| r.run.as_ref().map(|x| (r.hedge, x))).collect();
+    let name = |h: usize| format!("H = {h}");
+    let oml: Vec<(String, Vec<f64>)> = runs.iter().map(|(h, r)| (name(*h), r.oml_us.clone())).collect();
+    plot(
+        &out.join("oml_cdf.svg"),
+        &format!("Overall multicast latency, N = {receivers} (figure 8a)"),
+        "OML (µs)",
+        &oml,
+        0.995,
+    );
+    let dws: Vec<(String, Vec<f64>)> = runs.iter().map(|(h, r)| (name(*h), r.dws_us.clone())).collect();
+    plot(
+        &out.join("dws_cdf.svg"),
+        &format!("Delivery window, N = {receivers} (figure 8c)"),
+        "delivery window (µs)",
+        &dws,
+        0.995,
+    );
+    let p99: Vec<(String, Vec<f64>)> = runs.iter().map(|(h, r)| (name(*h), r.receiver_owd_p99_us.clone())).collect();
+    plot(
+        &out.join("receiver_p99_owd_cdf.svg"),
+        "Per-receiver p99 one-way delay, CDF over receivers (figure 9b)",
+        "p99 OWD (µs)",
+        &p99,
+        1.0,
+    );
+    let p50: Vec<(String, Vec<f64>)> = runs.iter().map(|(h, r)| (name(*h), r.receiver_owd_p50_us.clone())).collect();
+    plot(
+        &out.join("receiver_p50_owd_cdf.svg"),
+        "Per-receiver p50 one-way delay, CDF over receivers (figure 9a)",
+        "p50 OWD (µs)",
+        &p50,
+        1.0,
+    );
+    let over_time: Vec<(String, Vec<(f64, f64)>)> = runs
+        .iter()
+        .map(|(h, r)| (name(*h), r.oml_series_us.iter().enumerate().map(|(i, &y)| (i as f64 / rate, y)).collect()))
+        .collect();
+    match lines_svg(
+        &out.join("oml_over_time.svg"),
+        &format!("OML over time, N = {receivers} (figure 8b)"),
+        "time (s)",
+        "OML (µs)",
+        &over_time,
+        0.999,
+    ) {
+        Ok(()) => eprintln!("sim: drew {}", out.join("oml_over_time.svg").display()),
+        Err(e) => eprintln!("sim: could not draw OML over time: {e}"),
+    }
+    Ok(())
 }

@@ -80,6 +80,14 @@ pub struct RunResult {
     pub oml_us: Vec<f64>,
     #[serde(skip)]
     pub dws_us: Vec<f64>,
+    /// OML of every counted message in sending order, µs (OML over time).
+    #[serde(skip)]
+    pub oml_series_us: Vec<f64>,
+    /// Each receiver's p50 and p99 one-way delay to delivery, µs (figure 9).
+    #[serde(skip)]
+    pub receiver_owd_p50_us: Vec<f64>,
+    #[serde(skip)]
+    pub receiver_owd_p99_us: Vec<f64>,
 }
 
 enum SimNode {
@@ -166,30 +174,9 @@ fn percentile(sorted: &[u64], q: f64) -> f64 {
 pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     assert!(cfg.messages > 0 && cfg.messages <= MESSAGES_MAX, "messages must be 1..={MESSAGES_MAX}");
     assert!(cfg.rate_per_s > 0.0, "rate must be positive");
-    let tree = &topo.trees[0];
-    let n_ids = tree.nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
     let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed);
-    let mut nodes: Vec<SimNode> = (0..n_ids).map(|_| SimNode::Absent).collect();
-    let mut sender_id = 0;
-    for n in &tree.nodes {
-        nodes[n.id as usize] = match n.role {
-            Role::Sender => {
-                sender_id = n.id;
-                SimNode::Sender(Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule)))
-            }
-            Role::Proxy => SimNode::Proxy(Box::new(Proxy::new(
-                n.id,
-                n.parent.unwrap_or(sender_id),
-                &n.children,
-                &n.hedge_targets,
-                cfg.node,
-            ))),
-            Role::Receiver => SimNode::Receiver(
-                Box::new(Receiver::new(n.id, n.parent.unwrap_or(sender_id), cfg.node)),
-                Clock::draw(&cfg.clock, &mut rng),
-            ),
-        };
-    }
+    let (mut nodes, sender_id) = build_nodes(topo, cfg, &mut rng);
+    let n_ids = nodes.len();
     let mut net = Net {
         now: 0,
         queue: BinaryHeap::new(),
@@ -203,6 +190,8 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     };
     let mut timer_at = vec![u64::MAX; n_ids];
     let mut msgs = vec![MsgAgg::default(); cfg.messages as usize + 1];
+    // Per receiver (receiver ids are 0..N): delivery delays in ns, after warm-up.
+    let mut owd: Vec<Vec<u32>> = vec![Vec::new(); topo.receivers];
     let gap_ns = (1e9 / cfg.rate_per_s) as u64;
     let mut sent = 0u64;
     net.queue.push(Reverse((0, 0, Ev::Send)));
@@ -245,7 +234,7 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
                 net.free.push(packet);
                 net.in_flight -= 1;
                 let mut buf = bytes.to_vec();
-                deliver(&mut nodes, &mut net, to, &mut buf, &mut msgs);
+                deliver(&mut nodes, &mut net, to, &mut buf, &mut msgs, &mut owd, cfg.warmup_messages);
                 schedule(&nodes, &mut net, &mut timer_at, to);
             }
             Ev::Timer { node } => {
@@ -253,7 +242,7 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
                     continue; // moved since
                 }
                 timer_at[node as usize] = u64::MAX;
-                fire(&mut nodes, &mut net, node, &mut msgs);
+                fire(&mut nodes, &mut net, node, &mut msgs, &mut owd, cfg.warmup_messages);
                 schedule(&nodes, &mut net, &mut timer_at, node);
             }
         }
@@ -265,10 +254,62 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
             }
         }
     }
-    summarize(topo, cfg, &nodes, &msgs, events)
+    let mut r = summarize(topo, cfg, &nodes, &msgs, events);
+    for v in &mut owd {
+        v.sort_unstable();
+        let q = |p: f64| {
+            if v.is_empty() {
+                0.0
+            } else {
+                f64::from(v[((p * v.len() as f64) as usize).min(v.len() - 1)]) / 1e3
+            }
+        };
+        r.receiver_owd_p50_us.push(q(0.5));
+        r.receiver_owd_p99_us.push(q(0.99));
+    }
+    r
 }
 
-fn deliver(nodes: &mut [SimNode], net: &mut Net, to: u32, buf: &mut [u8], msgs: &mut [MsgAgg]) {
+/// Per-receiver delivery delays being collected, and the warm-up to skip.
+type OwdLog<'a> = &'a mut [Vec<u32>];
+
+/// The state machines of tree 0, indexed by node id; returns them and the sender's id.
+fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<SimNode>, u32) {
+    let tree = &topo.trees[0];
+    let n_ids = tree.nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
+    let mut nodes: Vec<SimNode> = (0..n_ids).map(|_| SimNode::Absent).collect();
+    let mut sender_id = 0;
+    for n in &tree.nodes {
+        nodes[n.id as usize] = match n.role {
+            Role::Sender => {
+                sender_id = n.id;
+                SimNode::Sender(Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule)))
+            }
+            Role::Proxy => SimNode::Proxy(Box::new(Proxy::new(
+                n.id,
+                n.parent.unwrap_or(sender_id),
+                &n.children,
+                &n.hedge_targets,
+                cfg.node,
+            ))),
+            Role::Receiver => SimNode::Receiver(
+                Box::new(Receiver::new(n.id, n.parent.unwrap_or(sender_id), cfg.node)),
+                Clock::draw(&cfg.clock, rng),
+            ),
+        };
+    }
+    (nodes, sender_id)
+}
+
+fn deliver(
+    nodes: &mut [SimNode],
+    net: &mut Net,
+    to: u32,
+    buf: &mut [u8],
+    msgs: &mut [MsgAgg],
+    owd: OwdLog,
+    warmup: u64,
+) {
     let t = net.now;
     match &mut nodes[to as usize] {
         SimNode::Sender(s) => s.handle_report(t, buf),
@@ -278,13 +319,13 @@ fn deliver(nodes: &mut [SimNode], net: &mut Net, to: u32, buf: &mut [u8], msgs: 
         }
         SimNode::Receiver(r, clock) => {
             r.handle_packet(clock.local(t), buf);
-            drain(r, t, msgs);
+            drain(r, t, msgs, owd, warmup);
         }
         SimNode::Absent => {}
     }
 }
 
-fn fire(nodes: &mut [SimNode], net: &mut Net, id: u32, msgs: &mut [MsgAgg]) {
+fn fire(nodes: &mut [SimNode], net: &mut Net, id: u32, msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
     let t = net.now;
     match &mut nodes[id as usize] {
         SimNode::Proxy(p) => {
@@ -295,19 +336,24 @@ fn fire(nodes: &mut [SimNode], net: &mut Net, id: u32, msgs: &mut [MsgAgg]) {
             let local = clock.local(t);
             let mut tx = Tx { net, from: id, last: None };
             r.handle_timeout(local, &mut tx);
-            drain(r, t, msgs);
+            drain(r, t, msgs, owd, warmup);
         }
         _ => {}
     }
 }
 
 /// Records what a receiver released at true time `t`.
-fn drain(r: &mut Receiver, t: u64, msgs: &mut [MsgAgg]) {
+fn drain(r: &mut Receiver, t: u64, msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
     while let Some(m) = r.poll_release() {
         if let Some(a) = msgs.get_mut(m.sequence as usize) {
             a.first_ns = a.first_ns.min(t);
             a.last_ns = a.last_ns.max(t);
             a.delivered += 1;
+            if m.sequence > warmup {
+                if let Some(v) = owd.get_mut(r.id as usize) {
+                    v.push(t.saturating_sub(a.send_ns).min(u64::from(u32::MAX)) as u32);
+                }
+            }
         }
     }
 }
@@ -331,6 +377,7 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
     let n = topo.receivers as u32;
     let counted: Vec<&MsgAgg> = msgs.iter().skip(1 + cfg.warmup_messages as usize).collect();
     let complete: Vec<&&MsgAgg> = counted.iter().filter(|m| m.delivered >= n).collect();
+    let oml_series_us: Vec<f64> = complete.iter().map(|m| (m.last_ns - m.send_ns) as f64 / 1e3).collect();
     let mut oml: Vec<u64> = complete.iter().map(|m| m.last_ns - m.send_ns).collect();
     let mut dws: Vec<u64> = complete.iter().map(|m| m.last_ns - m.first_ns).collect();
     oml.sort_unstable();
@@ -379,5 +426,8 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
         deadline_offset_us: offset,
         oml_us: oml.iter().map(|&x| x as f64 / 1e3).collect(),
         dws_us: dws.iter().map(|&x| x as f64 / 1e3).collect(),
+        oml_series_us,
+        receiver_owd_p50_us: Vec::new(),
+        receiver_owd_p99_us: Vec::new(),
     }
 }

@@ -336,3 +336,69 @@ mod tests {
         }
     }
 }
+
+/// One row of the hedging experiment (Jasper figures 8 and 9).
+#[derive(Debug, Clone, Serialize)]
+pub struct HedgingRow {
+    pub receivers: usize,
+    pub hedge: usize,
+    pub oml_p50_us: f64,
+    pub oml_p99_us: f64,
+    pub dws_p50_us: f64,
+    pub dws_p99_us: f64,
+    /// Median over receivers of each receiver's p50 / p99 one-way delay.
+    pub receiver_owd_p50_median_us: f64,
+    pub receiver_owd_p99_median_us: f64,
+    pub messages: u64,
+    pub events: u64,
+    pub wall_s: f64,
+    pub events_per_s: f64,
+    #[serde(skip)]
+    pub run: Option<RunResult>,
+}
+
+/// Trees with hedging factors `hedges` (no holding), on one seed and model.
+pub fn hedging(
+    c: &FairnessConfig,
+    hedges: &[usize],
+    mut progress: impl FnMut(usize),
+) -> Result<Vec<HedgingRow>, String> {
+    let node = NodeConfig { hold_and_release: false, ..NodeConfig::default() };
+    let mut rows = Vec::new();
+    for &h in hedges {
+        progress(h);
+        let topo = plan(&PlanRequest {
+            receivers: c.receivers,
+            fanout: None,
+            depth: None,
+            hedge: h,
+            cost_model: None,
+            trees: 1,
+        })
+        .map_err(|e| e.to_string())?;
+        let t0 = std::time::Instant::now();
+        let r = run(&topo, &sim_base(c, node, DeadlineRule::Paper { margin_ns: 0 }));
+        let wall_s = t0.elapsed().as_secs_f64();
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(0.0)
+        };
+        rows.push(HedgingRow {
+            receivers: c.receivers,
+            hedge: h,
+            oml_p50_us: r.oml_p50_us,
+            oml_p99_us: r.oml_p99_us,
+            dws_p50_us: r.dws_p50_us,
+            dws_p99_us: r.dws_p99_us,
+            receiver_owd_p50_median_us: median(&r.receiver_owd_p50_us),
+            receiver_owd_p99_median_us: median(&r.receiver_owd_p99_us),
+            messages: r.messages,
+            events: r.events,
+            wall_s,
+            events_per_s: r.events as f64 / wall_s.max(1e-9),
+            run: Some(r),
+        });
+    }
+    Ok(rows)
+}

@@ -69,3 +69,50 @@ pub fn cdf_svg(
     root.present().map_err(|e| e.to_string())?;
     Ok(())
 }
+
+/// Draws line series (x, y) into an SVG file; y clipped at the `clip`
+/// quantile of all points so a few spikes do not flatten the rest.
+pub fn lines_svg(
+    path: &std::path::Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    clip: f64,
+) -> Result<(), String> {
+    let mut ys: Vec<f64> = series.iter().flat_map(|(_, v)| v.iter().map(|p| p.1)).filter(|y| y.is_finite()).collect();
+    if ys.is_empty() {
+        return Err("nothing to plot".into());
+    }
+    ys.sort_by(f64::total_cmp);
+    let y_hi = ys[((clip * ys.len() as f64) as usize).min(ys.len() - 1)] * 1.05;
+    let x_hi = series.iter().flat_map(|(_, v)| v.iter().map(|p| p.0)).fold(1.0f64, f64::max);
+    let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..x_hi, 0.0..y_hi.max(1e-9))
+        .map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw().map_err(|e| e.to_string())?;
+    for (k, (name, pts)) in series.iter().enumerate() {
+        let step = (pts.len() / 3000).max(1);
+        let c = COLOURS[k % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(pts.iter().step_by(step).map(|&(x, y)| (x, y.min(y_hi))), c.stroke_width(1)))
+            .map_err(|e| e.to_string())?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())?;
+    Ok(())
+}

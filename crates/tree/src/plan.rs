@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 
 /// Receivers a plan may have (the simulator's scale target is 10,000).
 pub const RECEIVERS_MAX: usize = 100_000;
-/// Largest fan-out accepted.
-pub const FANOUT_MAX: usize = 1_024;
+/// Largest fan-out accepted: as many as receivers, since direct unicast (the
+/// baseline) is a depth-1 tree whose sender fans out to every receiver.
+pub const FANOUT_MAX: usize = RECEIVERS_MAX;
 /// Deepest tree accepted (layers including the receivers).
 pub const DEPTH_MAX: usize = 8;
 /// Trees sharing the same receivers at most.
@@ -152,7 +153,7 @@ pub fn shape(req: &PlanRequest) -> Result<(usize, usize), PlanError> {
         }
         (None, None, Some(m)) => (1..=DEPTH_MAX)
             .map(|d| (d, fanout_for(n, d)))
-            .filter(|&(_, f)| f <= FANOUT_MAX)
+            .filter(|&(_, f)| f <= FANOUT_MAX.min(1_024))
             .min_by(|a, b| m.estimate_ns(a.0, a.1).total_cmp(&m.estimate_ns(b.0, b.1)))
             .unwrap_or((1, n)),
         // Jasper's heuristic: F = 10, D = ⌈log10 N⌉ (at least 1).
