@@ -270,7 +270,7 @@ fn fairness_cmd(
         .map_err(anyhow::Error::msg)?;
         pb.finish_and_clear();
         let wall = t0.elapsed().as_secs_f64();
-        let events: u64 = rows.iter().map(|r| r.events).sum();
+        let events: u64 = rows.iter().map(|r| r.run.events).sum();
         std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
         let md = format!(
             "# Fairness, N = {receivers}, seed {seed}\n\n{} messages per scheme at {rate} msg/s; link model: {}; \
@@ -285,7 +285,7 @@ fn fairness_cmd(
         print!("{md}");
         let stable: Vec<&fairfeed_sim::experiment::FairnessRow> =
             rows.iter().filter(|r| r.busiest_node_load <= 1.0).collect();
-        let oml: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.oml_us.clone())).collect();
+        let oml: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.run.oml_us.clone())).collect();
         plot(
             &out.join("oml_cdf.svg"),
             &format!("Overall multicast latency, N = {receivers} (overloaded schemes left out)"),
@@ -293,7 +293,7 @@ fn fairness_cmd(
             &oml,
             0.995,
         );
-        let dws: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.dws_us.clone())).collect();
+        let dws: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.run.dws_us.clone())).collect();
         plot(
             &out.join("dws_cdf.svg"),
             &format!("Delivery window, N = {receivers}"),

@@ -8,33 +8,19 @@ use serde::Serialize;
 use crate::engine::{run, RunResult, SimConfig};
 use crate::model::ModelFile;
 
-/// One row of the fairness experiment (Jasper's table 3 and figure 11).
+/// One row of the fairness experiment (Jasper's table 3 and figure 11): the
+/// scheme and its tree, and the run's measures flattened beside them.
 #[derive(Debug, Clone, Serialize)]
 pub struct FairnessRow {
     pub scheme: String,
-    pub receivers: usize,
     pub hedge: usize,
     pub fanout: usize,
     pub depth: usize,
-    pub oml_p50_us: f64,
-    pub oml_p99_us: f64,
-    pub dws_p50_us: f64,
-    pub dws_p99_us: f64,
-    pub pf_0us: f64,
-    pub pf_1us: f64,
-    pub hold_mean_us: f64,
-    pub late_fraction: f64,
-    pub incomplete_messages: u64,
-    pub messages: u64,
-    pub deadline_offset_us: f64,
     /// Busiest node's egress load: copies per message × per-copy cost × rate.
     /// Above 1 its queue grows without bound and latencies grow with run length.
     pub busiest_node_load: f64,
-    pub events: u64,
-    #[serde(skip)]
-    pub oml_us: Vec<f64>,
-    #[serde(skip)]
-    pub dws_us: Vec<f64>,
+    #[serde(flatten)]
+    pub run: RunResult,
 }
 
 /// Settings shared by the fairness runs.
@@ -70,29 +56,8 @@ fn load(topo: &fairfeed_tree::plan::Topology, c: &FairnessConfig) -> f64 {
     copies as f64 * c.model.link.copy_us * 1e-6 * c.rate_per_s
 }
 
-fn row(scheme: &str, hedge: usize, fanout: usize, depth: usize, load: f64, r: RunResult) -> FairnessRow {
-    FairnessRow {
-        scheme: scheme.into(),
-        receivers: r.receivers,
-        hedge,
-        fanout,
-        depth,
-        oml_p50_us: r.oml_p50_us,
-        oml_p99_us: r.oml_p99_us,
-        dws_p50_us: r.dws_p50_us,
-        dws_p99_us: r.dws_p99_us,
-        pf_0us: r.pf_0us,
-        pf_1us: r.pf_1us,
-        hold_mean_us: r.hold_mean_us,
-        late_fraction: r.late_fraction,
-        incomplete_messages: r.incomplete_messages,
-        messages: r.messages,
-        deadline_offset_us: r.deadline_offset_us,
-        busiest_node_load: load,
-        events: r.events,
-        oml_us: r.oml_us,
-        dws_us: r.dws_us,
-    }
+fn row(scheme: &str, hedge: usize, fanout: usize, depth: usize, load: f64, run: RunResult) -> FairnessRow {
+    FairnessRow { scheme: scheme.into(), hedge, fanout, depth, busiest_node_load: load, run }
 }
 
 /// The six schemes of the fairness comparison, on the same seed and model:
@@ -264,18 +229,18 @@ pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
         s.push_str(&format!(
             "| {} | {} | {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1} | {:.4} | {:.2}{} |\n",
             r.scheme,
-            r.receivers,
+            r.run.receivers,
             r.hedge,
             r.fanout,
             r.depth,
-            r.oml_p50_us,
-            r.oml_p99_us,
-            r.dws_p50_us,
-            r.dws_p99_us,
-            r.pf_0us,
-            r.pf_1us,
-            r.hold_mean_us,
-            r.late_fraction,
+            r.run.oml_p50_us,
+            r.run.oml_p99_us,
+            r.run.dws_p50_us,
+            r.run.dws_p99_us,
+            r.run.pf_0us,
+            r.run.pf_1us,
+            r.run.hold_mean_us,
+            r.run.late_fraction,
             r.busiest_node_load,
             if r.busiest_node_load > 1.0 { " (overloaded)" } else { "" }
         ));
@@ -324,15 +289,15 @@ mod tests {
         let rows = fairness(&small(), |_| {}).unwrap();
         let get = |s: &str| rows.iter().find(|r| r.scheme == s).unwrap();
         // Without holding nothing is simultaneous; with it most messages are.
-        assert_eq!(get("tree+hedging").pf_1us, 0.0);
-        assert!(get("jasper").pf_1us > 0.5, "jasper P(F) {}", get("jasper").pf_1us);
+        assert_eq!(get("tree+hedging").run.pf_1us, 0.0);
+        assert!(get("jasper").run.pf_1us > 0.5, "jasper P(F) {}", get("jasper").run.pf_1us);
         // The controller trades a little latency for fewer late deliveries.
-        assert!(get("jasper+controller").late_fraction <= get("jasper").late_fraction);
-        assert!(get("jasper+controller").pf_1us >= get("jasper").pf_1us);
+        assert!(get("jasper+controller").run.late_fraction <= get("jasper").run.late_fraction);
+        assert!(get("jasper+controller").pf_1us >= get("jasper").run.pf_1us);
         // Hedging cuts the tail.
-        assert!(get("tree+hedging").oml_p99_us < get("tree").oml_p99_us);
+        assert!(get("tree+hedging").run.oml_p99_us < get("tree").run.oml_p99_us);
         for r in &rows {
-            assert_eq!(r.incomplete_messages, 0, "{}: lossless links lost messages", r.scheme);
+            assert_eq!(r.run.incomplete_messages, 0, "{}: lossless links lost messages", r.scheme);
         }
     }
 }
