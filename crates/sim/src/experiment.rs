@@ -293,7 +293,7 @@ mod tests {
         assert!(get("jasper").run.pf_1us > 0.5, "jasper P(F) {}", get("jasper").run.pf_1us);
         // The controller trades a little latency for fewer late deliveries.
         assert!(get("jasper+controller").run.late_fraction <= get("jasper").run.late_fraction);
-        assert!(get("jasper+controller").pf_1us >= get("jasper").run.pf_1us);
+        assert!(get("jasper+controller").run.pf_1us >= get("jasper").run.pf_1us);
         // Hedging cuts the tail.
         assert!(get("tree+hedging").run.oml_p99_us < get("tree").run.oml_p99_us);
         for r in &rows {
