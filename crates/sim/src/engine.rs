@@ -40,6 +40,10 @@ pub struct SimConfig {
     pub rule: DeadlineRule,
     /// A node that stops (crashes) at a time: (node id, true time ns).
     pub crash: Option<(u32, u64)>,
+    /// A node that stalls — processes nothing, as in a long GC pause or a
+    /// descheduled VM — from a time for a while: (node id, start ns, length ns).
+    /// What reaches it meanwhile waits and is handled when it resumes.
+    pub stall: Option<(u32, u64, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -61,6 +65,8 @@ pub struct RunResult {
     pub lost_deliveries: u64,
     /// Receivers that missed at least one message (after warm-up).
     pub receivers_with_loss: usize,
+    /// Deliveries beyond one per (message, receiver): must be 0.
+    pub repeated_deliveries: u64,
     pub oml_p50_us: f64,
     pub oml_p99_us: f64,
     pub dws_p50_us: f64,
@@ -120,6 +126,24 @@ struct Net {
     in_flight: u64,
 }
 
+impl Net {
+    fn push_delivery(&mut self, at: u64, to: u32, rc: Rc<[u8]>) {
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.arena[i] = Some(rc);
+                i
+            }
+            None => {
+                self.arena.push(Some(rc));
+                self.arena.len() - 1
+            }
+        };
+        self.order += 1;
+        self.in_flight += 1;
+        self.queue.push(Reverse((at, self.order, Ev::Deliver { to, packet: slot })));
+    }
+}
+
 struct Tx<'a> {
     net: &'a mut Net,
     from: u32,
@@ -146,19 +170,11 @@ impl Transmit for Tx<'_> {
             return;
         }
         let at = depart + n.link.sample_ns(&mut n.rng);
-        let slot = match n.free.pop() {
-            Some(i) => {
-                n.arena[i] = Some(rc);
-                i
-            }
-            None => {
-                n.arena.push(Some(rc));
-                n.arena.len() - 1
-            }
-        };
-        n.order += 1;
-        n.in_flight += 1;
-        n.queue.push(Reverse((at, n.order, Ev::Deliver { to, packet: slot })));
+        n.push_delivery(at, to, rc.clone());
+        if n.link.dup > 0.0 && n.rng.gen_bool(n.link.dup) {
+            let again = at + n.rng.gen_range(1_000..50_000);
+            n.push_delivery(again, to, rc);
+        }
     }
 }
 
@@ -230,6 +246,12 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
                 }
             }
             Ev::Deliver { to, packet } => {
+                if let Some(resume) = stalled_until(cfg, to, t) {
+                    // The node is paused: the packet waits in its socket buffer.
+                    net.order += 1;
+                    net.queue.push(Reverse((resume, net.order, Ev::Deliver { to, packet })));
+                    continue;
+                }
                 let bytes = net.arena[packet].take().expect("live packet");
                 net.free.push(packet);
                 net.in_flight -= 1;
@@ -240,6 +262,12 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
             Ev::Timer { node } => {
                 if timer_at[node as usize] != t {
                     continue; // moved since
+                }
+                if let Some(resume) = stalled_until(cfg, node, t) {
+                    timer_at[node as usize] = resume;
+                    net.order += 1;
+                    net.queue.push(Reverse((resume, net.order, Ev::Timer { node })));
+                    continue;
                 }
                 timer_at[node as usize] = u64::MAX;
                 fire(&mut nodes, &mut net, node, &mut msgs, &mut owd, cfg.warmup_messages);
@@ -272,6 +300,14 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
 
 /// Per-receiver delivery delays being collected, and the warm-up to skip.
 type OwdLog<'a> = &'a mut [Vec<u32>];
+
+/// When a stalled node resumes, if `id` is stalled at `t`.
+fn stalled_until(cfg: &SimConfig, id: u32, t: u64) -> Option<u64> {
+    match cfg.stall {
+        Some((node, start, len)) if node == id && t >= start && t < start + len => Some(start + len),
+        _ => None,
+    }
+}
 
 /// The state machines of tree 0, indexed by node id; returns them and the sender's id.
 fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<SimNode>, u32) {
@@ -414,6 +450,7 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
         incomplete_messages: (counted.len() - complete.len()) as u64,
         lost_deliveries: counted.iter().map(|m| u64::from(n.saturating_sub(m.delivered))).sum(),
         receivers_with_loss,
+        repeated_deliveries: counted.iter().map(|m| u64::from(m.delivered.saturating_sub(n))).sum(),
         oml_p50_us: percentile(&oml, 0.5),
         oml_p99_us: percentile(&oml, 0.99),
         dws_p50_us: percentile(&dws, 0.5),

@@ -84,6 +84,7 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
         node: NodeConfig { report_interval_ns: 10_000_000, initial_owd_ns: 1_000_000, ..NodeConfig::default() },
         rule: DeadlineRule::Paper { margin_ns: 0 },
         crash: None,
+        stall: None,
     };
     let no_hold = NodeConfig { hold_and_release: false, ..base.node };
     let controller = DeadlineRule::Controller { target_on_time: c.target_on_time };
@@ -122,6 +123,7 @@ fn sim_base(c: &FairnessConfig, node: NodeConfig, rule: DeadlineRule) -> SimConf
         node,
         rule,
         crash: None,
+        stall: None,
     }
 }
 
@@ -272,6 +274,26 @@ mod tests {
     }
 
     #[test]
+    fn duplicates_and_a_stalled_proxy_lose_nothing_and_repeat_nothing() {
+        let c = small();
+        let topo =
+            plan(&PlanRequest { receivers: 30, fanout: None, depth: None, hedge: 1, cost_model: None, trees: 1 })
+                .unwrap();
+        let victim =
+            topo.trees[0].nodes.iter().find(|n| n.layer == 0 && n.role == fairfeed_tree::plan::Role::Proxy).unwrap().id;
+        let link = crate::model::LinkModel { dup: 0.05, loss: 0.0, ..c.model.link };
+        let cfg = SimConfig {
+            link,
+            stall: Some((victim, 300_000_000, 200_000_000)),
+            ..sim_base(&c, NodeConfig::default(), DeadlineRule::Paper { margin_ns: 0 })
+        };
+        let r = run(&topo, &cfg);
+        assert_eq!(r.lost_deliveries, 0, "hedging covers the stalled proxy; duplicates are dropped");
+        assert_eq!(r.incomplete_messages, 0);
+        assert_eq!(r.repeated_deliveries, 0);
+    }
+
+    #[test]
     fn same_seed_same_result() {
         let a = serde_json_like(&fairness(&small(), |_| {}).unwrap());
         let b = serde_json_like(&fairness(&small(), |_| {}).unwrap());
@@ -298,6 +320,7 @@ mod tests {
         assert!(get("tree+hedging").run.oml_p99_us < get("tree").run.oml_p99_us);
         for r in &rows {
             assert_eq!(r.run.incomplete_messages, 0, "{}: lossless links lost messages", r.scheme);
+            assert_eq!(r.run.repeated_deliveries, 0, "{}: a receiver delivered a message twice", r.scheme);
         }
     }
 }

@@ -12,6 +12,7 @@
 //! spike_us = 300.0       # extra delay of a spike (uniform in [spike_us/2, spike_us*3/2])
 //! copy_us = 2.7          # serialization cost of each copy a node sends, back to back
 //! loss = 0.0             # chance a packet is lost on a hop
+//! dup = 0.0              # chance a packet is delivered twice
 //!
 //! [clock]
 //! offset_us = 0.02       # receivers' clock offsets, uniform in ±offset_us
@@ -51,6 +52,8 @@ pub struct LinkModel {
     pub spike_us: f64,
     pub copy_us: f64,
     pub loss: f64,
+    /// Chance a packet is delivered twice (the copy 1–50 µs later).
+    pub dup: f64,
 }
 
 impl Default for LinkModel {
@@ -71,6 +74,7 @@ impl LinkModel {
         spike_us: 300.0,
         copy_us: 2.7,
         loss: 0.0,
+        dup: 0.0,
     };
 
     /// Jasper §5.2's analysis: uniform hop delays, no spikes, no copy cost.
@@ -84,6 +88,7 @@ impl LinkModel {
         spike_us: 0.0,
         copy_us: 0.0,
         loss: 0.0,
+        dup: 0.0,
     };
 
     /// Checks the parameters make sense.
@@ -95,7 +100,8 @@ impl LinkModel {
             && (0.0..=1.0).contains(&self.spike_probability)
             && self.spike_us >= 0.0
             && self.copy_us >= 0.0
-            && (0.0..1.0).contains(&self.loss);
+            && (0.0..1.0).contains(&self.loss)
+            && (0.0..1.0).contains(&self.dup);
         if ok {
             Ok(())
         } else {

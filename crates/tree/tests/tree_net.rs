@@ -44,6 +44,10 @@ struct Outcome {
 }
 
 fn run(receivers: usize, hedge: usize, crash_layer0: bool, rule: DeadlineRule, seed: u64) -> Outcome {
+    run_n(receivers, hedge, crash_layer0, rule, seed, 2_000)
+}
+
+fn run_n(receivers: usize, hedge: usize, crash_layer0: bool, rule: DeadlineRule, seed: u64, messages: u64) -> Outcome {
     let topo =
         plan(&PlanRequest { receivers, fanout: Some(5), depth: None, hedge, cost_model: None, trees: 1 }).unwrap();
     let cfg = NodeConfig { report_interval_ns: 2_000_000, initial_owd_ns: 300_000, ..NodeConfig::default() };
@@ -68,7 +72,6 @@ fn run(receivers: usize, hedge: usize, crash_layer0: bool, rule: DeadlineRule, s
         let victim = tree.nodes.iter().find(|n| n.layer == 0 && n.role == Role::Proxy).unwrap().id;
         net.dead.insert(victim);
     }
-    let messages = 2_000u64;
     let mut released: HashMap<u32, Vec<Released>> = HashMap::new();
     let mut next_send = 0u64;
     let mut sent = 0u64;
@@ -213,5 +216,22 @@ fn print_rule_comparison() {
             simultaneous_share(&o),
             lat[lat.len() / 2] / 1000
         );
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// Any seed, size, hedging factor and rule: at most once per receiver,
+    /// never before the deadline, and with no crash every message everywhere.
+    #[test]
+    fn at_most_once_never_early(seed in proptest::prelude::any::<u64>(), n in 2usize..40, hedge in 0usize..3,
+                                controller in proptest::prelude::any::<bool>()) {
+        let rule = if controller { DeadlineRule::Controller { target_on_time: 0.999 } } else { DeadlineRule::Paper { margin_ns: 0 } };
+        let o = run_n(n, hedge, false, rule, seed, 300);
+        check_once_and_on_time(&o);
+        for r in &o.receivers {
+            proptest::prop_assert_eq!(o.released.get(r).map_or(0, |v| v.len()) as u64, o.messages);
+        }
     }
 }
