@@ -275,27 +275,33 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
             }
         }
         // Stop once everything sent has settled: no sends or deliveries left, only report timers.
-        if sent >= cfg.messages && net.in_flight == 0 {
-            let pending_holds = nodes.iter().any(|n| matches!(n, SimNode::Receiver(r, _) if r.held() > 0));
-            if !pending_holds {
-                break;
-            }
+        if sent >= cfg.messages && net.in_flight == 0 && !holding(&nodes) {
+            break;
         }
     }
     let mut r = summarize(topo, cfg, &nodes, &msgs, events);
-    for v in &mut owd {
-        v.sort_unstable();
-        let q = |p: f64| {
-            if v.is_empty() {
-                0.0
-            } else {
-                f64::from(v[((p * v.len() as f64) as usize).min(v.len() - 1)]) / 1e3
-            }
-        };
-        r.receiver_owd_p50_us.push(q(0.5));
-        r.receiver_owd_p99_us.push(q(0.99));
-    }
+    (r.receiver_owd_p50_us, r.receiver_owd_p99_us) = receiver_quantiles(&mut owd);
     r
+}
+
+/// Each receiver's p50 and p99 delivery delay, µs.
+fn receiver_quantiles(owd: &mut [Vec<u32>]) -> (Vec<f64>, Vec<f64>) {
+    let (mut p50, mut p99) = (Vec::with_capacity(owd.len()), Vec::with_capacity(owd.len()));
+    for v in owd.iter_mut() {
+        v.sort_unstable();
+        let q = |p: f64| match v.len() {
+            0 => 0.0,
+            n => f64::from(v[((p * n as f64) as usize).min(n - 1)]) / 1e3,
+        };
+        p50.push(q(0.5));
+        p99.push(q(0.99));
+    }
+    (p50, p99)
+}
+
+/// True while some receiver still holds a message.
+fn holding(nodes: &[SimNode]) -> bool {
+    nodes.iter().any(|n| matches!(n, SimNode::Receiver(r, _) if r.held() > 0))
 }
 
 /// Per-receiver delivery delays being collected, and the warm-up to skip.
