@@ -69,11 +69,8 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
     let direct =
         plan(&PlanRequest { receivers: n, fanout: Some(n), depth: Some(1), hedge: 0, cost_model: None, trees: 1 })
             .map_err(|e| e.to_string())?;
-    let tree0 = plan(&PlanRequest { receivers: n, fanout: None, depth: None, hedge: 0, cost_model: None, trees: 1 })
-        .map_err(|e| e.to_string())?;
-    let treeh =
-        plan(&PlanRequest { receivers: n, fanout: None, depth: None, hedge: c.hedge, cost_model: None, trees: 1 })
-            .map_err(|e| e.to_string())?;
+    let tree0 = heuristic_tree(n, 0)?;
+    let treeh = heuristic_tree(n, c.hedge)?;
     let base = SimConfig {
         seed: c.seed,
         messages: c.messages,
@@ -107,6 +104,12 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
         rows.push(row(name, hedge, topo.fanout, topo.depth, l, run(topo, &cfg)));
     }
     Ok(rows)
+}
+
+/// The paper's heuristic tree (F = 10, D = ⌈log10 N⌉) with hedging factor `hedge`.
+fn heuristic_tree(receivers: usize, hedge: usize) -> Result<fairfeed_tree::plan::Topology, String> {
+    plan(&PlanRequest { receivers, fanout: None, depth: None, hedge, cost_model: None, trees: 1 })
+        .map_err(|e| e.to_string())
 }
 
 /// Messages simulated for a scheme whose busiest node is overloaded.
@@ -187,15 +190,7 @@ pub struct CrashRow {
 pub fn crash(c: &FairnessConfig, hedges: &[usize]) -> Result<Vec<CrashRow>, String> {
     let mut rows = Vec::new();
     for &h in hedges {
-        let topo = plan(&PlanRequest {
-            receivers: c.receivers,
-            fanout: None,
-            depth: None,
-            hedge: h,
-            cost_model: None,
-            trees: 1,
-        })
-        .map_err(|e| e.to_string())?;
+        let topo = heuristic_tree(c.receivers, h)?;
         let Some(victim) =
             topo.trees[0].nodes.iter().find(|n| n.layer == 0 && n.role == fairfeed_tree::plan::Role::Proxy)
         else {
@@ -276,9 +271,7 @@ mod tests {
     #[test]
     fn duplicates_and_a_stalled_proxy_lose_nothing_and_repeat_nothing() {
         let c = small();
-        let topo =
-            plan(&PlanRequest { receivers: 30, fanout: None, depth: None, hedge: 1, cost_model: None, trees: 1 })
-                .unwrap();
+        let topo = heuristic_tree(30, 1).unwrap();
         let victim =
             topo.trees[0].nodes.iter().find(|n| n.layer == 0 && n.role == fairfeed_tree::plan::Role::Proxy).unwrap().id;
         let link = crate::model::LinkModel { dup: 0.05, loss: 0.0, ..c.model.link };
@@ -355,15 +348,7 @@ pub fn hedging(
     let mut rows = Vec::new();
     for &h in hedges {
         progress(h);
-        let topo = plan(&PlanRequest {
-            receivers: c.receivers,
-            fanout: None,
-            depth: None,
-            hedge: h,
-            cost_model: None,
-            trees: 1,
-        })
-        .map_err(|e| e.to_string())?;
+        let topo = heuristic_tree(c.receivers, h)?;
         let t0 = std::time::Instant::now();
         let r = run(&topo, &sim_base(c, node, DeadlineRule::Paper { margin_ns: 0 }));
         let wall_s = t0.elapsed().as_secs_f64();
