@@ -44,6 +44,9 @@ pub struct SimConfig {
     /// descheduled VM — from a time for a while: (node id, start ns, length ns).
     /// What reaches it meanwhile waits and is handled when it resumes.
     pub stall: Option<(u32, u64, u64)>,
+    /// Latency spikes on one node: every copy it sends in a time window takes
+    /// this much longer: (node id, start ns, length ns, extra ns).
+    pub slow: Option<(u32, u64, u64, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -120,6 +123,7 @@ struct Net {
     rng: ChaCha12Rng,
     link: LinkModel,
     busy_until: Vec<u64>,
+    slow: Option<(u32, u64, u64, u64)>,
     arena: Vec<Option<Rc<[u8]>>>,
     free: Vec<usize>,
     /// Deliveries on the queue.
@@ -169,7 +173,12 @@ impl Transmit for Tx<'_> {
         if n.link.loss > 0.0 && n.rng.gen_bool(n.link.loss) {
             return;
         }
-        let at = depart + n.link.sample_ns(&mut n.rng);
+        let mut at = depart + n.link.sample_ns(&mut n.rng);
+        if let Some((node, start, len, extra)) = n.slow {
+            if node == self.from && n.now >= start && n.now < start + len {
+                at += extra;
+            }
+        }
         n.push_delivery(at, to, rc.clone());
         if n.link.dup > 0.0 && n.rng.gen_bool(n.link.dup) {
             let again = at + n.rng.gen_range(1_000..50_000);
@@ -200,6 +209,7 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
         rng,
         link: cfg.link,
         busy_until: vec![0; n_ids],
+        slow: cfg.slow,
         arena: Vec::new(),
         free: Vec::new(),
         in_flight: 0,

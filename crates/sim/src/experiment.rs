@@ -82,6 +82,7 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
         rule: DeadlineRule::Paper { margin_ns: 0 },
         crash: None,
         stall: None,
+        slow: None,
     };
     let no_hold = NodeConfig { hold_and_release: false, ..base.node };
     let controller = DeadlineRule::Controller { target_on_time: c.target_on_time };
@@ -127,6 +128,7 @@ fn sim_base(c: &FairnessConfig, node: NodeConfig, rule: DeadlineRule) -> SimConf
         rule,
         crash: None,
         stall: None,
+        slow: None,
     }
 }
 
@@ -284,6 +286,28 @@ mod tests {
         assert_eq!(r.lost_deliveries, 0, "hedging covers the stalled proxy; duplicates are dropped");
         assert_eq!(r.incomplete_messages, 0);
         assert_eq!(r.repeated_deliveries, 0);
+    }
+
+    #[test]
+    fn a_slow_proxy_hurts_less_with_hedging() {
+        let c = small();
+        let oml99 = |h: usize| {
+            let topo = heuristic_tree(30, h).unwrap();
+            let victim = topo.trees[0]
+                .nodes
+                .iter()
+                .find(|n| n.layer == 0 && n.role == fairfeed_tree::plan::Role::Proxy)
+                .unwrap()
+                .id;
+            let node = NodeConfig { hold_and_release: false, ..NodeConfig::default() };
+            let cfg = SimConfig {
+                slow: Some((victim, 0, 10_000_000_000, 500_000)),
+                ..sim_base(&c, node, DeadlineRule::Paper { margin_ns: 0 })
+            };
+            run(&topo, &cfg).oml_p99_us
+        };
+        assert!(oml99(0) > 500.0, "H=0: the slow proxy's subtree waits 500 µs more");
+        assert!(oml99(1) < 300.0, "H=1: a sibling's copy arrives first");
     }
 
     #[test]
