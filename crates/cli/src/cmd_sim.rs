@@ -184,9 +184,20 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             target_pf,
             target_on_time,
         }) => {
+            anyhow::ensure!((1..=20_000).contains(&receivers), "--receivers must be 1..=20,000");
             anyhow::ensure!((0.0..1.0).contains(&target_pf), "--target-pf must be in [0, 1)");
-            let target = target_on_time.unwrap_or(1.0 - (1.0 - target_pf) / receivers.max(1) as f64);
-            fairness_cmd(receivers, seed, out, hedge, messages, rate, latency_model, target)
+            let target_on_time = target_on_time.unwrap_or(1.0 - (1.0 - target_pf) / receivers.max(1) as f64);
+            anyhow::ensure!((0.0..1.0).contains(&target_on_time), "--target-on-time must be in [0, 1)");
+            let model = match &latency_model {
+                Some(p) => ModelFile::from_toml(
+                    &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+                )
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
+                None => ModelFile::default(),
+            };
+            let cfg = FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, model, target_on_time };
+            let label = latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string());
+            fairness_cmd(&cfg, &out, &label)
         }
     }
 }
@@ -238,71 +249,44 @@ fn hedging_mc(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn fairness_cmd(
-    receivers: usize,
-    seed: u64,
-    out: PathBuf,
-    hedge: usize,
-    messages: u64,
-    rate: f64,
-    latency_model: Option<PathBuf>,
-    target_on_time: f64,
-) -> anyhow::Result<()> {
-    {
-        anyhow::ensure!((1..=20_000).contains(&receivers), "--receivers must be 1..=20,000");
-        anyhow::ensure!((0.0..1.0).contains(&target_on_time), "--target-on-time must be in [0, 1)");
-        let model = match &latency_model {
-            Some(p) => {
-                ModelFile::from_toml(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
-            }
-            None => ModelFile::default(),
-        };
-        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        let cfg = FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, model, target_on_time };
-        let t0 = Instant::now();
-        let pb = crate::fmt::progress(6, "simulating schemes");
-        let rows = fairness(&cfg, |name| {
-            pb.set_message(format!("simulating {name}"));
-            pb.inc(1);
-        })
-        .map_err(anyhow::Error::msg)?;
-        pb.finish_and_clear();
-        let wall = t0.elapsed().as_secs_f64();
-        let events: u64 = rows.iter().map(|r| r.run.events).sum();
-        std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
-        let md = format!(
-            "# Fairness, N = {receivers}, seed {seed}\n\n{} messages per scheme at {rate} msg/s; link model: {}; \
-                 controller target: {target_on_time} of deliveries on time.\n\n{}\n\n\
-                 {events} events in {wall:.1} s ({:.2} M events/s).\n",
-            messages,
-            latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string()),
-            fairness_markdown(&rows),
-            events as f64 / wall / 1e6
-        );
-        std::fs::write(out.join("summary.md"), &md)?;
-        print!("{md}");
-        let stable: Vec<&fairfeed_sim::experiment::FairnessRow> =
-            rows.iter().filter(|r| r.busiest_node_load <= 1.0).collect();
-        let oml: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.run.oml_us.clone())).collect();
-        plot(
-            &out.join("oml_cdf.svg"),
-            &format!("Overall multicast latency, N = {receivers} (overloaded schemes left out)"),
-            "OML (µs)",
-            &oml,
-            0.995,
-        );
-        let dws: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.run.dws_us.clone())).collect();
-        plot(
-            &out.join("dws_cdf.svg"),
-            &format!("Delivery window, N = {receivers}"),
-            "delivery window (µs)",
-            &dws,
-            0.995,
-        );
-        Ok(())
-    }
+/// Runs the fairness experiment and writes its rows, table and plots.
+fn fairness_cmd(cfg: &FairnessConfig, out: &std::path::Path, model_label: &str) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let pb = crate::fmt::progress(6, "simulating schemes");
+    let rows = fairness(cfg, |name| {
+        pb.set_message(format!("simulating {name}"));
+        pb.inc(1);
+    })
+    .map_err(anyhow::Error::msg)?;
+    pb.finish_and_clear();
+    let wall = t0.elapsed().as_secs_f64();
+    let events: u64 = rows.iter().map(|r| r.run.events).sum();
+    let md = format!(
+        "# Fairness, N = {}, seed {}\n\n{} messages per scheme at {} msg/s; link model: {model_label}; \
+         controller target: {} of deliveries on time.\n\n{}\n\n{events} events in {wall:.1} s ({:.2} M events/s).\n",
+        cfg.receivers,
+        cfg.seed,
+        cfg.messages,
+        cfg.rate_per_s,
+        cfg.target_on_time,
+        fairness_markdown(&rows),
+        events as f64 / wall / 1e6
+    );
+    write_json(out, &rows, &md)?;
+    let stable: Vec<&fairfeed_sim::experiment::FairnessRow> =
+        rows.iter().filter(|r| r.busiest_node_load <= 1.0).collect();
+    let n = cfg.receivers;
+    let oml: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.run.oml_us.clone())).collect();
+    plot(
+        &out.join("oml_cdf.svg"),
+        &format!("Overall multicast latency, N = {n} (overloaded schemes left out)"),
+        "OML (µs)",
+        &oml,
+        0.995,
+    );
+    let dws: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.run.dws_us.clone())).collect();
+    plot(&out.join("dws_cdf.svg"), &format!("Delivery window, N = {n}"), "delivery window (µs)", &dws, 0.995);
+    Ok(())
 }
 
 fn hedging_cmd(receivers: usize, seed: u64, out: &std::path::Path, messages: u64, rate: f64) -> anyhow::Result<()> {
