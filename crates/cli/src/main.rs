@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod cmd_arb;
 mod cmd_bench;
 mod cmd_decode;
+mod cmd_demo;
 mod cmd_gen;
 mod cmd_plan;
 mod cmd_replay;
@@ -39,6 +40,8 @@ enum Command {
     RetransmitServer(cmd_arb::ServerArgs),
     /// Send a command to a running arbitrator's control socket and print the reply.
     Control(cmd_arb::ControlArgs),
+    /// Run a fair multicast tree on loopback beside direct unicast and report fairness and latency.
+    Demo(Box<cmd_demo::Args>),
     /// Plan a fair multicast tree (fan-out, depth, sibling hedging) as TOML/JSON and DOT.
     Plan(cmd_plan::Args),
     /// Experiments in the deterministic simulator (fair multicast tree).
@@ -61,6 +64,7 @@ fn main() {
         Command::Control(a) => cmd_arb::run_control(a),
         Command::Bench(b) => cmd_bench::run(b),
         Command::Plan(a) => cmd_plan::run(a),
+        Command::Demo(a) => cmd_demo::run(*a),
         Command::Sim(s) => cmd_sim::run(s),
     };
     if let Err(e) = result {

@@ -277,3 +277,20 @@ fn sim_fairness_writes_the_documented_rows() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(1));
 }
+
+#[test]
+fn demo_runs_a_fair_tree_on_loopback() {
+    let d = tmp();
+    let out = d.path().join("demo");
+    fairfeed(&["demo", "--receivers", "8", "--seconds", "1", "--rate", "500", "--out", out.to_str().unwrap()]);
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    for k in ["receivers", "messages", "lost", "oml_p50_us", "dws_p50_us", "pf_1us", "late_fraction", "du_oml_p50_us"] {
+        assert!(s.get(k).is_some_and(|v| !v.is_null()), "summary lacks {k}: {s}");
+    }
+    assert_eq!(s["receivers"], 8);
+    assert_eq!(s["lost"], 0, "loopback without emulated loss loses nothing");
+    assert_eq!(s["du_lost"], 0);
+    // Hold-and-release narrows the delivery window far below direct unicast's.
+    assert!(s["dws_p50_us"].as_f64().unwrap() < s["du_dws_p50_us"].as_f64().unwrap() / 4.0, "{s}");
+    assert!(std::fs::read_to_string(out.join("report.md")).unwrap().contains("direct unicast"));
+}

@@ -3,7 +3,8 @@
 //! The I/O shells around fairfeed's pure cores: precise send pacing
 //! ([`pace`]), capture replay over UDP ([`replay`]), and the line arbitrator
 //! over live UDP ([`arb_live`], with the retransmission server's socket loop)
-//! and over capture files ([`arb_offline`]). Everything that owns a socket, a
+//! and over capture files ([`arb_offline`]), and the fair multicast tree on
+//! loopback UDP ([`tree_live`], behind `fairfeed demo`). Everything that owns a socket, a
 //! thread or a clock lives here, never in the cores.
 
 pub mod arb_live;
@@ -11,3 +12,4 @@ pub mod arb_offline;
 pub mod bench;
 pub mod pace;
 pub mod replay;
+pub mod tree_live;

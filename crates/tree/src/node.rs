@@ -156,7 +156,9 @@ impl Controller {
         let late = f64::from(r.late) / f64::from(r.messages);
         let owd = owd_g_ns as i64;
         if late > allowed {
-            let step = (r.late_max_ns as i64 / 2).max(owd / 20).max(1_000);
+            // Sized from how late the latest arrival was, but never more than half
+            // of OWD_G at once: one descheduled host must not throw the margin off.
+            let step = (r.late_max_ns as i64 / 2).min(owd / 2).max(owd / 20).max(1_000);
             self.margin_ns = self.margin_ns.saturating_add(step);
             self.adjustments += 1;
         } else if late < allowed / 4.0 {
