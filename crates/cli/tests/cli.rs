@@ -294,3 +294,14 @@ fn demo_runs_a_fair_tree_on_loopback() {
     assert!(s["dws_p50_us"].as_f64().unwrap() < s["du_dws_p50_us"].as_f64().unwrap() / 4.0, "{s}");
     assert!(std::fs::read_to_string(out.join("report.md")).unwrap().contains("direct unicast"));
 }
+
+#[test]
+fn bench_proxy_hop_reports_against_a_same_run_baseline() {
+    let out = fairfeed(&["bench", "proxy-hop", "--samples", "500", "--json"]);
+    let r = json(&out);
+    for k in ["proxy_hop_p50_us", "baseline_oneway_p50_us", "ratio"] {
+        assert!(r[k].as_f64().is_some(), "{k} missing: {r}");
+    }
+    assert!(r["baseline_oneway_p50_us"].as_f64().unwrap() > 0.0);
+    assert_eq!(r["via_proxy"]["samples"].as_u64(), Some(500), "every packet came through the proxy");
+}
