@@ -376,7 +376,11 @@ impl Generator {
             lower_price_range_collar: Price4(mid - mid / 10),
             upper_price_range_collar: Price4(mid + mid / 10)
         });
-        push!(MwcbStatusRepr { breached_level: b'1' });
+        // Market-wide: locate 0, as the specification's MWCB messages carry.
+        let timestamp = self.ts();
+        self.queue.push_back(
+            itch::MwcbStatusRepr { stock_locate: 0, tracking_number: 0, timestamp, breached_level: b'1' }.into(),
+        );
         push!(OperationalHaltRepr { stock: stock, market_code: b'Q', operational_halt_action: b'T' });
         push!(LuldAuctionCollarRepr {
             stock: stock,
