@@ -17,10 +17,10 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::rc::Rc;
 use std::time::Instant;
 
-use fairfeed_sim::model::LinkModel;
+use fairfeed_sim::model::{LinkEmulator, LinkModel, ShareLast};
 use fairfeed_tree::node::{DeadlineRule, NodeConfig, Proxy, Receiver, Sender, Transmit};
 use fairfeed_tree::plan::{Role, Topology};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
 
@@ -90,37 +90,23 @@ struct Egress {
     now: u64,
     queue: BinaryHeap<Delayed>,
     order: u64,
-    rng: ChaCha12Rng,
-    link: LinkModel,
-    busy_until: Vec<u64>,
+    links: LinkEmulator,
 }
 
 struct Tx<'a> {
     e: &'a mut Egress,
     from: u32,
-    last: Option<(*const u8, usize, Rc<[u8]>)>,
+    last: ShareLast,
 }
 
 impl Transmit for Tx<'_> {
     fn send(&mut self, to: u32, bytes: &[u8]) {
-        let rc = match &self.last {
-            Some((p, n, rc)) if *p == bytes.as_ptr() && *n == bytes.len() => rc.clone(),
-            _ => {
-                let rc: Rc<[u8]> = Rc::from(bytes);
-                self.last = Some((bytes.as_ptr(), bytes.len(), rc.clone()));
-                rc
-            }
-        };
+        let rc = self.last.share(bytes);
         let e = &mut *self.e;
-        let from = self.from as usize;
-        let depart = e.now.max(e.busy_until[from]) + (e.link.copy_us * 1e3) as u64;
-        e.busy_until[from] = depart;
-        if e.link.loss > 0.0 && e.rng.gen_bool(e.link.loss) {
-            return;
+        for due in e.links.arrivals(e.now, self.from).into_iter().flatten() {
+            e.order += 1;
+            e.queue.push(Reverse((due, e.order, self.from, to, rc.clone())));
         }
-        let due = depart + e.link.sample_ns(&mut e.rng);
-        e.order += 1;
-        e.queue.push(Reverse((due, e.order, self.from, to, rc)));
     }
 }
 
@@ -190,9 +176,7 @@ impl Cluster {
                 now: 0,
                 queue: BinaryHeap::new(),
                 order: 0,
-                rng: ChaCha12Rng::seed_from_u64(cfg.seed),
-                link: cfg.link,
-                busy_until: vec![0; n_ids],
+                links: LinkEmulator::new(cfg.link, ChaCha12Rng::seed_from_u64(cfg.seed), n_ids),
             },
             start: Instant::now(),
             packets_sent: 0,
@@ -211,7 +195,7 @@ impl Cluster {
         self.egress.now = t;
         let from = self.sender_id;
         let Some(Live::Sender(s)) = &mut self.nodes[from as usize] else { return 0 };
-        let seq = s.handle_message(t, payload, &mut Tx { e: &mut self.egress, from, last: None });
+        let seq = s.handle_message(t, payload, &mut Tx { e: &mut self.egress, from, last: ShareLast::default() });
         s.update(t);
         seq
     }
@@ -248,7 +232,7 @@ impl Cluster {
                 let Ok(n) = sock.recv(&mut self.buf) else { break };
                 let t = self.now();
                 self.egress.now = t;
-                let mut tx = Tx { e: &mut self.egress, from: id as u32, last: None };
+                let mut tx = Tx { e: &mut self.egress, from: id as u32, last: ShareLast::default() };
                 match &mut self.nodes[id] {
                     Some(Live::Sender(s)) => s.handle_report(t, &self.buf[..n]),
                     Some(Live::Proxy(p)) => p.handle_packet(t, &mut self.buf[..n], &mut tx),
@@ -282,7 +266,7 @@ impl Cluster {
         for (id, node) in self.nodes.iter_mut().enumerate() {
             let t = start.elapsed().as_nanos() as u64;
             self.egress.now = t;
-            let mut tx = Tx { e: &mut self.egress, from: id as u32, last: None };
+            let mut tx = Tx { e: &mut self.egress, from: id as u32, last: ShareLast::default() };
             match node {
                 Some(Live::Proxy(p)) if p.next_timeout() <= t => p.handle_timeout(t, &mut tx),
                 Some(Live::Receiver(r)) => {

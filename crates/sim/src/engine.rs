@@ -15,11 +15,11 @@ use std::rc::Rc;
 
 use fairfeed_tree::node::{DeadlineRule, NodeConfig, Proxy, Receiver, Sender, Transmit};
 use fairfeed_tree::plan::{Role, Topology};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
 
-use crate::model::{Clock, ClockModel, LinkModel};
+use crate::model::{Clock, ClockModel, LinkEmulator, LinkModel, ShareLast};
 
 /// Messages a run may simulate at most (memory: ~40 bytes each).
 pub const MESSAGES_MAX: u64 = 10_000_000;
@@ -120,10 +120,7 @@ struct Net {
     now: u64,
     queue: BinaryHeap<Reverse<(u64, u64, Ev)>>,
     order: u64,
-    rng: ChaCha12Rng,
-    link: LinkModel,
-    busy_until: Vec<u64>,
-    slow: Option<(u32, u64, u64, u64)>,
+    links: LinkEmulator,
     arena: Vec<Option<Rc<[u8]>>>,
     free: Vec<usize>,
     /// Deliveries on the queue.
@@ -151,38 +148,15 @@ impl Net {
 struct Tx<'a> {
     net: &'a mut Net,
     from: u32,
-    /// The buffer of the previous `send` (replication without a copy per destination).
-    last: Option<(*const u8, usize, Rc<[u8]>)>,
+    last: ShareLast,
 }
 
 impl Transmit for Tx<'_> {
     fn send(&mut self, to: u32, bytes: &[u8]) {
-        let rc = match &self.last {
-            Some((p, n, rc)) if *p == bytes.as_ptr() && *n == bytes.len() => rc.clone(),
-            _ => {
-                let rc: Rc<[u8]> = Rc::from(bytes);
-                self.last = Some((bytes.as_ptr(), bytes.len(), rc.clone()));
-                rc
-            }
-        };
+        let rc = self.last.share(bytes);
         let n = &mut *self.net;
-        let from = self.from as usize;
-        let copy_ns = (n.link.copy_us * 1e3) as u64;
-        let depart = n.now.max(n.busy_until[from]) + copy_ns;
-        n.busy_until[from] = depart;
-        if n.link.loss > 0.0 && n.rng.gen_bool(n.link.loss) {
-            return;
-        }
-        let mut at = depart + n.link.sample_ns(&mut n.rng);
-        if let Some((node, start, len, extra)) = n.slow {
-            if node == self.from && n.now >= start && n.now < start + len {
-                at += extra;
-            }
-        }
-        n.push_delivery(at, to, rc.clone());
-        if n.link.dup > 0.0 && n.rng.gen_bool(n.link.dup) {
-            let again = at + n.rng.gen_range(1_000..50_000);
-            n.push_delivery(again, to, rc);
+        for at in n.links.arrivals(n.now, self.from).into_iter().flatten() {
+            n.push_delivery(at, to, rc.clone());
         }
     }
 }
@@ -206,10 +180,7 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
         now: 0,
         queue: BinaryHeap::new(),
         order: 0,
-        rng,
-        link: cfg.link,
-        busy_until: vec![0; n_ids],
-        slow: cfg.slow,
+        links: LinkEmulator::new(cfg.link, rng, n_ids).with_slow(cfg.slow),
         arena: Vec::new(),
         free: Vec::new(),
         in_flight: 0,
@@ -241,7 +212,7 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
             Ev::Send => {
                 if let SimNode::Sender(s) = &mut nodes[sender_id as usize] {
                     let payload = sent.to_be_bytes();
-                    let mut tx = Tx { net: &mut net, from: sender_id, last: None };
+                    let mut tx = Tx { net: &mut net, from: sender_id, last: ShareLast::default() };
                     let seq = s.handle_message(t, &payload, &mut tx);
                     if let Some(m) = msgs.get_mut(seq as usize) {
                         m.send_ns = t;
@@ -366,7 +337,7 @@ fn deliver(
     match &mut nodes[to as usize] {
         SimNode::Sender(s) => s.handle_report(t, buf),
         SimNode::Proxy(p) => {
-            let mut tx = Tx { net, from: to, last: None };
+            let mut tx = Tx { net, from: to, last: ShareLast::default() };
             p.handle_packet(t, buf, &mut tx);
         }
         SimNode::Receiver(r, clock) => {
@@ -381,12 +352,12 @@ fn fire(nodes: &mut [SimNode], net: &mut Net, id: u32, msgs: &mut [MsgAgg], owd:
     let t = net.now;
     match &mut nodes[id as usize] {
         SimNode::Proxy(p) => {
-            let mut tx = Tx { net, from: id, last: None };
+            let mut tx = Tx { net, from: id, last: ShareLast::default() };
             p.handle_timeout(t, &mut tx);
         }
         SimNode::Receiver(r, clock) => {
             let local = clock.local(t);
-            let mut tx = Tx { net, from: id, last: None };
+            let mut tx = Tx { net, from: id, last: ShareLast::default() };
             r.handle_timeout(local, &mut tx);
             drain(r, t, msgs, owd, warmup);
         }

@@ -223,3 +223,72 @@ mod tests {
         assert!(ModelFile::from_toml("[link]\nloss = 2.0\n").is_err());
     }
 }
+
+/// Emulated links from every node: each node's copies leave back to back
+/// (`copy_us` apart), then take a drawn hop delay; some are lost, some
+/// duplicated; one node may be slow for a while. Shared by the simulator and
+/// the loopback data plane, so both emulate the same cloud.
+pub struct LinkEmulator {
+    pub link: LinkModel,
+    rng: rand_chacha::ChaCha12Rng,
+    busy_until: Vec<u64>,
+    /// (node, start ns, length ns, extra delay ns)
+    pub slow: Option<(u32, u64, u64, u64)>,
+}
+
+impl LinkEmulator {
+    /// Emulates links from `nodes` nodes, drawing from `rng`.
+    pub fn new(link: LinkModel, rng: rand_chacha::ChaCha12Rng, nodes: usize) -> Self {
+        LinkEmulator { link, rng, busy_until: vec![0; nodes], slow: None }
+    }
+
+    /// Makes `slow` — (node, start ns, length ns, extra ns) — one node's latency spike.
+    pub fn with_slow(mut self, slow: Option<(u32, u64, u64, u64)>) -> Self {
+        self.slow = slow;
+        self
+    }
+
+    /// When a copy node `from` sends at `now` arrives, and when its duplicate
+    /// does (if any); both `None` if it is lost.
+    pub fn arrivals(&mut self, now: u64, from: u32) -> [Option<u64>; 2] {
+        let f = from as usize;
+        let depart = now.max(self.busy_until[f]) + (self.link.copy_us * 1e3) as u64;
+        self.busy_until[f] = depart;
+        if self.link.loss > 0.0 && self.rng.gen_bool(self.link.loss) {
+            return [None, None];
+        }
+        let mut at = depart + self.link.sample_ns(&mut self.rng);
+        if let Some((node, start, len, extra)) = self.slow {
+            if node == from && now >= start && now < start + len {
+                at += extra;
+            }
+        }
+        let dup = if self.link.dup > 0.0 && self.rng.gen_bool(self.link.dup) {
+            Some(at + self.rng.gen_range(1_000..50_000))
+        } else {
+            None
+        };
+        [Some(at), dup]
+    }
+}
+
+/// One `Rc` per distinct buffer a node sends to many destinations in a row:
+/// replication without a copy per destination.
+#[derive(Default)]
+pub struct ShareLast {
+    last: Option<(*const u8, usize, std::rc::Rc<[u8]>)>,
+}
+
+impl ShareLast {
+    /// The shared bytes of `bytes` (reused when it is the buffer of the previous call).
+    pub fn share(&mut self, bytes: &[u8]) -> std::rc::Rc<[u8]> {
+        match &self.last {
+            Some((p, n, rc)) if *p == bytes.as_ptr() && *n == bytes.len() => rc.clone(),
+            _ => {
+                let rc: std::rc::Rc<[u8]> = std::rc::Rc::from(bytes);
+                self.last = Some((bytes.as_ptr(), bytes.len(), rc.clone()));
+                rc
+            }
+        }
+    }
+}
