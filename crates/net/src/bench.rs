@@ -75,14 +75,14 @@ fn measure(
     tx: &UdpSocket,
     to: SocketAddr,
     rx: &UdpSocket,
-    first_seq: u64,
-    samples: usize,
+    (first_seq, samples): (u64, usize),
+    make: impl Fn(u64) -> Vec<u8>,
     spin: bool,
 ) {
     let mut buf = [0u8; 2048];
     let _ = rx.set_nonblocking(spin);
     for i in 0..samples {
-        let p = packet(first_seq + i as u64);
+        let p = make(first_seq + i as u64);
         let t0 = Instant::now();
         if tx.send_to(&p, to).is_err() {
             continue;
@@ -160,9 +160,9 @@ pub fn arb_latency(samples: usize, busy_poll: bool, idle: IdleStrategy) -> std::
     let mut seq = 1u64;
     for round in 0..=ROUNDS {
         let (hb, ha) = if round == 0 { (&mut scratch, None) } else { (&mut base, Some(&mut h)) };
-        measure(hb, &tx, fwd_addr, &rx, 0, per, busy_poll);
+        measure(hb, &tx, fwd_addr, &rx, (0, per), packet, busy_poll);
         let ha = ha.unwrap_or(&mut scratch);
-        measure(ha, &tx, a, &rx, seq, per, busy_poll);
+        measure(ha, &tx, a, &rx, (seq, per), packet, busy_poll);
         seq += per as u64;
         // Drain the arbitrator's duplicate-free output of anything late.
         let _ = rx.set_nonblocking(true);
@@ -248,39 +248,13 @@ pub fn proxy_hop(samples: usize, busy_poll: bool) -> std::io::Result<ProxyHopRep
     let mut via = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).expect("valid bounds");
     let mut direct = via.clone();
     let mut scratch = via.clone();
-    let mut buf = [0u8; 2048];
-    let _ = rx.set_nonblocking(busy_poll);
     for round in 0..=ROUNDS {
-        for (h_is_via, to) in [(true, proxy_addr), (false, rx_addr)] {
-            for _ in 0..per {
-                seq += 1;
-                let p = packet(seq);
-                let t0 = Instant::now();
-                if tx.send_to(&p, to).is_err() {
-                    continue;
-                }
-                let deadline = t0 + Duration::from_secs(1);
-                loop {
-                    match rx.recv(&mut buf) {
-                        Ok(_) => {
-                            let h = if round == 0 {
-                                &mut scratch
-                            } else if h_is_via {
-                                &mut via
-                            } else {
-                                &mut direct
-                            };
-                            h.saturating_record(t0.elapsed().as_nanos() as u64);
-                            break;
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                            std::hint::spin_loop()
-                        }
-                        Err(_) => break,
-                    }
-                }
-            }
-        }
+        let (hv, hd) = if round == 0 { (&mut scratch, None) } else { (&mut via, Some(&mut direct)) };
+        measure(hv, &tx, proxy_addr, &rx, (seq, per), packet, busy_poll);
+        seq += per as u64;
+        let hd = hd.unwrap_or(&mut scratch);
+        measure(hd, &tx, rx_addr, &rx, (seq, per), packet, busy_poll);
+        seq += per as u64;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = proxy.join();
