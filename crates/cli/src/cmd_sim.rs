@@ -322,38 +322,41 @@ fn hedging_cmd(receivers: usize, seed: u64, out: &std::path::Path, messages: u64
     let runs: Vec<(usize, &fairfeed_sim::engine::RunResult)> =
         rows.iter().filter_map(|r| r.run.as_ref().map(|x| (r.hedge, x))).collect();
     let name = |h: usize| format!("H = {h}");
-    let oml: Vec<(String, Vec<f64>)> = runs.iter().map(|(h, r)| (name(*h), r.oml_us.clone())).collect();
-    plot(
-        &out.join("oml_cdf.svg"),
-        &format!("Overall multicast latency, N = {receivers} (figure 8a)"),
-        "OML (µs)",
-        &oml,
-        0.995,
-    );
-    let dws: Vec<(String, Vec<f64>)> = runs.iter().map(|(h, r)| (name(*h), r.dws_us.clone())).collect();
-    plot(
-        &out.join("dws_cdf.svg"),
-        &format!("Delivery window, N = {receivers} (figure 8c)"),
-        "delivery window (µs)",
-        &dws,
-        0.995,
-    );
-    let p99: Vec<(String, Vec<f64>)> = runs.iter().map(|(h, r)| (name(*h), r.receiver_owd_p99_us.clone())).collect();
-    plot(
-        &out.join("receiver_p99_owd_cdf.svg"),
-        "Per-receiver p99 one-way delay, CDF over receivers (figure 9b)",
-        "p99 OWD (µs)",
-        &p99,
-        1.0,
-    );
-    let p50: Vec<(String, Vec<f64>)> = runs.iter().map(|(h, r)| (name(*h), r.receiver_owd_p50_us.clone())).collect();
-    plot(
-        &out.join("receiver_p50_owd_cdf.svg"),
-        "Per-receiver p50 one-way delay, CDF over receivers (figure 9a)",
-        "p50 OWD (µs)",
-        &p50,
-        1.0,
-    );
+    type Pick = fn(&fairfeed_sim::engine::RunResult) -> &Vec<f64>;
+    let cdfs: [(&str, String, &str, Pick, f64); 4] = [
+        (
+            "oml_cdf.svg",
+            format!("Overall multicast latency, N = {receivers} (figure 8a)"),
+            "OML (µs)",
+            |r| &r.oml_us,
+            0.995,
+        ),
+        (
+            "dws_cdf.svg",
+            format!("Delivery window, N = {receivers} (figure 8c)"),
+            "delivery window (µs)",
+            |r| &r.dws_us,
+            0.995,
+        ),
+        (
+            "receiver_p99_owd_cdf.svg",
+            "Per-receiver p99 one-way delay, CDF over receivers (figure 9b)".into(),
+            "p99 OWD (µs)",
+            |r| &r.receiver_owd_p99_us,
+            1.0,
+        ),
+        (
+            "receiver_p50_owd_cdf.svg",
+            "Per-receiver p50 one-way delay, CDF over receivers (figure 9a)".into(),
+            "p50 OWD (µs)",
+            |r| &r.receiver_owd_p50_us,
+            1.0,
+        ),
+    ];
+    for (file, title, x, pick, clip) in cdfs {
+        let series: Vec<(String, Vec<f64>)> = runs.iter().map(|(h, r)| (name(*h), pick(r).clone())).collect();
+        plot(&out.join(file), &title, x, &series, clip);
+    }
     let over_time: Vec<(String, Vec<(f64, f64)>)> = runs
         .iter()
         .map(|(h, r)| (name(*h), r.oml_series_us.iter().enumerate().map(|(i, &y)| (i as f64 / rate, y)).collect()))

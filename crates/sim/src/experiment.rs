@@ -71,19 +71,7 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
             .map_err(|e| e.to_string())?;
     let tree0 = heuristic_tree(n, 0)?;
     let treeh = heuristic_tree(n, c.hedge)?;
-    let base = SimConfig {
-        seed: c.seed,
-        messages: c.messages,
-        rate_per_s: c.rate_per_s,
-        warmup_messages: (c.messages / 5).min(2_000),
-        link: c.model.link,
-        clock: c.model.clock,
-        node: NodeConfig { report_interval_ns: 10_000_000, initial_owd_ns: 1_000_000, ..NodeConfig::default() },
-        rule: DeadlineRule::Paper { margin_ns: 0 },
-        crash: None,
-        stall: None,
-        slow: None,
-    };
+    let base = sim_base(c, NodeConfig::default(), DeadlineRule::Paper { margin_ns: 0 });
     let no_hold = NodeConfig { hold_and_release: false, ..base.node };
     let controller = DeadlineRule::Controller { target_on_time: c.target_on_time };
     let runs: [(&str, &fairfeed_tree::plan::Topology, usize, NodeConfig, DeadlineRule); 6] = [
