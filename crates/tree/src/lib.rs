@@ -12,6 +12,7 @@
 //! goes to a [`node::Transmit`], so the simulator and the UDP shell drive the
 //! same code.
 
+pub mod auth;
 pub mod dedup;
 pub mod node;
 pub mod owd;

@@ -21,6 +21,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use fairfeed_wire::overlay::{self, HeaderRepr, Kind, ReportRepr};
 
+use crate::auth::{Auth, AuthStats};
 use crate::dedup::{Dedup, Seen};
 use crate::owd::OwdWindow;
 
@@ -64,13 +65,8 @@ impl Default for NodeConfig {
     }
 }
 
-fn report_packet(
-    cfg: &NodeConfig,
-    origin: u32,
-    now: u64,
-    r: &ReportRepr,
-) -> [u8; overlay::HEADER_LEN + overlay::REPORT_LEN] {
-    let mut b = [0u8; overlay::HEADER_LEN + overlay::REPORT_LEN];
+fn report_packet(cfg: &NodeConfig, auth: Option<&Auth>, origin: u32, now: u64, r: &ReportRepr) -> Vec<u8> {
+    let mut b = vec![0u8; overlay::HEADER_LEN + overlay::REPORT_LEN];
     let h = HeaderRepr {
         kind: Some(Kind::Report),
         tree: cfg.tree,
@@ -81,7 +77,21 @@ fn report_packet(
     };
     let _ = h.emit(&mut b);
     let _ = r.emit(&mut b[overlay::HEADER_LEN..]);
+    if let Some(a) = auth {
+        a.seal(&mut b);
+    }
     b
+}
+
+/// Checks `bytes` against the node's key (if it has one); counts refusals.
+fn admit(auth: Option<&Auth>, stats: &mut AuthStats, bytes: &[u8], now: u64) -> bool {
+    match auth.map(|a| a.open(bytes, now)) {
+        None | Some(Ok(_)) => true,
+        Some(Err(e)) => {
+            stats.count(e);
+            false
+        }
+    }
 }
 
 /// Reports from children, merged per interval.
@@ -176,6 +186,7 @@ pub struct SenderStats {
     pub reports: u64,
     pub owd_g_ns: u64,
     pub margin_ns: i64,
+    pub auth: AuthStats,
 }
 
 /// The multicast sender of one tree.
@@ -190,6 +201,7 @@ pub struct Sender {
     owd_g_ns: Option<u64>,
     next_update_ns: u64,
     buf: Vec<u8>,
+    auth: Option<Auth>,
     pub stats: SenderStats,
 }
 
@@ -210,8 +222,15 @@ impl Sender {
             owd_g_ns: None,
             next_update_ns: 0,
             buf: Vec::with_capacity(2048),
+            auth: None,
             stats: SenderStats::default(),
         }
+    }
+
+    /// Signs what it sends and checks what it receives with `auth`.
+    pub fn with_auth(mut self, auth: Option<Auth>) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// The deadline offset in force: OWD_G plus the margin.
@@ -243,6 +262,9 @@ impl Sender {
         self.buf.resize(overlay::HEADER_LEN, 0);
         let _ = h.emit(&mut self.buf);
         self.buf.extend_from_slice(&payload[..usize::from(h.payload_len)]);
+        if let Some(a) = &self.auth {
+            a.seal(&mut self.buf);
+        }
         for &c in &self.children {
             tx.send(c, &self.buf);
         }
@@ -252,6 +274,9 @@ impl Sender {
 
     /// A report from a layer-0 child.
     pub fn handle_report(&mut self, now: u64, bytes: &[u8]) {
+        if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, now) {
+            return;
+        }
         let Ok((h, p)) = HeaderRepr::parse(bytes) else { return };
         let Ok(r) = ReportRepr::parse(p) else { return };
         if h.kind == Some(Kind::Report) {
@@ -291,6 +316,7 @@ pub struct ProxyStats {
     pub bad_packets: u64,
     pub reports_in: u64,
     pub reports_out: u64,
+    pub auth: AuthStats,
 }
 
 /// A proxy: first copy wins, forwarded to children and hedge targets.
@@ -302,6 +328,7 @@ pub struct Proxy {
     dedup: Dedup,
     reports: ChildReports,
     next_report_ns: u64,
+    auth: Option<Auth>,
     pub stats: ProxyStats,
 }
 
@@ -317,8 +344,15 @@ impl Proxy {
             dedup: Dedup::default(),
             reports: ChildReports::default(),
             next_report_ns: cfg.report_interval_ns,
+            auth: None,
             stats: ProxyStats::default(),
         }
+    }
+
+    /// Checks what it receives, and signs the reports it builds, with `auth`.
+    pub fn with_auth(mut self, auth: Option<Auth>) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// A packet arrived (data from above or a report from below).
@@ -327,6 +361,9 @@ impl Proxy {
             self.stats.bad_packets += 1;
             return;
         };
+        if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, now) {
+            return;
+        }
         match h.kind {
             Some(Kind::Data) => {
                 self.stats.received += 1;
@@ -366,7 +403,7 @@ impl Proxy {
         self.next_report_ns = now + self.cfg.report_interval_ns;
         let stale = self.cfg.report_interval_ns * STALE_INTERVALS;
         if let Some(r) = self.reports.merge(now, stale) {
-            tx.send(self.parent, &report_packet(&self.cfg, self.id, now, &r));
+            tx.send(self.parent, &report_packet(&self.cfg, self.auth.as_ref(), self.id, now, &r));
             self.stats.reports_out += 1;
         }
     }
@@ -406,6 +443,7 @@ pub struct ReceiverStats {
     pub hold_overflow: u64,
     pub hold_sum_ns: u64,
     pub reports_out: u64,
+    pub auth: AuthStats,
 }
 
 /// A receiver: first copy wins, held until its deadline.
@@ -420,6 +458,7 @@ pub struct Receiver {
     next_report_ns: u64,
     /// Released messages not yet taken by the application.
     ready: std::collections::VecDeque<Released>,
+    auth: Option<Auth>,
     pub stats: ReceiverStats,
 }
 
@@ -435,8 +474,15 @@ impl Receiver {
             interval: ReportRepr { receivers: 1, ..ReportRepr::default() },
             next_report_ns: cfg.report_interval_ns,
             ready: Default::default(),
+            auth: None,
             stats: ReceiverStats::default(),
         }
+    }
+
+    /// Checks what it receives, and signs its reports, with `auth`.
+    pub fn with_auth(mut self, auth: Option<Auth>) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// A data packet arrived at local time `now`.
@@ -445,6 +491,9 @@ impl Receiver {
             self.stats.bad_packets += 1;
             return;
         };
+        if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, now) {
+            return;
+        }
         if h.kind != Some(Kind::Data) {
             return;
         }
@@ -526,7 +575,8 @@ impl Receiver {
             self.next_report_ns = now + self.cfg.report_interval_ns;
             if let Some(p) = self.owd.quantile(self.cfg.owd_quantile) {
                 self.interval.owd_p95_ns = p;
-                tx.send(self.parent, &report_packet(&self.cfg, self.id, now, &self.interval));
+                let p = report_packet(&self.cfg, self.auth.as_ref(), self.id, now, &self.interval);
+                tx.send(self.parent, &p);
                 self.stats.reports_out += 1;
             }
             self.interval = ReportRepr { receivers: 1, ..ReportRepr::default() };
