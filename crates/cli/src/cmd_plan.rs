@@ -34,6 +34,13 @@ pub struct Args {
     /// Write the topology here (.toml, or .json).
     #[arg(long)]
     out: PathBuf,
+    /// Give every node a loopback address for one-process-per-node runs:
+    /// node ID gets 127.1.(ID / 250).(ID % 250 + 1):PORT.
+    #[arg(long)]
+    loopback_port: Option<u16>,
+    /// Set node ID's address (repeatable; after --loopback-port), e.g. `--address 0=10.0.0.1:9000`.
+    #[arg(long, value_parser = parse_address)]
+    address: Vec<(u32, std::net::SocketAddr)>,
     /// Also write tree 0 as Graphviz DOT (and an SVG beside it when `dot` is installed).
     #[arg(long)]
     dot: Option<PathBuf>,
@@ -48,7 +55,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         cost_model: a.cost_model.then_some(CostModel { hop_ns: a.hop_us * 1e3, copy_ns: a.copy_us * 1e3 }),
         trees: a.trees,
     };
-    let topo = plan(&req).map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    let mut topo = plan(&req).map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    for n in topo.trees.iter_mut().flat_map(|t| &mut t.nodes) {
+        if let Some(port) = a.loopback_port {
+            n.addr = Some(format!("{}:{port}", fairfeed_net::tree_live::node_addr(n.id)));
+        }
+        if let Some((_, addr)) = a.address.iter().rev().find(|(id, _)| *id == n.id) {
+            n.addr = Some(addr.to_string());
+        }
+    }
+    let ids: std::collections::HashSet<u32> = topo.trees.iter().flat_map(|t| &t.nodes).map(|n| n.id).collect();
+    if let Some((id, _)) = a.address.iter().find(|(id, _)| !ids.contains(id)) {
+        anyhow::bail!("--address {id}=…: no node {id} in this plan");
+    }
     let text = if a.out.extension().is_some_and(|e| e == "json") {
         serde_json::to_string_pretty(&topo)?
     } else {
@@ -75,4 +94,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn parse_address(s: &str) -> Result<(u32, std::net::SocketAddr), String> {
+    let (id, addr) = s.split_once('=').ok_or("expected ID=IP:PORT")?;
+    let id = id.trim().parse().map_err(|e| format!("node id {id:?}: {e}"))?;
+    let addr = addr.trim().parse().map_err(|e| format!("address {addr:?}: {e}"))?;
+    Ok((id, addr))
 }

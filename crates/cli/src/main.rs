@@ -8,6 +8,7 @@ mod cmd_bench;
 mod cmd_decode;
 mod cmd_demo;
 mod cmd_gen;
+mod cmd_node;
 mod cmd_plan;
 mod cmd_replay;
 mod cmd_sim;
@@ -42,6 +43,14 @@ enum Command {
     Control(cmd_arb::ControlArgs),
     /// Run a fair multicast tree on loopback beside direct unicast and report fairness and latency.
     Demo(Box<cmd_demo::Args>),
+    /// Run the sender of a fair multicast tree (one node per process).
+    Sender(Box<cmd_node::SenderArgs>),
+    /// Run a proxy of a fair multicast tree.
+    Proxy(Box<cmd_node::ProxyArgs>),
+    /// Run a receiver of a fair multicast tree; deliver to a local UDP port.
+    Receiver(Box<cmd_node::ReceiverArgs>),
+    /// Print a running node's counters and histograms (from its --control address).
+    Stat(cmd_node::StatArgs),
     /// Plan a fair multicast tree (fan-out, depth, sibling hedging) as TOML/JSON and DOT.
     Plan(cmd_plan::Args),
     /// Experiments in the deterministic simulator (fair multicast tree).
@@ -64,6 +73,10 @@ fn main() {
         Command::Control(a) => cmd_arb::run_control(a),
         Command::Bench(b) => cmd_bench::run(b),
         Command::Plan(a) => cmd_plan::run(a),
+        Command::Sender(a) => cmd_node::run_sender(*a),
+        Command::Proxy(a) => cmd_node::run_proxy(*a),
+        Command::Receiver(a) => cmd_node::run_receiver(*a),
+        Command::Stat(a) => cmd_node::run_stat(a),
         Command::Demo(a) => cmd_demo::run(*a),
         Command::Sim(s) => cmd_sim::run(s),
     };

@@ -9,7 +9,10 @@
 
 pub mod arb_live;
 pub mod arb_offline;
+pub mod batch;
 pub mod bench;
 pub mod pace;
 pub mod replay;
 pub mod tree_live;
+pub mod tuning;
+pub mod agent;

@@ -100,6 +100,8 @@ struct ChildReports {
     /// child → (report, when it arrived, counts already passed up)
     last: HashMap<u32, (ReportRepr, u64, bool)>,
     pub stale_ignored: u64,
+    /// Children whose reports stopped at the last merge: a crashed or cut-off subtree.
+    pub silent: u64,
 }
 
 impl ChildReports {
@@ -110,9 +112,11 @@ impl ChildReports {
     /// Max of fresh delays; counts of reports not yet passed up.
     fn merge(&mut self, now: u64, stale_ns: u64) -> Option<ReportRepr> {
         let mut out: Option<ReportRepr> = None;
+        self.silent = 0;
         for (r, at, used) in self.last.values_mut() {
             if now.saturating_sub(*at) > stale_ns {
                 self.stale_ignored += 1;
+                self.silent += 1;
                 continue;
             }
             let mut part = *r;
@@ -186,6 +190,8 @@ pub struct SenderStats {
     pub reports: u64,
     pub owd_g_ns: u64,
     pub margin_ns: i64,
+    /// Children that reported before and have gone silent (at the last update).
+    pub children_silent: u64,
     pub auth: AuthStats,
 }
 
@@ -301,6 +307,7 @@ impl Sender {
             }
         }
         self.stats.owd_g_ns = self.owd_g_ns.unwrap_or(0);
+        self.stats.children_silent = self.reports.silent;
         self.stats.margin_ns = self.controller.map_or(0, |c| c.margin_ns);
     }
 }
@@ -316,6 +323,8 @@ pub struct ProxyStats {
     pub bad_packets: u64,
     pub reports_in: u64,
     pub reports_out: u64,
+    /// Children that reported before and have gone silent (at the last report).
+    pub children_silent: u64,
     pub auth: AuthStats,
 }
 
@@ -402,7 +411,9 @@ impl Proxy {
         }
         self.next_report_ns = now + self.cfg.report_interval_ns;
         let stale = self.cfg.report_interval_ns * STALE_INTERVALS;
-        if let Some(r) = self.reports.merge(now, stale) {
+        let merged = self.reports.merge(now, stale);
+        self.stats.children_silent = self.reports.silent;
+        if let Some(r) = merged {
             tx.send(self.parent, &report_packet(&self.cfg, self.auth.as_ref(), self.id, now, &r));
             self.stats.reports_out += 1;
         }

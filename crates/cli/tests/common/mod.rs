@@ -64,3 +64,4 @@ pub fn real_captures() -> Vec<PathBuf> {
     assert!(v.len() >= 40, "expected the full set of real captures, found {}", v.len());
     v
 }
+pub mod cluster;

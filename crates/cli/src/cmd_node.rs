@@ -1,0 +1,292 @@
+//! `fairfeed sender|proxy|receiver --topology tree.toml --id ID`: one tree
+//! node per process (one per VM in a deployment), and `fairfeed stat` to read
+//! a running node's counters.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use fairfeed_feed::capture::read_datagrams;
+use fairfeed_feed::gen::{GenConfig, Generator};
+use fairfeed_net::agent::{run_agent, write_rows, AgentConfig, Job, ReceiverJob, SenderJob, Threading};
+use fairfeed_net::tuning::Tuning;
+use fairfeed_sim::model::{LinkModel, ModelFile};
+use fairfeed_tree::auth::Auth;
+use fairfeed_tree::node::{DeadlineRule, NodeConfig};
+use fairfeed_tree::plan::Topology;
+
+use crate::cmd_arb::IdleArg;
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ThreadsArg {
+    /// Receive, decide and send on one thread.
+    One,
+    /// Send on a second thread behind a bounded SPSC ring.
+    Split,
+}
+
+/// What every node takes.
+#[derive(clap::Args)]
+pub struct Common {
+    /// The planner's topology file (TOML or JSON) with every node's address.
+    #[arg(long)]
+    topology: PathBuf,
+    /// This node's id in the topology.
+    #[arg(long)]
+    id: u32,
+    /// The tree's authentication key: a file holding 64 hex digits (or set
+    /// FAIRFEED_KEY). Without one, packets are not authenticated.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// Authentic packets sent longer ago than this are refused as replays (ms).
+    #[arg(long, default_value_t = 2_000)]
+    max_age_ms: u64,
+    /// Emulate links on what this node sends: `none`, `cloud` (the calibrated
+    /// model), or a model file (TOML, see the simulator).
+    #[arg(long, default_value = "none")]
+    link: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// What the node does when idle.
+    #[arg(long, value_enum, default_value_t = IdleArg::Spin)]
+    idle: IdleArg,
+    /// Threading mode.
+    #[arg(long, value_enum, default_value_t = ThreadsArg::One)]
+    threads: ThreadsArg,
+    /// Pin the node's threads to these CPUs (work thread first), e.g. `2,3`.
+    #[arg(long, value_delimiter = ',')]
+    pin: Vec<usize>,
+    /// mlockall(2) the process.
+    #[arg(long)]
+    mlock: bool,
+    /// Run under SCHED_FIFO at this priority (1–99; needs CAP_SYS_NICE).
+    #[arg(long)]
+    fifo: Option<i32>,
+    /// SO_BUSY_POLL on the node's socket, µs (needs CAP_NET_ADMIN above the sysctl default).
+    #[arg(long)]
+    busy_poll_us: Option<u32>,
+    /// Answer `fairfeed stat` here.
+    #[arg(long)]
+    control: Option<SocketAddr>,
+    /// Stop after this many seconds (default: a sender stops when its feed is sent; others run until signalled).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Write the node's counters and histograms here (JSON) at exit.
+    #[arg(long)]
+    stats_out: Option<PathBuf>,
+    /// Report interval up the tree, ms.
+    #[arg(long, default_value_t = 10)]
+    report_interval_ms: u64,
+    /// Deadline offset before the first report, µs.
+    #[arg(long, default_value_t = 1_000)]
+    initial_owd_us: u64,
+    /// Receivers release on arrival (no hold-and-release).
+    #[arg(long)]
+    no_hold: bool,
+}
+
+#[derive(clap::Args)]
+pub struct SenderArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Packets per second.
+    #[arg(long, default_value_t = 1_000.0)]
+    rate: f64,
+    /// Seconds of generated feed (rate × seconds packets).
+    #[arg(long, default_value_t = 5.0)]
+    feed_seconds: f64,
+    /// Send this capture's UDP payloads instead of a generated ITCH feed.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Wait before the first packet, ms (let the tree's processes come up).
+    #[arg(long, default_value_t = 500)]
+    start_delay_ms: u64,
+    /// Keep serving reports and retransmissions after the last packet, ms.
+    #[arg(long, default_value_t = 1_000)]
+    linger_ms: u64,
+    /// Serve MoldUDP64 retransmission requests from a journal of the feed here.
+    #[arg(long)]
+    retransmit_listen: Option<SocketAddr>,
+    /// Deadline rule: aim the controller at this P(F) (default: the paper's rule, OWD_G + margin).
+    #[arg(long)]
+    target_pf: Option<f64>,
+    /// The paper's rule: deadline = now + OWD_G + this margin (µs).
+    #[arg(long, default_value_t = 0)]
+    margin_us: i64,
+}
+
+#[derive(clap::Args)]
+pub struct ProxyArgs {
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args)]
+pub struct ReceiverArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Send each released MoldUDP64 packet to this local UDP port at the
+    /// release instant (an unmodified ITCH application listens there).
+    #[arg(long)]
+    deliver: Option<SocketAddr>,
+    /// Fill what the tree lost from this MoldUDP64 retransmission server.
+    #[arg(long)]
+    retransmit: Option<SocketAddr>,
+    /// Write one CSV row per release (sequence, send, deadline, arrival, release ns).
+    #[arg(long)]
+    log: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct StatArgs {
+    /// The node's control address (its --control).
+    addr: SocketAddr,
+    /// Give up after this long, ms.
+    #[arg(long, default_value_t = 1_000)]
+    timeout_ms: u64,
+}
+
+fn load_topology(p: &Path) -> anyhow::Result<Topology> {
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading topology {}", p.display()))?;
+    let t: Topology = if p.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).with_context(|| format!("{}: not a topology", p.display()))?
+    } else {
+        toml::from_str(&text).with_context(|| format!("{}: not a topology", p.display()))?
+    };
+    anyhow::ensure!(!t.trees.is_empty(), "{}: the topology has no tree", p.display());
+    Ok(t)
+}
+
+fn load_auth(c: &Common) -> anyhow::Result<Option<Auth>> {
+    let text = match (&c.key_file, std::env::var("FAIRFEED_KEY")) {
+        (Some(p), _) => std::fs::read_to_string(p).with_context(|| format!("reading key {}", p.display()))?,
+        (None, Ok(k)) => k,
+        (None, Err(_)) => return Ok(None),
+    };
+    let mut a = Auth::from_hex(&text).map_err(|e| anyhow::anyhow!("bad key: {e}"))?;
+    a.max_age_ns = c.max_age_ms * 1_000_000;
+    Ok(Some(a))
+}
+
+fn load_link(s: &str) -> anyhow::Result<Option<LinkModel>> {
+    Ok(match s {
+        "none" => None,
+        "cloud" => Some(LinkModel::CLOUD),
+        path => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading link model {path}"))?;
+            Some(ModelFile::from_toml(&text).map_err(|e| anyhow::anyhow!("{path}: {e}"))?.link)
+        }
+    })
+}
+
+fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfig> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
+    }
+    anyhow::ensure!(c.report_interval_ms > 0, "--report-interval-ms must be positive");
+    Ok(AgentConfig {
+        topology: load_topology(&c.topology)?,
+        id: c.id,
+        node: NodeConfig {
+            report_interval_ns: c.report_interval_ms * 1_000_000,
+            initial_owd_ns: c.initial_owd_us * 1_000,
+            hold_and_release: !c.no_hold,
+            ..NodeConfig::default()
+        },
+        rule,
+        auth: load_auth(c)?,
+        link: load_link(&c.link)?,
+        seed: c.seed,
+        idle: c.idle.strategy(),
+        threads: match c.threads {
+            ThreadsArg::One => Threading::One,
+            ThreadsArg::Split => Threading::Split,
+        },
+        tuning: Tuning { pin: c.pin.clone(), mlock: c.mlock, fifo: c.fifo, busy_poll_us: c.busy_poll_us },
+        control: c.control,
+        max_seconds: c.seconds,
+        job,
+        stop,
+    })
+}
+
+fn finish(c: &Common, r: &fairfeed_net::agent::AgentReport) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(r)?;
+    match &c.stats_out {
+        Some(p) => std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?,
+        None => eprintln!("{text}"),
+    }
+    Ok(())
+}
+
+fn feed(a: &SenderArgs) -> anyhow::Result<Vec<Vec<u8>>> {
+    if let Some(p) = &a.pcap {
+        return Ok(read_datagrams(p, None)?.0.into_iter().map(|d| d.payload).collect());
+    }
+    anyhow::ensure!(a.rate > 0.0 && a.feed_seconds > 0.0, "--rate and --feed-seconds must be positive");
+    let packets = (a.rate * a.feed_seconds).ceil() as usize;
+    anyhow::ensure!(packets <= 10_000_000, "at most 10,000,000 packets per run");
+    let g = Generator::new(GenConfig {
+        seed: a.common.seed,
+        messages: (packets as u64 * 8).max(100),
+        symbols: 100,
+        ..GenConfig::default()
+    })?;
+    Ok(g.map(|p| p.payload).take(packets).collect())
+}
+
+pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
+    let payloads = feed(&a)?;
+    anyhow::ensure!(!payloads.is_empty(), "nothing to send");
+    let rule = match a.target_pf {
+        Some(pf) => {
+            anyhow::ensure!((0.0..1.0).contains(&pf), "--target-pf must be in [0, 1)");
+            let t = load_topology(&a.common.topology)?;
+            DeadlineRule::Controller { target_on_time: 1.0 - (1.0 - pf) / t.receivers.max(1) as f64 }
+        }
+        None => DeadlineRule::Paper { margin_ns: a.margin_us * 1_000 },
+    };
+    let job = Job::Sender(SenderJob {
+        payloads,
+        rate_per_s: a.rate,
+        start_delay_ns: a.start_delay_ms * 1_000_000,
+        linger_ns: a.linger_ms * 1_000_000,
+        retransmit_listen: a.retransmit_listen,
+    });
+    let cfg = config(&a.common, rule, job)?;
+    let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("sender {}: {e}", a.common.id))?;
+    finish(&a.common, &r)
+}
+
+pub fn run_proxy(a: ProxyArgs) -> anyhow::Result<()> {
+    let cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, Job::Proxy)?;
+    let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("proxy {}: {e}", a.common.id))?;
+    finish(&a.common, &r)
+}
+
+pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
+    let job = Job::Receiver(ReceiverJob { deliver: a.deliver, retransmit: a.retransmit, keep_log: a.log.is_some() });
+    let cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
+    let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("receiver {}: {e}", a.common.id))?;
+    if let Some(p) = &a.log {
+        write_rows(p, &r.rows).with_context(|| format!("writing {}", p.display()))?;
+    }
+    finish(&a.common, &r)
+}
+
+pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
+    let s = UdpSocket::bind(if a.addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
+    s.set_read_timeout(Some(Duration::from_millis(a.timeout_ms)))?;
+    s.send_to(b"stat", a.addr).with_context(|| format!("asking {}", a.addr))?;
+    let mut buf = vec![0u8; 65_536];
+    let n = s.recv(&mut buf).with_context(|| format!("no answer from {} (is a node's --control there?)", a.addr))?;
+    let v: serde_json::Value = serde_json::from_slice(&buf[..n]).context("the answer is not JSON")?;
+    use std::io::Write;
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}

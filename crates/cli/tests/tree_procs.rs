@@ -1,0 +1,152 @@
+//! Goal: the fair multicast tree as one process per node — what a deployment
+//! runs — delivers every message once at every receiver, and survives a proxy
+//! crash: with sibling hedging (H = 1) nothing is lost; without it (H = 0) the
+//! loss is detected (the parent sees the child go silent, the receivers see
+//! the overlay gap) and filled from the sender's retransmission server.
+//! Method: `fairfeed plan --loopback-port`, then `fairfeed sender|proxy|receiver`
+//! processes on 127.1.x.y with authenticated packets and emulated cloud links;
+//! a proxy is SIGKILLed mid-stream; counters come from each node's JSON at exit.
+
+mod common;
+use common::cluster::Cluster;
+use std::collections::BTreeSet;
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const RATE: u64 = 1_000;
+const FEED_S: u64 = 3;
+
+fn sender_args(extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "--rate",
+        &RATE.to_string(),
+        "--feed-seconds",
+        &FEED_S.to_string(),
+        "--start-delay-ms",
+        "700",
+        "--linger-ms",
+        "1000",
+        "--link",
+        "cloud",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn common_args() -> Vec<String> {
+    ["--link", "cloud", "--seconds", "30"].iter().map(|s| s.to_string()).collect()
+}
+
+fn n(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+#[test]
+fn hedged_tree_loses_nothing_when_a_proxy_crashes() {
+    let mut c = Cluster::plan(6, 2, 1, &["--loopback-port".into(), "9310".into()]);
+    let victim = c.nodes.iter().find(|n| n.role == "proxy" && n.layer == 0).unwrap().id;
+    for id in c.ids("receiver").into_iter().chain(c.ids("proxy")) {
+        c.start(id, &common_args());
+    }
+    let sender = c.ids("sender")[0];
+    c.start(sender, &sender_args(&[]));
+    std::thread::sleep(Duration::from_millis(700 + 1_200));
+    c.crash(victim);
+    c.wait(sender, Duration::from_secs(20));
+    c.stop_all();
+    let total = RATE * FEED_S;
+    for id in c.ids("receiver") {
+        let s = c.stats(id);
+        assert_eq!(n(&s["node"]["released"]), total, "receiver {id} released {}", s["node"]["released"]);
+        assert_eq!(n(&s["counters"]["overlay_missing"]), 0, "receiver {id}");
+        assert_eq!(n(&s["node"]["auth"]["bad_tag"]), 0);
+        let seqs: BTreeSet<u64> = c.releases(id).iter().map(|r| r.0).collect();
+        assert_eq!(seqs.len() as u64, total, "each message once at receiver {id}");
+    }
+    let s = c.stats(sender);
+    assert_eq!(n(&s["counters"]["feed_sent"]), total);
+    let w = c.windows();
+    assert_eq!(w.len() as u64, total, "every message released by every receiver");
+    eprintln!("delivery window p50 {} ns, p99 {} ns", w[w.len() / 2], w[w.len() * 99 / 100]);
+}
+
+/// MoldUDP64 sequence numbers a delivery socket received, until `stop`.
+fn collect(sock: UdpSocket, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<u64>, u64)> {
+    std::thread::spawn(move || {
+        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut buf = [0u8; 2048];
+        let (mut seqs, mut packets) = (Vec::new(), 0u64);
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(len) = sock.recv(&mut buf) else { continue };
+            let p = fairfeed_wire::moldudp64::Packet::new_checked(&buf[..len]).expect("a MoldUDP64 packet");
+            packets += 1;
+            let count = p.message_count();
+            if count != 0 && count != fairfeed_wire::moldudp64::COUNT_END_OF_SESSION {
+                seqs.extend(p.sequence()..p.sequence() + u64::from(count));
+            }
+        }
+        (seqs, packets)
+    })
+}
+
+#[test]
+fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
+    let mut c = Cluster::plan(4, 2, 0, &["--loopback-port".into(), "9320".into()]);
+    let victim = c.nodes.iter().find(|n| n.role == "proxy" && n.layer == 0).unwrap().id;
+    let orphans: Vec<u32> = c.nodes.iter().filter(|n| n.parent == Some(victim)).map(|n| n.id).collect();
+    assert!(!orphans.is_empty());
+    let server = "127.0.0.1:9329";
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut collectors = Vec::new();
+    for id in c.ids("receiver") {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let deliver = sock.local_addr().unwrap().to_string();
+        collectors.push((id, collect(sock, stop.clone())));
+        let mut a = common_args();
+        a.extend(["--deliver".into(), deliver, "--retransmit".into(), server.into()]);
+        c.start(id, &a);
+    }
+    for id in c.ids("proxy") {
+        c.start(id, &common_args());
+    }
+    let sender = c.ids("sender")[0];
+    let control = "127.0.0.1:9328";
+    c.start(sender, &sender_args(&["--retransmit-listen", server, "--control", control]));
+    std::thread::sleep(Duration::from_millis(700 + 1_000));
+    c.crash(victim);
+    std::thread::sleep(Duration::from_millis(300));
+    // The sender sees its child go silent.
+    let out = common::fairfeed(&["stat", control]);
+    let live = common::json(&out);
+    assert!(n(&live["node"]["children_silent"]) >= 1, "silence not detected: {live}");
+    // A supervisor restarts the proxy; the orphans' next packets reveal the gap.
+    c.start(victim, &common_args());
+    c.wait(sender, Duration::from_secs(20));
+    c.stop_all();
+    stop.store(true, Ordering::Relaxed);
+    let total = RATE * FEED_S;
+    let mut coverage = Vec::new();
+    for (id, h) in collectors {
+        let (seqs, _) = h.join().unwrap();
+        let s = c.stats(id);
+        let unique: BTreeSet<u64> = seqs.iter().copied().collect();
+        assert_eq!(unique.len(), seqs.len(), "receiver {id} delivered a message twice");
+        let (first, last) = (*unique.first().unwrap(), *unique.last().unwrap());
+        assert_eq!(unique.len() as u64, last - first + 1, "receiver {id} delivered a stream with holes");
+        if orphans.contains(&id) {
+            assert!(n(&s["counters"]["overlay_missing"]) > 0, "receiver {id}: the tree's loss was not seen");
+            assert!(n(&s["counters"]["fill"]["gaps_filled_by_retransmit"]) > 0, "receiver {id}: {}", s["counters"]);
+            assert!(n(&s["node"]["released"]) < total);
+        } else {
+            assert_eq!(n(&s["node"]["released"]), total, "receiver {id}");
+        }
+        assert_eq!(n(&s["counters"]["fill"]["lost_messages"]), 0, "receiver {id}");
+        coverage.push((first, last));
+    }
+    assert!(coverage.windows(2).all(|w| w[0] == w[1]), "every receiver delivered the same messages: {coverage:?}");
+}

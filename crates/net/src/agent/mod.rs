@@ -1,0 +1,158 @@
+//! One node of a fair multicast tree per process — `fairfeed sender`,
+//! `fairfeed proxy`, `fairfeed receiver` — so a deployment is one process per
+//! VM, each reading the planner's topology file (with addresses) and its own id.
+//!
+//! The node is the sans-IO state machine the simulator drives; this shell
+//! owns the socket, the clock (CLOCK_REALTIME, the clock PTP or chrony
+//! synchronizes across hosts), the threads and the timers:
+//! - receive in `recvmmsg` batches, send in `sendmmsg` batches (one buffer,
+//!   many destinations, no copy per destination);
+//! - threading as configuration: everything on one thread, or the send side
+//!   on its own thread behind a bounded single-producer/single-consumer ring
+//!   ([`Threading::Split`], as Jasper decouples Rx and Tx);
+//! - idle strategy: spin (busy polling) or park in `poll(2)`; releases are
+//!   always approached by spinning on the clock for the last
+//!   [`SPIN_AHEAD_NS`];
+//! - optional link emulation (the simulator's latency models) on what the
+//!   node sends, for laptops and CI without netem;
+//! - receivers hand released messages to a callback and, for unmodified ITCH
+//!   applications, send each as a plain MoldUDP64 datagram to a local port at
+//!   the release instant — optionally through a one-line arbitrator that asks
+//!   the sender's retransmission server for whatever the tree lost;
+//! - named counters and latency histograms, readable from outside through a
+//!   control socket (`fairfeed stat`) and written as JSON at exit.
+
+mod egress;
+mod node;
+
+pub use egress::{Copy, TxCounters, DELAY_QUEUE_MAX};
+pub use node::{run_agent, AgentError};
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use fairfeed_sim::model::LinkModel;
+use fairfeed_tree::auth::Auth;
+use fairfeed_tree::node::{DeadlineRule, NodeConfig};
+use fairfeed_tree::plan::Topology;
+use serde::Serialize;
+
+use crate::arb_live::IdleStrategy;
+use crate::tuning::Tuning;
+
+/// A release this close is waited for by spinning on the clock.
+pub const SPIN_AHEAD_NS: u64 = 50_000;
+/// Copies the receive thread may queue for the send thread (split threading).
+pub const RING_CAPACITY: usize = 16_384;
+/// Release rows a receiver keeps for its log at most.
+pub const LOG_ROWS_MAX: usize = 10_000_000;
+/// Receive buffer of a node's socket.
+pub const SOCKET_RECV_BUFFER: usize = 8 << 20;
+
+/// How a node uses threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+pub enum Threading {
+    /// Receive, decide and send on one thread.
+    #[default]
+    One,
+    /// Receive and decide on one thread, send on another; a bounded SPSC ring between.
+    Split,
+}
+
+/// What the sender sends.
+#[derive(Debug, Clone, Default)]
+pub struct SenderJob {
+    /// MoldUDP64 packets, sent once each, in order.
+    pub payloads: Vec<Vec<u8>>,
+    pub rate_per_s: f64,
+    /// Wait this long after start-up before the first packet (let the tree come up).
+    pub start_delay_ns: u64,
+    /// Keep serving reports and retransmissions this long after the last packet.
+    pub linger_ns: u64,
+    /// Serve MoldUDP64 retransmission requests from a journal of what was sent.
+    pub retransmit_listen: Option<SocketAddr>,
+}
+
+/// Where a receiver's released messages go.
+#[derive(Debug, Clone, Default)]
+pub struct ReceiverJob {
+    /// Send each released MoldUDP64 packet here (an unmodified ITCH application listens on it).
+    pub deliver: Option<SocketAddr>,
+    /// Fill what the tree lost from this MoldUDP64 retransmission server.
+    pub retransmit: Option<SocketAddr>,
+    /// Keep one row per release for the log.
+    pub keep_log: bool,
+}
+
+/// The node's job, by its role in the topology.
+#[derive(Debug, Clone)]
+pub enum Job {
+    Sender(SenderJob),
+    Proxy,
+    Receiver(ReceiverJob),
+}
+
+/// Everything a node process is configured with.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub topology: Topology,
+    pub id: u32,
+    pub node: NodeConfig,
+    pub rule: DeadlineRule,
+    pub auth: Option<Auth>,
+    /// Emulate these links on what this node sends (off in real deployments).
+    pub link: Option<LinkModel>,
+    pub seed: u64,
+    pub idle: IdleStrategy,
+    pub threads: Threading,
+    pub tuning: Tuning,
+    /// Answer `stat` (and `stop`) here.
+    pub control: Option<SocketAddr>,
+    pub max_seconds: Option<f64>,
+    pub job: Job,
+    /// Set from outside (a signal handler) to stop the node.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// One release at a receiver, all times CLOCK_REALTIME ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReleaseRow {
+    pub sequence: u64,
+    pub send_ns: u64,
+    pub deadline_ns: u64,
+    pub arrival_ns: u64,
+    pub release_ns: u64,
+    pub late: bool,
+}
+
+/// What a node did, at exit (and, as JSON, from `fairfeed stat` at any time).
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentReport {
+    pub id: u32,
+    pub role: String,
+    pub addr: String,
+    pub uptime_s: f64,
+    pub counters: serde_json::Value,
+    pub node: serde_json::Value,
+    pub latency: serde_json::Value,
+    pub tuning: Vec<crate::tuning::Applied>,
+    #[serde(skip)]
+    pub rows: Vec<ReleaseRow>,
+}
+
+/// The synchronized clock, ns since the Unix epoch.
+pub fn wall_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Writes a receiver's release rows as CSV.
+pub fn write_rows(path: &std::path::Path, rows: &[ReleaseRow]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(w, "sequence,send_ns,deadline_ns,arrival_ns,release_ns,late")?;
+    for r in rows {
+        writeln!(w, "{},{},{},{},{},{}", r.sequence, r.send_ns, r.deadline_ns, r.arrival_ns, r.release_ns, u8::from(r.late))?;
+    }
+    w.flush()
+}
