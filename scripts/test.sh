@@ -3,8 +3,10 @@
 #   - Debian's tshark (independent MoldUDP64 dissector) and PyPI's itchfeed
 #     (independent ITCH 5.0 decoder), which the tests compare us against;
 #   - formatting and clippy checks;
+#   - iproute2, for the test that runs the tree across network namespaces;
 #   - every unit, property, integration and doc test of the workspace, in release
-#     mode, with FAIRFEED_REQUIRE_TOOLS=1 so a missing external tool fails loudly.
+#     mode, with FAIRFEED_REQUIRE_TOOLS=1 so a missing external tool fails loudly
+#     (and, as root, FAIRFEED_REQUIRE_NETNS=1: the namespace test must run).
 # Runs as root on a fresh Debian machine (CI) or as a user with sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,7 @@ if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; f
 need_apt=()
 command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
@@ -41,6 +44,7 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --release --quiet -- -D warnings
 
 echo "== cargo test (release)"
+if [ "$(id -u)" = "0" ]; then export FAIRFEED_REQUIRE_NETNS=1; fi
 FAIRFEED_REQUIRE_TOOLS=1 cargo test --workspace --release 2>&1 | tee target/test.log
 grep -q "test result: FAILED" target/test.log && exit 1
 summary=$(awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d skipped", p, f, i}' target/test.log)

@@ -67,6 +67,7 @@ fn hedged_tree_loses_nothing_when_a_proxy_crashes() {
         assert_eq!(n(&s["node"]["auth"]["bad_tag"]), 0);
         let seqs: BTreeSet<u64> = c.releases(id).iter().map(|r| r.0).collect();
         assert_eq!(seqs.len() as u64, total, "each message once at receiver {id}");
+        assert_eq!(c.early_releases(id), 0, "receiver {id} released before a deadline");
     }
     let s = c.stats(sender);
     assert_eq!(n(&s["counters"]["feed_sent"]), total);

@@ -156,6 +156,18 @@ impl Cluster {
             .collect()
     }
 
+    /// Rows of receiver `id` whose release came before their deadline.
+    pub fn early_releases(&self, id: u32) -> usize {
+        let text = std::fs::read_to_string(self.path(&format!("log-{id}.csv"))).unwrap();
+        text.lines()
+            .skip(1)
+            .filter(|l| {
+                let f: Vec<u64> = l.split(',').map(|x| x.parse().unwrap()).collect();
+                f[4] < f[2]
+            })
+            .count()
+    }
+
     /// Delivery window per message released by every receiver, ns, sorted.
     pub fn windows(&self) -> Vec<u64> {
         let rx = self.ids("receiver");
