@@ -1,6 +1,7 @@
 //! `fairfeed bench`: end-to-end measurements with a same-run baseline.
 
-use fairfeed_net::bench::{arb_latency, proxy_hop};
+use fairfeed_net::bench::arb_latency;
+use fairfeed_net::bench_tree::{proxy_hop, proxy_ladder, proxy_pps};
 
 #[derive(clap::Subcommand)]
 pub enum Bench {
@@ -11,6 +12,24 @@ pub enum Bench {
         /// Block in recv instead of spinning (default: spin, as latency-critical hosts do).
         #[arg(long)]
         no_busy_poll: bool,
+        /// Seed 003's ladder instead: default → pinned → pinned + busy polling.
+        #[arg(long)]
+        ladder: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copies per second one proxy replicates to F destinations, beside a bare sendmmsg loop, same run.
+    ProxyPps {
+        #[arg(long, default_value_t = 20)]
+        fanout: usize,
+        /// Bytes per packet (overlay header included).
+        #[arg(long, default_value_t = 200)]
+        packet_bytes: usize,
+        /// Alternating rounds of each.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        #[arg(long, default_value_t = 1.0)]
+        round_seconds: f64,
         #[arg(long)]
         json: bool,
     },
@@ -33,7 +52,48 @@ pub enum Bench {
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
-        Bench::ProxyHop { samples, no_busy_poll, json } => {
+        Bench::ProxyHop { samples, ladder: true, json, .. } => {
+            anyhow::ensure!((100..=10_000_000).contains(&samples), "--samples must be 100..=10,000,000");
+            let rungs = proxy_ladder(samples)?;
+            if json {
+                println!("{}", serde_json::to_string(&rungs)?);
+            } else {
+                println!("| rung | via proxy p50 / p99 / p99.9 µs | direct p50 / p99 µs | added p50 µs | ratio |");
+                println!("|---|---|---|---|---|");
+                for r in &rungs {
+                    let (v, d) = (&r.report.via_proxy, &r.report.direct);
+                    println!(
+                        "| {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | {:.2} |",
+                        r.name,
+                        v.p50_us,
+                        v.p99_us,
+                        v.p999_us,
+                        d.p50_us,
+                        d.p99_us,
+                        r.report.proxy_hop_p50_us,
+                        r.report.ratio
+                    );
+                }
+            }
+            Ok(())
+        }
+        Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, json } => {
+            anyhow::ensure!((1..=1_000).contains(&fanout), "--fanout must be 1..=1,000");
+            anyhow::ensure!((40..=1_472).contains(&packet_bytes), "--packet-bytes must be 40..=1,472");
+            anyhow::ensure!((1..=100).contains(&rounds) && round_seconds > 0.0, "bad --rounds/--round-seconds");
+            let r = proxy_pps(fanout, packet_bytes, rounds, round_seconds)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "proxy replicating to {fanout}: {:.0} copies/s ({:.0} packets/s in); bare sendmmsg loop: {:.0} copies/s; \
+                     ratio {:.2} (medians of {rounds} rounds of {round_seconds} s)",
+                    r.proxy_pps, r.proxy_input_pps, r.baseline_pps, r.ratio
+                );
+            }
+            Ok(())
+        }
+        Bench::ProxyHop { samples, no_busy_poll, json, .. } => {
             anyhow::ensure!((100..=10_000_000).contains(&samples), "--samples must be 100..=10,000,000");
             let r = proxy_hop(samples, !no_busy_poll)?;
             if json {

@@ -111,8 +111,14 @@ impl BatchSend {
         while done < slices.len() {
             out.calls += 1;
             let none: [ControlMessage<'_>; 0] = [];
-            match sendmmsg(sock.as_raw_fd(), &mut self.headers, &slices[done..], &addrs[done..], none, MsgFlags::empty())
-            {
+            match sendmmsg(
+                sock.as_raw_fd(),
+                &mut self.headers,
+                &slices[done..],
+                &addrs[done..],
+                none,
+                MsgFlags::empty(),
+            ) {
                 Ok(r) => {
                     let k = r.count();
                     if k == 0 {

@@ -28,6 +28,7 @@ pub struct Latency {
     pub p50_us: f64,
     pub p90_us: f64,
     pub p99_us: f64,
+    pub p999_us: f64,
     pub mean_us: f64,
     pub samples: u64,
 }
@@ -47,12 +48,13 @@ pub struct ArbLatencyReport {
     pub idle: String,
 }
 
-fn latency(h: &Histogram<u64>) -> Latency {
+pub(crate) fn latency(h: &Histogram<u64>) -> Latency {
     let us = |ns: u64| ns as f64 / 1e3;
     Latency {
         p50_us: us(h.value_at_quantile(0.5)),
         p90_us: us(h.value_at_quantile(0.9)),
         p99_us: us(h.value_at_quantile(0.99)),
+        p999_us: us(h.value_at_quantile(0.999)),
         mean_us: h.mean() / 1e3,
         samples: h.len(),
     }
@@ -70,7 +72,7 @@ fn packet(seq: u64) -> Vec<u8> {
 /// Sends `samples` packets one at a time to `to`,
 /// timing each until it arrives on `rx`. With `spin`, waits by spinning on a
 /// non-blocking socket (both ends then poll, as latency-critical hosts do).
-fn measure(
+pub(crate) fn measure(
     h: &mut Histogram<u64>,
     tx: &UdpSocket,
     to: SocketAddr,
@@ -184,88 +186,5 @@ pub fn arb_latency(samples: usize, busy_poll: bool, idle: IdleStrategy) -> std::
         arbitrator: al,
         busy_poll,
         idle: format!("{idle:?}"),
-    })
-}
-
-/// Latency a fair-multicast proxy hop adds, beside one bare loopback hop.
-#[derive(Debug, Clone, Serialize)]
-pub struct ProxyHopReport {
-    /// Median latency the proxy hop adds: (sender → proxy → receiver) − (sender → receiver), µs.
-    pub proxy_hop_p50_us: f64,
-    /// Median one-way latency of a bare loopback hop (sender → receiver), same run, µs.
-    pub baseline_oneway_p50_us: f64,
-    /// proxy_hop_p50_us / baseline_oneway_p50_us.
-    pub ratio: f64,
-    pub via_proxy: Latency,
-    pub direct: Latency,
-    pub busy_poll: bool,
-}
-
-/// Sends one overlay data packet at a time either straight to the receiver
-/// socket or through a spinning thread running the real `Proxy` state machine
-/// (first copy wins, forward to its child), in alternating rounds.
-pub fn proxy_hop(samples: usize, busy_poll: bool) -> std::io::Result<ProxyHopReport> {
-    use fairfeed_tree::node::{NodeConfig, Proxy, Transmit};
-    use fairfeed_wire::overlay::{HeaderRepr, Kind};
-
-    let any: SocketAddr = "127.0.0.1:0".parse().expect("valid");
-    let tx = UdpSocket::bind(any)?;
-    let rx = UdpSocket::bind(any)?;
-    rx.set_read_timeout(Some(Duration::from_secs(1)))?;
-    let rx_addr = rx.local_addr()?;
-    let psock = bind_udp(any, 1 << 20)?;
-    psock.set_nonblocking(busy_poll)?;
-    psock.set_read_timeout(Some(Duration::from_millis(20)))?;
-    let proxy_addr = psock.local_addr()?;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let proxy = thread::spawn(move || {
-        struct Out<'a>(&'a UdpSocket, SocketAddr);
-        impl Transmit for Out<'_> {
-            fn send(&mut self, _to: u32, bytes: &[u8]) {
-                let _ = self.0.send_to(bytes, self.1);
-            }
-        }
-        let mut p = Proxy::new(1, 0, &[2], &[], NodeConfig::default());
-        let start = Instant::now();
-        let mut buf = [0u8; 2048];
-        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            match psock.recv(&mut buf) {
-                Ok(n) => p.handle_packet(start.elapsed().as_nanos() as u64, &mut buf[..n], &mut Out(&psock, rx_addr)),
-                Err(_) => std::hint::spin_loop(),
-            }
-        }
-    });
-    let mut seq = 0u64;
-    let packet = |seq: u64| {
-        let mut b = vec![0u8; 40 + 34];
-        let h = HeaderRepr { kind: Some(Kind::Data), sequence: seq, payload_len: 34, ..HeaderRepr::default() };
-        let _ = h.emit(&mut b);
-        b
-    };
-    const ROUNDS: usize = 10;
-    let per = (samples / ROUNDS).max(1);
-    let mut via = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).expect("valid bounds");
-    let mut direct = via.clone();
-    let mut scratch = via.clone();
-    for round in 0..=ROUNDS {
-        let (hv, hd) = if round == 0 { (&mut scratch, None) } else { (&mut via, Some(&mut direct)) };
-        measure(hv, &tx, proxy_addr, &rx, (seq, per), packet, busy_poll);
-        seq += per as u64;
-        let hd = hd.unwrap_or(&mut scratch);
-        measure(hd, &tx, rx_addr, &rx, (seq, per), packet, busy_poll);
-        seq += per as u64;
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = proxy.join();
-    let (v, d) = (latency(&via), latency(&direct));
-    let added = v.p50_us - d.p50_us;
-    Ok(ProxyHopReport {
-        proxy_hop_p50_us: added,
-        baseline_oneway_p50_us: d.p50_us,
-        ratio: if d.p50_us > 0.0 { added / d.p50_us } else { 0.0 },
-        via_proxy: v,
-        direct: d,
-        busy_poll,
     })
 }

@@ -7,12 +7,13 @@
 //! loopback UDP ([`tree_live`], behind `fairfeed demo`). Everything that owns a socket, a
 //! thread or a clock lives here, never in the cores.
 
+pub mod agent;
 pub mod arb_live;
 pub mod arb_offline;
 pub mod batch;
 pub mod bench;
+pub mod bench_tree;
 pub mod pace;
 pub mod replay;
 pub mod tree_live;
 pub mod tuning;
-pub mod agent;

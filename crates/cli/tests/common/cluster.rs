@@ -140,7 +140,8 @@ impl Cluster {
 
     pub fn stats(&self, id: u32) -> serde_json::Value {
         let p = self.path(&format!("stats-{id}.json"));
-        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}; stderr: {}", p.display(), self.stderr(id)));
+        let text =
+            std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}; stderr: {}", p.display(), self.stderr(id)));
         serde_json::from_str(&text).unwrap()
     }
 

@@ -152,7 +152,16 @@ pub fn write_rows(path: &std::path::Path, rows: &[ReleaseRow]) -> std::io::Resul
     let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(w, "sequence,send_ns,deadline_ns,arrival_ns,release_ns,late")?;
     for r in rows {
-        writeln!(w, "{},{},{},{},{},{}", r.sequence, r.send_ns, r.deadline_ns, r.arrival_ns, r.release_ns, u8::from(r.late))?;
+        writeln!(
+            w,
+            "{},{},{},{},{},{}",
+            r.sequence,
+            r.send_ns,
+            r.deadline_ns,
+            r.arrival_ns,
+            r.release_ns,
+            u8::from(r.late)
+        )?;
     }
     w.flush()
 }

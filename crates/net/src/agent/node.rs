@@ -5,7 +5,9 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use fairfeed_arb::core::{Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window};
+use fairfeed_arb::core::{
+    Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window,
+};
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
 use fairfeed_sim::model::LinkEmulator;
@@ -180,7 +182,11 @@ impl Delivery {
                     lines: 1,
                     window: Window { mode: Mode::Time, max_hold_ns: 200_000_000, max_count_msgs: 1_000_000 },
                     start: Start::First,
-                    retransmit: Some(RetransmitConfig { grace_ns: 1_000_000, adaptive_grace: false, ..Default::default() }),
+                    retransmit: Some(RetransmitConfig {
+                        grace_ns: 1_000_000,
+                        adaptive_grace: false,
+                        ..Default::default()
+                    }),
                     ..ArbConfig::default()
                 };
                 let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(AgentError::Config)?;
@@ -304,14 +310,15 @@ fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, Node), Agent
 }
 
 fn start_feed(job: &super::SenderJob, now: u64) -> Result<Feed, AgentError> {
-    if !(job.rate_per_s > 0.0) {
+    if job.rate_per_s.is_nan() || job.rate_per_s <= 0.0 {
         return Err(AgentError::Config("the sender's rate must be positive".into()));
     }
     let journal = match job.retransmit_listen {
         None => None,
         Some(a) => Some(Journaled {
             server: RetransmitServer::new(Journal::new(), ServerConfig::default()),
-            sock: bind_udp(a, 1 << 20).map_err(|e| AgentError::Io(format!("binding the retransmission server to {a}"), e))?,
+            sock: bind_udp(a, 1 << 20)
+                .map_err(|e| AgentError::Io(format!("binding the retransmission server to {a}"), e))?,
             answers: 0,
             journal_errors: 0,
         }),
@@ -363,8 +370,9 @@ impl<'c> Agent<'c> {
     fn new(cfg: &'c AgentConfig) -> Result<Self, AgentError> {
         let (addrs, me) = addresses(cfg)?;
         let addr = addrs[me.id as usize].expect("checked by addresses()");
-        let sock = bind_udp(addr, SOCKET_RECV_BUFFER)
-            .map_err(|e| AgentError::Io(format!("node {}: binding {addr} (in use, or not an address of this host?)", me.id), e))?;
+        let sock = bind_udp(addr, SOCKET_RECV_BUFFER).map_err(|e| {
+            AgentError::Io(format!("node {}: binding {addr} (in use, or not an address of this host?)", me.id), e)
+        })?;
         let mut tuning = cfg.tuning.apply_process();
         tuning.extend(cfg.tuning.apply_thread(0));
         tuning.extend(cfg.tuning.apply_socket(&sock));
@@ -375,10 +383,12 @@ impl<'c> Agent<'c> {
             (Role::Sender, Job::Sender(_)) => {
                 Live::Sender(Box::new(Sender::new(me.id, me.children.clone(), cfg.node, cfg.rule).with_auth(a)))
             }
-            (Role::Proxy, Job::Proxy) => Live::Proxy(Box::new(
-                Proxy::new(me.id, parent, &me.children, &me.hedge_targets, cfg.node).with_auth(a),
-            )),
-            (Role::Receiver, Job::Receiver(_)) => Live::Receiver(Box::new(Receiver::new(me.id, parent, cfg.node).with_auth(a))),
+            (Role::Proxy, Job::Proxy) => {
+                Live::Proxy(Box::new(Proxy::new(me.id, parent, &me.children, &me.hedge_targets, cfg.node).with_auth(a)))
+            }
+            (Role::Receiver, Job::Receiver(_)) => {
+                Live::Receiver(Box::new(Receiver::new(me.id, parent, cfg.node).with_auth(a)))
+            }
             (role, _) => {
                 return Err(AgentError::Config(format!(
                     "node {} is a {role:?} in the topology; start it with `fairfeed {}`",
@@ -397,12 +407,16 @@ impl<'c> Agent<'c> {
             _ => None,
         };
         let ctl = match cfg.control {
-            Some(c) => Some(bind_udp(c, 1 << 16).map_err(|e| AgentError::Io(format!("binding the control socket {c}"), e))?),
+            Some(c) => {
+                Some(bind_udp(c, 1 << 16).map_err(|e| AgentError::Io(format!("binding the control socket {c}"), e))?)
+            }
             None => None,
         };
         let tx = Arc::new(TxCounters::default());
         let outbox = start_outbox(cfg, &sock, &tx)?;
-        let emu = cfg.link.map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
+        let emu = cfg
+            .link
+            .map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
         Ok(Agent {
             cfg,
             role: me.role,
@@ -465,7 +479,12 @@ impl Agent<'_> {
         let mut budget = 64;
         while f.next < f.job.payloads.len() && now >= f.t0 + f.next as u64 * f.gap_ns && budget > 0 {
             let p = &f.job.payloads[f.next];
-            let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
+            let mut tx = Pending {
+                addrs: &self.addrs,
+                out: &mut self.pending,
+                last: None,
+                unknown: &mut self.unknown_destination,
+            };
             s.handle_message(now, p, &mut tx);
             // As the simulator does: the deadline rule sees fresh reports at once.
             s.update(now);
@@ -495,7 +514,8 @@ impl Agent<'_> {
     /// Reads what is waiting; returns the number of datagrams.
     fn receive(&mut self, now: u64) -> usize {
         let live = &mut self.live;
-        let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
+        let mut tx =
+            Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
         let hists = &mut self.hists;
         let n = self.recv.recv(&self.sock, |b| {
             // A new packet starts a new shared buffer.
@@ -539,7 +559,8 @@ impl Agent<'_> {
                 now = wall_ns();
             }
         }
-        let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
+        let mut tx =
+            Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
         match &mut self.live {
             Live::Sender(_) => {}
             Live::Proxy(p) if p.next_timeout() <= now => p.handle_timeout(now, &mut tx),
@@ -603,9 +624,9 @@ impl Agent<'_> {
         if self.cfg.max_seconds.is_some_and(|s| now.saturating_sub(self.started_ns) as f64 / 1e9 >= s) {
             return true;
         }
-        self.feed.as_ref().is_some_and(|f| {
-            f.next >= f.job.payloads.len() && now.saturating_sub(f.last_sent_ns) >= f.job.linger_ns
-        })
+        self.feed
+            .as_ref()
+            .is_some_and(|f| f.next >= f.job.payloads.len() && now.saturating_sub(f.last_sent_ns) >= f.job.linger_ns)
     }
 
     /// Sleeps in poll(2) until a packet or shortly before the next timer.
