@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Builds fairfeed and runs its main job on the embedded default: generate a
-# realistic TotalView-ITCH 5.0 feed (MoldUDP64, pcap), characterize it, decode it.
-# Output lands in out/quickstart/. No external service is needed.
+# Builds fairfeed and runs its main job on the embedded default: `fairfeed
+# demo` — a generated TotalView-ITCH 5.0 feed through a fair multicast tree
+# (sibling hedging, hold-and-release, emulated cloud links) to 16 receivers on
+# loopback, beside direct unicast in the same run, with a report in out/demo/.
+# Then a quick look at the feed itself: generate A/B lines, characterize,
+# decode (out/quickstart/). No external service is needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +16,10 @@ fi
 echo "== building fairfeed (release)"
 cargo build --release --quiet --bin fairfeed
 ff=target/release/fairfeed
+
+echo "== fairfeed demo: the fair multicast tree on loopback beside direct unicast (~15 s)"
+"$ff" demo --receivers 16 --seconds 5 --out out/demo
+
 out=out/quickstart
 mkdir -p "$out"
 
@@ -30,4 +37,5 @@ echo; echo "== fairfeed decode $out/a.pcap --quiet (the A line: gaps where it lo
 "$ff" decode "$out/a.pcap" --quiet
 
 echo
-echo "Done. Captures are in $out/ (open them in Wireshark with: Decode As… UDP port 26477 → MoldUDP64)."
+echo "Done. The demo's report: out/demo/report.md (and report.html with its plots)."
+echo "Captures are in $out/ (open them in Wireshark with: Decode As… UDP port 26477 → MoldUDP64)."

@@ -117,10 +117,11 @@ fn report(a: &Args, depth: usize, j: &ClusterResult, du: &ClusterResult) -> anyh
          | delivery window p50 / p99 µs | {:.2} / {:.2} | {:.1} / {:.1} |\n\
          | P(F) at 1 µs | {:.3} | {:.3} |\n| late deliveries | {:.4} | – |\n| mean hold µs | {:.1} | – |\n\
          | release − deadline p50 / p99 ns | {} / {} | – |\n\n\
+         Per-link latency (copies arriving at receivers, by links crossed):\n\n{}\n\n\
          All nodes share one thread and one clock here: the receivers of a message are released back to back \
          at its deadline, so the delivery window is mostly that loop (about 0.1 µs per receiver) — on separate hosts \
          it would be their clocks' error instead. Links are emulated in user space (no netem here).\n\n\
-         Plots: `oml_cdf.svg`, `dws_cdf.svg`.\n",
+         Plots: `oml_cdf.svg`, `dws_cdf.svg`, `hold_cdf.svg` (also in `report.html`).\n",
         j.receivers,
         a.fanout,
         a.hedge,
@@ -145,20 +146,80 @@ fn report(a: &Args, depth: usize, j: &ClusterResult, du: &ClusterResult) -> anyh
         j.hold_mean_us,
         j.release_error_p50_ns,
         j.release_error_p99_ns,
+        path_table(j, du),
     );
     std::fs::write(a.out.join("report.md"), &md)?;
     print!("{md}");
     let names = ["tree + hedging + hold-and-release", "direct unicast"];
     let oml = vec![(names[0].to_string(), j.oml_us.clone()), (names[1].to_string(), du.oml_us.clone())];
     let dws = vec![(names[0].to_string(), j.dws_us.clone()), (names[1].to_string(), du.dws_us.clone())];
+    let hold = vec![(names[0].to_string(), j.hold_us.clone())];
     for (file, title, x, series) in [
         ("oml_cdf.svg", "Overall multicast latency on loopback", "OML (µs)", &oml),
         ("dws_cdf.svg", "Delivery window on loopback", "delivery window (µs)", &dws),
+        ("hold_cdf.svg", "Hold time at receivers (on-time messages)", "hold (µs)", &hold),
     ] {
         if let Err(e) = cdf_svg(&a.out.join(file), title, x, series, 0.995) {
             eprintln!("demo: could not draw {file}: {e}");
         }
     }
-    eprintln!("demo: report in {}", a.out.join("report.md").display());
+    std::fs::write(a.out.join("report.html"), html(&md))?;
+    eprintln!("demo: report in {} (and report.html)", a.out.join("report.md").display());
     Ok(())
+}
+
+fn path_table(j: &ClusterResult, du: &ClusterResult) -> String {
+    let mut t = String::from("| | links | copies | one-way p50 / p99 µs | per link p50 µs |\n|---|---|---|---|---|\n");
+    for (name, r) in [("tree", j), ("direct unicast", du)] {
+        for p in &r.paths {
+            t += &format!(
+                "| {name} | {} | {} | {:.1} / {:.1} | {:.1} |\n",
+                p.links, p.copies, p.p50_us, p.p99_us, p.per_link_p50_us
+            );
+        }
+    }
+    t.trim_end().to_string()
+}
+
+/// The Markdown report as a self-contained page with the plots inline.
+fn html(md: &str) -> String {
+    let mut body = String::new();
+    let mut in_table = false;
+    for line in md.lines() {
+        let esc = line.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+        if let Some(rest) = line.strip_prefix("| ") {
+            if line.starts_with("|---") {
+                continue;
+            }
+            if !in_table {
+                body += "<table>";
+                in_table = true;
+            }
+            let cells: Vec<&str> = rest.trim_end_matches('|').split('|').map(str::trim).collect();
+            body += "<tr>";
+            for c in cells {
+                body += &format!("<td>{}</td>", c.replace('&', "&amp;").replace('<', "&lt;"));
+            }
+            body += "</tr>";
+            continue;
+        }
+        if in_table {
+            body += "</table>";
+            in_table = false;
+        }
+        if let Some(h) = line.strip_prefix("# ") {
+            body += &format!("<h1>{}</h1>", h.replace('&', "&amp;").replace('<', "&lt;"));
+        } else if !line.is_empty() {
+            body += &format!("<p>{esc}</p>");
+        }
+    }
+    if in_table {
+        body += "</table>";
+    }
+    format!(
+        "<!doctype html><meta charset=utf-8><title>fairfeed demo</title>\
+         <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}td{{border:1px solid #ccc;padding:2px 8px}}\
+         table{{border-collapse:collapse;margin:1em 0}}</style>{body}\
+         <img src=oml_cdf.svg width=640><img src=dws_cdf.svg width=640><img src=hold_cdf.svg width=640>"
+    )
 }

@@ -151,3 +151,34 @@ fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
     }
     assert!(coverage.windows(2).all(|w| w[0] == w[1]), "every receiver delivered the same messages: {coverage:?}");
 }
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = std::process::Command::new(common::bin()).args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert!(err.contains(needle), "{args:?}: expected {needle:?} in: {err}");
+}
+
+#[test]
+fn node_processes_explain_bad_configurations() {
+    let c = Cluster::plan(4, 2, 1, &["--loopback-port".into(), "9340".into()]);
+    let topo = c.topo.to_str().unwrap();
+    fails_with(&["proxy", "--topology", "/nonexistent.toml", "--id", "1"], "reading topology");
+    let garbage = c.path("garbage.toml");
+    std::fs::write(&garbage, "receivers = 'many'").unwrap();
+    fails_with(&["proxy", "--topology", garbage.to_str().unwrap(), "--id", "1"], "not a topology");
+    fails_with(&["proxy", "--topology", topo, "--id", "99"], "no node 99");
+    let receiver = c.ids("receiver")[0].to_string();
+    fails_with(&["proxy", "--topology", topo, "--id", &receiver], "start it with `fairfeed receiver`");
+    // Its address is taken.
+    let addr = c.node(c.ids("receiver")[0]).addr.clone();
+    let _squatter = UdpSocket::bind(&addr).unwrap();
+    fails_with(&["receiver", "--topology", topo, "--id", &receiver, "--seconds", "1"], "binding");
+    // A topology without addresses.
+    let bare = Cluster::plan(4, 2, 1, &[]);
+    fails_with(&["receiver", "--topology", bare.topo.to_str().unwrap(), "--id", "0"], "has no address");
+    let bad_key = c.path("bad.key");
+    std::fs::write(&bad_key, "xyz").unwrap();
+    fails_with(&["receiver", "--topology", topo, "--id", "1", "--key-file", bad_key.to_str().unwrap()], "bad key");
+    fails_with(&["stat", "127.0.0.1:9", "--timeout-ms", "200"], "no answer");
+}

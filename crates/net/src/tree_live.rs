@@ -71,11 +71,29 @@ pub struct ClusterResult {
     pub send_errors: u64,
     /// The sender's final deadline offset (OWD_G + margin), µs.
     pub deadline_offset_us: f64,
+    /// Copies arriving at receivers by the links they crossed (proxies + 1):
+    /// one-way latency p50/p99 and the p50 per link.
+    pub paths: Vec<PathLatency>,
+    #[serde(skip)]
+    pub hold_us: Vec<f64>,
     #[serde(skip)]
     pub oml_us: Vec<f64>,
     #[serde(skip)]
     pub dws_us: Vec<f64>,
 }
+
+/// Latency of copies that crossed `links` links.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathLatency {
+    pub links: u8,
+    pub copies: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub per_link_p50_us: f64,
+}
+
+/// Path lengths tracked (longer paths are counted with the longest).
+const PATH_LINKS_MAX: usize = 8;
 
 enum Live {
     Sender(Box<Sender>),
@@ -130,6 +148,7 @@ struct Tally {
     last: Vec<u64>,
     count: Vec<u32>,
     release_err: Vec<u64>,
+    hold: Vec<u64>,
 }
 
 /// All nodes of one tree, their sockets and the emulated links.
@@ -144,6 +163,8 @@ struct Cluster {
     packets_sent: u64,
     send_errors: u64,
     buf: Vec<u8>,
+    /// One-way latency of each copy reaching a receiver, by links crossed.
+    path_ns: Vec<Vec<u64>>,
 }
 
 impl Cluster {
@@ -182,6 +203,7 @@ impl Cluster {
             packets_sent: 0,
             send_errors: 0,
             buf: vec![0u8; 65_536],
+            path_ns: vec![Vec::new(); PATH_LINKS_MAX + 1],
         })
     }
 
@@ -236,7 +258,13 @@ impl Cluster {
                 match &mut self.nodes[id] {
                     Some(Live::Sender(s)) => s.handle_report(t, &self.buf[..n]),
                     Some(Live::Proxy(p)) => p.handle_packet(t, &mut self.buf[..n], &mut tx),
-                    Some(Live::Receiver(r)) => r.handle_packet(t, &self.buf[..n]),
+                    Some(Live::Receiver(r)) => {
+                        if let Ok((h, _)) = fairfeed_wire::overlay::HeaderRepr::parse(&self.buf[..n]) {
+                            let links = (usize::from(h.hop) + 1).min(PATH_LINKS_MAX);
+                            self.path_ns[links].push(t.saturating_sub(h.send_ns));
+                        }
+                        r.handle_packet(t, &self.buf[..n]);
+                    }
                     None => {}
                 }
             }
@@ -282,6 +310,7 @@ impl Cluster {
                         }
                         if !m.late && hold {
                             tally.release_err.push(t.saturating_sub(m.deadline_ns));
+                            tally.hold.push(m.deadline_ns.saturating_sub(m.arrival_ns));
                         }
                     }
                 }
@@ -311,6 +340,7 @@ pub fn run_cluster(
         last: vec![0; slots],
         count: vec![0; slots],
         release_err: Vec::new(),
+        hold: Vec::new(),
     };
     let end_ns = (cfg.seconds * 1e9) as u64;
     // After the last message: long enough for its deadline and the slowest copy.
@@ -339,10 +369,28 @@ pub fn run_cluster(
         }
         std::hint::spin_loop();
     }
-    Ok(summarize(&c, cfg, &mut tally, total))
+    Ok(summarize(&mut c, cfg, &mut tally, total))
 }
 
-fn summarize(c: &Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64) -> ClusterResult {
+fn paths(c: &mut Cluster) -> Vec<PathLatency> {
+    let mut out = Vec::new();
+    for (links, v) in c.path_ns.iter_mut().enumerate() {
+        if v.is_empty() {
+            continue;
+        }
+        let p50 = quantile(v, 0.5) as f64 / 1e3;
+        out.push(PathLatency {
+            links: links as u8,
+            copies: v.len() as u64,
+            p50_us: p50,
+            p99_us: quantile(v, 0.99) as f64 / 1e3,
+            per_link_p50_us: p50 / links.max(1) as f64,
+        });
+    }
+    out
+}
+
+fn summarize(c: &mut Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64) -> ClusterResult {
     let n = c.receiver_ids.len() as u32;
     let counted = (cfg.warmup_messages as usize + 1)..=(total as usize);
     let (mut oml, mut dws, mut lost) = (Vec::new(), Vec::new(), 0u64);
@@ -385,6 +433,8 @@ fn summarize(c: &Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64) ->
         packets_sent: c.packets_sent,
         send_errors: c.send_errors,
         deadline_offset_us,
+        paths: paths(c),
+        hold_us: tally.hold.iter().map(|&x| x as f64 / 1e3).collect(),
         oml_us,
         dws_us,
     }
