@@ -1,5 +1,6 @@
 //! `fairfeed bench`: end-to-end measurements with a same-run baseline.
 
+use fairfeed_net::agent::Threading;
 use fairfeed_net::bench::arb_latency;
 use fairfeed_net::bench_tree::{proxy_hop, proxy_ladder, proxy_pps};
 
@@ -30,6 +31,9 @@ pub enum Bench {
         rounds: usize,
         #[arg(long, default_value_t = 1.0)]
         round_seconds: f64,
+        /// Run the proxy's send side on its own thread (SPSC ring between).
+        #[arg(long)]
+        split: bool,
         #[arg(long)]
         json: bool,
     },
@@ -77,11 +81,12 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, json } => {
+        Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, json } => {
             anyhow::ensure!((1..=1_000).contains(&fanout), "--fanout must be 1..=1,000");
             anyhow::ensure!((40..=1_472).contains(&packet_bytes), "--packet-bytes must be 40..=1,472");
             anyhow::ensure!((1..=100).contains(&rounds) && round_seconds > 0.0, "bad --rounds/--round-seconds");
-            let r = proxy_pps(fanout, packet_bytes, rounds, round_seconds)?;
+            let threads = if split { Threading::Split } else { Threading::One };
+            let r = proxy_pps(fanout, packet_bytes, (rounds, round_seconds), threads)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {

@@ -54,6 +54,7 @@ fn start_proxy(
     children: &[SocketAddr],
     idle: IdleStrategy,
     tuning: Tuning,
+    threads: Threading,
 ) -> std::io::Result<ProxyUnderTest> {
     let k = children.len() as u32;
     let (addr, control) = (free_addr()?, free_addr()?);
@@ -92,7 +93,7 @@ fn start_proxy(
         link: None,
         seed: 1,
         idle,
-        threads: Threading::One,
+        threads,
         tuning,
         control: Some(control),
         max_seconds: Some(600.0),
@@ -141,7 +142,7 @@ fn hop_rounds(samples: usize, idle: IdleStrategy, tuning: Tuning, spin: bool) ->
     let rx = UdpSocket::bind(any)?;
     rx.set_read_timeout(Some(Duration::from_secs(1)))?;
     let pinned = !tuning.pin.is_empty();
-    let p = start_proxy(tx.local_addr()?, &[rx.local_addr()?], idle, tuning)?;
+    let p = start_proxy(tx.local_addr()?, &[rx.local_addr()?], idle, tuning, Threading::One)?;
     const ROUNDS: usize = 10;
     let per = (samples / ROUNDS).max(1);
     let mut via = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).expect("valid bounds");
@@ -234,6 +235,7 @@ pub struct ProxyPpsReport {
     pub proxy_input_pps: f64,
     pub rounds: usize,
     pub round_seconds: f64,
+    pub threads: Threading,
     pub proxy_rounds_pps: Vec<f64>,
     pub baseline_rounds_pps: Vec<f64>,
 }
@@ -277,14 +279,14 @@ fn feeder(sock: UdpSocket, to: SocketAddr, len: usize, stop: Arc<AtomicBool>, fi
 pub fn proxy_pps(
     fanout: usize,
     packet_bytes: usize,
-    rounds: usize,
-    round_seconds: f64,
+    (rounds, round_seconds): (usize, f64),
+    threads: Threading,
 ) -> std::io::Result<ProxyPpsReport> {
     assert!((1..=1_000).contains(&fanout), "fan-out 1..=1000");
     let sinks: Vec<UdpSocket> = (0..fanout).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     let dests: Vec<SocketAddr> = sinks.iter().map(UdpSocket::local_addr).collect::<Result<_, _>>()?;
     let feed_sock = UdpSocket::bind("127.0.0.1:0")?;
-    let p = start_proxy(feed_sock.local_addr()?, &dests, IdleStrategy::Spin, Tuning::default())?;
+    let p = start_proxy(feed_sock.local_addr()?, &dests, IdleStrategy::Spin, Tuning::default(), threads)?;
     let ctl = UdpSocket::bind("127.0.0.1:0")?;
     ctl.set_read_timeout(Some(Duration::from_secs(2)))?;
     let base_sock = UdpSocket::bind("127.0.0.1:0")?;
@@ -324,6 +326,7 @@ pub fn proxy_pps(
         proxy_input_pps: median(&input),
         rounds,
         round_seconds,
+        threads,
         proxy_rounds_pps: ours,
         baseline_rounds_pps: base,
     })
