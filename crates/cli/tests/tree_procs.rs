@@ -50,8 +50,14 @@ fn n(v: &serde_json::Value) -> u64 {
 fn hedged_tree_loses_nothing_when_a_proxy_crashes() {
     let mut c = Cluster::plan(6, 2, 1, &["--loopback-port".into(), "9310".into()]);
     let victim = c.nodes.iter().find(|n| n.role == "proxy" && n.layer == 0).unwrap().id;
-    for id in c.ids("receiver").into_iter().chain(c.ids("proxy")) {
+    for id in c.ids("receiver") {
         c.start(id, &common_args());
+    }
+    // The proxies that survive send on a second thread (the split threading mode).
+    for id in c.ids("proxy") {
+        let mut a = common_args();
+        a.extend(["--threads".into(), "split".into()]);
+        c.start(id, &a);
     }
     let sender = c.ids("sender")[0];
     c.start(sender, &sender_args(&[]));

@@ -79,7 +79,14 @@ impl Transmit for Pending<'_> {
 
 enum Outbox {
     Inline(Egress),
-    Ring { tx: rtrb::Producer<Copy>, done: Arc<AtomicBool>, thread: Option<std::thread::JoinHandle<Vec<Applied>>> },
+    Ring {
+        tx: rtrb::Producer<Copy>,
+        done: Arc<AtomicBool>,
+        /// The send thread is parked (or about to): wake it after pushing.
+        sleeping: Arc<AtomicBool>,
+        waker: std::thread::Thread,
+        thread: Option<std::thread::JoinHandle<Vec<Applied>>>,
+    },
 }
 
 /// Histograms of a receiver, ns.
@@ -333,6 +340,23 @@ fn start_feed(job: &super::SenderJob, now: u64) -> Result<Feed, AgentError> {
     })
 }
 
+/// The send thread's wait when it found nothing to do.
+fn idle_tx(idle: IdleStrategy, asleep: &AtomicBool, ring: &rtrb::Consumer<Copy>, next_due: Option<u64>, now: u64) {
+    match idle {
+        IdleStrategy::Spin => std::hint::spin_loop(),
+        IdleStrategy::Backoff { .. } => std::thread::yield_now(),
+        IdleStrategy::Park => {
+            asleep.store(true, Ordering::SeqCst);
+            // Re-check after announcing the sleep: a push in between is not missed.
+            if ring.is_empty() {
+                let wait = next_due.map_or(100_000_000, |d| d.saturating_sub(now)).min(100_000_000);
+                std::thread::park_timeout(std::time::Duration::from_nanos(wait));
+            }
+            asleep.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
 fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Result<Outbox, AgentError> {
     let send_sock = sock.try_clone().map_err(|e| AgentError::Io("cloning the socket".into(), e))?;
     Ok(match cfg.threads {
@@ -340,28 +364,39 @@ fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Re
         Threading::Split => {
             let (ptx, mut crx) = rtrb::RingBuffer::<Copy>::new(RING_CAPACITY);
             let done = Arc::new(AtomicBool::new(false));
+            let sleeping = Arc::new(AtomicBool::new(false));
             let (d, tuning, counters) = (done.clone(), cfg.tuning.clone(), tx.clone());
+            let (asleep, idle) = (sleeping.clone(), cfg.idle);
             let thread = std::thread::Builder::new()
                 .name("fairfeed-tx".into())
                 .spawn(move || {
                     // Built here: the batch headers hold raw pointers and stay on this thread.
                     let mut egress = Egress::new(send_sock, counters);
                     let applied = tuning.apply_thread(1);
+                    if idle == IdleStrategy::Park {
+                        let _ = nix::sys::prctl::set_timerslack(1_000);
+                    }
                     loop {
                         let finished = d.load(Ordering::Acquire);
+                        let mut got = false;
                         while let Ok(c) = crx.pop() {
                             egress.push(c);
+                            got = true;
                         }
-                        egress.flush(wall_ns());
+                        let now = wall_ns();
+                        egress.flush(now);
                         if finished && crx.is_empty() && egress.is_empty() {
                             break;
                         }
-                        std::hint::spin_loop();
+                        if !got {
+                            idle_tx(idle, &asleep, &crx, egress.next_due(), now);
+                        }
                     }
                     applied
                 })
                 .map_err(|e| AgentError::Io("starting the send thread".into(), e))?;
-            Outbox::Ring { tx: ptx, done, thread: Some(thread) }
+            let waker = thread.thread().clone();
+            Outbox::Ring { tx: ptx, done, sleeping, waker, thread: Some(thread) }
         }
     })
 }
@@ -467,8 +502,15 @@ impl Agent<'_> {
                 }
             }
         }
-        if let Outbox::Inline(e) = &mut self.outbox {
-            e.flush(now);
+        match &mut self.outbox {
+            Outbox::Inline(e) => {
+                e.flush(now);
+            }
+            Outbox::Ring { sleeping, waker, .. } => {
+                if sleeping.load(Ordering::SeqCst) {
+                    waker.unpark();
+                }
+            }
         }
     }
 
@@ -763,8 +805,9 @@ pub fn run_agent(cfg: &AgentConfig, mut on_release: impl FnMut(&Released, u64)) 
                 e.flush(wall_ns());
             }
         }
-        Outbox::Ring { done, thread, .. } => {
+        Outbox::Ring { done, thread, waker, .. } => {
             done.store(true, Ordering::Release);
+            waker.unpark();
             if let Some(t) = thread.take() {
                 if let Ok(applied) = t.join() {
                     report(&who, &applied);
