@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd_arb;
 mod cmd_bench;
+mod cmd_bridge;
 mod cmd_decode;
 mod cmd_demo;
 mod cmd_gen;
@@ -56,6 +57,11 @@ enum Command {
     /// Experiments in the deterministic simulator (fair multicast tree).
     #[command(subcommand)]
     Sim(cmd_sim::Sim),
+    /// The arbitrated feed into NATS by service or symbol (seed 001 with a real broker).
+    #[command(subcommand)]
+    Bridge(cmd_bridge::BridgeCmd),
+    /// Subscribe to the bridge's subjects: count, time from the bridge's tag, detect gaps.
+    Subscribe(cmd_bridge::SubscribeArgs),
     /// End-to-end benchmarks, each with a baseline measured in the same run.
     #[command(subcommand)]
     Bench(cmd_bench::Bench),
@@ -72,6 +78,8 @@ fn main() {
         Command::RetransmitServer(a) => cmd_arb::run_server(a),
         Command::Control(a) => cmd_arb::run_control(a),
         Command::Bench(b) => cmd_bench::run(b),
+        Command::Bridge(c) => cmd_bridge::run(c),
+        Command::Subscribe(a) => cmd_bridge::run_subscribe(a),
         Command::Plan(a) => cmd_plan::run(a),
         Command::Sender(a) => cmd_node::run_sender(*a),
         Command::Proxy(a) => cmd_node::run_proxy(*a),

@@ -1,0 +1,186 @@
+//! Seed 001's experiment, redone with NATS: a generated feed (seed 001's
+//! characterization: ~5 messages per packet, same-symbol bursts) replayed at a
+//! fixed packet rate through the bridge into a local `nats-server`, with K
+//! subscribers each subscribed to everything (as seed 001's clients were),
+//! timing every publication from the bridge's ingress tag to its arrival.
+
+use std::time::{Duration, Instant};
+
+use fairfeed_feed::gen::{GenConfig, Generator};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::publish::{wall_ns, Bridge, PublishConfig};
+use crate::route::{By, Granularity, RouteConfig};
+use crate::server::LocalServer;
+use crate::subscribe::{subscribe, StopWhen, SubscribeConfig, SubscribeReport};
+
+/// Subscribers at most in one run.
+pub const SUBSCRIBERS_MAX: usize = 64;
+
+/// One row of the experiment.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub subscribers: usize,
+    pub granularity: Granularity,
+    pub by: By,
+    pub rate_pps: f64,
+    pub seconds: f64,
+    /// Use this server instead of starting one.
+    pub nats: Option<String>,
+    pub seed: u64,
+}
+
+/// Its result: latency over all subscribers, and what was lost or repeated.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub mean_ms: f64,
+    pub min_ms: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Publications some subscriber never got (summed over subscribers).
+    pub lost: u64,
+    pub duplicates: u64,
+    pub subscribers: usize,
+    pub granularity: Granularity,
+    pub by: By,
+    pub rate_pps: f64,
+    pub achieved_pps: f64,
+    pub seconds: f64,
+    pub packets: u64,
+    pub messages: u64,
+    /// Publications the bridge made (each subscriber should get all of them).
+    pub publications: u64,
+    pub publications_per_s: f64,
+    pub dropped_overflow: u64,
+    pub subjects: usize,
+    pub per_subscriber: Vec<SubscribeReport>,
+}
+
+fn feed(rate_pps: f64, seconds: f64, seed: u64) -> Result<Vec<Vec<u8>>, String> {
+    let packets = (rate_pps * seconds).ceil() as usize;
+    let g = Generator::new(GenConfig {
+        seed,
+        messages: (packets as u64 * 8).max(100),
+        symbols: 500,
+        ..GenConfig::default()
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(g.map(|p| p.payload).filter(|p| p.len() > 20).take(packets).collect())
+}
+
+/// Sends `packets` into the bridge at `rate_pps`; returns the achieved rate.
+fn replay(bridge: &mut Bridge, packets: &[Vec<u8>], rate_pps: f64, mut progress: impl FnMut(f64)) -> f64 {
+    let gap = Duration::from_secs_f64(1.0 / rate_pps);
+    let t0 = Instant::now();
+    for (i, p) in packets.iter().enumerate() {
+        let due = gap * i as u32;
+        loop {
+            let el = t0.elapsed();
+            if el >= due {
+                break;
+            }
+            if due - el > Duration::from_micros(200) {
+                std::thread::sleep(due - el - Duration::from_micros(100));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        bridge.handle_packet(p, wall_ns());
+        if i % 1_000 == 0 {
+            progress(i as f64 / packets.len() as f64);
+        }
+    }
+    packets.len() as f64 / t0.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// Runs one row.
+pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, String> {
+    if cfg.subscribers == 0 || cfg.subscribers > SUBSCRIBERS_MAX {
+        return Err(format!("subscribers must be 1..={SUBSCRIBERS_MAX}"));
+    }
+    if !(cfg.rate_pps > 0.0 && cfg.seconds > 0.0) {
+        return Err("rate and seconds must be positive".into());
+    }
+    let _server;
+    let url = match &cfg.nats {
+        Some(u) => u.clone(),
+        None => {
+            let s = LocalServer::start(0, None).map_err(|e| e.to_string())?;
+            let u = s.url.clone();
+            _server = s;
+            u
+        }
+    };
+    let packets = feed(cfg.rate_pps, cfg.seconds, cfg.seed)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let route = RouteConfig { granularity: cfg.granularity, by: cfg.by, ..RouteConfig::default() };
+    let sub_cfg = SubscribeConfig {
+        url: url.clone(),
+        subject: format!("{}.>", route.prefix),
+        jetstream: None,
+        stop: StopWhen {
+            idle: Some(Duration::from_secs(2)),
+            after: Some(Duration::from_secs_f64(cfg.seconds + 120.0)),
+            publications: None,
+        },
+    };
+    let mut tasks = Vec::new();
+    let mut readies = Vec::new();
+    for _ in 0..cfg.subscribers {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let c = sub_cfg.clone();
+        tasks.push(rt.spawn(async move { subscribe(&c, Some(tx), |_, _| {}).await }));
+        readies.push(rx);
+    }
+    rt.block_on(async {
+        for r in readies {
+            let _ = tokio::time::timeout(Duration::from_secs(10), r).await;
+        }
+    });
+    let mut bridge = Bridge::start(route, PublishConfig::new(&url))?;
+    let achieved = replay(&mut bridge, &packets, cfg.rate_pps, progress);
+    let b = bridge.finish(Duration::from_secs(60));
+    let mut per = Vec::new();
+    let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
+    for t in tasks {
+        let (r, h) = rt.block_on(t).map_err(|e| e.to_string())??;
+        let _ = all.add(&h);
+        per.push(r);
+    }
+    let publications = b.route.publications;
+    let lost = per.iter().map(|r| publications.saturating_sub(r.distinct)).sum();
+    let duplicates = per.iter().map(|r| r.duplicates).sum();
+    let ms = |us: u64| us as f64 / 1e3;
+    let empty = all.is_empty();
+    let q = |x: f64| if empty { 0.0 } else { ms(all.value_at_quantile(x)) };
+    Ok(BenchReport {
+        mean_ms: if empty { 0.0 } else { all.mean() / 1e3 },
+        min_ms: if empty { 0.0 } else { ms(all.min()) },
+        p50_ms: q(0.5),
+        p90_ms: q(0.9),
+        p99_ms: q(0.99),
+        max_ms: if empty { 0.0 } else { ms(all.max()) },
+        lost,
+        duplicates,
+        subscribers: cfg.subscribers,
+        granularity: cfg.granularity,
+        by: cfg.by,
+        rate_pps: cfg.rate_pps,
+        achieved_pps: achieved,
+        seconds: cfg.seconds,
+        packets: b.route.packets,
+        messages: b.route.messages,
+        publications,
+        publications_per_s: publications as f64 / cfg.seconds,
+        dropped_overflow: b.dropped_overflow,
+        subjects: b.route.subjects,
+        per_subscriber: per,
+    })
+}

@@ -1,0 +1,295 @@
+//! The bridge's I/O shell: routed publications go through a bounded queue to a
+//! publisher task on a small tokio runtime, which publishes them to NATS —
+//! plainly (at most once) or into a JetStream stream (acknowledged, retried
+//! until stored, deduplicated by `Nats-Msg-Id`, so a broker restart loses and
+//! duplicates nothing).
+//!
+//! Headers on every publication: `Ff-Seq` (first MoldUDP64 sequence number),
+//! `Ff-Count` (messages), `Ff-Pub` (the bridge's publication number), `Ff-Subj-Seq`
+//! (its number on its subject) and `Ff-Ts` (when the bridge received the packet,
+//! CLOCK_REALTIME ns) — the tag subscribers time latency from, as seed 001's
+//! gateway stamped a 7-byte tag.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::route::{Publication, RouteConfig, RouteStats, Router};
+
+/// Publications queued between the feed and the broker, by default.
+pub const BUFFER_DEFAULT: usize = 65_536;
+/// JetStream publications awaiting their acknowledgement at once, by default.
+pub const IN_FLIGHT_DEFAULT: usize = 256;
+/// A JetStream publication is retried this often at most (≈ 60 s of outage).
+pub const RETRIES_MAX: u32 = 600;
+
+/// What happens when the broker is slower than the feed and the queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overflow {
+    /// Drop the new publication and count it (the feed never waits).
+    Drop,
+    /// Wait for room (the feed's socket buffer absorbs, then the kernel drops).
+    Block,
+}
+
+/// Where and how to publish.
+#[derive(Debug, Clone)]
+pub struct PublishConfig {
+    pub url: String,
+    /// Publish into this JetStream stream (created over `<prefix>.>` if missing, file storage).
+    pub jetstream: Option<String>,
+    pub buffer: usize,
+    pub overflow: Overflow,
+    pub in_flight_max: usize,
+}
+
+impl PublishConfig {
+    pub fn new(url: &str) -> Self {
+        PublishConfig {
+            url: url.to_string(),
+            jetstream: None,
+            buffer: BUFFER_DEFAULT,
+            overflow: Overflow::Drop,
+            in_flight_max: IN_FLIGHT_DEFAULT,
+        }
+    }
+}
+
+/// Counters of the publishing side.
+#[derive(Debug, Default)]
+struct Shared {
+    queued: AtomicU64,
+    published: AtomicU64,
+    dropped_overflow: AtomicU64,
+    publish_errors: AtomicU64,
+    retries: AtomicU64,
+    acked: AtomicU64,
+    acked_duplicate: AtomicU64,
+    given_up: AtomicU64,
+    disconnects: AtomicU64,
+    queue_max_seen: AtomicUsize,
+}
+
+/// What the bridge did.
+#[derive(Debug, Clone, Serialize)]
+pub struct BridgeReport {
+    pub route: RouteStats,
+    pub queued: u64,
+    pub published: u64,
+    pub dropped_overflow: u64,
+    pub publish_errors: u64,
+    pub retries: u64,
+    pub acked: u64,
+    pub acked_duplicate: u64,
+    pub given_up: u64,
+    pub disconnects: u64,
+    pub queue_max_seen: usize,
+}
+
+/// A queued publication and when its packet arrived.
+type Item = (Publication, u64);
+
+/// The bridge: router in the caller's thread, publisher on its own runtime.
+pub struct Bridge {
+    router: Router,
+    tx: Option<mpsc::Sender<Item>>,
+    cfg: PublishConfig,
+    shared: Arc<Shared>,
+    rt: tokio::runtime::Runtime,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// CLOCK_REALTIME in ns.
+pub fn wall_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn headers(p: &Publication, ingress_ns: u64, with_id: bool) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("Ff-Seq", p.seq.to_string().as_str());
+    h.insert("Ff-Count", p.count.to_string().as_str());
+    h.insert("Ff-Pub", p.pub_seq.to_string().as_str());
+    h.insert("Ff-Subj-Seq", p.subject_seq.to_string().as_str());
+    h.insert("Ff-Ts", ingress_ns.to_string().as_str());
+    if with_id {
+        h.insert(async_nats::header::NATS_MESSAGE_ID, format!("{}:{}:{}", p.seq, p.count, p.subject).as_str());
+    }
+    h
+}
+
+async fn connect(url: &str, shared: Arc<Shared>) -> Result<async_nats::Client, String> {
+    async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .reconnect_delay_callback(|n| Duration::from_millis((20 * n as u64).min(500)))
+        .event_callback(move |e| {
+            let s = shared.clone();
+            async move {
+                if matches!(e, async_nats::Event::Disconnected) {
+                    s.disconnects.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .connect(url)
+        .await
+        .map_err(|e| format!("connecting to {url}: {e}"))
+}
+
+async fn publish_core(client: async_nats::Client, mut rx: mpsc::Receiver<Item>, s: Arc<Shared>) {
+    while let Some((p, ts)) = rx.recv().await {
+        let h = headers(&p, ts, false);
+        match client.publish_with_headers(p.subject, h, p.payload.into()).await {
+            Ok(()) => s.published.fetch_add(1, Ordering::Relaxed),
+            Err(_) => s.publish_errors.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+    let _ = client.flush().await;
+}
+
+type Ack = std::pin::Pin<Box<dyn std::future::Future<Output = (Item, u32, Result<bool, String>)> + Send>>;
+
+fn send_js(js: &jetstream::Context, item: Item, attempt: u32) -> Ack {
+    let js = js.clone();
+    Box::pin(async move {
+        let h = headers(&item.0, item.1, true);
+        let r = match js.publish_with_headers(item.0.subject.clone(), h, item.0.payload.clone().into()).await {
+            Ok(ack) => match ack.await {
+                Ok(a) => Ok(a.duplicate),
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        (item, attempt, r)
+    })
+}
+
+async fn publish_js(js: jetstream::Context, mut rx: mpsc::Receiver<Item>, s: Arc<Shared>, in_flight_max: usize) {
+    let mut pending: FuturesUnordered<Ack> = FuturesUnordered::new();
+    let mut open = true;
+    while open || !pending.is_empty() {
+        tokio::select! {
+            item = rx.recv(), if open && pending.len() < in_flight_max => match item {
+                Some(item) => {
+                    pending.push(send_js(&js, item, 0));
+                    s.published.fetch_add(1, Ordering::Relaxed);
+                }
+                None => open = false,
+            },
+            Some((item, attempt, r)) = pending.next(), if !pending.is_empty() => match r {
+                Ok(dup) => {
+                    s.acked.fetch_add(1, Ordering::Relaxed);
+                    if dup {
+                        s.acked_duplicate.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(_) if attempt < RETRIES_MAX => {
+                    s.publish_errors.fetch_add(1, Ordering::Relaxed);
+                    s.retries.fetch_add(1, Ordering::Relaxed);
+                    let js2 = js.clone();
+                    pending.push(Box::pin(async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        send_js(&js2, item, attempt + 1).await
+                    }));
+                }
+                Err(_) => {
+                    s.publish_errors.fetch_add(1, Ordering::Relaxed);
+                    s.given_up.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+        }
+    }
+}
+
+impl Bridge {
+    /// Connects (retrying until the broker answers), creates the JetStream
+    /// stream if asked, and starts the publisher.
+    pub fn start(route: RouteConfig, cfg: PublishConfig) -> Result<Bridge, String> {
+        assert!(cfg.buffer > 0 && cfg.in_flight_max > 0, "queue and in-flight limits must be positive");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = mpsc::channel::<Item>(cfg.buffer);
+        let prefix = route.prefix.clone();
+        let task = rt.block_on(async {
+            let client = tokio::time::timeout(Duration::from_secs(10), connect(&cfg.url, shared.clone()))
+                .await
+                .map_err(|_| format!("no NATS server answered at {} within 10 s", cfg.url))??;
+            let s = shared.clone();
+            Ok::<_, String>(match &cfg.jetstream {
+                None => tokio::spawn(publish_core(client, rx, s)),
+                Some(name) => {
+                    let js = jetstream::new(client);
+                    js.get_or_create_stream(jetstream::stream::Config {
+                        name: name.clone(),
+                        subjects: vec![format!("{prefix}.>")],
+                        storage: jetstream::stream::StorageType::File,
+                        duplicate_window: Duration::from_secs(120),
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| format!("creating JetStream stream {name}: {e}"))?;
+                    tokio::spawn(publish_js(js, rx, s, cfg.in_flight_max))
+                }
+            })
+        })?;
+        Ok(Bridge { router: Router::new(route), tx: Some(tx), cfg, shared, rt, task: Some(task) })
+    }
+
+    /// Routes one MoldUDP64 packet that arrived at `ingress_ns` and queues its publications.
+    pub fn handle_packet(&mut self, packet: &[u8], ingress_ns: u64) {
+        let Some(tx) = &self.tx else { return };
+        let (s, overflow) = (&self.shared, self.cfg.overflow);
+        self.router.route(packet, |p| {
+            let depth = tx.max_capacity() - tx.capacity();
+            s.queue_max_seen.fetch_max(depth + 1, Ordering::Relaxed);
+            let ok = match overflow {
+                Overflow::Drop => tx.try_send((p, ingress_ns)).is_ok(),
+                Overflow::Block => tx.blocking_send((p, ingress_ns)).is_ok(),
+            };
+            if ok {
+                s.queued.fetch_add(1, Ordering::Relaxed);
+            } else {
+                s.dropped_overflow.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// The counters so far.
+    pub fn report(&self) -> BridgeReport {
+        let s = &self.shared;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BridgeReport {
+            route: self.router.stats.clone(),
+            queued: l(&s.queued),
+            published: l(&s.published),
+            dropped_overflow: l(&s.dropped_overflow),
+            publish_errors: l(&s.publish_errors),
+            retries: l(&s.retries),
+            acked: l(&s.acked),
+            acked_duplicate: l(&s.acked_duplicate),
+            given_up: l(&s.given_up),
+            disconnects: l(&s.disconnects),
+            queue_max_seen: s.queue_max_seen.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Publishes what is queued (waiting at most `limit`), then stops.
+    pub fn finish(mut self, limit: Duration) -> BridgeReport {
+        self.tx = None;
+        if let Some(t) = self.task.take() {
+            let _ = self.rt.block_on(async { tokio::time::timeout(limit, t).await });
+        }
+        self.report()
+    }
+}

@@ -1,0 +1,436 @@
+//! Which NATS subject each part of the feed goes to — sans-IO.
+//!
+//! The router reads MoldUDP64 packets of TotalView-ITCH 5.0 (the arbitrated
+//! stream) and turns each into publications:
+//!
+//! | granularity | one publication per | payload |
+//! |---|---|---|
+//! | `packet` | MoldUDP64 packet | the packet, unchanged |
+//! | `message` | ITCH message | the message |
+//! | `batched` | (packet, subject) | the packet's messages for that subject, as MoldUDP64 message blocks (2-byte length + message) |
+//!
+//! Subjects (`prefix` is `ff.itch`, `<session>` the MoldUDP64 session, trimmed):
+//! - by symbol: `<prefix>.<session>.<SYMBOL>.<type>` per message (`batch` in
+//!   place of the type when batched); messages without a stock — system
+//!   events, market-wide ones — go to `_SYS`; a stock locate not yet named by a
+//!   Stock Directory message (joined mid-day) to `_L<locate>`.
+//! - by service: `<prefix>.<session>.<service>.<type>`, with services
+//!   `system` (S), `reference` (R H Y L V W K J h), `orders` (A F E C X D U),
+//!   `trades` (P Q B), `imbalance` (I N O).
+//! - whole packets: `<prefix>.<session>.pkt.<token>`, the token being the
+//!   packet's one symbol or service, or `_MIXED` when its messages differ.
+//!
+//! Subject tokens keep letters, digits, `-` and `_`; anything else (a `.` in
+//! "BRK.B", spaces, wildcards) becomes `_`. End of session is published on
+//! `<prefix>.<session>.control.eos`; heartbeats are not published.
+//!
+//! Every publication carries its first MoldUDP64 sequence number and message
+//! count, the bridge's publication number (`pub_seq`, consecutive: a
+//! subscriber to everything detects gaps), and its number on its own subject
+//! (`subject_seq`, consecutive per subject: a subscriber to some subjects
+//! detects gaps on each).
+
+use std::collections::HashMap;
+
+use fairfeed_wire::itch::Message;
+use fairfeed_wire::moldudp64::{Packet, COUNT_END_OF_SESSION, COUNT_HEARTBEAT};
+
+/// Stock locates tracked at most (ITCH's field is 16 bits).
+pub const LOCATES_MAX: usize = 65_536;
+/// Subjects whose per-subject counters are kept at most; beyond it, new
+/// subjects share one overflow counter (and say so in their `subject_seq` = 0).
+pub const SUBJECTS_MAX: usize = 100_000;
+
+/// One publish per packet, per message, or per (packet, subject).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Granularity {
+    Packet,
+    Message,
+    Batched,
+}
+
+/// Subjects by symbol or by service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum By {
+    Service,
+    Symbol,
+}
+
+/// How to route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteConfig {
+    pub granularity: Granularity,
+    pub by: By,
+    pub prefix: String,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig { granularity: Granularity::Message, by: By::Symbol, prefix: "ff.itch".into() }
+    }
+}
+
+/// One thing to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publication {
+    pub subject: String,
+    /// MoldUDP64 sequence number of its first message.
+    pub seq: u64,
+    /// Messages it carries.
+    pub count: u16,
+    /// The bridge's publication number, from 1, consecutive.
+    pub pub_seq: u64,
+    /// Its number on its subject, from 1, consecutive per subject.
+    pub subject_seq: u64,
+    pub payload: Vec<u8>,
+}
+
+/// Router counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RouteStats {
+    pub packets: u64,
+    pub messages: u64,
+    pub publications: u64,
+    pub heartbeats: u64,
+    pub bad_packets: u64,
+    pub bad_messages: u64,
+    pub unknown_locates: u64,
+    pub subjects: usize,
+    pub subjects_overflow: u64,
+}
+
+/// The service an ITCH message type belongs to.
+pub fn service(msg_type: u8) -> &'static str {
+    match msg_type {
+        b'S' => "system",
+        b'A' | b'F' | b'E' | b'C' | b'X' | b'D' | b'U' => "orders",
+        b'P' | b'Q' | b'B' => "trades",
+        b'I' | b'N' | b'O' => "imbalance",
+        _ => "reference",
+    }
+}
+
+/// `s` as one NATS subject token.
+pub fn token(s: &str) -> String {
+    let t: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    if t.is_empty() {
+        "_".into()
+    } else {
+        t
+    }
+}
+
+/// The router: subjects, symbol names learned from the feed, counters.
+#[derive(Debug)]
+pub struct Router {
+    cfg: RouteConfig,
+    names: HashMap<u16, String>,
+    subject_seq: HashMap<String, u64>,
+    pub_seq: u64,
+    pub stats: RouteStats,
+    groups: Vec<(String, u64, u16, Vec<u8>)>,
+}
+
+impl Router {
+    pub fn new(cfg: RouteConfig) -> Self {
+        Router {
+            cfg,
+            names: HashMap::new(),
+            subject_seq: HashMap::new(),
+            pub_seq: 0,
+            stats: RouteStats::default(),
+            groups: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &RouteConfig {
+        &self.cfg
+    }
+
+    /// The symbol or service token of one message (learning names from the directory).
+    fn key(&mut self, m: &[u8]) -> String {
+        let t = m[0];
+        if self.cfg.by == By::Service {
+            return service(t).to_string();
+        }
+        let locate = if m.len() >= 3 { u16::from_be_bytes([m[1], m[2]]) } else { 0 };
+        if let Ok(msg) = Message::parse(m) {
+            if let Some(stock) = msg.stock() {
+                let name = token(&String::from_utf8_lossy(stock.trimmed()));
+                if locate != 0 && self.names.len() < LOCATES_MAX {
+                    self.names.entry(locate).or_insert_with(|| name.clone());
+                }
+                return name;
+            }
+        }
+        if locate == 0 {
+            return "_SYS".into();
+        }
+        match self.names.get(&locate) {
+            Some(n) => n.clone(),
+            None => {
+                self.stats.unknown_locates += 1;
+                format!("_L{locate}")
+            }
+        }
+    }
+
+    fn emit(&mut self, subject: String, seq: u64, count: u16, payload: Vec<u8>, out: &mut impl FnMut(Publication)) {
+        self.pub_seq += 1;
+        let room = self.subject_seq.len() < SUBJECTS_MAX;
+        let subject_seq = match self.subject_seq.get_mut(&subject) {
+            Some(n) => {
+                *n += 1;
+                *n
+            }
+            None if room => {
+                self.subject_seq.insert(subject.clone(), 1);
+                self.stats.subjects = self.subject_seq.len();
+                1
+            }
+            None => {
+                self.stats.subjects_overflow += 1;
+                0
+            }
+        };
+        self.stats.publications += 1;
+        out(Publication { subject, seq, count, pub_seq: self.pub_seq, subject_seq, payload });
+    }
+
+    /// Routes one MoldUDP64 packet; returns the publications it made.
+    pub fn route(&mut self, packet: &[u8], mut out: impl FnMut(Publication)) -> usize {
+        let before = self.stats.publications;
+        let Ok(p) = Packet::new_checked(packet) else {
+            self.stats.bad_packets += 1;
+            return 0;
+        };
+        self.stats.packets += 1;
+        let session = token(&String::from_utf8_lossy(p.session().trimmed()));
+        let prefix = self.cfg.prefix.clone();
+        match p.message_count() {
+            COUNT_HEARTBEAT => {
+                self.stats.heartbeats += 1;
+                return 0;
+            }
+            COUNT_END_OF_SESSION => {
+                self.emit(format!("{prefix}.{session}.control.eos"), p.sequence(), 0, packet.to_vec(), &mut out);
+                return 1;
+            }
+            _ => {}
+        }
+        let base = p.sequence();
+        let mut keys: Vec<(u64, u8, String, &[u8])> = Vec::new();
+        for (i, m) in p.messages().enumerate() {
+            match m {
+                Ok(m) if !m.is_empty() => {
+                    let k = self.key(m);
+                    keys.push((base + i as u64, m[0], k, m));
+                }
+                _ => self.stats.bad_messages += 1,
+            }
+        }
+        self.stats.messages += keys.len() as u64;
+        match self.cfg.granularity {
+            Granularity::Packet => {
+                let first = keys.first().map(|k| k.2.clone()).unwrap_or_else(|| "_MIXED".into());
+                let tok = if keys.iter().all(|k| k.2 == first) { first } else { "_MIXED".into() };
+                let count = p.message_count();
+                self.emit(format!("{prefix}.{session}.pkt.{tok}"), base, count, packet.to_vec(), &mut out);
+            }
+            Granularity::Message => {
+                for (seq, t, k, m) in keys {
+                    self.emit(format!("{prefix}.{session}.{k}.{}", t as char), seq, 1, m.to_vec(), &mut out);
+                }
+            }
+            Granularity::Batched => {
+                let mut groups = std::mem::take(&mut self.groups);
+                groups.clear();
+                for (seq, _, k, m) in keys {
+                    let block = |v: &mut Vec<u8>| {
+                        v.extend_from_slice(&(m.len() as u16).to_be_bytes());
+                        v.extend_from_slice(m);
+                    };
+                    match groups.iter_mut().find(|g| g.0 == k) {
+                        Some(g) => {
+                            g.2 += 1;
+                            block(&mut g.3);
+                        }
+                        None => {
+                            let mut v = Vec::with_capacity(64);
+                            block(&mut v);
+                            groups.push((k, seq, 1, v));
+                        }
+                    }
+                }
+                for (k, seq, count, payload) in groups.drain(..) {
+                    self.emit(format!("{prefix}.{session}.{k}.batch"), seq, count, payload, &mut out);
+                }
+                self.groups = groups;
+            }
+        }
+        (self.stats.publications - before) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fairfeed_feed::gen::{GenConfig, Generator};
+    use fairfeed_wire::moldudp64::{PacketBuilder, Session};
+    use std::collections::HashMap;
+
+    fn feed(messages: u64, seed: u64) -> Vec<Vec<u8>> {
+        let g = Generator::new(GenConfig { seed, messages, symbols: 20, ..GenConfig::default() }).unwrap();
+        g.map(|p| p.payload).collect()
+    }
+
+    /// Every ITCH message of the feed by sequence number.
+    fn messages(feed: &[Vec<u8>]) -> HashMap<u64, Vec<u8>> {
+        let mut out = HashMap::new();
+        for p in feed {
+            let pk = Packet::new_checked(&p[..]).unwrap();
+            let c = pk.message_count();
+            if c == 0 || c == COUNT_END_OF_SESSION {
+                continue;
+            }
+            for (i, m) in pk.messages().enumerate() {
+                out.insert(pk.sequence() + i as u64, m.unwrap().to_vec());
+            }
+        }
+        out
+    }
+
+    /// Splits a batched payload back into messages.
+    fn blocks(mut b: &[u8]) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        while b.len() >= 2 {
+            let n = usize::from(u16::from_be_bytes([b[0], b[1]]));
+            v.push(b[2..2 + n].to_vec());
+            b = &b[2 + n..];
+        }
+        assert!(b.is_empty());
+        v
+    }
+
+    fn all(cfg: RouteConfig, feed: &[Vec<u8>]) -> (Vec<Publication>, RouteStats) {
+        let mut r = Router::new(cfg);
+        let mut out = Vec::new();
+        for p in feed {
+            r.route(p, |x| out.push(x));
+        }
+        (out, r.stats)
+    }
+
+    #[test]
+    fn every_message_is_published_once_at_every_granularity() {
+        let f = feed(20_000, 3);
+        let want = messages(&f);
+        for by in [By::Symbol, By::Service] {
+            for g in [Granularity::Message, Granularity::Batched, Granularity::Packet] {
+                let (pubs, stats) = all(RouteConfig { granularity: g, by, ..RouteConfig::default() }, &f);
+                let mut got: HashMap<u64, Vec<u8>> = HashMap::new();
+                for (i, p) in pubs.iter().enumerate() {
+                    assert_eq!(p.pub_seq, i as u64 + 1, "publication numbers are consecutive");
+                    if p.subject.ends_with("control.eos") {
+                        continue;
+                    }
+                    let parts: Vec<Vec<u8>> = match g {
+                        Granularity::Message => vec![p.payload.clone()],
+                        Granularity::Batched => blocks(&p.payload),
+                        Granularity::Packet => Packet::new_checked(&p.payload[..])
+                            .unwrap()
+                            .messages()
+                            .map(|m| m.unwrap().to_vec())
+                            .collect(),
+                    };
+                    assert_eq!(parts.len(), usize::from(p.count), "{g:?}: count header matches");
+                    for (k, m) in parts.into_iter().enumerate() {
+                        assert!(got.insert(p.seq + k as u64, m).is_none() || g == Granularity::Batched, "twice");
+                    }
+                }
+                if g != Granularity::Batched {
+                    assert_eq!(got, want, "{g:?} by {by:?}");
+                }
+                assert_eq!(stats.messages as usize, want.len());
+                assert_eq!(stats.bad_packets + stats.bad_messages, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn batched_groups_keep_every_message_on_its_symbols_subject() {
+        let f = feed(20_000, 4);
+        let want = messages(&f);
+        let (msg_pubs, _) = all(RouteConfig::default(), &f);
+        let subject_of: HashMap<Vec<u8>, String> = msg_pubs
+            .iter()
+            .filter(|p| !p.subject.ends_with("eos"))
+            .map(|p| (p.payload.clone(), p.subject.rsplit_once('.').unwrap().0.to_string()))
+            .collect();
+        let (pubs, _) = all(RouteConfig { granularity: Granularity::Batched, ..RouteConfig::default() }, &f);
+        let mut n = 0;
+        for p in pubs.iter().filter(|p| p.subject.ends_with(".batch")) {
+            let base = p.subject.strip_suffix(".batch").unwrap();
+            for m in blocks(&p.payload) {
+                assert_eq!(subject_of[&m], base, "a message in another symbol's batch");
+                n += 1;
+            }
+        }
+        assert_eq!(n, want.len());
+        assert!(pubs.len() < msg_pubs.len() / 2, "batching cuts publications: {} vs {}", pubs.len(), msg_pubs.len());
+    }
+
+    #[test]
+    fn subjects_name_symbols_services_and_unknown_locates() {
+        let session = Session::from_str_padded("SESS 1");
+        let dir = fairfeed_wire::itch::StockDirectoryRepr {
+            stock_locate: 7,
+            stock: fairfeed_wire::Alpha::from_str_padded("BRK.B"),
+            ..Default::default()
+        };
+        let mut m = [0u8; 39];
+        dir.emit(&mut m).unwrap();
+        let mut exec = [0u8; 31];
+        exec[0] = b'E';
+        exec[1..3].copy_from_slice(&7u16.to_be_bytes());
+        let mut other = exec;
+        other[1..3].copy_from_slice(&9u16.to_be_bytes());
+        let mut buf = vec![0u8; 1400];
+        let mut b = PacketBuilder::new(&mut buf, session, 1).unwrap();
+        b.push(&m).unwrap();
+        b.push(&exec).unwrap();
+        b.push(&other).unwrap();
+        let n = b.finish();
+        let pkt = buf[..n].to_vec();
+        let subjects = |cfg: RouteConfig| {
+            let mut r = Router::new(cfg);
+            let mut v = Vec::new();
+            r.route(&pkt, |p| v.push(p.subject));
+            v
+        };
+        assert_eq!(
+            subjects(RouteConfig::default()),
+            ["ff.itch.SESS_1.BRK_B.R", "ff.itch.SESS_1.BRK_B.E", "ff.itch.SESS_1._L9.E"]
+        );
+        let by_service = RouteConfig { by: By::Service, ..RouteConfig::default() };
+        assert_eq!(
+            subjects(by_service),
+            ["ff.itch.SESS_1.reference.R", "ff.itch.SESS_1.orders.E", "ff.itch.SESS_1.orders.E"]
+        );
+        let batched = RouteConfig { granularity: Granularity::Batched, ..RouteConfig::default() };
+        assert_eq!(subjects(batched), ["ff.itch.SESS_1.BRK_B.batch", "ff.itch.SESS_1._L9.batch"]);
+        let packet = RouteConfig { granularity: Granularity::Packet, ..RouteConfig::default() };
+        assert_eq!(subjects(packet), ["ff.itch.SESS_1.pkt._MIXED"]);
+    }
+
+    #[test]
+    fn bad_packets_are_counted_not_published() {
+        let mut r = Router::new(RouteConfig::default());
+        assert_eq!(r.route(&[1, 2, 3], |_| panic!("published garbage")), 0);
+        assert_eq!(r.stats.bad_packets, 1);
+        assert_eq!(token("a.b c*>"), "a_b_c__");
+    }
+}

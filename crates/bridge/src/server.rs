@@ -1,0 +1,85 @@
+//! A local `nats-server` for tests, the bench and the demo: started on a free
+//! loopback port (optionally with JetStream and a store directory), killed on drop.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where Debian puts the server, then the PATH.
+pub fn find_server() -> Option<PathBuf> {
+    for p in ["/usr/sbin/nats-server", "/usr/bin/nats-server", "/usr/local/bin/nats-server"] {
+        if Path::new(p).is_file() {
+            return Some(PathBuf::from(p));
+        }
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("nats-server")).find(|p| p.is_file()))
+}
+
+/// A running server.
+pub struct LocalServer {
+    child: Child,
+    pub port: u16,
+    pub url: String,
+    store: Option<PathBuf>,
+}
+
+fn spawn(port: u16, store: Option<&Path>) -> std::io::Result<Child> {
+    let bin = find_server().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "nats-server not found: install it (Debian: apt-get install nats-server) or pass --nats URL",
+        )
+    })?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(dir) = store {
+        cmd.arg("-js").arg("-sd").arg(dir);
+    }
+    cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn()
+}
+
+fn wait_ready(child: &mut Child, port: u16, limit: Duration) -> std::io::Result<()> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Some(status) = child.try_wait()? {
+            return Err(std::io::Error::other(format!(
+                "nats-server exited at start-up ({status}); port {port} in use?"
+            )));
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    Err(std::io::Error::other("nats-server did not accept connections within 10 s"))
+}
+
+impl LocalServer {
+    /// Starts `nats-server` on 127.0.0.1 (`port` 0: a free one), with
+    /// JetStream storing in `store` when given; waits until it accepts connections.
+    pub fn start(port: u16, store: Option<&Path>) -> std::io::Result<LocalServer> {
+        let port = if port == 0 { std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port() } else { port };
+        let mut child = spawn(port, store)?;
+        wait_ready(&mut child, port, Duration::from_secs(10))?;
+        Ok(LocalServer { child, port, url: format!("nats://127.0.0.1:{port}"), store: store.map(Path::to_path_buf) })
+    }
+
+    /// Kills the server and starts it again on the same port and store (a broker restart).
+    pub fn restart(&mut self, down_for: Duration) -> std::io::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down_for);
+        self.child = spawn(self.port, self.store.as_deref())?;
+        wait_ready(&mut self.child, self.port, Duration::from_secs(10))
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

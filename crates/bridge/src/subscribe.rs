@@ -1,0 +1,212 @@
+//! A subscriber: counts what arrives on a subject (NATS wildcards allowed),
+//! times each publication from the bridge's `Ff-Ts` tag, and detects gaps,
+//! duplicates and reordering from `Ff-Pub` and `Ff-Subj-Seq`.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::publish::wall_ns;
+
+/// Publication numbers remembered for duplicate detection at most.
+pub const SEEN_MAX: usize = 50_000_000;
+
+/// Latency summary, ms.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LatencyMs {
+    pub mean_ms: f64,
+    pub min_ms: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// What one subscriber saw.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SubscribeReport {
+    pub publications: u64,
+    pub messages: u64,
+    pub distinct: u64,
+    pub duplicates: u64,
+    /// Publications missing inside the ranges seen, summed over subjects.
+    pub missing: u64,
+    /// Publications that arrived after a later one on their subject.
+    pub reordered: u64,
+    pub no_tag: u64,
+    pub latency: LatencyMs,
+}
+
+/// Running counts of one subscriber.
+pub struct Tally {
+    hist: Histogram<u64>,
+    seen: HashSet<u64>,
+    subjects: HashMap<String, (u64, u64)>,
+    pub report: SubscribeReport,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally {
+            hist: Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds"),
+            seen: HashSet::new(),
+            subjects: HashMap::new(),
+            report: SubscribeReport::default(),
+        }
+    }
+}
+
+fn header_u64(m: &async_nats::Message, name: &str) -> Option<u64> {
+    m.headers.as_ref()?.get(name)?.as_str().parse().ok()
+}
+
+impl Tally {
+    /// Counts one publication received at `now_ns`; returns its latency in µs if tagged.
+    pub fn record(&mut self, m: &async_nats::Message, now_ns: u64) -> Option<u64> {
+        let r = &mut self.report;
+        r.publications += 1;
+        r.messages += header_u64(m, "Ff-Count").unwrap_or(1);
+        let lat = header_u64(m, "Ff-Ts").map(|ts| now_ns.saturating_sub(ts) / 1_000);
+        match lat {
+            Some(us) => {
+                let _ = self.hist.record(us.clamp(1, 600_000_000));
+            }
+            None => r.no_tag += 1,
+        }
+        if let Some(p) = header_u64(m, "Ff-Pub") {
+            if self.seen.contains(&p) {
+                r.duplicates += 1;
+                return lat;
+            }
+            if self.seen.len() < SEEN_MAX {
+                self.seen.insert(p);
+            }
+        }
+        r.distinct += 1;
+        if let Some(s) = header_u64(m, "Ff-Subj-Seq").filter(|&s| s > 0) {
+            let e = self.subjects.entry(m.subject.to_string()).or_insert((0, 0));
+            if s < e.0 {
+                r.reordered += 1;
+            }
+            e.0 = e.0.max(s);
+            e.1 += 1;
+        }
+        lat
+    }
+
+    /// The summary, with `missing` from the per-subject ranges.
+    pub fn finish(&mut self) -> SubscribeReport {
+        let h = &self.hist;
+        let ms = |us: u64| us as f64 / 1e3;
+        self.report.missing = self.subjects.values().map(|(max, n)| max.saturating_sub(*n)).sum();
+        if !h.is_empty() {
+            self.report.latency = LatencyMs {
+                mean_ms: h.mean() / 1e3,
+                min_ms: ms(h.min()),
+                p50_ms: ms(h.value_at_quantile(0.5)),
+                p90_ms: ms(h.value_at_quantile(0.9)),
+                p99_ms: ms(h.value_at_quantile(0.99)),
+                max_ms: ms(h.max()),
+            };
+        }
+        self.report.clone()
+    }
+}
+
+/// When a subscription stops.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StopWhen {
+    /// After this many publications.
+    pub publications: Option<u64>,
+    /// After this long.
+    pub after: Option<Duration>,
+    /// After nothing arrived for this long (once something has).
+    pub idle: Option<Duration>,
+}
+
+/// What to subscribe to.
+#[derive(Debug, Clone)]
+pub struct SubscribeConfig {
+    pub url: String,
+    pub subject: String,
+    /// Read this JetStream stream from its start instead of live core NATS.
+    pub jetstream: Option<String>,
+    pub stop: StopWhen,
+}
+
+fn done(t: &Tally, stop: &StopWhen, started: Instant) -> bool {
+    stop.publications.is_some_and(|n| t.report.publications >= n) || stop.after.is_some_and(|d| started.elapsed() >= d)
+}
+
+/// Subscribes and counts until `cfg.stop`; `each` sees every publication and
+/// its latency (µs). Returns the summary and the latency histogram (µs).
+pub async fn subscribe(
+    cfg: &SubscribeConfig,
+    ready: Option<tokio::sync::oneshot::Sender<()>>,
+    mut each: impl FnMut(&async_nats::Message, Option<u64>),
+) -> Result<(SubscribeReport, Histogram<u64>), String> {
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connect(&cfg.url)
+        .await
+        .map_err(|e| format!("connecting to {}: {e}", cfg.url))?;
+    let mut t = Tally::default();
+    let started = Instant::now();
+    let wait = cfg.stop.idle.unwrap_or(Duration::from_millis(200)).min(Duration::from_millis(200));
+    let mut last = Instant::now();
+    macro_rules! pump {
+        ($next:expr) => {
+            loop {
+                if done(&t, &cfg.stop, started) {
+                    break;
+                }
+                if cfg.stop.idle.is_some_and(|d| t.report.publications > 0 && last.elapsed() >= d) {
+                    break;
+                }
+                match tokio::time::timeout(wait, $next).await {
+                    Ok(Some(m)) => {
+                        let lat = t.record(&m, wall_ns());
+                        each(&m, lat);
+                        last = Instant::now();
+                    }
+                    Ok(None) => break,
+                    Err(_) => {}
+                }
+            }
+        };
+    }
+    match &cfg.jetstream {
+        None => {
+            let mut sub = client.subscribe(cfg.subject.clone()).await.map_err(|e| e.to_string())?;
+            client.flush().await.map_err(|e| e.to_string())?;
+            if let Some(r) = ready {
+                let _ = r.send(());
+            }
+            pump!(sub.next());
+        }
+        Some(name) => {
+            let js = jetstream::new(client.clone());
+            let stream = js.get_stream(name).await.map_err(|e| format!("stream {name}: {e}"))?;
+            let consumer = stream
+                .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                    filter_subject: cfg.subject.clone(),
+                    deliver_policy: jetstream::consumer::DeliverPolicy::All,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| format!("consumer on {name}: {e}"))?;
+            let mut msgs = consumer.messages().await.map_err(|e| e.to_string())?;
+            if let Some(r) = ready {
+                let _ = r.send(());
+            }
+            pump!(async { msgs.next().await.and_then(Result::ok).map(|m| m.message) });
+        }
+    }
+    let r = t.finish();
+    Ok((r, t.hist))
+}

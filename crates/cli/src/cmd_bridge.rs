@@ -1,0 +1,272 @@
+//! `fairfeed bridge run|bench` and `fairfeed subscribe`: the arbitrated feed
+//! into NATS (seed 001 with a real broker).
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use fairfeed_bridge::bench::{run as bench_run, BenchConfig};
+use fairfeed_bridge::publish::{wall_ns, Bridge, Overflow, PublishConfig};
+use fairfeed_bridge::route::{By, Granularity, RouteConfig};
+use fairfeed_bridge::subscribe::{subscribe, StopWhen, SubscribeConfig};
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum GranularityArg {
+    Packet,
+    Message,
+    Batched,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ByArg {
+    Service,
+    Symbol,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OverflowArg {
+    Drop,
+    Block,
+}
+
+fn granularity(g: GranularityArg) -> Granularity {
+    match g {
+        GranularityArg::Packet => Granularity::Packet,
+        GranularityArg::Message => Granularity::Message,
+        GranularityArg::Batched => Granularity::Batched,
+    }
+}
+
+fn by(b: ByArg) -> By {
+    match b {
+        ByArg::Service => By::Service,
+        ByArg::Symbol => By::Symbol,
+    }
+}
+
+#[derive(clap::Subcommand)]
+pub enum BridgeCmd {
+    /// Publish MoldUDP64 packets arriving on a UDP port (e.g. `fairfeed arb --out-hr`) into NATS.
+    Run(RunArgs),
+    /// Seed 001's experiment: a generated feed at a fixed packet rate through the bridge to K subscribers.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Where the arbitrated feed arrives.
+    #[arg(long)]
+    listen: SocketAddr,
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    #[arg(long, value_enum, default_value_t = GranularityArg::Batched)]
+    granularity: GranularityArg,
+    #[arg(long, value_enum, default_value_t = ByArg::Symbol)]
+    by: ByArg,
+    /// Subject prefix.
+    #[arg(long, default_value = "ff.itch")]
+    prefix: String,
+    /// Publish into this JetStream stream (created if missing): acknowledged,
+    /// retried through broker restarts, deduplicated; replayable by late joiners.
+    #[arg(long)]
+    jetstream: Option<String>,
+    /// Publications queued for the broker at most.
+    #[arg(long, default_value_t = fairfeed_bridge::publish::BUFFER_DEFAULT)]
+    buffer: usize,
+    /// When the queue is full: drop (counted) or block the feed.
+    #[arg(long, value_enum, default_value_t = OverflowArg::Drop)]
+    overflow: OverflowArg,
+    /// Stop after this many seconds (default: on SIGINT/SIGTERM).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Print the counters to stderr this often.
+    #[arg(long)]
+    stats_interval_s: Option<f64>,
+    /// Write the final counters here (JSON; default: stdout).
+    #[arg(long)]
+    stats_out: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[arg(long, default_value_t = 1)]
+    subscribers: usize,
+    #[arg(long, value_enum, default_value_t = GranularityArg::Packet)]
+    granularity: GranularityArg,
+    #[arg(long, value_enum, default_value_t = ByArg::Service)]
+    by: ByArg,
+    /// Packets per second (seed 001: ≈1,300 mean, ≈10,000 peak).
+    #[arg(long, default_value_t = 1_300.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Use this server (default: start a local nats-server).
+    #[arg(long)]
+    nats: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct SubscribeArgs {
+    /// Subject, NATS wildcards allowed, e.g. 'ff.itch.*.AAPL.>'.
+    #[arg(long, default_value = "ff.itch.>")]
+    subject: String,
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// Read this JetStream stream from its start (a late joiner) instead of live.
+    #[arg(long)]
+    jetstream: Option<String>,
+    /// Stop after this many publications.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Stop once nothing arrived for this many seconds (after the first).
+    #[arg(long)]
+    idle_s: Option<f64>,
+    /// Print one line per publication.
+    #[arg(long)]
+    print: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(c: BridgeCmd) -> anyhow::Result<()> {
+    match c {
+        BridgeCmd::Run(a) => run_bridge(a),
+        BridgeCmd::Bench(a) => run_bench(a),
+    }
+}
+
+fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.buffer > 0, "--buffer must be positive");
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
+    }
+    let sock = UdpSocket::bind(a.listen).with_context(|| format!("binding {}", a.listen))?;
+    sock.set_read_timeout(Some(Duration::from_millis(50)))?;
+    let route = RouteConfig { granularity: granularity(a.granularity), by: by(a.by), prefix: a.prefix.clone() };
+    let mut cfg = PublishConfig::new(&a.nats);
+    cfg.jetstream = a.jetstream.clone();
+    cfg.buffer = a.buffer;
+    cfg.overflow = match a.overflow {
+        OverflowArg::Drop => Overflow::Drop,
+        OverflowArg::Block => Overflow::Block,
+    };
+    let mut bridge = Bridge::start(route, cfg).map_err(|e| anyhow::anyhow!("bridge: {e}"))?;
+    eprintln!("bridge: {} → {} ({}), listening", a.listen, a.nats, a.jetstream.as_deref().unwrap_or("core NATS"));
+    let t0 = Instant::now();
+    let mut last_stats = Instant::now();
+    let mut buf = vec![0u8; 65_536];
+    while !stop.load(Ordering::Relaxed) && a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
+        if let Ok(n) = sock.recv(&mut buf) {
+            bridge.handle_packet(&buf[..n], wall_ns());
+        }
+        if a.stats_interval_s.is_some_and(|s| last_stats.elapsed().as_secs_f64() >= s) {
+            eprintln!("bridge: {}", serde_json::to_string(&bridge.report())?);
+            last_stats = Instant::now();
+        }
+    }
+    let r = bridge.finish(Duration::from_secs(30));
+    let text = serde_json::to_string_pretty(&r)?;
+    match &a.stats_out {
+        Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
+fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
+    let cfg = BenchConfig {
+        subscribers: a.subscribers,
+        granularity: granularity(a.granularity),
+        by: by(a.by),
+        rate_pps: a.rate,
+        seconds: a.seconds,
+        nats: a.nats,
+        seed: a.seed,
+    };
+    let pb = crate::fmt::progress(100, "replaying through the bridge");
+    let r =
+        bench_run(&cfg, |f| pb.set_position((f * 100.0) as u64)).map_err(|e| anyhow::anyhow!("bridge bench: {e}"))?;
+    pb.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "{} subscriber(s), {:?} by {:?}, {:.0} packets/s ({:.0} publications/s): mean {:.3} ms, min {:.3}, \
+             p50 {:.3}, p90 {:.3}, p99 {:.3}, max {:.3}; lost {}, duplicates {}",
+            r.subscribers,
+            r.granularity,
+            r.by,
+            r.achieved_pps,
+            r.publications_per_s,
+            r.mean_ms,
+            r.min_ms,
+            r.p50_ms,
+            r.p90_ms,
+            r.p99_ms,
+            r.max_ms,
+            r.lost,
+            r.duplicates
+        );
+    }
+    Ok(())
+}
+
+pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
+    let cfg = SubscribeConfig {
+        url: a.nats.clone(),
+        subject: a.subject.clone(),
+        jetstream: a.jetstream.clone(),
+        stop: StopWhen {
+            publications: a.count,
+            after: a.seconds.map(Duration::from_secs_f64),
+            idle: a.idle_s.map(Duration::from_secs_f64),
+        },
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let print = a.print;
+    let (r, _) = rt
+        .block_on(subscribe(&cfg, None, |m, lat| {
+            if print {
+                let h = |k: &str| m.headers.as_ref().and_then(|h| h.get(k)).map_or("-", |v| v.as_str()).to_string();
+                println!(
+                    "{} seq {} count {} pub {} latency {} µs, {} bytes",
+                    m.subject,
+                    h("Ff-Seq"),
+                    h("Ff-Count"),
+                    h("Ff-Pub"),
+                    lat.map_or("-".into(), |l| l.to_string()),
+                    m.payload.len()
+                );
+            }
+        }))
+        .map_err(|e| anyhow::anyhow!("subscribe: {e}"))?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        eprintln!(
+            "subscribe {}: {} publications ({} messages), {} duplicates, {} missing, {} reordered; latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            a.subject,
+            r.publications,
+            r.messages,
+            r.duplicates,
+            r.missing,
+            r.reordered,
+            r.latency.p50_ms,
+            r.latency.p99_ms,
+            r.latency.max_ms
+        );
+    }
+    Ok(())
+}
