@@ -222,9 +222,15 @@ impl Bridge {
         let (tx, rx) = mpsc::channel::<Item>(cfg.buffer);
         let prefix = route.prefix.clone();
         let task = rt.block_on(async {
-            let client = tokio::time::timeout(Duration::from_secs(10), connect(&cfg.url, shared.clone()))
-                .await
-                .map_err(|_| format!("no NATS server answered at {} within 10 s", cfg.url))??;
+            // Connecting retries in the background; a flush is a round trip, so
+            // publishing starts on a live connection rather than into a backlog.
+            let client = tokio::time::timeout(Duration::from_secs(10), async {
+                let c = connect(&cfg.url, shared.clone()).await?;
+                c.flush().await.map_err(|e| format!("first round trip to {}: {e}", cfg.url))?;
+                Ok::<_, String>(c)
+            })
+            .await
+            .map_err(|_| format!("no NATS server answered at {} within 10 s", cfg.url))??;
             let s = shared.clone();
             Ok::<_, String>(match &cfg.jetstream {
                 None => tokio::spawn(publish_core(client, rx, s)),

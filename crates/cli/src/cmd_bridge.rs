@@ -53,6 +53,23 @@ pub enum BridgeCmd {
     Run(RunArgs),
     /// Seed 001's experiment: a generated feed at a fixed packet rate through the bridge to K subscribers.
     Bench(BenchArgs),
+    /// The whole seed-001 matrix (rates × subscribers × service/symbol × granularities) with tables and plots.
+    Matrix(MatrixArgs),
+}
+
+#[derive(clap::Args)]
+pub struct MatrixArgs {
+    /// Packet rates (seed 001: ≈1,300 mean, ≈10,000 peak).
+    #[arg(long, value_delimiter = ',', default_value = "1300,10000")]
+    rates: Vec<f64>,
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,6,8,10")]
+    subscribers: Vec<usize>,
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    #[arg(long)]
+    nats: Option<String>,
+    #[arg(long, default_value = "out/bridge-matrix")]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -143,7 +160,90 @@ pub fn run(c: BridgeCmd) -> anyhow::Result<()> {
     match c {
         BridgeCmd::Run(a) => run_bridge(a),
         BridgeCmd::Bench(a) => run_bench(a),
+        BridgeCmd::Matrix(a) => run_matrix(a),
     }
+}
+
+fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let grans = [Granularity::Packet, Granularity::Message, Granularity::Batched];
+    let bys = [By::Service, By::Symbol];
+    let total = (a.rates.len() * a.subscribers.len() * grans.len() * bys.len()) as u64;
+    let pb = crate::fmt::progress(total, "seed-001 matrix through NATS");
+    let mut rows = Vec::new();
+    for &rate in &a.rates {
+        for &g in &grans {
+            for &b in &bys {
+                for &k in &a.subscribers {
+                    pb.set_message(format!("{rate} pps, {g:?} by {b:?}, {k} subscriber(s)"));
+                    let cfg = BenchConfig {
+                        subscribers: k,
+                        granularity: g,
+                        by: b,
+                        rate_pps: rate,
+                        seconds: a.seconds,
+                        nats: a.nats.clone(),
+                        seed: 1,
+                    };
+                    let r = bench_run(&cfg, |_| {}).map_err(|e| anyhow::anyhow!("bridge matrix: {e}"))?;
+                    rows.push(r);
+                    pb.inc(1);
+                }
+            }
+        }
+    }
+    pb.finish_and_clear();
+    let mut md = format!(
+        "# Seed 001's experiment with NATS\n\n{} s per row; every subscriber subscribed to everything (`ff.itch.>`); \
+         latency from the bridge's ingress tag to the subscriber, ms.\n\n\
+         | packets/s | granularity | by | subscribers | publications/s | mean | min | max | p50 | p90 | p99 | lost | dup |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        a.seconds
+    );
+    for r in &rows {
+        md += &format!(
+            "| {:.0} | {:?} | {:?} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
+            r.rate_pps,
+            r.granularity,
+            r.by,
+            r.subscribers,
+            r.publications_per_s,
+            r.mean_ms,
+            r.min_ms,
+            r.max_ms,
+            r.p50_ms,
+            r.p90_ms,
+            r.p99_ms,
+            r.lost,
+            r.duplicates
+        );
+    }
+    std::fs::write(a.out.join("summary.md"), &md)?;
+    std::fs::write(a.out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
+    for &rate in &a.rates {
+        for (q, name) in [(0usize, "p50"), (1, "p90")] {
+            let series: Vec<(String, Vec<(f64, f64)>)> = grans
+                .iter()
+                .flat_map(|&g| bys.iter().map(move |&b| (g, b)))
+                .map(|(g, b)| {
+                    let pts = rows
+                        .iter()
+                        .filter(|r| r.rate_pps == rate && r.granularity == g && r.by == b)
+                        .map(|r| (r.subscribers as f64, if q == 0 { r.p50_ms } else { r.p90_ms }))
+                        .collect();
+                    (format!("{g:?} by {b:?}"), pts)
+                })
+                .collect();
+            let file = a.out.join(format!("{name}_{rate:.0}pps.svg"));
+            let title = format!("Bridge → NATS → subscribers at {rate:.0} packets/s: {name} latency");
+            if let Err(e) = fairfeed_sim::plot::lines_svg(&file, &title, "subscribers", &format!("{name} (ms)"), &series, 1.0) {
+                eprintln!("bridge matrix: could not draw {}: {e}", file.display());
+            }
+        }
+    }
+    print!("{md}");
+    eprintln!("bridge matrix: {} rows in {}", rows.len(), a.out.display());
+    Ok(())
 }
 
 fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
