@@ -69,9 +69,19 @@ impl LocalServer {
 
     /// Kills the server and starts it again on the same port and store (a broker restart).
     pub fn restart(&mut self, down_for: Duration) -> std::io::Result<()> {
+        self.kill();
+        std::thread::sleep(down_for);
+        self.revive()
+    }
+
+    /// Kills the server (a broker crash); [`LocalServer::revive`] starts it again.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        std::thread::sleep(down_for);
+    }
+
+    /// Starts a killed server again on the same port and store.
+    pub fn revive(&mut self) -> std::io::Result<()> {
         self.child = spawn(self.port, self.store.as_deref())?;
         wait_ready(&mut self.child, self.port, Duration::from_secs(10))
     }

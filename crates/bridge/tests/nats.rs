@@ -163,3 +163,27 @@ fn jetstream_bridge_survives_a_broker_restart_without_loss_or_duplicates() {
     drop(server);
     let _ = std::fs::remove_dir_all(&store);
 }
+
+#[test]
+fn a_broker_slower_than_the_feed_fills_the_bounded_queue_and_drops_are_counted() {
+    if !have_server() {
+        return;
+    }
+    let mut server = LocalServer::start(0, None).unwrap();
+    let mut cfg = PublishConfig::new(&server.url);
+    cfg.buffer = 64;
+    let route = RouteConfig { granularity: Granularity::Message, ..RouteConfig::default() };
+    let mut bridge = Bridge::start(route, cfg).unwrap();
+    // The broker goes away; the client's own buffer and then ours fill.
+    server.kill();
+    let f = feed(100_000);
+    for p in &f {
+        bridge.handle_packet(p, wall_ns());
+    }
+    let r = bridge.report();
+    server.revive().unwrap();
+    assert!(r.dropped_overflow > 0, "{r:?}");
+    assert!(r.queue_max_seen <= 65, "the queue stayed bounded: {r:?}");
+    assert_eq!(r.queued + r.dropped_overflow, r.route.publications, "every publication queued or counted as dropped");
+    let _ = bridge.finish(Duration::from_secs(5));
+}
