@@ -236,7 +236,9 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
                 .collect();
             let file = a.out.join(format!("{name}_{rate:.0}pps.svg"));
             let title = format!("Bridge → NATS → subscribers at {rate:.0} packets/s: {name} latency");
-            if let Err(e) = fairfeed_sim::plot::lines_svg(&file, &title, "subscribers", &format!("{name} (ms)"), &series, 1.0) {
+            if let Err(e) =
+                fairfeed_sim::plot::lines_svg(&file, &title, "subscribers", &format!("{name} (ms)"), &series, 1.0)
+            {
                 eprintln!("bridge matrix: could not draw {}: {e}", file.display());
             }
         }
