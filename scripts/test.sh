@@ -47,7 +47,13 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --release --quiet -- -D warnings
 
 echo "== cargo test (release)"
-if [ "$(id -u)" = "0" ]; then export FAIRFEED_REQUIRE_NETNS=1; fi
+if [ "$(id -u)" = "0" ]; then
+  export FAIRFEED_REQUIRE_NETNS=1
+  # Let sockets ask for the receive buffers bursts need (the kernel's default cap is 208 KiB).
+  if [ "$(cat /proc/sys/net/core/rmem_max 2>/dev/null || echo 0)" -lt 8388608 ]; then
+    sysctl -q -w net.core.rmem_max=8388608 2>/dev/null || echo "test.sh: could not raise net.core.rmem_max (continuing)"
+  fi
+fi
 FAIRFEED_REQUIRE_TOOLS=1 cargo test --workspace --release 2>&1 | tee target/test.log
 grep -q "test result: FAILED" target/test.log && exit 1
 summary=$(awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d skipped", p, f, i}' target/test.log)
