@@ -121,7 +121,7 @@ fn report(a: &Args, depth: usize, j: &ClusterResult, du: &ClusterResult) -> anyh
          All nodes share one thread and one clock here: the receivers of a message are released back to back \
          at its deadline, so the delivery window is mostly that loop (about 0.1 µs per receiver) — on separate hosts \
          it would be their clocks' error instead. Links are emulated in user space (no netem here).\n\n\
-         Plots: `oml_cdf.svg`, `dws_cdf.svg`, `hold_cdf.svg` (also in `report.html`).\n",
+         Plots: `oml_cdf`, `dws_cdf`, `hold_cdf` (.png and .svg; the PNGs are in `report.html`).\n",
         j.receivers,
         a.fanout,
         a.hedge,
@@ -159,8 +159,10 @@ fn report(a: &Args, depth: usize, j: &ClusterResult, du: &ClusterResult) -> anyh
         ("dws_cdf.svg", "Delivery window on loopback", "delivery window (µs)", &dws),
         ("hold_cdf.svg", "Hold time at receivers (on-time messages)", "hold (µs)", &hold),
     ] {
-        if let Err(e) = cdf_svg(&a.out.join(file), title, x, series, 0.995) {
-            eprintln!("demo: could not draw {file}: {e}");
+        for f in [file.to_string(), file.replace(".svg", ".png")] {
+            if let Err(e) = cdf_svg(&a.out.join(&f), title, x, series, 0.995) {
+                eprintln!("demo: could not draw {f}: {e}");
+            }
         }
     }
     std::fs::write(a.out.join("report.html"), html(&md))?;
@@ -220,6 +222,6 @@ fn html(md: &str) -> String {
         "<!doctype html><meta charset=utf-8><title>fairfeed demo</title>\
          <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}td{{border:1px solid #ccc;padding:2px 8px}}\
          table{{border-collapse:collapse;margin:1em 0}}</style>{body}\
-         <img src=oml_cdf.svg width=640><img src=dws_cdf.svg width=640><img src=hold_cdf.svg width=640>"
+         <img src=oml_cdf.png width=640><img src=dws_cdf.png width=640><img src=hold_cdf.png width=640>"
     )
 }

@@ -293,6 +293,14 @@ fn demo_runs_a_fair_tree_on_loopback() {
     // Hold-and-release narrows the delivery window far below direct unicast's.
     assert!(s["dws_p50_us"].as_f64().unwrap() < s["du_dws_p50_us"].as_f64().unwrap() / 4.0, "{s}");
     assert!(std::fs::read_to_string(out.join("report.md")).unwrap().contains("direct unicast"));
+    // Plots as PNG (real images, text drawn with the embedded font) for the HTML report, and SVG.
+    for f in ["oml_cdf", "dws_cdf", "hold_cdf"] {
+        let png = std::fs::read(out.join(format!("{f}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{f}.png is a PNG");
+        assert!(png.len() > 10_000, "{f}.png has content");
+        assert!(std::fs::read_to_string(out.join(format!("{f}.svg"))).unwrap().contains("<svg"));
+    }
+    assert!(std::fs::read_to_string(out.join("report.html")).unwrap().contains("oml_cdf.png"));
 }
 
 #[test]

@@ -1,6 +1,34 @@
-//! CDF plots as SVG (plotters' SVG backend: no fonts or system libraries needed).
+//! Plots as SVG or PNG (by the file's extension), with plotters. Text is set
+//! in the Hack typeface embedded in the binary (from `epaint_default_fonts`),
+//! so PNGs render the same on a machine with no fonts installed.
 
+use std::path::Path;
+
+use plotters::coord::Shift;
 use plotters::prelude::*;
+
+/// Registers the embedded font once.
+fn fonts() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, epaint_default_fonts::HACK_REGULAR);
+    });
+}
+
+/// Draws with `draw` on an SVG or a PNG canvas of `size`, chosen by `path`'s extension.
+fn canvas(
+    path: &Path,
+    size: (u32, u32),
+    draw: impl Fn(DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String>,
+    draw_png: impl Fn(DrawingArea<BitMapBackend<'_>, Shift>) -> Result<(), String>,
+) -> Result<(), String> {
+    fonts();
+    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) {
+        draw_png(BitMapBackend::new(path, size).into_drawing_area())
+    } else {
+        draw(SVGBackend::new(path, size).into_drawing_area())
+    }
+}
 
 /// Colours for up to eight series.
 const COLOURS: [RGBColor; 8] = [
@@ -14,11 +42,21 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-/// Draws the empirical CDFs of `series` (name, values) into an SVG file.
+/// Draws the empirical CDFs of `series` (name, values) into an SVG or PNG file.
 /// Values beyond the `clip` quantile of all series are left out of the x range
 /// so one heavy tail does not flatten the rest.
 pub fn cdf_svg(
     path: &std::path::Path,
+    title: &str,
+    x_label: &str,
+    series: &[(String, Vec<f64>)],
+    clip: f64,
+) -> Result<(), String> {
+    canvas(path, (900, 560), |a| cdf_on(a, title, x_label, series, clip), |a| cdf_on(a, title, x_label, series, clip))
+}
+
+fn cdf_on<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
     title: &str,
     x_label: &str,
     series: &[(String, Vec<f64>)],
@@ -31,7 +69,6 @@ pub fn cdf_svg(
     all.sort_by(f64::total_cmp);
     let lo = all[0].min(0.0);
     let hi = all[((clip * all.len() as f64) as usize).min(all.len() - 1)].max(lo + 1e-9) * 1.05;
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
@@ -70,13 +107,23 @@ pub fn cdf_svg(
     Ok(())
 }
 
-/// Draws line series (x, y) into an SVG file; y clipped at the `clip`
+/// Draws line series (x, y) into an SVG or PNG file; y clipped at the `clip`
 /// quantile of all points so a few spikes do not flatten the rest.
 pub fn lines_svg(
     path: &std::path::Path,
     title: &str,
     x_label: &str,
     y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    clip: f64,
+) -> Result<(), String> {
+    let labels = (title, x_label, y_label);
+    canvas(path, (900, 480), |a| lines_on(a, labels, series, clip), |a| lines_on(a, labels, series, clip))
+}
+
+fn lines_on<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    (title, x_label, y_label): (&str, &str, &str),
     series: &[(String, Vec<(f64, f64)>)],
     clip: f64,
 ) -> Result<(), String> {
@@ -87,7 +134,6 @@ pub fn lines_svg(
     ys.sort_by(f64::total_cmp);
     let y_hi = ys[((clip * ys.len() as f64) as usize).min(ys.len() - 1)] * 1.05;
     let x_hi = series.iter().flat_map(|(_, v)| v.iter().map(|p| p.0)).fold(1.0f64, f64::max);
-    let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))

@@ -1,0 +1,676 @@
+//! A limit order book matching engine with price-time priority — sans-IO.
+//!
+//! [`Engine::handle`] takes one [`Command`] and reports what happened as
+//! [`Event`]s to a callback, in the order a market-data feed must show them.
+//! Orders: limit (day or immediate-or-cancel) and market (immediate or
+//! cancel, any price); cancel in full or down to a remaining quantity; replace
+//! (new token, price and quantity; the order loses its time priority).
+//! Executions are at the resting order's price, best price first, and at one
+//! price in arrival order.
+//!
+//! Storage is preallocated: a slab of [`Limits::orders`] order slots with
+//! intrusive FIFO links per price level, and per book side a vector of at
+//! most [`Limits::levels`] levels kept sorted so the best price is last (the
+//! level a match consumes is popped, the level a new best order opens is
+//! pushed). Nothing is allocated per order; a limit reached is a clear reject.
+
+use std::collections::HashMap;
+
+/// Price in ITCH's 4 implied decimals ($1.00 = 10,000).
+pub type Price = u32;
+/// Shares.
+pub type Qty = u32;
+
+/// No link.
+const NIL: u32 = u32::MAX;
+
+/// A side's best level: price and total shares.
+pub type Top = (Price, u64);
+/// One level of depth: price, total shares, and its orders in time order as (reference, shares).
+pub type DepthLevel = (Price, u64, Vec<(u64, Qty)>);
+
+/// Bounds every engine is built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    /// Symbols (stock locates 1..=symbols).
+    pub symbols: usize,
+    /// Live (resting) orders across all books.
+    pub orders: usize,
+    /// Price levels per side of one book.
+    pub levels: usize,
+    /// Largest quantity of one order.
+    pub qty_max: Qty,
+    /// Highest price (ITCH 4 decimals).
+    pub price_max: Price,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { symbols: 1_024, orders: 1 << 20, levels: 4_096, qty_max: 1_000_000, price_max: 2_000_000_000 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Side {
+    Buy,
+    Sell,
+}
+
+impl Side {
+    pub fn opposite(self) -> Side {
+        match self {
+            Side::Buy => Side::Sell,
+            Side::Sell => Side::Buy,
+        }
+    }
+}
+
+/// How long an order may rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Tif {
+    /// Rests until filled or canceled.
+    Day,
+    /// Immediate or cancel: what does not execute at once is canceled.
+    Ioc,
+}
+
+/// A new order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewOrder {
+    pub client: u32,
+    pub token: u32,
+    /// Stock locate, 1..=symbols.
+    pub symbol: u16,
+    pub side: Side,
+    /// Limit price; ignored for market orders.
+    pub price: Price,
+    pub qty: Qty,
+    pub tif: Tif,
+    /// Execute at any price, immediate or cancel.
+    pub market: bool,
+}
+
+/// What the engine is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    New(NewOrder),
+    /// Cancel the client's resting order `token` down to `leave` shares (0: entirely).
+    Cancel {
+        client: u32,
+        token: u32,
+        leave: Qty,
+    },
+    /// Replace the client's resting order `token` with `new_token` at `price` for `qty`.
+    Replace {
+        client: u32,
+        token: u32,
+        new_token: u32,
+        price: Price,
+        qty: Qty,
+    },
+}
+
+/// Why a command was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Reject {
+    UnknownSymbol,
+    BadQuantity,
+    BadPrice,
+    DuplicateToken,
+    UnknownOrder,
+    TooManyOrders,
+    TooManyLevels,
+}
+
+/// Why shares were canceled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum CancelReason {
+    /// The client asked.
+    User,
+    /// Immediate-or-cancel (or market) remainder.
+    ImmediateOrCancel,
+    /// Replaced by a new order.
+    Replaced,
+}
+
+/// What happened, in feed order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A new order (or a replacement) was accepted with this reference number.
+    Accepted {
+        client: u32,
+        token: u32,
+        ref_num: u64,
+        symbol: u16,
+        side: Side,
+        price: Price,
+        qty: Qty,
+    },
+    Rejected {
+        client: u32,
+        token: u32,
+        reason: Reject,
+    },
+    /// Shares joined the book (ITCH Add Order).
+    Booked {
+        ref_num: u64,
+        symbol: u16,
+        side: Side,
+        price: Price,
+        qty: Qty,
+    },
+    /// A resting order (maker) traded with an incoming one (taker) at the maker's price.
+    Executed {
+        symbol: u16,
+        match_num: u64,
+        price: Price,
+        qty: Qty,
+        maker_ref: u64,
+        maker_client: u32,
+        maker_token: u32,
+        /// Shares of the maker still resting after this execution.
+        maker_left: Qty,
+        taker_ref: u64,
+        taker_client: u32,
+        taker_token: u32,
+        taker_side: Side,
+    },
+    /// Shares of an order left the book or were never booked (ITCH Cancel
+    /// when `left > 0`, Delete when `left == 0` and the order was booked).
+    Canceled {
+        client: u32,
+        token: u32,
+        ref_num: u64,
+        symbol: u16,
+        qty: Qty,
+        left: Qty,
+        booked: bool,
+        reason: CancelReason,
+    },
+    /// A resting order was replaced in place without trading (ITCH Replace).
+    Replaced {
+        client: u32,
+        old_token: u32,
+        new_token: u32,
+        old_ref: u64,
+        new_ref: u64,
+        symbol: u16,
+        price: Price,
+        qty: Qty,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Order {
+    ref_num: u64,
+    client: u32,
+    token: u32,
+    symbol: u16,
+    side: Side,
+    price: Price,
+    qty: Qty,
+    prev: u32,
+    next: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Level {
+    price: Price,
+    head: u32,
+    tail: u32,
+    qty: u64,
+}
+
+/// One side of one book; the best level is last.
+#[derive(Debug, Clone)]
+struct Ladder {
+    side: Side,
+    levels: Vec<Level>,
+}
+
+impl Ladder {
+    fn new(side: Side, cap: usize) -> Self {
+        Ladder { side, levels: Vec::with_capacity(cap) }
+    }
+
+    /// Sort key: ascending towards the best price.
+    fn key(&self, p: Price) -> i64 {
+        match self.side {
+            Side::Buy => i64::from(p),
+            Side::Sell => -i64::from(p),
+        }
+    }
+
+    /// Index of the level at `p`, or where it would be inserted.
+    fn find(&self, p: Price) -> Result<usize, usize> {
+        let k = self.key(p);
+        self.levels.binary_search_by(|l| self.key(l.price).cmp(&k))
+    }
+
+    fn best(&self) -> Option<&Level> {
+        self.levels.last()
+    }
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineStats {
+    pub commands: u64,
+    pub accepted: u64,
+    pub rejected: u64,
+    pub executions: u64,
+    pub executed_qty: u64,
+    pub canceled_qty: u64,
+    pub live_orders: u64,
+}
+
+/// The books of one engine (one shard of the symbols).
+pub struct Engine {
+    limits: Limits,
+    books: Vec<[Ladder; 2]>,
+    orders: Vec<Order>,
+    free: Vec<u32>,
+    by_token: HashMap<(u32, u32), u32>,
+    next_ref: u64,
+    ref_stride: u64,
+    next_match: u64,
+    pub stats: EngineStats,
+}
+
+fn side_ix(s: Side) -> usize {
+    match s {
+        Side::Buy => 0,
+        Side::Sell => 1,
+    }
+}
+
+/// Would an order on `side` at `limit` trade with a resting order at `resting`?
+fn crosses(side: Side, limit: Price, resting: Price) -> bool {
+    match side {
+        Side::Buy => limit >= resting,
+        Side::Sell => limit <= resting,
+    }
+}
+
+/// An incoming order while it matches.
+struct Taker {
+    ref_num: u64,
+    client: u32,
+    token: u32,
+    symbol: u16,
+    side: Side,
+    limit: Price,
+    qty: Qty,
+}
+
+impl Engine {
+    /// An engine for shard `shard` of `shards`: its order reference numbers
+    /// are `shard + 1`, `shard + 1 + shards`, … and its match numbers likewise,
+    /// so shards never collide.
+    pub fn new(limits: Limits, shard: u64, shards: u64) -> Self {
+        assert!(limits.symbols >= 1 && limits.symbols < usize::from(u16::MAX), "symbols 1..65535");
+        assert!(limits.orders >= 1 && limits.orders < NIL as usize, "orders 1..u32::MAX");
+        assert!(limits.levels >= 1, "at least one level per side");
+        assert!(shards >= 1 && shard < shards, "shard within shards");
+        let books = (0..=limits.symbols)
+            .map(|_| [Ladder::new(Side::Buy, limits.levels), Ladder::new(Side::Sell, limits.levels)])
+            .collect();
+        Engine {
+            limits,
+            books,
+            orders: Vec::with_capacity(limits.orders),
+            free: Vec::with_capacity(limits.orders),
+            by_token: HashMap::with_capacity(limits.orders),
+            next_ref: shard + 1,
+            ref_stride: shards,
+            next_match: shard + 1,
+            stats: EngineStats::default(),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn take_ref(&mut self) -> u64 {
+        let r = self.next_ref;
+        self.next_ref += self.ref_stride;
+        r
+    }
+
+    fn take_match(&mut self) -> u64 {
+        let m = self.next_match;
+        self.next_match += self.ref_stride;
+        m
+    }
+
+    /// Best bid and best ask of `symbol` (price, total shares).
+    pub fn top(&self, symbol: u16) -> (Option<Top>, Option<Top>) {
+        let Some(b) = self.books.get(usize::from(symbol)) else { return (None, None) };
+        let f = |l: &Level| (l.price, l.qty);
+        (b[0].best().map(f), b[1].best().map(f))
+    }
+
+    /// Every level of one side, best first: (price, shares, orders in time order as (ref, qty)).
+    pub fn depth(&self, symbol: u16, side: Side) -> Vec<DepthLevel> {
+        let Some(b) = self.books.get(usize::from(symbol)) else { return Vec::new() };
+        b[side_ix(side)]
+            .levels
+            .iter()
+            .rev()
+            .map(|l| {
+                let mut v = Vec::new();
+                let mut i = l.head;
+                while i != NIL {
+                    let o = &self.orders[i as usize];
+                    v.push((o.ref_num, o.qty));
+                    i = o.next;
+                }
+                (l.price, l.qty, v)
+            })
+            .collect()
+    }
+
+    /// Runs one command.
+    pub fn handle(&mut self, cmd: Command, out: &mut impl FnMut(Event)) {
+        self.stats.commands += 1;
+        match cmd {
+            Command::New(o) => self.new_order(o, out),
+            Command::Cancel { client, token, leave } => self.cancel(client, token, leave, out),
+            Command::Replace { client, token, new_token, price, qty } => {
+                self.replace(client, token, new_token, price, qty, out)
+            }
+        }
+    }
+
+    fn reject(&mut self, client: u32, token: u32, reason: Reject, out: &mut impl FnMut(Event)) {
+        self.stats.rejected += 1;
+        out(Event::Rejected { client, token, reason });
+    }
+
+    fn check(&self, symbol: u16, price: Price, qty: Qty, market: bool) -> Result<(), Reject> {
+        if symbol == 0 || usize::from(symbol) > self.limits.symbols {
+            return Err(Reject::UnknownSymbol);
+        }
+        if qty == 0 || qty > self.limits.qty_max {
+            return Err(Reject::BadQuantity);
+        }
+        if !market && (price == 0 || price > self.limits.price_max) {
+            return Err(Reject::BadPrice);
+        }
+        Ok(())
+    }
+
+    fn new_order(&mut self, o: NewOrder, out: &mut impl FnMut(Event)) {
+        if let Err(r) = self.check(o.symbol, o.price, o.qty, o.market) {
+            return self.reject(o.client, o.token, r, out);
+        }
+        if self.by_token.contains_key(&(o.client, o.token)) {
+            return self.reject(o.client, o.token, Reject::DuplicateToken, out);
+        }
+        let limit = match (o.market, o.side) {
+            (true, Side::Buy) => Price::MAX,
+            (true, Side::Sell) => 0,
+            (false, _) => o.price,
+        };
+        let ref_num = self.take_ref();
+        self.stats.accepted += 1;
+        out(Event::Accepted {
+            client: o.client,
+            token: o.token,
+            ref_num,
+            symbol: o.symbol,
+            side: o.side,
+            price: limit,
+            qty: o.qty,
+        });
+        let t = Taker { ref_num, client: o.client, token: o.token, symbol: o.symbol, side: o.side, limit, qty: o.qty };
+        let tif = if o.market { Tif::Ioc } else { o.tif };
+        self.execute(t, tif, out);
+    }
+
+    /// Matches `t` against the book, then books or cancels what is left.
+    fn execute(&mut self, mut t: Taker, tif: Tif, out: &mut impl FnMut(Event)) {
+        self.match_taker(&mut t, out);
+        if t.qty == 0 {
+            return;
+        }
+        if tif == Tif::Ioc {
+            self.stats.canceled_qty += u64::from(t.qty);
+            out(Event::Canceled {
+                client: t.client,
+                token: t.token,
+                ref_num: t.ref_num,
+                symbol: t.symbol,
+                qty: t.qty,
+                left: 0,
+                booked: false,
+                reason: CancelReason::ImmediateOrCancel,
+            });
+            return;
+        }
+        match self.book(&t) {
+            Ok(()) => {
+                out(Event::Booked { ref_num: t.ref_num, symbol: t.symbol, side: t.side, price: t.limit, qty: t.qty })
+            }
+            Err(reason) => {
+                // Accepted and maybe partly executed, but no room to rest: the rest is canceled.
+                self.stats.canceled_qty += u64::from(t.qty);
+                out(Event::Canceled {
+                    client: t.client,
+                    token: t.token,
+                    ref_num: t.ref_num,
+                    symbol: t.symbol,
+                    qty: t.qty,
+                    left: 0,
+                    booked: false,
+                    reason: CancelReason::ImmediateOrCancel,
+                });
+                self.stats.rejected += 1;
+                let _ = reason;
+            }
+        }
+    }
+
+    fn match_taker(&mut self, t: &mut Taker, out: &mut impl FnMut(Event)) {
+        let opp = side_ix(t.side.opposite());
+        let sym = usize::from(t.symbol);
+        while t.qty > 0 {
+            let Some(best) = self.books[sym][opp].best() else { break };
+            if !crosses(t.side, t.limit, best.price) {
+                break;
+            }
+            let (price, head) = (best.price, best.head);
+            let m = self.orders[head as usize];
+            let q = m.qty.min(t.qty);
+            t.qty -= q;
+            let left = m.qty - q;
+            self.orders[head as usize].qty = left;
+            let lvl = self.books[sym][opp].levels.last_mut().expect("best exists");
+            lvl.qty -= u64::from(q);
+            let match_num = self.take_match();
+            self.stats.executions += 1;
+            self.stats.executed_qty += u64::from(q);
+            out(Event::Executed {
+                symbol: t.symbol,
+                match_num,
+                price,
+                qty: q,
+                maker_ref: m.ref_num,
+                maker_client: m.client,
+                maker_token: m.token,
+                maker_left: left,
+                taker_ref: t.ref_num,
+                taker_client: t.client,
+                taker_token: t.token,
+                taker_side: t.side,
+            });
+            if left == 0 {
+                self.unlink(head);
+            }
+        }
+    }
+
+    /// Rests `t` at the back of its price level.
+    fn book(&mut self, t: &Taker) -> Result<(), Reject> {
+        if self.orders.len() - self.free.len() >= self.limits.orders {
+            return Err(Reject::TooManyOrders);
+        }
+        let sym = usize::from(t.symbol);
+        let s = side_ix(t.side);
+        let at = match self.books[sym][s].find(t.limit) {
+            Ok(i) => i,
+            Err(i) => {
+                if self.books[sym][s].levels.len() >= self.limits.levels {
+                    return Err(Reject::TooManyLevels);
+                }
+                let l = Level { price: t.limit, head: NIL, tail: NIL, qty: 0 };
+                self.books[sym][s].levels.insert(i, l);
+                i
+            }
+        };
+        let o = Order {
+            ref_num: t.ref_num,
+            client: t.client,
+            token: t.token,
+            symbol: t.symbol,
+            side: t.side,
+            price: t.limit,
+            qty: t.qty,
+            prev: self.books[sym][s].levels[at].tail,
+            next: NIL,
+        };
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.orders[i as usize] = o;
+                i
+            }
+            None => {
+                self.orders.push(o);
+                (self.orders.len() - 1) as u32
+            }
+        };
+        let lvl = &mut self.books[sym][s].levels[at];
+        if lvl.tail == NIL {
+            lvl.head = slot;
+        } else {
+            self.orders[lvl.tail as usize].next = slot;
+        }
+        lvl.tail = slot;
+        lvl.qty += u64::from(t.qty);
+        self.by_token.insert((t.client, t.token), slot);
+        self.stats.live_orders += 1;
+        Ok(())
+    }
+
+    /// Takes a resting order out of its level (removing the level if empty) and frees its slot.
+    fn unlink(&mut self, slot: u32) {
+        let o = self.orders[slot as usize];
+        let sym = usize::from(o.symbol);
+        let s = side_ix(o.side);
+        let Ok(at) = self.books[sym][s].find(o.price) else { return };
+        if o.prev == NIL {
+            self.books[sym][s].levels[at].head = o.next;
+        } else {
+            self.orders[o.prev as usize].next = o.next;
+        }
+        if o.next == NIL {
+            self.books[sym][s].levels[at].tail = o.prev;
+        } else {
+            self.orders[o.next as usize].prev = o.prev;
+        }
+        let lvl = &mut self.books[sym][s].levels[at];
+        lvl.qty -= u64::from(o.qty);
+        if lvl.head == NIL {
+            self.books[sym][s].levels.remove(at);
+        }
+        self.by_token.remove(&(o.client, o.token));
+        self.free.push(slot);
+        self.stats.live_orders -= 1;
+    }
+
+    fn cancel(&mut self, client: u32, token: u32, leave: Qty, out: &mut impl FnMut(Event)) {
+        let Some(&slot) = self.by_token.get(&(client, token)) else {
+            return self.reject(client, token, Reject::UnknownOrder, out);
+        };
+        let o = self.orders[slot as usize];
+        if leave >= o.qty {
+            return; // nothing to cancel: already at or below `leave`
+        }
+        let qty = o.qty - leave;
+        self.stats.canceled_qty += u64::from(qty);
+        if leave == 0 {
+            self.unlink(slot);
+        } else {
+            self.orders[slot as usize].qty = leave;
+            let (sym, s) = (usize::from(o.symbol), side_ix(o.side));
+            if let Ok(at) = self.books[sym][s].find(o.price) {
+                self.books[sym][s].levels[at].qty -= u64::from(qty);
+            }
+        }
+        out(Event::Canceled {
+            client,
+            token,
+            ref_num: o.ref_num,
+            symbol: o.symbol,
+            qty,
+            left: leave,
+            booked: true,
+            reason: CancelReason::User,
+        });
+    }
+
+    fn replace(
+        &mut self,
+        client: u32,
+        token: u32,
+        new_token: u32,
+        price: Price,
+        qty: Qty,
+        out: &mut impl FnMut(Event),
+    ) {
+        let Some(&slot) = self.by_token.get(&(client, token)) else {
+            return self.reject(client, new_token, Reject::UnknownOrder, out);
+        };
+        let o = self.orders[slot as usize];
+        if let Err(r) = self.check(o.symbol, price, qty, false) {
+            return self.reject(client, new_token, r, out);
+        }
+        if new_token != token && self.by_token.contains_key(&(client, new_token)) {
+            return self.reject(client, new_token, Reject::DuplicateToken, out);
+        }
+        self.unlink(slot);
+        self.stats.canceled_qty += u64::from(o.qty);
+        let new_ref = self.take_ref();
+        self.stats.accepted += 1;
+        let opp = self.books[usize::from(o.symbol)][side_ix(o.side.opposite())].best().map(|l| l.price);
+        let trades = opp.is_some_and(|p| crosses(o.side, price, p));
+        let t = Taker { ref_num: new_ref, client, token: new_token, symbol: o.symbol, side: o.side, limit: price, qty };
+        if !trades && self.book(&t).is_ok() {
+            out(Event::Replaced {
+                client,
+                old_token: token,
+                new_token,
+                old_ref: o.ref_num,
+                new_ref,
+                symbol: o.symbol,
+                price,
+                qty,
+            });
+            return;
+        }
+        // It trades (or cannot rest): the old order is deleted and the new one enters as an order would.
+        out(Event::Canceled {
+            client,
+            token,
+            ref_num: o.ref_num,
+            symbol: o.symbol,
+            qty: o.qty,
+            left: 0,
+            booked: true,
+            reason: CancelReason::Replaced,
+        });
+        out(Event::Accepted { client, token: new_token, ref_num: new_ref, symbol: o.symbol, side: o.side, price, qty });
+        self.execute(t, Tif::Day, out);
+    }
+}

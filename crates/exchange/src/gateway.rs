@@ -1,0 +1,489 @@
+//! The OUCH 5.0 order gateway's session logic over SoupBinTCP — sans-IO.
+//!
+//! [`Gateway`] holds the users (from configuration), their sequenced-message
+//! journals and the symbol table; a [`Conn`] is one TCP connection's state.
+//! The shell feeds received bytes to [`Gateway::on_bytes`] (which yields
+//! engine [`Command`]s and bytes to write back), engine [`Event`]s to
+//! [`Gateway::on_event`] (which turns them into OUCH outbound messages,
+//! journals them per user and says which connection gets which bytes), and
+//! the clock to [`Gateway::on_tick`] (heartbeats both ways, idle timeout).
+//!
+//! Session rules (SoupBinTCP 4.x): the first packet must be a Login Request
+//! with a configured username and password, else Login Rejected `A`; a
+//! requested session other than ours is rejected `S`, as is a user already
+//! logged in elsewhere. Login Accepted carries the sequence number of the
+//! next message the client will get; a client asking for sequence number N
+//! gets its journal replayed from N (0: from now on). Server heartbeats go out
+//! after a second without other output; a client silent for
+//! [`GatewayConfig::idle_timeout_ns`] is disconnected. A malformed or
+//! out-of-protocol packet ends that connection, never another one; a valid
+//! OUCH message with bad content gets an OUCH Rejected.
+
+use std::collections::HashMap;
+
+use fairfeed_wire::ouch::{inbound, outbound, Appendage, OuchPrice};
+use fairfeed_wire::soupbintcp::{split_packet, PacketRepr, REJECT_NOT_AUTHORIZED, REJECT_SESSION_NOT_AVAILABLE};
+use fairfeed_wire::{Alpha, Stock};
+
+use crate::engine::{CancelReason, Command, Event, NewOrder, Reject, Side, Tif};
+
+/// Bytes a connection may have buffered unparsed (a packet is at most 64 KiB).
+pub const INBUF_MAX: usize = 1 << 17;
+/// Sequenced messages kept per user for replay at most.
+pub const JOURNAL_MAX: usize = 4_000_000;
+
+/// Gateway settings.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct GatewayConfig {
+    /// Session name announced at login (up to 10 characters).
+    pub session: String,
+    /// (username, password) pairs; usernames up to 6 characters, passwords up to 10.
+    pub users: Vec<(String, String)>,
+    /// Symbols, locate 1 first.
+    pub symbols: Vec<String>,
+    pub heartbeat_ns: u64,
+    pub idle_timeout_ns: u64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            session: "FFSESSION1".into(),
+            users: vec![("FF0001".into(), "secret".into())],
+            symbols: vec!["AAPL".into()],
+            heartbeat_ns: 1_000_000_000,
+            idle_timeout_ns: 15_000_000_000,
+        }
+    }
+}
+
+/// Why a connection is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Close {
+    /// Bytes that are not SoupBinTCP, or a packet a client may not send now.
+    Protocol(&'static str),
+    LoginRejected,
+    Logout,
+    IdleTimeout,
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GatewayStats {
+    pub logins: u64,
+    pub login_rejects: u64,
+    pub orders_in: u64,
+    pub ouch_rejects: u64,
+    pub protocol_closes: u64,
+    pub timeouts: u64,
+    pub replayed: u64,
+    pub sequenced_out: u64,
+}
+
+/// One connection.
+#[derive(Debug, Default)]
+pub struct Conn {
+    /// The user (index) once logged in.
+    pub user: Option<u32>,
+    inbuf: Vec<u8>,
+    last_rx_ns: u64,
+    last_tx_ns: u64,
+}
+
+impl Conn {
+    pub fn new(now_ns: u64) -> Self {
+        Conn { user: None, inbuf: Vec::with_capacity(4096), last_rx_ns: now_ns, last_tx_ns: now_ns }
+    }
+}
+
+struct User {
+    name: Alpha<6>,
+    password: Alpha<10>,
+    journal: Vec<Vec<u8>>,
+    online: bool,
+}
+
+/// Users, journals, symbols.
+pub struct Gateway {
+    cfg: GatewayConfig,
+    session: Alpha<10>,
+    users: Vec<User>,
+    symbols: HashMap<Stock, u16>,
+    names: Vec<Stock>,
+    /// (client, token) of live orders → (side, symbol, price) for the OUCH echo.
+    orders: HashMap<(u32, u32), (Side, u16)>,
+    pub stats: GatewayStats,
+}
+
+fn pad_left(s: &str) -> Alpha<10> {
+    let mut a = [b' '; 10];
+    let b = s.as_bytes();
+    let n = b.len().min(10);
+    a[10 - n..].copy_from_slice(&b[..n]);
+    Alpha(a)
+}
+
+fn write(out: &mut Vec<u8>, p: PacketRepr<'_>) {
+    let start = out.len();
+    out.resize(start + p.buffer_len(), 0);
+    let _ = p.emit(&mut out[start..]);
+}
+
+/// OUCH Rejected reason codes (OUCH 5.0 uses two-byte codes; these are ours, documented).
+pub fn reject_code(r: Reject) -> u16 {
+    match r {
+        Reject::UnknownSymbol => 1,
+        Reject::BadQuantity => 2,
+        Reject::BadPrice => 3,
+        Reject::DuplicateToken => 4,
+        Reject::UnknownOrder => 5,
+        Reject::TooManyOrders => 6,
+        Reject::TooManyLevels => 7,
+    }
+}
+
+impl Gateway {
+    pub fn new(cfg: GatewayConfig) -> Self {
+        let users = cfg
+            .users
+            .iter()
+            .map(|(u, p)| User {
+                name: Alpha::from_str_padded(u),
+                password: Alpha::from_str_padded(p),
+                journal: Vec::new(),
+                online: false,
+            })
+            .collect();
+        let names: Vec<Stock> = cfg.symbols.iter().map(|s| Stock::from_str_padded(s)).collect();
+        let symbols = names.iter().enumerate().map(|(i, s)| (*s, (i + 1) as u16)).collect();
+        Gateway {
+            session: pad_left(&cfg.session),
+            cfg,
+            users,
+            symbols,
+            names,
+            orders: HashMap::new(),
+            stats: GatewayStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &GatewayConfig {
+        &self.cfg
+    }
+
+    /// Messages journaled for `user`.
+    pub fn journal_len(&self, user: u32) -> usize {
+        self.users.get(user as usize).map_or(0, |u| u.journal.len())
+    }
+
+    /// Bytes arrived on `conn`: commands for the engine go to `cmds`, bytes to
+    /// write back to `out`. An error means: write `out`, then close.
+    pub fn on_bytes(
+        &mut self,
+        conn: &mut Conn,
+        now_ns: u64,
+        bytes: &[u8],
+        cmds: &mut impl FnMut(Command),
+        out: &mut Vec<u8>,
+    ) -> Result<(), Close> {
+        conn.last_rx_ns = now_ns;
+        if conn.inbuf.len() + bytes.len() > INBUF_MAX {
+            return self.protocol(conn, "input buffer overflow");
+        }
+        conn.inbuf.extend_from_slice(bytes);
+        let mut used = 0;
+        let buf = std::mem::take(&mut conn.inbuf);
+        let result = loop {
+            match split_packet(&buf[used..]) {
+                Ok(None) => break Ok(()),
+                Err(_) => break Err(Close::Protocol("malformed SoupBinTCP packet")),
+                Ok(Some((p, n))) => {
+                    used += n;
+                    if let Err(c) = self.on_packet(conn, now_ns, p, cmds, out) {
+                        break Err(c);
+                    }
+                }
+            }
+        };
+        conn.inbuf = buf;
+        conn.inbuf.drain(..used);
+        if !out.is_empty() {
+            conn.last_tx_ns = now_ns;
+        }
+        if let Err(c) = result {
+            self.closed(conn, c);
+        }
+        result
+    }
+
+    fn protocol(&mut self, conn: &mut Conn, why: &'static str) -> Result<(), Close> {
+        let c = Close::Protocol(why);
+        self.closed(conn, c);
+        Err(c)
+    }
+
+    /// Bookkeeping for a connection that ends (for any reason).
+    pub fn closed(&mut self, conn: &mut Conn, why: Close) {
+        match why {
+            Close::Protocol(_) => self.stats.protocol_closes += 1,
+            Close::IdleTimeout => self.stats.timeouts += 1,
+            Close::LoginRejected | Close::Logout => {}
+        }
+        if let Some(u) = conn.user.take() {
+            self.users[u as usize].online = false;
+        }
+    }
+
+    fn on_packet(
+        &mut self,
+        conn: &mut Conn,
+        now_ns: u64,
+        p: PacketRepr<'_>,
+        cmds: &mut impl FnMut(Command),
+        out: &mut Vec<u8>,
+    ) -> Result<(), Close> {
+        match (conn.user, p) {
+            (None, PacketRepr::LoginRequest { username, password, session, sequence }) => {
+                self.login(conn, (username, password, session, sequence), out)
+            }
+            (None, _) => Err(Close::Protocol("data before login")),
+            (Some(_), PacketRepr::LoginRequest { .. }) => Err(Close::Protocol("second login")),
+            (Some(_), PacketRepr::ClientHeartbeat | PacketRepr::Debug(_)) => Ok(()),
+            (Some(_), PacketRepr::LogoutRequest) => Err(Close::Logout),
+            (Some(u), PacketRepr::UnsequencedData(m)) => {
+                self.on_ouch(u, now_ns, m, cmds, out);
+                Ok(())
+            }
+            (Some(_), _) => Err(Close::Protocol("server-side packet from a client")),
+        }
+    }
+
+    fn login(
+        &mut self,
+        conn: &mut Conn,
+        (username, password, session, sequence): (Alpha<6>, Alpha<10>, Alpha<10>, u64),
+        out: &mut Vec<u8>,
+    ) -> Result<(), Close> {
+        let Some(u) = self.users.iter().position(|u| u.name == username && u.password == password) else {
+            self.stats.login_rejects += 1;
+            write(out, PacketRepr::LoginRejected { reason: REJECT_NOT_AUTHORIZED });
+            return Err(Close::LoginRejected);
+        };
+        let wanted_session = session.0.iter().any(|&b| b != b' ') && session != self.session;
+        if wanted_session || self.users[u].online {
+            self.stats.login_rejects += 1;
+            write(out, PacketRepr::LoginRejected { reason: REJECT_SESSION_NOT_AVAILABLE });
+            return Err(Close::LoginRejected);
+        }
+        let user = &mut self.users[u];
+        let next = user.journal.len() as u64 + 1;
+        let from = if sequence == 0 { next } else { sequence.min(next) };
+        write(out, PacketRepr::LoginAccepted { session: self.session, sequence: from });
+        for m in &user.journal[(from - 1) as usize..] {
+            write(out, PacketRepr::SequencedData(m));
+            self.stats.replayed += 1;
+        }
+        user.online = true;
+        conn.user = Some(u as u32);
+        self.stats.logins += 1;
+        Ok(())
+    }
+
+    fn on_ouch(&mut self, client: u32, now_ns: u64, m: &[u8], cmds: &mut impl FnMut(Command), out: &mut Vec<u8>) {
+        self.stats.orders_in += 1;
+        let reject = |g: &mut Gateway, token: u32, code: u16, out: &mut Vec<u8>| {
+            g.stats.ouch_rejects += 1;
+            let r = outbound::MessageRepr::Rejected(outbound::RejectedRepr {
+                timestamp: now_ns,
+                user_ref_num: token,
+                reason: code,
+                cl_ord_id: Alpha::default(),
+            });
+            g.sequence(client, r, Some(out));
+        };
+        match inbound::Message::parse(m) {
+            Ok(inbound::Message::EnterOrder(o)) => {
+                let side = match o.side() {
+                    b'B' => Side::Buy,
+                    b'S' | b'T' | b'U' => Side::Sell,
+                    _ => return reject(self, o.user_ref_num(), 10, out),
+                };
+                let Some(&symbol) = self.symbols.get(&o.symbol()) else {
+                    return reject(self, o.user_ref_num(), reject_code(Reject::UnknownSymbol), out);
+                };
+                let px = o.price().0;
+                let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
+                let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
+                let price = u32::try_from(px).unwrap_or(u32::MAX);
+                self.orders.insert((client, o.user_ref_num()), (side, symbol));
+                cmds(Command::New(NewOrder {
+                    client,
+                    token: o.user_ref_num(),
+                    symbol,
+                    side,
+                    price: if market { 0 } else { price },
+                    qty: o.quantity(),
+                    tif,
+                    market,
+                }));
+            }
+            Ok(inbound::Message::CancelOrder(c)) => {
+                cmds(Command::Cancel { client, token: c.user_ref_num(), leave: c.quantity() });
+            }
+            Ok(inbound::Message::ReplaceOrder(r)) => {
+                let price = u32::try_from(r.price().0).unwrap_or(u32::MAX);
+                if let Some(&v) = self.orders.get(&(client, r.orig_user_ref_num())) {
+                    self.orders.insert((client, r.user_ref_num()), v);
+                }
+                cmds(Command::Replace {
+                    client,
+                    token: r.orig_user_ref_num(),
+                    new_token: r.user_ref_num(),
+                    price,
+                    qty: r.quantity(),
+                });
+            }
+            // Valid OUCH we do not support (modify, account query) or bad bytes: rejected.
+            Ok(_) => reject(self, 0, 11, out),
+            Err(_) => reject(self, 0, 12, out),
+        }
+    }
+
+    /// Journals an outbound message for `client`; writes it to `out` (the
+    /// client's connection, if online) as a sequenced data packet.
+    fn sequence(&mut self, client: u32, m: outbound::MessageRepr, out: Option<&mut Vec<u8>>) {
+        let mut b = [0u8; 256];
+        let Ok(n) = m.emit(&mut b) else { return };
+        let Some(user) = self.users.get_mut(client as usize) else { return };
+        if user.journal.len() < JOURNAL_MAX {
+            user.journal.push(b[..n].to_vec());
+        }
+        self.stats.sequenced_out += 1;
+        if let (Some(out), true) = (out, user.online) {
+            write(out, PacketRepr::SequencedData(&b[..n]));
+        }
+    }
+
+    /// An engine event: the OUCH messages it means for each client involved,
+    /// journaled, and handed to `deliver(client, bytes)` for online clients.
+    pub fn on_event(&mut self, now_ns: u64, ev: &Event, deliver: &mut impl FnMut(u32, &[u8])) {
+        let mut buf = Vec::new();
+        let mut send = |g: &mut Gateway, client: u32, m: outbound::MessageRepr| {
+            buf.clear();
+            g.sequence(client, m, Some(&mut buf));
+            if !buf.is_empty() {
+                deliver(client, &buf);
+            }
+        };
+        let ts = now_ns;
+        match *ev {
+            Event::Accepted { client, token, ref_num, symbol, side, price, qty } => {
+                let m = outbound::MessageRepr::OrderAccepted(outbound::OrderAcceptedRepr {
+                    timestamp: ts,
+                    user_ref_num: token,
+                    side: if side == Side::Buy { b'B' } else { b'S' },
+                    quantity: qty,
+                    symbol: self.names.get(usize::from(symbol) - 1).copied().unwrap_or_default(),
+                    price: OuchPrice(i64::from(price)),
+                    time_in_force: b'0',
+                    display: b'Y',
+                    order_reference_number: ref_num,
+                    capacity: b'A',
+                    intermarket_sweep_eligibility: b'N',
+                    cross_type: b'N',
+                    order_state: b'L',
+                    cl_ord_id: Alpha::default(),
+                    appendage_length: 0,
+                    appendage: Appendage::EMPTY,
+                });
+                send(self, client, m);
+            }
+            Event::Rejected { client, token, reason } => {
+                self.stats.ouch_rejects += 1;
+                self.orders.remove(&(client, token));
+                let m = outbound::MessageRepr::Rejected(outbound::RejectedRepr {
+                    timestamp: ts,
+                    user_ref_num: token,
+                    reason: reject_code(reason),
+                    cl_ord_id: Alpha::default(),
+                });
+                send(self, client, m);
+            }
+            Event::Executed { price, qty, match_num, maker_client, maker_token, taker_client, taker_token, .. } => {
+                for (client, token, flag) in [(maker_client, maker_token, b'A'), (taker_client, taker_token, b'R')] {
+                    let m = outbound::MessageRepr::OrderExecuted(outbound::OrderExecutedRepr {
+                        timestamp: ts,
+                        user_ref_num: token,
+                        quantity: qty,
+                        price: OuchPrice(i64::from(price)),
+                        liquidity_flag: flag,
+                        match_number: match_num,
+                        appendage_length: 0,
+                        appendage: Appendage::EMPTY,
+                    });
+                    send(self, client, m);
+                }
+            }
+            Event::Canceled { client, token, qty, left, reason, .. } => {
+                if left == 0 {
+                    self.orders.remove(&(client, token));
+                }
+                let code = match reason {
+                    CancelReason::User => b'U',
+                    CancelReason::ImmediateOrCancel => b'I',
+                    CancelReason::Replaced => return, // the replacement's messages follow
+                };
+                let m = outbound::MessageRepr::OrderCanceled(outbound::OrderCanceledRepr {
+                    timestamp: ts,
+                    user_ref_num: token,
+                    quantity: qty,
+                    reason: code,
+                });
+                send(self, client, m);
+            }
+            Event::Replaced { client, old_token, new_token, new_ref, symbol, price, qty, .. } => {
+                let side = self.orders.remove(&(client, old_token)).map_or(Side::Buy, |v| v.0);
+                self.orders.insert((client, new_token), (side, symbol));
+                let m = outbound::MessageRepr::OrderReplaced(outbound::OrderReplacedRepr {
+                    timestamp: ts,
+                    orig_user_ref_num: old_token,
+                    user_ref_num: new_token,
+                    side: if side == Side::Buy { b'B' } else { b'S' },
+                    quantity: qty,
+                    symbol: self.names.get(usize::from(symbol) - 1).copied().unwrap_or_default(),
+                    price: OuchPrice(i64::from(price)),
+                    time_in_force: b'0',
+                    display: b'Y',
+                    order_reference_number: new_ref,
+                    capacity: b'A',
+                    intermarket_sweep_eligibility: b'N',
+                    cross_type: b'N',
+                    order_state: b'L',
+                    cl_ord_id: Alpha::default(),
+                    appendage_length: 0,
+                    appendage: Appendage::EMPTY,
+                });
+                send(self, client, m);
+            }
+            Event::Booked { .. } => {}
+        }
+    }
+
+    /// Heartbeats and the idle timeout: bytes to write, or close.
+    pub fn on_tick(&mut self, conn: &mut Conn, now_ns: u64, out: &mut Vec<u8>) -> Result<(), Close> {
+        if now_ns.saturating_sub(conn.last_rx_ns) > self.cfg.idle_timeout_ns {
+            self.closed(conn, Close::IdleTimeout);
+            return Err(Close::IdleTimeout);
+        }
+        if conn.user.is_some() && now_ns.saturating_sub(conn.last_tx_ns) >= self.cfg.heartbeat_ns {
+            write(out, PacketRepr::ServerHeartbeat);
+            conn.last_tx_ns = now_ns;
+        }
+        Ok(())
+    }
+
+    /// Note that bytes were written to `conn` (resets its heartbeat timer).
+    pub fn wrote(&self, conn: &mut Conn, now_ns: u64) {
+        conn.last_tx_ns = now_ns;
+    }
+}

@@ -1,0 +1,8 @@
+//! # fairfeed-exchange
+//!
+//! The source of the market data and the destination of orders: a matching
+//! engine ([`engine`], sans-IO).
+
+pub mod engine;
+pub mod gateway;
+pub mod itch_out;

@@ -1,0 +1,183 @@
+//! Goal: the OUCH gateway's SoupBinTCP session logic follows the protocol and
+//! isolates bad clients. Method: the sans-IO gateway and engine driven with
+//! byte streams built by fairfeed-wire's encoders; what comes back is parsed
+//! the same way.
+
+use fairfeed_exchange::engine::{Engine, Limits};
+use fairfeed_exchange::gateway::{Close, Conn, Gateway, GatewayConfig};
+use fairfeed_wire::ouch::{inbound, outbound, Appendage, OuchPrice};
+use fairfeed_wire::soupbintcp::{split_packet, PacketRepr};
+use fairfeed_wire::{Alpha, Stock};
+
+fn cfg() -> GatewayConfig {
+    GatewayConfig {
+        session: "S1".into(),
+        users: vec![("ALICE".into(), "pw1".into()), ("BOB".into(), "pw2".into())],
+        symbols: vec!["AAPL".into(), "MSFT".into()],
+        ..GatewayConfig::default()
+    }
+}
+
+fn packet(p: PacketRepr<'_>) -> Vec<u8> {
+    let mut b = vec![0u8; p.buffer_len()];
+    p.emit(&mut b).unwrap();
+    b
+}
+
+fn login(user: &str, pw: &str, seq: u64) -> Vec<u8> {
+    packet(PacketRepr::LoginRequest {
+        username: Alpha::from_str_padded(user),
+        password: Alpha::from_str_padded(pw),
+        session: Alpha::from_str_padded(""),
+        sequence: seq,
+    })
+}
+
+fn enter(token: u32, side: u8, qty: u32, sym: &str, price: i64) -> Vec<u8> {
+    let o = inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
+        user_ref_num: token,
+        side,
+        quantity: qty,
+        symbol: Stock::from_str_padded(sym),
+        price: OuchPrice(price),
+        time_in_force: b'0',
+        display: b'Y',
+        capacity: b'A',
+        intermarket_sweep_eligibility: b'N',
+        cross_type: b'N',
+        cl_ord_id: Alpha::default(),
+        appendage_length: 0,
+        appendage: Appendage::EMPTY,
+    });
+    let mut m = [0u8; 128];
+    let n = o.emit(&mut m).unwrap();
+    packet(PacketRepr::UnsequencedData(&m[..n]))
+}
+
+/// Every packet in `b`, as (type byte, payload).
+fn packets(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut v = Vec::new();
+    while let Some((p, n)) = split_packet(b).unwrap() {
+        let payload = match p {
+            PacketRepr::SequencedData(d) => d.to_vec(),
+            _ => Vec::new(),
+        };
+        v.push((p.packet_type(), payload));
+        b = &b[n..];
+    }
+    assert!(b.is_empty());
+    v
+}
+
+struct Rig {
+    g: Gateway,
+    e: Engine,
+    /// Bytes delivered to each client by engine events.
+    inbox: Vec<Vec<u8>>,
+}
+
+impl Rig {
+    fn new() -> Self {
+        Rig {
+            g: Gateway::new(cfg()),
+            e: Engine::new(Limits { symbols: 2, ..Limits::default() }, 0, 1),
+            inbox: vec![Vec::new(); 2],
+        }
+    }
+
+    fn feed(&mut self, c: &mut Conn, now: u64, bytes: &[u8]) -> (Result<(), Close>, Vec<u8>) {
+        let mut cmds = Vec::new();
+        let mut out = Vec::new();
+        let r = self.g.on_bytes(c, now, bytes, &mut |cmd| cmds.push(cmd), &mut out);
+        for cmd in cmds {
+            let mut evs = Vec::new();
+            self.e.handle(cmd, &mut |ev| evs.push(ev));
+            for ev in evs {
+                let inbox = &mut self.inbox;
+                self.g.on_event(now, &ev, &mut |client, b| inbox[client as usize].extend_from_slice(b));
+            }
+        }
+        (r, out)
+    }
+}
+
+#[test]
+fn login_orders_execution_and_replay_on_relogin() {
+    let mut r = Rig::new();
+    let mut a = Conn::new(0);
+    let (res, out) = r.feed(&mut a, 1, &login("ALICE", "pw1", 0));
+    assert_eq!(res, Ok(()));
+    assert_eq!(packets(&out)[0].0, b'A', "login accepted");
+    let mut b = Conn::new(0);
+    assert_eq!(r.feed(&mut b, 2, &login("BOB", "pw2", 1)).0, Ok(()));
+    // Alice rests a sell, Bob lifts it: both get executions; Alice gets her accept first.
+    assert_eq!(r.feed(&mut a, 3, &enter(1, b'S', 100, "AAPL", 1_000_000)).0, Ok(()));
+    assert_eq!(r.feed(&mut b, 4, &enter(7, b'B', 60, "AAPL", 1_010_000)).0, Ok(()));
+    let alice: Vec<u8> = packets(&r.inbox[0]).iter().map(|p| p.1[0]).collect();
+    let bob: Vec<u8> = packets(&r.inbox[1]).iter().map(|p| p.1[0]).collect();
+    assert_eq!(alice, b"AE", "accepted, executed");
+    assert_eq!(bob, b"AE");
+    let exec = packets(&r.inbox[1]).pop().unwrap().1;
+    let outbound::Message::OrderExecuted(x) = outbound::Message::parse(&exec).unwrap() else { panic!() };
+    assert_eq!((x.user_ref_num(), x.quantity(), x.price().0), (7, 60, 1_000_000), "at the resting price");
+    // Alice drops and logs in again asking for message 2: the execution is replayed.
+    r.g.closed(&mut a, Close::Logout);
+    let mut a2 = Conn::new(10);
+    let (res, out) = r.feed(&mut a2, 11, &login("ALICE", "pw1", 2));
+    assert_eq!(res, Ok(()));
+    let p = packets(&out);
+    assert_eq!(p[0].0, b'A');
+    assert_eq!(p.len(), 2, "login accepted + one replayed message");
+    assert_eq!(p[1].1[0], b'E');
+    assert_eq!(r.g.stats.replayed, 1);
+}
+
+#[test]
+fn bad_logins_and_bad_bytes_close_only_their_connection() {
+    let mut r = Rig::new();
+    let mut good = Conn::new(0);
+    assert_eq!(r.feed(&mut good, 1, &login("ALICE", "pw1", 0)).0, Ok(()));
+    let mut c = Conn::new(0);
+    let (res, out) = r.feed(&mut c, 1, &login("ALICE", "wrong", 0));
+    assert_eq!(res, Err(Close::LoginRejected));
+    assert_eq!(packets(&out)[0].0, b'J');
+    let mut dup = Conn::new(0);
+    assert_eq!(r.feed(&mut dup, 1, &login("ALICE", "pw1", 0)).0, Err(Close::LoginRejected), "already logged in");
+    let mut early = Conn::new(0);
+    assert!(matches!(r.feed(&mut early, 1, &enter(1, b'B', 1, "AAPL", 1)).0, Err(Close::Protocol(_))));
+    let mut junk = Conn::new(0);
+    assert_eq!(r.feed(&mut junk, 1, &login("BOB", "pw2", 0)).0, Ok(()));
+    assert!(matches!(r.feed(&mut junk, 2, &[0, 3, b'?', 1, 2]).0, Err(Close::Protocol(_))), "unknown packet type");
+    // The good connection is untouched and still trades.
+    assert_eq!(r.feed(&mut good, 3, &enter(1, b'B', 10, "AAPL", 1_000_000)).0, Ok(()));
+    assert_eq!(packets(&r.inbox[0]).last().unwrap().1[0], b'A');
+    // Bad content in a valid message: an OUCH reject, connection stays.
+    let (res, out) = r.feed(&mut good, 4, &enter(2, b'B', 10, "NOPE", 1_000_000));
+    assert_eq!(res, Ok(()));
+    assert_eq!(packets(&out).last().unwrap().1[0], b'J');
+    // Bytes split anywhere are reassembled.
+    let bytes = enter(3, b'S', 5, "MSFT", 2_000_000);
+    for chunk in bytes.chunks(3) {
+        assert_eq!(r.feed(&mut good, 5, chunk).0, Ok(()));
+    }
+    assert_eq!(r.e.stats.accepted, 2);
+}
+
+#[test]
+fn heartbeats_and_idle_timeout() {
+    let mut r = Rig::new();
+    let mut c = Conn::new(0);
+    assert_eq!(r.feed(&mut c, 0, &login("ALICE", "pw1", 0)).0, Ok(()));
+    let mut out = Vec::new();
+    assert_eq!(r.g.on_tick(&mut c, 500_000_000, &mut out), Ok(()));
+    assert!(out.is_empty(), "no heartbeat before a second of silence");
+    assert_eq!(r.g.on_tick(&mut c, 1_000_000_001, &mut out), Ok(()));
+    assert_eq!(packets(&out), vec![(b'H', vec![])]);
+    let hb = packet(PacketRepr::ClientHeartbeat);
+    assert_eq!(r.feed(&mut c, 10_000_000_000, &hb).0, Ok(()));
+    assert_eq!(r.g.on_tick(&mut c, 20_000_000_000, &mut Vec::new()), Ok(()));
+    assert_eq!(r.g.on_tick(&mut c, 26_000_000_000, &mut Vec::new()), Err(Close::IdleTimeout));
+    // The user may log in again.
+    let mut c2 = Conn::new(0);
+    assert_eq!(r.feed(&mut c2, 27_000_000_000, &login("ALICE", "pw1", 0)).0, Ok(()));
+}
