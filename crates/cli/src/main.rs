@@ -8,6 +8,7 @@ mod cmd_bench;
 mod cmd_bridge;
 mod cmd_decode;
 mod cmd_demo;
+mod cmd_exchange;
 mod cmd_gen;
 mod cmd_node;
 mod cmd_plan;
@@ -57,6 +58,8 @@ enum Command {
     /// Experiments in the deterministic simulator (fair multicast tree).
     #[command(subcommand)]
     Sim(cmd_sim::Sim),
+    /// The exchange: matching engine, OUCH 5.0 gateway on SoupBinTCP, ITCH 5.0 on A/B lines; and its bench.
+    Exchange(Box<cmd_exchange::Args>),
     /// The arbitrated feed into NATS by service or symbol (seed 001 with a real broker).
     #[command(subcommand)]
     Bridge(cmd_bridge::BridgeCmd),
@@ -79,6 +82,7 @@ fn main() {
         Command::Control(a) => cmd_arb::run_control(a),
         Command::Bench(b) => cmd_bench::run(b),
         Command::Bridge(c) => cmd_bridge::run(c),
+        Command::Exchange(a) => cmd_exchange::run(*a),
         Command::Subscribe(a) => cmd_bridge::run_subscribe(a),
         Command::Plan(a) => cmd_plan::run(a),
         Command::Sender(a) => cmd_node::run_sender(*a),

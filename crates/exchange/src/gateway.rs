@@ -171,6 +171,11 @@ impl Gateway {
         &self.cfg
     }
 
+    /// The symbol of a client's live order (to route a cancel or replace to its engine shard).
+    pub fn symbol_of(&self, client: u32, token: u32) -> Option<u16> {
+        self.orders.get(&(client, token)).map(|v| v.1)
+    }
+
     /// Messages journaled for `user`.
     pub fn journal_len(&self, user: u32) -> usize {
         self.users.get(user as usize).map_or(0, |u| u.journal.len())

@@ -13,6 +13,8 @@ pub mod arb_offline;
 pub mod batch;
 pub mod bench;
 pub mod bench_tree;
+pub mod exchange_bench;
+pub mod exchange_live;
 pub mod pace;
 pub mod replay;
 pub mod tree_live;

@@ -1,0 +1,150 @@
+//! `fairfeed exchange`: the matching engine behind an OUCH 5.0 gateway,
+//! publishing ITCH 5.0 on A/B lines; and `fairfeed exchange bench`.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::Context;
+use fairfeed_net::exchange_bench::{exchange_bench, in_process};
+use fairfeed_net::exchange_live::{run_exchange, ExchangeConfig};
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    bench: Option<Sub>,
+    /// The exchange's configuration (TOML; `--example-config` prints one).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print an example configuration and exit.
+    #[arg(long)]
+    example_config: bool,
+    /// Stop after this many seconds (default: on SIGINT/SIGTERM).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Write the report (JSON) here at exit (default: stdout).
+    #[arg(long)]
+    stats_out: Option<PathBuf>,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Seed 002's latency matrix row: OUCH orders over loopback TCP at a rate, beside a TCP ping-pong.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Orders per second (seed 002: 10K, 50K, 100K, 250K, 500K).
+    #[arg(long, default_value_t = 10_000.0)]
+    rate: f64,
+    /// Products (symbols) the orders spread over (seed 002: 1, 1, 2, 5, 10).
+    #[arg(long, default_value_t = 1)]
+    products: usize,
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Engine threads (symbols sharded over them).
+    #[arg(long, default_value_t = 1)]
+    engines: usize,
+    /// Instead: the matching core's throughput on one thread, in process.
+    #[arg(long)]
+    in_process: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if let Some(Sub::Bench(b)) = a.bench {
+        return bench(b);
+    }
+    if a.example_config {
+        let mut cfg = ExchangeConfig::default();
+        cfg.gateway.symbols = vec!["AAPL".into(), "MSFT".into(), "NVDA".into()];
+        cfg.itch_a = Some("127.0.0.1:26400".parse()?);
+        cfg.itch_b = Some("127.0.0.1:26401".parse()?);
+        cfg.retransmit_listen = Some("127.0.0.1:26402".parse()?);
+        print!("{}", toml::to_string(&cfg)?);
+        return Ok(());
+    }
+    let path = a.config.as_ref().context("--config FILE is required (see --example-config)")?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg: ExchangeConfig =
+        toml::from_str(&text).with_context(|| format!("{}: not an exchange configuration", path.display()))?;
+    anyhow::ensure!((1..=16).contains(&cfg.engines), "engines must be 1..=16");
+    anyhow::ensure!(!cfg.gateway.symbols.is_empty(), "at least one symbol");
+    anyhow::ensure!(cfg.gateway.symbols.len() <= cfg.limits.symbols, "more symbols than limits.symbols");
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    eprintln!(
+        "exchange: OUCH on {} ({} users, {} symbols, {} engine thread(s)); ITCH to {:?} / {:?}",
+        cfg.listen,
+        cfg.gateway.users.len(),
+        cfg.gateway.symbols.len(),
+        cfg.engines,
+        cfg.itch_a,
+        cfg.itch_b
+    );
+    let r = run_exchange(cfg, &stop, a.seconds).context("running the exchange")?;
+    let text = serde_json::to_string_pretty(&r)?;
+    match &a.stats_out {
+        Some(p) => std::fs::write(p, text)?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
+fn bench(b: BenchArgs) -> anyhow::Result<()> {
+    if b.in_process {
+        anyhow::ensure!((1..=1_000).contains(&b.products), "--products must be 1..=1,000");
+        let commands = 2_000_000;
+        let (rate, events) = in_process(commands, b.products.max(1), 5);
+        let v = serde_json::json!({
+            "orders_per_s": rate,
+            "commands": commands,
+            "events_per_run": events,
+            "products": b.products,
+            "runs": 5,
+            "what": "median of 5 runs: limit orders near the mid, 30% cancels, 20% crossing IOC, one thread",
+        });
+        if b.json {
+            println!("{v}");
+        } else {
+            println!(
+                "matching core: {rate:.0} commands/s on one thread ({events} events per run of {commands} commands)"
+            );
+        }
+        return Ok(());
+    }
+    anyhow::ensure!(b.rate > 0.0 && b.rate <= 2_000_000.0, "--rate must be in (0, 2,000,000]");
+    anyhow::ensure!(b.seconds > 0.0 && b.seconds <= 600.0, "--seconds must be in (0, 600]");
+    anyhow::ensure!((1..=1_000).contains(&b.products), "--products must be 1..=1,000");
+    anyhow::ensure!((1..=16).contains(&b.engines), "--engines must be 1..=16");
+    let r = exchange_bench(b.rate, b.products, b.seconds, b.engines)?;
+    if b.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "{:.0} orders/s asked, {:.0} achieved, {} product(s): avg {:.1} µs, σ {:.1}, min {:.1}, p50 {:.1}, p95 {:.1}, \
+             p99 {:.1}, max {:.1}; TCP ping-pong p50/p99 {:.1}/{:.1} µs",
+            r.rate,
+            r.achieved_rate,
+            r.products,
+            r.avg_us,
+            r.stddev_us,
+            r.min_us,
+            r.p50_us,
+            r.p95_us,
+            r.p99_us,
+            r.max_us,
+            r.baseline_tcp_rtt_p50_us,
+            r.baseline_tcp_rtt_p99_us
+        );
+        for s in &r.steps {
+            println!("  {:<28} p50 {:>8.1} µs  p99 {:>8.1} µs  max {:>9.1} µs", s.name, s.p50_us, s.p99_us, s.max_us);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! Goal: `fairfeed exchange` speaks protocols real tools understand, survives
+//! bad clients, and its bench keeps its interface. Method: the exchange as a
+//! process from a TOML configuration; a client session driven from the test
+//! with fairfeed-wire's encoders (login, crossing orders, a cancel, a replace,
+//! logout) while tshark captures loopback; a second connection sending
+//! garbage; tshark must dissect the SoupBinTCP session with zero malformed
+//! frames; the ITCH the exchange published on its A line must decode and
+//! rebuild a consistent book.
+
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::net::{TcpStream, UdpSocket};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fairfeed_wire::ouch::{inbound, outbound, Appendage, OuchPrice};
+use fairfeed_wire::soupbintcp::{split_packet, PacketRepr};
+use fairfeed_wire::{Alpha, Stock};
+
+#[test]
+fn bench_prints_the_documented_fields() {
+    let v = json(&fairfeed(&["exchange", "bench", "--rate", "2000", "--products", "2", "--seconds", "1", "--json"]));
+    for k in [
+        "avg_us",
+        "stddev_us",
+        "min_us",
+        "p50_us",
+        "p95_us",
+        "p99_us",
+        "max_us",
+        "achieved_rate",
+        "baseline_tcp_rtt_p99_us",
+    ] {
+        assert!(v[k].as_f64().is_some(), "missing {k}: {v}");
+    }
+    assert_eq!(v["orders"], v["responses"], "every order acknowledged: {v}");
+    assert!(v["achieved_rate"].as_f64().unwrap() > 1_500.0);
+    assert_eq!(v["steps"].as_array().unwrap().len(), 5, "seed 002's five points");
+    let p = json(&fairfeed(&["exchange", "bench", "--in-process", "--json"]));
+    assert!(p["orders_per_s"].as_f64().unwrap() > 100_000.0, "{p}");
+}
+
+fn soup(p: PacketRepr<'_>) -> Vec<u8> {
+    let mut b = vec![0u8; p.buffer_len()];
+    p.emit(&mut b).unwrap();
+    b
+}
+
+fn ouch(m: inbound::MessageRepr) -> Vec<u8> {
+    let mut b = [0u8; 128];
+    let n = m.emit(&mut b).unwrap();
+    soup(PacketRepr::UnsequencedData(&b[..n]))
+}
+
+fn enter(token: u32, side: u8, qty: u32, price: i64) -> Vec<u8> {
+    ouch(inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
+        user_ref_num: token,
+        side,
+        quantity: qty,
+        symbol: Stock::from_str_padded("AAPL"),
+        price: OuchPrice(price),
+        time_in_force: b'0',
+        display: b'Y',
+        capacity: b'A',
+        intermarket_sweep_eligibility: b'N',
+        cross_type: b'N',
+        cl_ord_id: Alpha::default(),
+        appendage_length: 0,
+        appendage: Appendage::EMPTY,
+    }))
+}
+
+/// Reads sequenced OUCH messages until `n` have arrived (or 5 s).
+fn read_messages(s: &mut TcpStream, n: usize) -> Vec<Vec<u8>> {
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let (mut buf, mut have, mut got) = (vec![0u8; 1 << 16], 0, Vec::new());
+    let t0 = Instant::now();
+    while got.len() < n && t0.elapsed() < Duration::from_secs(5) {
+        if let Ok(k) = s.read(&mut buf[have..]) {
+            have += k;
+        }
+        let mut used = 0;
+        while let Ok(Some((p, k))) = split_packet(&buf[used..have]) {
+            used += k;
+            if let PacketRepr::SequencedData(m) = p {
+                got.push(m.to_vec());
+            }
+        }
+        buf.copy_within(used..have, 0);
+        have -= used;
+    }
+    got
+}
+
+#[test]
+fn a_session_decodes_in_tshark_and_the_itch_line_is_consistent() {
+    if !have_tool("tshark", &["--version"]) {
+        return;
+    }
+    let d = tmp();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let line = UdpSocket::bind("127.0.0.1:0").unwrap();
+    line.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let cfg = format!(
+        "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_a = \"{}\"\nitch_session = \"FFTEST0001\"\n\n\
+         [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"], [\"BOB\", \"pw2\"]]\nsymbols = [\"AAPL\", \"MSFT\"]\n\
+         heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
+         [limits]\nsymbols = 2\norders = 10000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n",
+        line.local_addr().unwrap()
+    );
+    let cfg_path = d.path().join("exchange.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let cap = d.path().join("session.pcapng");
+    let itch_port = line.local_addr().unwrap().port();
+    let mut tshark = Command::new("tshark")
+        .args(["-i", "lo", "-f", &format!("tcp port {port} or udp port {itch_port}"), "-w", cap.to_str().unwrap()])
+        .args(["-a", "duration:8"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1_500));
+    let x = Command::new(bin())
+        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--seconds", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    trade_and_misbehave(port);
+    let itch = collect_itch(&line);
+    let out = x.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["gateway"]["protocol_closes"], 1, "the garbage connection was closed: {report}");
+    let mut dec = fairfeed_feed::decode::FeedDecoder::default();
+    for p in &itch {
+        dec.handle(p);
+    }
+    let s = dec.summary();
+    assert_eq!(s.errors, 0, "ITCH decodes cleanly: {s:?}");
+    assert_eq!(s.gaps, 0, "no sequence gaps on the A line");
+    assert_eq!(s.end_of_session, 1);
+    for t in ["S", "R", "A", "E", "D"] {
+        assert!(s.types.get(t).copied().unwrap_or(0) > 0, "ITCH has {t} messages: {:?}", s.types);
+    }
+    let _ = tshark.wait();
+    tshark_checks(&cap, port, itch_port, itch.len());
+}
+
+/// Alice trades against herself through the book and cancels; Bob sends garbage and is cut off.
+fn trade_and_misbehave(port: u16) {
+    let mut a = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let login = |u: &str, p: &str| {
+        soup(PacketRepr::LoginRequest {
+            username: Alpha::from_str_padded(u),
+            password: Alpha::from_str_padded(p),
+            session: Alpha::from_str_padded(""),
+            sequence: 1,
+        })
+    };
+    a.write_all(&login("ALICE", "pw1")).unwrap();
+    // A second client sends garbage after logging in: only it is disconnected.
+    let mut junk = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    junk.write_all(&login("BOB", "pw2")).unwrap();
+    junk.write_all(&[0, 5, b'?', 1, 2, 3, 4]).unwrap();
+    for i in 0..20u32 {
+        a.write_all(&enter(i, b'S', 100, 1_000_000 + i64::from(i) * 100)).unwrap();
+    }
+    a.write_all(&enter(100, b'B', 450, 1_001_000)).unwrap();
+    a.write_all(&ouch(inbound::MessageRepr::CancelOrder(inbound::CancelOrderRepr { user_ref_num: 19, quantity: 0 })))
+        .unwrap();
+    let msgs = read_messages(&mut a, 20 + 1 + 5 + 5 + 1);
+    let kinds: Vec<u8> = msgs.iter().map(|m| m[0]).collect();
+    assert_eq!(
+        kinds.iter().filter(|&&k| k == b'A').count(),
+        21,
+        "every order accepted: {:?}",
+        String::from_utf8_lossy(&kinds)
+    );
+    let executed: u32 = msgs
+        .iter()
+        .filter_map(|m| match outbound::Message::parse(m) {
+            Ok(outbound::Message::OrderExecuted(e)) if e.user_ref_num() == 100 => Some(e.quantity()),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(executed, 450, "the buy took 4.5 of the resting sells at or under its limit");
+    assert!(kinds.contains(&b'C'), "the cancel confirmed");
+    a.write_all(&soup(PacketRepr::LogoutRequest)).unwrap();
+    let mut rest = Vec::new();
+    let _ = junk.read_to_end(&mut rest);
+}
+
+/// The A line's packets up to the end of session (6 s at most).
+fn collect_itch(line: &UdpSocket) -> Vec<Vec<u8>> {
+    let mut itch = Vec::new();
+    let mut buf = [0u8; 2048];
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(6) {
+        if let Ok(n) = line.recv(&mut buf) {
+            itch.push(buf[..n].to_vec());
+            if n == 20 {
+                break; // end of session
+            }
+        }
+    }
+    itch
+}
+
+/// tshark on the capture: the SoupBinTCP session and the ITCH line, nothing malformed.
+fn tshark_checks(cap: &std::path::Path, port: u16, itch_port: u16, itch_packets: usize) {
+    let check = Command::new("tshark")
+        .args([
+            "-r",
+            cap.to_str().unwrap(),
+            "-d",
+            &format!("tcp.port=={port},soupbintcp"),
+            "--disable-protocol",
+            "ouch",
+        ])
+        .args(["-T", "fields", "-e", "soupbintcp.packet_type", "-e", "_ws.malformed"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        !text.contains("Malformed") && !text.lines().any(|l| l.split('\t').nth(1).is_some_and(|m| !m.is_empty())),
+        "{text}"
+    );
+    let types: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.split('\t').next())
+        .flat_map(|f| f.split(','))
+        .map(|x| x.trim_matches('\'').to_string())
+        .filter(|x| !x.is_empty())
+        .collect();
+    for t in ["L", "A", "U", "S", "O"] {
+        assert!(types.contains(t), "tshark saw no SoupBinTCP {t} packet; it saw {types:?}");
+    }
+    // The ITCH line as tshark sees it: MoldUDP64 with ITCH inside, nothing malformed.
+    let m = Command::new("tshark")
+        .args(["-r", cap.to_str().unwrap(), "-d", &format!("udp.port=={itch_port},moldudp64")])
+        .args([
+            "-Y",
+            "moldudp64",
+            "-T",
+            "fields",
+            "-e",
+            "moldudp64.sequence",
+            "-e",
+            "_ws.malformed",
+            "-e",
+            "_ws.expert.severity",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&m.stdout);
+    assert_eq!(text.lines().count(), itch_packets, "tshark saw every ITCH packet: {text}");
+    // Only a Comment-level expert item is allowed: tshark reads the 20-byte
+    // end-of-session packet as a request (see external_tools.rs).
+    let comment = (1u32 << 20).to_string();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split('\t').collect();
+        assert!(f[1].is_empty(), "malformed: {l}");
+        assert!(f[2].is_empty() || f[2] == comment, "expert item above Comment: {l}");
+    }
+}

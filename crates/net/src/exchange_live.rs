@@ -1,0 +1,574 @@
+//! The exchange on real sockets: OUCH 5.0 over SoupBinTCP in, TotalView-ITCH
+//! 5.0 over MoldUDP64 out on an A and a B line, with a retransmission server.
+//!
+//! A pipeline of threads joined by bounded single-producer/single-consumer
+//! rings (the disruptor pattern seed 002 used):
+//!
+//! ```text
+//!  gateway thread ──commands──▶ engine thread(s) ──events──▶ gateway thread (OUCH out)
+//!  (TCP in/out, sessions)        (symbols sharded)  └─events──▶ publisher thread (ITCH A/B, journal, retransmission)
+//! ```
+//!
+//! Every order carries five timestamps, seed 002's points: t0 the gateway
+//! hands it to the engine ("order book → ME sent"), t1 the engine takes it
+//! ("ME received"), t2 the engine hands out its response ("response sent"),
+//! t3 the gateway takes the response ("response received"), t4 the response
+//! is written to the client's socket ("completed"); HdrHistograms of each
+//! step.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
+use fairfeed_exchange::engine::{Command, Engine, EngineStats, Event, Limits};
+use fairfeed_exchange::gateway::{Close, Conn, Gateway, GatewayConfig, GatewayStats};
+use fairfeed_exchange::itch_out::ItchWriter;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Slots of each ring.
+pub const RING_SLOTS: usize = 65_536;
+/// Client connections at most.
+pub const CONNECTIONS_MAX: usize = 256;
+
+/// Everything the exchange is configured with.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct ExchangeConfig {
+    /// OUCH over SoupBinTCP.
+    pub listen: SocketAddr,
+    pub gateway: GatewayConfig,
+    pub limits: Limits,
+    /// Engine threads; symbols are sharded by locate modulo this.
+    pub engines: usize,
+    /// The ITCH lines (MoldUDP64 over UDP).
+    pub itch_a: Option<SocketAddr>,
+    pub itch_b: Option<SocketAddr>,
+    /// Serve MoldUDP64 retransmission requests from the ITCH journal here.
+    pub retransmit_listen: Option<SocketAddr>,
+    pub itch_session: String,
+}
+
+impl Default for ExchangeConfig {
+    fn default() -> Self {
+        ExchangeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 15000)),
+            gateway: GatewayConfig::default(),
+            limits: Limits::default(),
+            engines: 1,
+            itch_a: None,
+            itch_b: None,
+            retransmit_listen: None,
+            itch_session: "FFEXCH0001".into(),
+        }
+    }
+}
+
+/// Latency of one pipeline step, µs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub name: &'static str,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub count: u64,
+}
+
+/// What the exchange did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExchangeReport {
+    pub gateway: GatewayStats,
+    pub engines: Vec<EngineStats>,
+    pub itch_packets: u64,
+    pub itch_messages: u64,
+    pub retransmit_answers: u64,
+    pub ring_full: u64,
+    pub steps: Vec<Step>,
+}
+
+struct Cmd {
+    cmd: Command,
+    t0: u64,
+}
+
+/// Wakes a parked consumer thread after a push (the thread parks only after
+/// announcing it, then re-checks its ring, so no push is missed).
+#[derive(Clone)]
+struct Waker {
+    sleeping: Arc<AtomicBool>,
+    thread: Option<thread::Thread>,
+}
+
+impl Waker {
+    fn wake(&self) {
+        if self.sleeping.load(Ordering::SeqCst) {
+            if let Some(t) = &self.thread {
+                t.unpark();
+            }
+        }
+    }
+}
+
+/// Wakes the gateway thread, which sleeps in poll(2) on its sockets and this eventfd.
+#[derive(Clone)]
+struct GatewayWaker {
+    sleeping: Arc<AtomicBool>,
+    fd: Arc<nix::sys::eventfd::EventFd>,
+}
+
+impl GatewayWaker {
+    fn wake(&self) {
+        if self.sleeping.load(Ordering::SeqCst) {
+            let _ = self.fd.write(1);
+        }
+    }
+}
+
+/// Spins `SPIN` empty turns, then parks until woken (or 1 ms).
+fn idle(spins: &mut u32, sleeping: &AtomicBool, empty: impl Fn() -> bool) {
+    const SPIN: u32 = 2_000;
+    *spins += 1;
+    if *spins < SPIN {
+        std::hint::spin_loop();
+        return;
+    }
+    sleeping.store(true, Ordering::SeqCst);
+    if empty() {
+        thread::park_timeout(Duration::from_millis(1));
+    }
+    sleeping.store(false, Ordering::SeqCst);
+    *spins = 0;
+}
+
+#[derive(Clone, Copy)]
+struct Out {
+    ev: Event,
+    t0: u64,
+    t1: u64,
+    t2: u64,
+    /// The last event of its command.
+    last: bool,
+}
+
+fn ns(start: Instant) -> u64 {
+    start.elapsed().as_nanos() as u64
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+}
+
+fn step(name: &'static str, h: &Histogram<u64>) -> Step {
+    Step {
+        name,
+        p50_us: h.value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: h.value_at_quantile(0.99) as f64 / 1e3,
+        max_us: h.max() as f64 / 1e3,
+        count: h.len(),
+    }
+}
+
+/// A running exchange.
+pub struct Exchange {
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<Part>>,
+    pub addr: SocketAddr,
+}
+
+enum Part {
+    Gateway(GatewayStats, Box<[Histogram<u64>; 5]>, u64),
+    Engine(EngineStats),
+    Publisher(u64, u64, u64),
+}
+
+impl Exchange {
+    /// Binds and starts every thread.
+    pub fn start(cfg: ExchangeConfig) -> std::io::Result<Exchange> {
+        assert!((1..=16).contains(&cfg.engines), "1..=16 engine threads");
+        let listener = TcpListener::bind(cfg.listen)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Instant::now();
+        let (mut cmd_tx, mut cmd_rx, mut to_gw, mut gw_rx, mut to_pub, mut pub_rx) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..cfg.engines {
+            let (a, b) = rtrb::RingBuffer::<Cmd>::new(RING_SLOTS);
+            let (c, d) = rtrb::RingBuffer::<Out>::new(RING_SLOTS);
+            let (e, f) = rtrb::RingBuffer::<Event>::new(RING_SLOTS);
+            cmd_tx.push(a);
+            cmd_rx.push(b);
+            to_gw.push(c);
+            gw_rx.push(d);
+            to_pub.push(e);
+            pub_rx.push(f);
+        }
+        let mut threads = Vec::new();
+        let pub_sleeping = Arc::new(AtomicBool::new(false));
+        let publisher = spawn_publisher(&cfg, pub_rx, stop.clone(), pub_sleeping.clone())?;
+        let pub_waker = Waker { sleeping: pub_sleeping, thread: Some(publisher.thread().clone()) };
+        threads.push(publisher);
+        let mut engine_wakers = Vec::new();
+        let gw_waker = GatewayWaker {
+            sleeping: Arc::new(AtomicBool::new(false)),
+            fd: Arc::new(
+                nix::sys::eventfd::EventFd::from_value_and_flags(0, nix::sys::eventfd::EfdFlags::EFD_NONBLOCK)
+                    .map_err(std::io::Error::from)?,
+            ),
+        };
+        for (shard, ((mut crx, mut gtx), mut ptx)) in cmd_rx.into_iter().zip(to_gw).zip(to_pub).enumerate() {
+            let (limits, n, stop) = (cfg.limits, cfg.engines as u64, stop.clone());
+            let sleeping = Arc::new(AtomicBool::new(false));
+            let (asleep, pw, gwk) = (sleeping.clone(), pub_waker.clone(), gw_waker.clone());
+            let h = thread::Builder::new().name(format!("engine-{shard}")).spawn(move || {
+                let mut e = Engine::new(limits, shard as u64, n);
+                let mut batch: Vec<Event> = Vec::with_capacity(64);
+                let mut spins = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(c) = crx.pop() else {
+                        idle(&mut spins, &asleep, || crx.is_empty());
+                        continue;
+                    };
+                    spins = 0;
+                    let t1 = ns(start);
+                    batch.clear();
+                    e.handle(c.cmd, &mut |ev| batch.push(ev));
+                    let t2 = ns(start);
+                    let k = batch.len();
+                    for (i, ev) in batch.iter().enumerate() {
+                        while gtx.push(Out { ev: *ev, t0: c.t0, t1, t2, last: i + 1 == k }).is_err() {
+                            thread::yield_now();
+                        }
+                        while ptx.push(*ev).is_err() {
+                            pw.wake();
+                            thread::yield_now();
+                        }
+                    }
+                    pw.wake();
+                    gwk.wake();
+                }
+                Part::Engine(e.stats)
+            })?;
+            engine_wakers.push(Waker { sleeping, thread: Some(h.thread().clone()) });
+            threads.push(h);
+        }
+        let gw = Gateway::new(cfg.gateway.clone());
+        let engines = cfg.engines;
+        let stop2 = stop.clone();
+        threads.push(thread::Builder::new().name("gateway".into()).spawn(move || {
+            gateway_loop(GatewayLoop {
+                listener,
+                gw,
+                cmd_tx,
+                to_gw: gw_rx,
+                wakers: engine_wakers,
+                me: gw_waker,
+                engines,
+                start,
+                stop: stop2,
+            })
+        })?);
+        Ok(Exchange { stop, threads, addr })
+    }
+
+    /// Stops every thread and reports.
+    pub fn finish(self) -> ExchangeReport {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut r = ExchangeReport {
+            gateway: GatewayStats::default(),
+            engines: Vec::new(),
+            itch_packets: 0,
+            itch_messages: 0,
+            retransmit_answers: 0,
+            ring_full: 0,
+            steps: Vec::new(),
+        };
+        for t in self.threads {
+            match t.join() {
+                Ok(Part::Gateway(s, h, full)) => {
+                    r.gateway = s;
+                    r.ring_full = full;
+                    let names = [
+                        "t0→t1 gateway → engine",
+                        "t1→t2 matching",
+                        "t2→t3 engine → gateway",
+                        "t3→t4 response written",
+                        "t0→t4 total",
+                    ];
+                    r.steps = names.iter().zip(h.iter()).map(|(n, h)| step(n, h)).collect();
+                }
+                Ok(Part::Engine(s)) => r.engines.push(s),
+                Ok(Part::Publisher(p, m, a)) => {
+                    r.itch_packets = p;
+                    r.itch_messages = m;
+                    r.retransmit_answers = a;
+                }
+                Err(_) => {}
+            }
+        }
+        r
+    }
+}
+
+fn spawn_publisher(
+    cfg: &ExchangeConfig,
+    mut rx: Vec<rtrb::Consumer<Event>>,
+    stop: Arc<AtomicBool>,
+    sleeping: Arc<AtomicBool>,
+) -> std::io::Result<thread::JoinHandle<Part>> {
+    let sock = UdpSocket::bind("0.0.0.0:0")?;
+    let retrans = match cfg.retransmit_listen {
+        Some(a) => {
+            let s = UdpSocket::bind(a)?;
+            s.set_nonblocking(true)?;
+            Some(s)
+        }
+        None => None,
+    };
+    let (a, b) = (cfg.itch_a, cfg.itch_b);
+    let mut w = ItchWriter::new(&cfg.itch_session, &cfg.gateway.symbols);
+    let start = Instant::now();
+    thread::Builder::new().name("publisher".into()).spawn(move || {
+        let mut server = RetransmitServer::new(Journal::new(), ServerConfig::default());
+        let (mut packets, mut answers) = (0u64, 0u64);
+        let mut send = |w: &mut ItchWriter, server: &mut RetransmitServer| {
+            for p in w.take_packets() {
+                for to in [a, b].into_iter().flatten() {
+                    let _ = sock.send_to(&p, to);
+                }
+                let _ = server.journal_mut().append_packet(&p);
+                packets += 1;
+            }
+        };
+        w.open(crate::agent::wall_ns());
+        send(&mut w, &mut server);
+        let (mut buf, mut out) = ([0u8; 2048], vec![0u8; 1400]);
+        let mut spins = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            let mut any = false;
+            let now = crate::agent::wall_ns();
+            for r in &mut rx {
+                while let Ok(ev) = r.pop() {
+                    w.on_event(now, &ev);
+                    any = true;
+                }
+            }
+            if any {
+                w.flush();
+                send(&mut w, &mut server);
+                spins = 0;
+            } else {
+                idle(&mut spins, &sleeping, || rx.iter().all(|r| r.is_empty()));
+            }
+            if let Some(s) = &retrans {
+                while let Ok((n, from)) = s.recv_from(&mut buf) {
+                    if let Some(len) = server.handle_request(ns(start), from, &buf[..n], &mut out) {
+                        if s.send_to(&out[..len], from).is_ok() {
+                            answers += 1;
+                        }
+                    }
+                }
+            }
+        }
+        w.close(crate::agent::wall_ns());
+        send(&mut w, &mut server);
+        Part::Publisher(packets, w.messages, answers)
+    })
+}
+
+struct Session {
+    sock: TcpStream,
+    conn: Conn,
+    out: Vec<u8>,
+    closing: bool,
+}
+
+struct GatewayLoop {
+    listener: TcpListener,
+    gw: Gateway,
+    cmd_tx: Vec<rtrb::Producer<Cmd>>,
+    to_gw: Vec<rtrb::Consumer<Out>>,
+    wakers: Vec<Waker>,
+    me: GatewayWaker,
+    engines: usize,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+}
+
+fn gateway_loop(mut g: GatewayLoop) -> Part {
+    let mut sessions: Vec<Option<Session>> = Vec::new();
+    let mut hists: [Histogram<u64>; 5] = [hist(), hist(), hist(), hist(), hist()];
+    let mut buf = vec![0u8; 65_536];
+    let (mut ring_full, mut last_tick) = (0u64, 0u64);
+    let mut cmds: Vec<Command> = Vec::new();
+    let mut spins = 0u32;
+    while !g.stop.load(Ordering::Relaxed) {
+        let mut busy = false;
+        while let Ok((sock, _)) = g.listener.accept() {
+            let _ = sock.set_nodelay(true);
+            let _ = sock.set_nonblocking(true);
+            let s = Session { sock, conn: Conn::new(ns(g.start)), out: Vec::new(), closing: false };
+            match sessions.iter().position(Option::is_none) {
+                Some(i) => sessions[i] = Some(s),
+                None if sessions.len() < CONNECTIONS_MAX => sessions.push(Some(s)),
+                None => {}
+            }
+        }
+        busy |= read_sessions(&mut g, &mut sessions, &mut buf, &mut cmds, &mut ring_full);
+        // Responses from the engines: OUCH to their clients.
+        for r in &mut g.to_gw {
+            while let Ok(o) = r.pop() {
+                busy = true;
+                let t3 = ns(g.start);
+                let sess = &mut sessions;
+                g.gw.on_event(crate::agent::wall_ns(), &o.ev, &mut |client, bytes| {
+                    if let Some(s) = sess.iter_mut().flatten().find(|s| s.conn.user == Some(client)) {
+                        s.out.extend_from_slice(bytes);
+                    }
+                });
+                if o.last {
+                    flush_all(&mut sessions);
+                    let t4 = ns(g.start);
+                    for (h, v) in hists.iter_mut().zip([o.t1 - o.t0, o.t2 - o.t1, t3 - o.t2, t4 - t3, t4 - o.t0]) {
+                        let _ = h.record(v.max(1));
+                    }
+                }
+            }
+        }
+        let now = ns(g.start);
+        if now - last_tick > 1_000_000 {
+            last_tick = now;
+            for s in sessions.iter_mut().flatten() {
+                if g.gw.on_tick(&mut s.conn, now, &mut s.out).is_err() {
+                    s.closing = true;
+                }
+            }
+        }
+        flush_all(&mut sessions);
+        for slot in sessions.iter_mut() {
+            if slot.as_ref().is_some_and(|s| s.closing && s.out.is_empty()) {
+                *slot = None;
+            }
+        }
+        if busy {
+            spins = 0;
+        } else {
+            spins += 1;
+            if spins > 2_000 {
+                gateway_sleep(&g, &sessions);
+                spins = 0;
+            }
+        }
+    }
+    Part::Gateway(g.gw.stats, Box::new(hists), ring_full)
+}
+
+/// Reads every session that has bytes; routes the commands to their engine
+/// shard. Returns whether anything arrived.
+fn read_sessions(
+    g: &mut GatewayLoop,
+    sessions: &mut [Option<Session>],
+    buf: &mut [u8],
+    cmds: &mut Vec<Command>,
+    ring_full: &mut u64,
+) -> bool {
+    let mut busy = false;
+    for slot in sessions.iter_mut() {
+        let Some(s) = slot else { continue };
+        match s.sock.read(buf) {
+            Ok(0) => {
+                g.gw.closed(&mut s.conn, Close::Logout);
+                *slot = None;
+                continue;
+            }
+            Ok(n) => {
+                busy = true;
+                cmds.clear();
+                let r = g.gw.on_bytes(&mut s.conn, ns(g.start), &buf[..n], &mut |c| cmds.push(c), &mut s.out);
+                for &c in cmds.iter() {
+                    let sym = match c {
+                        Command::New(o) => Some(o.symbol),
+                        Command::Cancel { client, token, .. } | Command::Replace { client, token, .. } => {
+                            g.gw.symbol_of(client, token)
+                        }
+                    };
+                    let shard = sym.map_or(0, |s| usize::from(s.max(1) - 1) % g.engines);
+                    let mut item = Cmd { cmd: c, t0: ns(g.start) };
+                    loop {
+                        match g.cmd_tx[shard].push(item) {
+                            Ok(()) => break,
+                            Err(rtrb::PushError::Full(back)) => {
+                                *ring_full += 1;
+                                item = back;
+                                g.wakers[shard].wake();
+                                thread::yield_now();
+                            }
+                        }
+                    }
+                    g.wakers[shard].wake();
+                }
+                if r.is_err() {
+                    s.closing = true;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => {
+                g.gw.closed(&mut s.conn, Close::Logout);
+                *slot = None;
+            }
+        }
+    }
+    busy
+}
+
+/// Sleeps in poll(2) until a client sends, connects, or an engine responds (1 ms at most).
+fn gateway_sleep(g: &GatewayLoop, sessions: &[Option<Session>]) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    g.me.sleeping.store(true, Ordering::SeqCst);
+    if g.to_gw.iter().all(|r| r.is_empty()) {
+        let mut fds =
+            vec![PollFd::new(g.me.fd.as_fd(), PollFlags::POLLIN), PollFd::new(g.listener.as_fd(), PollFlags::POLLIN)];
+        for s in sessions.iter().flatten() {
+            fds.push(PollFd::new(s.sock.as_fd(), PollFlags::POLLIN));
+        }
+        let _ = poll(&mut fds, PollTimeout::from(1u8));
+    }
+    g.me.sleeping.store(false, Ordering::SeqCst);
+    let _ = g.me.fd.read();
+}
+
+fn flush_all(sessions: &mut [Option<Session>]) {
+    for s in sessions.iter_mut().flatten() {
+        while !s.out.is_empty() {
+            match s.sock.write(&s.out) {
+                Ok(0) => break,
+                Ok(n) => {
+                    s.out.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    s.out.clear();
+                    s.closing = true;
+                }
+            }
+        }
+    }
+}
+
+/// Runs until `stop` (or `max_seconds`); returns the report.
+pub fn run_exchange(
+    cfg: ExchangeConfig,
+    stop: &AtomicBool,
+    max_seconds: Option<f64>,
+) -> std::io::Result<ExchangeReport> {
+    let x = Exchange::start(cfg)?;
+    let t0 = Instant::now();
+    while !stop.load(Ordering::Relaxed) && max_seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    Ok(x.finish())
+}
