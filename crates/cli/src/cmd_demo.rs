@@ -40,6 +40,14 @@ pub struct Args {
     /// Where the report goes.
     #[arg(long, default_value = "out/demo")]
     out: PathBuf,
+    /// Also run seed 000's trading experiment: the first two and last two
+    /// receivers trade on every message; the exchange takes the earliest
+    /// order timestamp (at --tick-ns resolution, ties at random).
+    #[arg(long)]
+    trading: bool,
+    /// The exchange's timestamp resolution for --trading, ns.
+    #[arg(long, default_value_t = 1_000)]
+    tick_ns: u64,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -84,19 +92,79 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         rule: DeadlineRule::Controller { target_on_time: 1.0 - (1.0 - a.target_pf) / a.receivers as f64 },
         seed: a.seed,
         warmup_messages: warmup,
+        track: if a.trading { traders(&tree.receiver_ids).to_vec() } else { Vec::new() },
     };
     let pb = crate::fmt::progress(200, "tree + hedging + hold-and-release on loopback");
     let jasper = run_cluster(&tree, &base, &payloads, |f| pb.set_position((f * 100.0) as u64))?;
     pb.set_message("direct unicast on loopback");
-    let du_cfg = ClusterConfig { node: NodeConfig { hold_and_release: false, ..node }, ..base.clone() };
+    let du_cfg = ClusterConfig {
+        node: NodeConfig { hold_and_release: false, ..node },
+        track: if a.trading { traders(&direct.receiver_ids).to_vec() } else { Vec::new() },
+        ..base.clone()
+    };
     let du = run_cluster(&direct, &du_cfg, &payloads, |f| pb.set_position(100 + (f * 100.0) as u64))?;
     pb.finish_and_clear();
     report(&a, tree.depth, &jasper, &du)
 }
 
+/// The first two and the last two receivers.
+fn traders(ids: &[u32]) -> [u32; 4] {
+    let n = ids.len();
+    [ids[0], ids[1.min(n - 1)], ids[n.saturating_sub(2)], ids[n - 1]]
+}
+
+/// Profit shares: per message, the trader with the earliest release (stamped
+/// at `tick` resolution) wins; ties at random. Returns shares, opportunities, ties.
+fn shares(r: &ClusterResult, ids: &[u32], warmup: u64, tick: u64, seed: u64) -> ([f64; 4], u64, u64) {
+    use rand::{Rng, SeedableRng};
+    let t = traders(ids);
+    let mut at: std::collections::BTreeMap<u64, [Option<u64>; 4]> = std::collections::BTreeMap::new();
+    for &(rx, seq, ns) in &r.tracked {
+        if seq <= warmup {
+            continue;
+        }
+        if let Some(k) = t.iter().position(|&x| x == rx) {
+            at.entry(seq).or_insert([None; 4])[k] = Some(ns / tick.max(1));
+        }
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let (mut wins, mut ties) = ([0u64; 4], 0u64);
+    for s in at.values() {
+        let Some(best) = s.iter().flatten().min().copied() else { continue };
+        let k: Vec<usize> = (0..4).filter(|&i| s[i] == Some(best)).collect();
+        ties += u64::from(k.len() > 1);
+        wins[k[rng.gen_range(0..k.len())]] += 1;
+    }
+    let total: u64 = wins.iter().sum();
+    (wins.map(|w| if total > 0 { w as f64 / total as f64 } else { 0.0 }), total, ties)
+}
+
 fn report(a: &Args, depth: usize, j: &ClusterResult, du: &ClusterResult) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut v = serde_json::to_value(j)?;
+    let mut trading_md = String::new();
+    if a.trading {
+        let warmup = ((a.seconds * a.rate) as u64 / 5).max(1);
+        let ids: Vec<u32> = (0..j.receivers as u32).collect();
+        let (js, jn, jt) = shares(j, &ids, warmup, a.tick_ns, a.seed);
+        let (ds, dn, dt) = shares(du, &ids, warmup, a.tick_ns, a.seed);
+        v["trading"] = serde_json::json!({
+            "traders": traders(&ids),
+            "tick_ns": a.tick_ns,
+            "tree_shares": js, "tree_opportunities": jn, "tree_ties": jt,
+            "du_shares": ds, "du_opportunities": dn, "du_ties": dt,
+        });
+        let pct = |s: [f64; 4]| s.map(|x| format!("{:.2}%", x * 100.0)).join(" | ");
+        trading_md = format!(
+            "\n## Trading (seed 000 §9.4): share of profit\n\nTraders: receivers {:?}; the earliest order timestamp wins, \
+             stamped at {} ns resolution (ties at random).\n\n| | P1 | P2 | P3 | P4 | opportunities | ties |\n|---|---|---|---|---|---|---|\n\
+             | tree + hedging + hold-and-release | {} | {jn} | {jt} |\n| direct unicast | {} | {dn} | {dt} |\n",
+            traders(&ids),
+            a.tick_ns,
+            pct(js),
+            pct(ds)
+        );
+    }
     v["du_oml_p50_us"] = du.oml_p50_us.into();
     v["du_oml_p99_us"] = du.oml_p99_us.into();
     v["du_dws_p50_us"] = du.dws_p50_us.into();
@@ -119,8 +187,8 @@ fn report(a: &Args, depth: usize, j: &ClusterResult, du: &ClusterResult) -> anyh
          | release − deadline p50 / p99 ns | {} / {} | – |\n\n\
          Per-link latency (copies arriving at receivers, by links crossed):\n\n{}\n\n\
          All nodes share one thread and one clock here: the receivers of a message are released back to back \
-         at its deadline, so the delivery window is mostly that loop (about 0.1 µs per receiver) — on separate hosts \
-         it would be their clocks' error instead. Links are emulated in user space (no netem here).\n\n\
+         at its deadline (from a rotating first receiver, so none is systematically first), so the delivery window \
+         is mostly that loop (about 0.1 µs per receiver) — on separate hosts it would be their clocks' error instead. Links are emulated in user space (no netem here).\n\n\
          Plots: `oml_cdf`, `dws_cdf`, `hold_cdf` (.png and .svg; the PNGs are in `report.html`).\n",
         j.receivers,
         a.fanout,
@@ -148,6 +216,7 @@ fn report(a: &Args, depth: usize, j: &ClusterResult, du: &ClusterResult) -> anyh
         j.release_error_p99_ns,
         path_table(j, du),
     );
+    let md = md + &trading_md;
     std::fs::write(a.out.join("report.md"), &md)?;
     print!("{md}");
     let names = ["tree + hedging + hold-and-release", "direct unicast"];

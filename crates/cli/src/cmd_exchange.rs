@@ -47,6 +47,10 @@ struct BenchArgs {
     /// Engine threads (symbols sharded over them).
     #[arg(long, default_value_t = 1)]
     engines: usize,
+    /// Inbound fairness on: clients stamp their orders, the gateway sequences
+    /// them by stamp within this window (µs).
+    #[arg(long, default_value_t = 0.0)]
+    sequencing_window_us: f64,
     /// Instead: the matching core's throughput on one thread, in process.
     #[arg(long)]
     in_process: bool,
@@ -122,7 +126,8 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(b.seconds > 0.0 && b.seconds <= 600.0, "--seconds must be in (0, 600]");
     anyhow::ensure!((1..=1_000).contains(&b.products), "--products must be 1..=1,000");
     anyhow::ensure!((1..=16).contains(&b.engines), "--engines must be 1..=16");
-    let r = exchange_bench(b.rate, b.products, b.seconds, b.engines)?;
+    anyhow::ensure!((0.0..=1e6).contains(&b.sequencing_window_us), "--sequencing-window-us must be 0..=1,000,000");
+    let r = exchange_bench(b.rate, b.products, b.seconds, (b.engines, (b.sequencing_window_us * 1e3) as u64))?;
     if b.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {

@@ -85,6 +85,23 @@ pub enum Experiment {
         #[arg(long, default_value_t = 5_000.0)]
         rate: f64,
     },
+    /// Seed 000's trading experiment (§9.4, table 2): the first two and last two
+    /// receivers trade on every message; share of profit per scheme.
+    Trading {
+        #[arg(long, default_value_t = 100)]
+        receivers: usize,
+        #[arg(long, default_value_t = 2)]
+        hedge: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        /// Market-data messages (each one an opportunity), warm-up included.
+        #[arg(long, default_value_t = 6_250)]
+        messages: u64,
+        #[arg(long, default_value_t = 5_000.0)]
+        rate: f64,
+    },
     /// Monte Carlo of Jasper's hedging recursion (§5.2, figure 5): latency to a
     /// receiver for depths 1–4 and hedging factors 0–3, uniform hop delays.
     HedgingMc {
@@ -170,6 +187,10 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             }
             write_json(&out, &rows, &md)
         }
+        Sim::Experiment(Experiment::Trading { receivers, hedge, seed, out, messages, rate }) => trading_cmd(
+            FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, ..FairnessConfig::default() },
+            &out,
+        ),
         Sim::Experiment(Experiment::HedgingMc { seed, out, iterations, fanout, lo_us, hi_us }) => {
             hedging_mc(seed, &out, iterations, fanout, lo_us, hi_us)
         }
@@ -373,4 +394,37 @@ fn hedging_cmd(receivers: usize, seed: u64, out: &std::path::Path, messages: u64
         Err(e) => eprintln!("sim: could not draw OML over time: {e}"),
     }
     Ok(())
+}
+
+fn trading_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
+    let (receivers, hedge, seed, messages, rate) = (c.receivers, c.hedge, c.seed, c.messages, c.rate_per_s);
+    let rows =
+        fairfeed_sim::experiment::trading(&c, |s| eprintln!("sim: trading under {s}")).map_err(anyhow::Error::msg)?;
+    let t = rows.first().map_or([0; 4], |r| r.traders);
+    let mut md = format!(
+                "# Share of profit, N = {receivers}, H = {hedge}, seed {seed}, {messages} messages at {rate} msg/s (first {} warm-up)\n\n\
+                 Traders are receivers {}, {}, {}, {}; the earliest order timestamp wins each opportunity (ties at random).\n\n\
+                 | scheme | P1 | P2 | P3 | P4 | opportunities | ties | late releases | max deviation from 25 % |\n|---|---|---|---|---|---|---|---|---|\n",
+                (messages / 5).min(2_000),
+                t[0],
+                t[1],
+                t[2],
+                t[3]
+            );
+    md.push_str("| ideal | 25% | 25% | 25% | 25% | | | | |\n");
+    for r in &rows {
+        md.push_str(&format!(
+            "| {} | {:.2}% | {:.2}% | {:.2}% | {:.2}% | {} | {} | {} | {:.2} pp |\n",
+            r.scheme,
+            r.shares[0] * 100.0,
+            r.shares[1] * 100.0,
+            r.shares[2] * 100.0,
+            r.shares[3] * 100.0,
+            r.opportunities,
+            r.ties,
+            r.late.iter().sum::<u64>(),
+            r.max_deviation_pp
+        ));
+    }
+    write_json(out, &rows, &md)
 }

@@ -282,7 +282,18 @@ fn sim_fairness_writes_the_documented_rows() {
 fn demo_runs_a_fair_tree_on_loopback() {
     let d = tmp();
     let out = d.path().join("demo");
-    fairfeed(&["demo", "--receivers", "8", "--seconds", "1", "--rate", "500", "--out", out.to_str().unwrap()]);
+    fairfeed(&[
+        "demo",
+        "--receivers",
+        "8",
+        "--seconds",
+        "1",
+        "--rate",
+        "500",
+        "--trading",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     let s: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     for k in ["receivers", "messages", "lost", "oml_p50_us", "dws_p50_us", "pf_1us", "late_fraction", "du_oml_p50_us"] {
         assert!(s.get(k).is_some_and(|v| !v.is_null()), "summary lacks {k}: {s}");
@@ -301,6 +312,14 @@ fn demo_runs_a_fair_tree_on_loopback() {
         assert!(std::fs::read_to_string(out.join(format!("{f}.svg"))).unwrap().contains("<svg"));
     }
     assert!(std::fs::read_to_string(out.join("report.html")).unwrap().contains("oml_cdf.png"));
+    // --trading: four traders' profit shares in both schemes, each summing to 1.
+    for k in ["tree_shares", "du_shares"] {
+        let v: Vec<f64> = s["trading"][k].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(v.len(), 4);
+        assert!((v.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{k}: {v:?}");
+    }
+    let du: Vec<f64> = s["trading"]["du_shares"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert!(du[2] + du[3] < 0.2, "direct unicast favours the first receivers: {du:?}");
 }
 
 #[test]

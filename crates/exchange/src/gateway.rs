@@ -188,7 +188,7 @@ impl Gateway {
         conn: &mut Conn,
         now_ns: u64,
         bytes: &[u8],
-        cmds: &mut impl FnMut(Command),
+        cmds: &mut impl FnMut(Command, Option<u64>),
         out: &mut Vec<u8>,
     ) -> Result<(), Close> {
         conn.last_rx_ns = now_ns;
@@ -244,7 +244,7 @@ impl Gateway {
         conn: &mut Conn,
         now_ns: u64,
         p: PacketRepr<'_>,
-        cmds: &mut impl FnMut(Command),
+        cmds: &mut impl FnMut(Command, Option<u64>),
         out: &mut Vec<u8>,
     ) -> Result<(), Close> {
         match (conn.user, p) {
@@ -294,7 +294,14 @@ impl Gateway {
         Ok(())
     }
 
-    fn on_ouch(&mut self, client: u32, now_ns: u64, m: &[u8], cmds: &mut impl FnMut(Command), out: &mut Vec<u8>) {
+    fn on_ouch(
+        &mut self,
+        client: u32,
+        now_ns: u64,
+        m: &[u8],
+        cmds: &mut impl FnMut(Command, Option<u64>),
+        out: &mut Vec<u8>,
+    ) {
         self.stats.orders_in += 1;
         let reject = |g: &mut Gateway, token: u32, code: u16, out: &mut Vec<u8>| {
             g.stats.ouch_rejects += 1;
@@ -321,32 +328,37 @@ impl Gateway {
                 let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
                 let price = u32::try_from(px).unwrap_or(u32::MAX);
                 self.orders.insert((client, o.user_ref_num()), (side, symbol));
-                cmds(Command::New(NewOrder {
-                    client,
-                    token: o.user_ref_num(),
-                    symbol,
-                    side,
-                    price: if market { 0 } else { price },
-                    qty: o.quantity(),
-                    tif,
-                    market,
-                }));
+                let stamp = crate::sequencer::client_timestamp(o.tail());
+                cmds(
+                    Command::New(NewOrder {
+                        client,
+                        token: o.user_ref_num(),
+                        symbol,
+                        side,
+                        price: if market { 0 } else { price },
+                        qty: o.quantity(),
+                        tif,
+                        market,
+                    }),
+                    stamp,
+                );
             }
             Ok(inbound::Message::CancelOrder(c)) => {
-                cmds(Command::Cancel { client, token: c.user_ref_num(), leave: c.quantity() });
+                cmds(Command::Cancel { client, token: c.user_ref_num(), leave: c.quantity() }, None);
             }
             Ok(inbound::Message::ReplaceOrder(r)) => {
                 let price = u32::try_from(r.price().0).unwrap_or(u32::MAX);
                 if let Some(&v) = self.orders.get(&(client, r.orig_user_ref_num())) {
                     self.orders.insert((client, r.user_ref_num()), v);
                 }
-                cmds(Command::Replace {
+                let cmd = Command::Replace {
                     client,
                     token: r.orig_user_ref_num(),
                     new_token: r.user_ref_num(),
                     price,
                     qty: r.quantity(),
-                });
+                };
+                cmds(cmd, crate::sequencer::client_timestamp(r.tail()));
             }
             // Valid OUCH we do not support (modify, account query) or bad bytes: rejected.
             Ok(_) => reject(self, 0, 11, out),

@@ -6,3 +6,4 @@
 pub mod engine;
 pub mod gateway;
 pub mod itch_out;
+pub mod sequencer;

@@ -88,7 +88,7 @@ impl Rig {
     fn feed(&mut self, c: &mut Conn, now: u64, bytes: &[u8]) -> (Result<(), Close>, Vec<u8>) {
         let mut cmds = Vec::new();
         let mut out = Vec::new();
-        let r = self.g.on_bytes(c, now, bytes, &mut |cmd| cmds.push(cmd), &mut out);
+        let r = self.g.on_bytes(c, now, bytes, &mut |cmd, _| cmds.push(cmd), &mut out);
         for cmd in cmds {
             let mut evs = Vec::new();
             self.e.handle(cmd, &mut |ev| evs.push(ev));

@@ -31,6 +31,8 @@ pub struct ExchangeBenchReport {
     pub seconds: f64,
     pub clients: usize,
     pub engines: usize,
+    /// Inbound sequencing window (0: off), µs.
+    pub sequencing_window_us: f64,
     pub orders: u64,
     pub responses: u64,
     pub achieved_rate: f64,
@@ -82,7 +84,10 @@ fn soup(p: PacketRepr<'_>, out: &mut Vec<u8>) {
     let _ = p.emit(&mut out[at..]);
 }
 
-fn enter(out: &mut Vec<u8>, token: u32, side: u8, qty: u32, sym: Stock, price: i64, ioc: bool) {
+fn enter(out: &mut Vec<u8>, token: u32, (side, qty, sym, price, ioc): (u8, u32, Stock, i64, bool), stamp: Option<u64>) {
+    use fairfeed_wire::macros::Tail;
+    let app = stamp.map(fairfeed_exchange::sequencer::timestamp_appendage);
+    let appendage = app.as_ref().and_then(|a| Appendage::from_slice(a)).unwrap_or(Appendage::EMPTY);
     let m = inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
         user_ref_num: token,
         side,
@@ -95,10 +100,10 @@ fn enter(out: &mut Vec<u8>, token: u32, side: u8, qty: u32, sym: Stock, price: i
         intermarket_sweep_eligibility: b'N',
         cross_type: b'N',
         cl_ord_id: Alpha::default(),
-        appendage_length: 0,
-        appendage: Appendage::EMPTY,
+        appendage_length: appendage.as_slice().len() as u16,
+        appendage,
     });
-    let mut b = [0u8; 64];
+    let mut b = [0u8; 128];
     if let Ok(n) = m.emit(&mut b) {
         soup(PacketRepr::UnsequencedData(&b[..n]), out);
     }
@@ -109,7 +114,7 @@ fn client(
     addr: SocketAddr,
     user: (String, String),
     symbols: Vec<Stock>,
-    (rate, orders, seed): (f64, usize, u64),
+    (rate, orders, seed, stamped): (f64, usize, u64, bool),
     responses: Arc<AtomicU64>,
 ) -> std::io::Result<(Histogram<u64>, u64, f64)> {
     let mut s = TcpStream::connect(addr)?;
@@ -198,7 +203,8 @@ fn client(
             // Mostly resting orders a few ticks off the mid; one in five crosses and is immediate-or-cancel.
             let cross = rng.gen_bool(0.2);
             let price = 1_000_000 + if buy == cross { off } else { -off };
-            enter(&mut out, token as u32, if buy { b'B' } else { b'S' }, 100, sym, price, cross);
+            let stamp = stamped.then(crate::agent::wall_ns);
+            enter(&mut out, token as u32, (if buy { b'B' } else { b'S' }, 100, sym, price, cross), stamp);
             sent_at[token].store(now + 1, Ordering::Relaxed);
         }
         s.write_all(&out)?;
@@ -218,7 +224,7 @@ pub fn exchange_bench(
     rate: f64,
     products: usize,
     seconds: f64,
-    engines: usize,
+    (engines, window_ns): (usize, u64),
 ) -> std::io::Result<ExchangeBenchReport> {
     assert!(rate > 0.0 && seconds > 0.0 && (1..=1_000).contains(&products), "bad bench parameters");
     let base = tcp_ping_pong(20_000)?;
@@ -230,6 +236,7 @@ pub fn exchange_bench(
         gateway: GatewayConfig { users: users.clone(), symbols: symbols.clone(), ..GatewayConfig::default() },
         limits: Limits { symbols: products, orders: 4 << 20, ..Limits::default() },
         engines,
+        sequencing_window_ns: window_ns,
         ..ExchangeConfig::default()
     };
     let x = Exchange::start(cfg)?;
@@ -242,7 +249,7 @@ pub fn exchange_bench(
         .enumerate()
         .map(|(i, u)| {
             let (addr, st, resp) = (x.addr, stocks.clone(), responses.clone());
-            thread::spawn(move || client(addr, u, st, (rate / clients as f64, per, i as u64 + 1), resp))
+            thread::spawn(move || client(addr, u, st, (rate / clients as f64, per, i as u64 + 1, window_ns > 0), resp))
         })
         .collect();
     let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
@@ -262,6 +269,7 @@ pub fn exchange_bench(
         seconds,
         clients,
         engines,
+        sequencing_window_us: window_ns as f64 / 1e3,
         orders,
         responses: responses.load(Ordering::Relaxed),
         achieved_rate: orders as f64 / send_secs.max(1e-9),

@@ -27,6 +27,7 @@ use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_exchange::engine::{Command, Engine, EngineStats, Event, Limits};
 use fairfeed_exchange::gateway::{Close, Conn, Gateway, GatewayConfig, GatewayStats};
 use fairfeed_exchange::itch_out::ItchWriter;
+use fairfeed_exchange::sequencer::{Sequencer, SequencerStats};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -50,6 +51,10 @@ pub struct ExchangeConfig {
     /// Serve MoldUDP64 retransmission requests from the ITCH journal here.
     pub retransmit_listen: Option<SocketAddr>,
     pub itch_session: String,
+    /// Inbound fairness: hold orders this long and hand them to the engines in
+    /// client-timestamp order (OUCH appendage tag 0xF0); 0 = arrival order (off).
+    #[serde(default)]
+    pub sequencing_window_ns: u64,
 }
 
 impl Default for ExchangeConfig {
@@ -63,6 +68,7 @@ impl Default for ExchangeConfig {
             itch_b: None,
             retransmit_listen: None,
             itch_session: "FFEXCH0001".into(),
+            sequencing_window_ns: 0,
         }
     }
 }
@@ -86,6 +92,7 @@ pub struct ExchangeReport {
     pub itch_messages: u64,
     pub retransmit_answers: u64,
     pub ring_full: u64,
+    pub sequencer: SequencerStats,
     pub steps: Vec<Step>,
 }
 
@@ -179,7 +186,7 @@ pub struct Exchange {
 }
 
 enum Part {
-    Gateway(GatewayStats, Box<[Histogram<u64>; 5]>, u64),
+    Gateway(GatewayStats, Box<[Histogram<u64>; 5]>, u64, SequencerStats),
     Engine(EngineStats),
     Publisher(u64, u64, u64),
 }
@@ -257,6 +264,7 @@ impl Exchange {
         }
         let gw = Gateway::new(cfg.gateway.clone());
         let engines = cfg.engines;
+        let window = cfg.sequencing_window_ns;
         let stop2 = stop.clone();
         threads.push(thread::Builder::new().name("gateway".into()).spawn(move || {
             gateway_loop(GatewayLoop {
@@ -266,6 +274,7 @@ impl Exchange {
                 to_gw: gw_rx,
                 wakers: engine_wakers,
                 me: gw_waker,
+                seq: Sequencer::new(window),
                 engines,
                 start,
                 stop: stop2,
@@ -284,12 +293,14 @@ impl Exchange {
             itch_messages: 0,
             retransmit_answers: 0,
             ring_full: 0,
+            sequencer: SequencerStats::default(),
             steps: Vec::new(),
         };
         for t in self.threads {
             match t.join() {
-                Ok(Part::Gateway(s, h, full)) => {
+                Ok(Part::Gateway(s, h, full, q)) => {
                     r.gateway = s;
+                    r.sequencer = q;
                     r.ring_full = full;
                     let names = [
                         "t0→t1 gateway → engine",
@@ -393,6 +404,7 @@ struct GatewayLoop {
     to_gw: Vec<rtrb::Consumer<Out>>,
     wakers: Vec<Waker>,
     me: GatewayWaker,
+    seq: Sequencer,
     engines: usize,
     start: Instant,
     stop: Arc<AtomicBool>,
@@ -403,7 +415,7 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
     let mut hists: [Histogram<u64>; 5] = [hist(), hist(), hist(), hist(), hist()];
     let mut buf = vec![0u8; 65_536];
     let (mut ring_full, mut last_tick) = (0u64, 0u64);
-    let mut cmds: Vec<Command> = Vec::new();
+    let mut cmds: Vec<(Command, Option<u64>)> = Vec::new();
     let mut spins = 0u32;
     while !g.stop.load(Ordering::Relaxed) {
         let mut busy = false;
@@ -418,6 +430,12 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
             }
         }
         busy |= read_sessions(&mut g, &mut sessions, &mut buf, &mut cmds, &mut ring_full);
+        if !g.seq.is_empty() {
+            busy = true;
+            while let Some(c) = g.seq.pop_due(crate::agent::wall_ns()) {
+                route(&mut g, c, &mut ring_full);
+            }
+        }
         // Responses from the engines: OUCH to their clients.
         for r in &mut g.to_gw {
             while let Ok(o) = r.pop() {
@@ -463,7 +481,7 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
             }
         }
     }
-    Part::Gateway(g.gw.stats, Box::new(hists), ring_full)
+    Part::Gateway(g.gw.stats, Box::new(hists), ring_full, g.seq.stats)
 }
 
 /// Reads every session that has bytes; routes the commands to their engine
@@ -472,7 +490,7 @@ fn read_sessions(
     g: &mut GatewayLoop,
     sessions: &mut [Option<Session>],
     buf: &mut [u8],
-    cmds: &mut Vec<Command>,
+    cmds: &mut Vec<(Command, Option<u64>)>,
     ring_full: &mut u64,
 ) -> bool {
     let mut busy = false;
@@ -487,28 +505,13 @@ fn read_sessions(
             Ok(n) => {
                 busy = true;
                 cmds.clear();
-                let r = g.gw.on_bytes(&mut s.conn, ns(g.start), &buf[..n], &mut |c| cmds.push(c), &mut s.out);
-                for &c in cmds.iter() {
-                    let sym = match c {
-                        Command::New(o) => Some(o.symbol),
-                        Command::Cancel { client, token, .. } | Command::Replace { client, token, .. } => {
-                            g.gw.symbol_of(client, token)
-                        }
-                    };
-                    let shard = sym.map_or(0, |s| usize::from(s.max(1) - 1) % g.engines);
-                    let mut item = Cmd { cmd: c, t0: ns(g.start) };
-                    loop {
-                        match g.cmd_tx[shard].push(item) {
-                            Ok(()) => break,
-                            Err(rtrb::PushError::Full(back)) => {
-                                *ring_full += 1;
-                                item = back;
-                                g.wakers[shard].wake();
-                                thread::yield_now();
-                            }
-                        }
+                let r = g.gw.on_bytes(&mut s.conn, ns(g.start), &buf[..n], &mut |c, ts| cmds.push((c, ts)), &mut s.out);
+                for &(c, ts) in cmds.iter() {
+                    if g.seq.window_ns() == 0 {
+                        route(g, c, ring_full);
+                    } else {
+                        g.seq.push(c, ts, crate::agent::wall_ns());
                     }
-                    g.wakers[shard].wake();
                 }
                 if r.is_err() {
                     s.closing = true;
@@ -522,6 +525,28 @@ fn read_sessions(
         }
     }
     busy
+}
+
+/// Hands a command to the engine shard of its symbol (waiting while the ring is full).
+fn route(g: &mut GatewayLoop, c: Command, ring_full: &mut u64) {
+    let sym = match c {
+        Command::New(o) => Some(o.symbol),
+        Command::Cancel { client, token, .. } | Command::Replace { client, token, .. } => g.gw.symbol_of(client, token),
+    };
+    let shard = sym.map_or(0, |s| usize::from(s.max(1) - 1) % g.engines);
+    let mut item = Cmd { cmd: c, t0: ns(g.start) };
+    loop {
+        match g.cmd_tx[shard].push(item) {
+            Ok(()) => break,
+            Err(rtrb::PushError::Full(back)) => {
+                *ring_full += 1;
+                item = back;
+                g.wakers[shard].wake();
+                thread::yield_now();
+            }
+        }
+    }
+    g.wakers[shard].wake();
 }
 
 /// Sleeps in poll(2) until a client sends, connects, or an engine responds (1 ms at most).

@@ -48,6 +48,8 @@ pub struct ClusterConfig {
     pub seed: u64,
     /// Messages at the start left out of the measures.
     pub warmup_messages: u64,
+    /// Receivers whose every release is recorded (`ClusterResult::tracked`).
+    pub track: Vec<u32>,
 }
 
 /// The measures of one run on the real data plane.
@@ -76,6 +78,9 @@ pub struct ClusterResult {
     pub paths: Vec<PathLatency>,
     #[serde(skip)]
     pub hold_us: Vec<f64>,
+    /// (receiver, overlay sequence, release ns) at the tracked receivers.
+    #[serde(skip)]
+    pub tracked: Vec<(u32, u64, u64)>,
     #[serde(skip)]
     pub oml_us: Vec<f64>,
     #[serde(skip)]
@@ -149,6 +154,8 @@ struct Tally {
     count: Vec<u32>,
     release_err: Vec<u64>,
     hold: Vec<u64>,
+    track: Vec<bool>,
+    tracked: Vec<(u32, u64, u64)>,
 }
 
 /// All nodes of one tree, their sockets and the emulated links.
@@ -163,6 +170,7 @@ struct Cluster {
     packets_sent: u64,
     send_errors: u64,
     buf: Vec<u8>,
+    turn: u64,
     /// One-way latency of each copy reaching a receiver, by links crossed.
     path_ns: Vec<Vec<u64>>,
 }
@@ -203,6 +211,7 @@ impl Cluster {
             packets_sent: 0,
             send_errors: 0,
             buf: vec![0u8; 65_536],
+            turn: 0,
             path_ns: vec![Vec::new(); PATH_LINKS_MAX + 1],
         })
     }
@@ -291,7 +300,15 @@ impl Cluster {
             }
         }
         let start = self.start;
-        for (id, node) in self.nodes.iter_mut().enumerate() {
+        // One core cannot release every receiver at once: visit them from a
+        // rotating first node, so no receiver is systematically released first
+        // (separate hosts would have no such order; the window is still measured).
+        let n = self.nodes.len();
+        self.turn = self.turn.wrapping_add(1);
+        let first = (self.turn as usize).wrapping_mul(7919) % n.max(1);
+        for k in 0..n {
+            let id = (first + k) % n;
+            let node = &mut self.nodes[id];
             let t = start.elapsed().as_nanos() as u64;
             self.egress.now = t;
             let mut tx = Tx { e: &mut self.egress, from: id as u32, last: ShareLast::default() };
@@ -302,6 +319,9 @@ impl Cluster {
                         r.handle_timeout(t, &mut tx);
                     }
                     while let Some(m) = r.poll_release() {
+                        if tally.track.get(id).copied().unwrap_or(false) {
+                            tally.tracked.push((id as u32, m.sequence, t));
+                        }
                         let i = m.sequence as usize;
                         if i < tally.first.len() {
                             tally.first[i] = tally.first[i].min(t);
@@ -341,6 +361,16 @@ pub fn run_cluster(
         count: vec![0; slots],
         release_err: Vec::new(),
         hold: Vec::new(),
+        track: {
+            let mut v = vec![false; NODES_MAX];
+            for &id in &cfg.track {
+                if let Some(x) = v.get_mut(id as usize) {
+                    *x = true;
+                }
+            }
+            v
+        },
+        tracked: Vec::new(),
     };
     let end_ns = (cfg.seconds * 1e9) as u64;
     // After the last message: long enough for its deadline and the slowest copy.
@@ -435,6 +465,7 @@ fn summarize(c: &mut Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64
         deadline_offset_us,
         paths: paths(c),
         hold_us: tally.hold.iter().map(|&x| x as f64 / 1e3).collect(),
+        tracked: std::mem::take(&mut tally.tracked),
         oml_us,
         dws_us,
     }

@@ -47,6 +47,23 @@ pub struct SimConfig {
     /// Latency spikes on one node: every copy it sends in a time window takes
     /// this much longer: (node id, start ns, length ns, extra ns).
     pub slow: Option<(u32, u64, u64, u64)>,
+    /// Receivers whose every release is recorded ([`RunResult::tracked`]).
+    pub track: Vec<u32>,
+}
+
+/// Releases recorded for tracked receivers at most.
+pub const TRACKED_MAX: usize = 10_000_000;
+
+/// One release at a tracked receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TrackedRelease {
+    pub receiver: u32,
+    pub sequence: u64,
+    /// True time of the release.
+    pub true_ns: u64,
+    /// The receiver's clock at the release (what a trader there would stamp).
+    pub local_ns: u64,
+    pub late: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -97,6 +114,9 @@ pub struct RunResult {
     pub receiver_owd_p50_us: Vec<f64>,
     #[serde(skip)]
     pub receiver_owd_p99_us: Vec<f64>,
+    /// Every release at the receivers in [`SimConfig::track`].
+    #[serde(skip)]
+    pub tracked: Vec<TrackedRelease>,
 }
 
 enum SimNode {
@@ -188,7 +208,13 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     let mut timer_at = vec![u64::MAX; n_ids];
     let mut msgs = vec![MsgAgg::default(); cfg.messages as usize + 1];
     // Per receiver (receiver ids are 0..N): delivery delays in ns, after warm-up.
-    let mut owd: Vec<Vec<u32>> = vec![Vec::new(); topo.receivers];
+    let mut tracked = vec![false; n_ids];
+    for &id in &cfg.track {
+        if let Some(t) = tracked.get_mut(id as usize) {
+            *t = true;
+        }
+    }
+    let mut owd = Logs { owd: vec![Vec::new(); topo.receivers], tracked, releases: Vec::new() };
     let gap_ns = (1e9 / cfg.rate_per_s) as u64;
     let mut sent = 0u64;
     net.queue.push(Reverse((0, 0, Ev::Send)));
@@ -261,7 +287,8 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
         }
     }
     let mut r = summarize(topo, cfg, &nodes, &msgs, events);
-    (r.receiver_owd_p50_us, r.receiver_owd_p99_us) = receiver_quantiles(&mut owd);
+    (r.receiver_owd_p50_us, r.receiver_owd_p99_us) = receiver_quantiles(&mut owd.owd);
+    r.tracked = owd.releases;
     r
 }
 
@@ -285,8 +312,14 @@ fn holding(nodes: &[SimNode]) -> bool {
     nodes.iter().any(|n| matches!(n, SimNode::Receiver(r, _) if r.held() > 0))
 }
 
-/// Per-receiver delivery delays being collected, and the warm-up to skip.
-type OwdLog<'a> = &'a mut [Vec<u32>];
+/// Per-receiver delivery delays being collected, and the releases of tracked receivers.
+struct Logs {
+    owd: Vec<Vec<u32>>,
+    tracked: Vec<bool>,
+    releases: Vec<TrackedRelease>,
+}
+
+type OwdLog<'a> = &'a mut Logs;
 
 /// When a stalled node resumes, if `id` is stalled at `t`.
 fn stalled_until(cfg: &SimConfig, id: u32, t: u64) -> Option<u64> {
@@ -342,7 +375,7 @@ fn deliver(
         }
         SimNode::Receiver(r, clock) => {
             r.handle_packet(clock.local(t), buf);
-            drain(r, t, msgs, owd, warmup);
+            drain(r, (t, clock.local(t)), msgs, owd, warmup);
         }
         SimNode::Absent => {}
     }
@@ -359,21 +392,30 @@ fn fire(nodes: &mut [SimNode], net: &mut Net, id: u32, msgs: &mut [MsgAgg], owd:
             let local = clock.local(t);
             let mut tx = Tx { net, from: id, last: ShareLast::default() };
             r.handle_timeout(local, &mut tx);
-            drain(r, t, msgs, owd, warmup);
+            drain(r, (t, local), msgs, owd, warmup);
         }
         _ => {}
     }
 }
 
-/// Records what a receiver released at true time `t`.
-fn drain(r: &mut Receiver, t: u64, msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
+/// Records what a receiver released at true time `t` (`local` on its clock).
+fn drain(r: &mut Receiver, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
     while let Some(m) = r.poll_release() {
+        if owd.tracked.get(r.id as usize).copied().unwrap_or(false) && owd.releases.len() < TRACKED_MAX {
+            owd.releases.push(TrackedRelease {
+                receiver: r.id,
+                sequence: m.sequence,
+                true_ns: t,
+                local_ns: local,
+                late: m.late,
+            });
+        }
         if let Some(a) = msgs.get_mut(m.sequence as usize) {
             a.first_ns = a.first_ns.min(t);
             a.last_ns = a.last_ns.max(t);
             a.delivered += 1;
             if m.sequence > warmup {
-                if let Some(v) = owd.get_mut(r.id as usize) {
+                if let Some(v) = owd.owd.get_mut(r.id as usize) {
                     v.push(t.saturating_sub(a.send_ns).min(u64::from(u32::MAX)) as u32);
                 }
             }
@@ -453,5 +495,6 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
         oml_series_us,
         receiver_owd_p50_us: Vec::new(),
         receiver_owd_p99_us: Vec::new(),
+        tracked: Vec::new(),
     }
 }

@@ -117,6 +117,7 @@ fn sim_base(c: &FairnessConfig, node: NodeConfig, rule: DeadlineRule) -> SimConf
         crash: None,
         stall: None,
         slow: None,
+        track: Vec::new(),
     }
 }
 
@@ -241,6 +242,18 @@ mod tests {
 
     fn small() -> FairnessConfig {
         FairnessConfig { receivers: 30, hedge: 1, messages: 3_000, rate_per_s: 2_000.0, ..FairnessConfig::default() }
+    }
+
+    #[test]
+    fn hold_and_release_shares_the_profit_and_direct_unicast_does_not() {
+        let c = FairnessConfig { messages: 2_500, ..small() };
+        let rows = trading(&c, |_| {}).unwrap();
+        let by = |name: &str| rows.iter().find(|r| r.scheme == name).unwrap().clone();
+        let du = by("direct-unicast");
+        assert!(du.shares[2] + du.shares[3] < 0.05, "the last receivers lose under direct unicast: {du:?}");
+        let j = by("jasper+controller");
+        assert!(j.max_deviation_pp < 5.0, "every trader near 25 %: {j:?}");
+        assert!(j.opportunities >= 1_900);
     }
 
     #[test]
@@ -383,6 +396,101 @@ pub fn hedging(
             wall_s,
             events_per_s: r.events as f64 / wall_s.max(1e-9),
             run: Some(r),
+        });
+    }
+    Ok(rows)
+}
+
+/// One scheme of the trading-fairness experiment (seed 000 §9.4, table 2).
+#[derive(Debug, Clone, Serialize)]
+pub struct TradingRow {
+    pub scheme: String,
+    /// The traders' receiver ids: the first two and the last two receivers.
+    pub traders: [u32; 4],
+    /// Share of the profit (opportunities won) per trader.
+    pub shares: [f64; 4],
+    pub wins: [u64; 4],
+    pub opportunities: u64,
+    /// Opportunities decided by a tie between equal timestamps (broken at random).
+    pub ties: u64,
+    /// Releases after their deadline, per trader.
+    pub late: [u64; 4],
+    /// Largest |share − 25 %|, percentage points.
+    pub max_deviation_pp: f64,
+}
+
+/// Seed 000's trading experiment in the simulator: 100 receivers, of which
+/// the first two and the last two trade with the same strategy. Every market
+/// data message is an opportunity; each trader reacts to it the moment it is
+/// delivered and stamps its order with its own (synchronized, imperfect)
+/// clock; the exchange takes the earliest timestamp (appendix C), ties broken
+/// at random. Profit share = share of opportunities won. Schemes: direct
+/// unicast, a tree, a tree with hedging, Jasper (tree + hedging +
+/// hold-and-release), Jasper with the deadline controller.
+pub fn trading(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec<TradingRow>, String> {
+    use rand::{Rng, SeedableRng};
+    let n = c.receivers;
+    if n < 4 {
+        return Err("trading needs at least 4 receivers".into());
+    }
+    let direct =
+        plan(&PlanRequest { receivers: n, fanout: Some(n), depth: Some(1), hedge: 0, cost_model: None, trees: 1 })
+            .map_err(|e| e.to_string())?;
+    let tree0 = heuristic_tree(n, 0)?;
+    let treeh = heuristic_tree(n, c.hedge)?;
+    let ids = &treeh.receiver_ids;
+    let traders = [ids[0], ids[1], ids[n - 2], ids[n - 1]];
+    let base = sim_base(c, NodeConfig::default(), DeadlineRule::Paper { margin_ns: 0 });
+    let no_hold = NodeConfig { hold_and_release: false, ..base.node };
+    let controller = DeadlineRule::Controller { target_on_time: c.target_on_time };
+    let runs: [(&str, &fairfeed_tree::plan::Topology, NodeConfig, DeadlineRule); 5] = [
+        ("direct-unicast", &direct, no_hold, base.rule),
+        ("tree", &tree0, no_hold, base.rule),
+        ("tree+hedging", &treeh, no_hold, base.rule),
+        ("jasper", &treeh, base.node, base.rule),
+        ("jasper+controller", &treeh, base.node, controller),
+    ];
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(c.seed ^ 0x7ad1);
+    let mut rows = Vec::new();
+    for (name, topo, node, rule) in runs {
+        progress(name);
+        let cfg = SimConfig { node, rule, track: traders.to_vec(), ..base.clone() };
+        let r = run(topo, &cfg);
+        // Per message: each trader's timestamp (its clock at release).
+        let mut stamps: std::collections::HashMap<u64, [Option<u64>; 4]> = std::collections::HashMap::new();
+        let mut late = [0u64; 4];
+        for t in &r.tracked {
+            if t.sequence <= cfg.warmup_messages {
+                continue;
+            }
+            let Some(k) = traders.iter().position(|&x| x == t.receiver) else { continue };
+            stamps.entry(t.sequence).or_insert([None; 4])[k] = Some(t.local_ns);
+            late[k] += u64::from(t.late);
+        }
+        let (mut wins, mut ties) = ([0u64; 4], 0u64);
+        let mut seqs: Vec<u64> = stamps.keys().copied().collect();
+        seqs.sort_unstable();
+        for seq in &seqs {
+            let s = stamps[seq];
+            let Some(best) = s.iter().flatten().min().copied() else { continue };
+            let at: Vec<usize> = (0..4).filter(|&k| s[k] == Some(best)).collect();
+            if at.len() > 1 {
+                ties += 1;
+            }
+            wins[at[rng.gen_range(0..at.len())]] += 1;
+        }
+        let total: u64 = wins.iter().sum();
+        let shares = wins.map(|w| if total > 0 { w as f64 / total as f64 } else { 0.0 });
+        let max_deviation_pp = shares.iter().map(|s| (s - 0.25).abs() * 100.0).fold(0.0, f64::max);
+        rows.push(TradingRow {
+            scheme: name.into(),
+            traders,
+            shares,
+            wins,
+            opportunities: total,
+            ties,
+            late,
+            max_deviation_pp,
         });
     }
     Ok(rows)
