@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::publish::{wall_ns, Bridge, PublishConfig};
 use crate::route::{By, Granularity, RouteConfig};
 use crate::server::LocalServer;
-use crate::subscribe::{subscribe, StopWhen, SubscribeConfig, SubscribeReport};
+use crate::subscribe::{subscribe, LatencyMs, StopWhen, SubscribeConfig, SubscribeReport};
 
 /// Subscribers at most in one run.
 pub const SUBSCRIBERS_MAX: usize = 64;
@@ -34,12 +34,9 @@ pub struct BenchConfig {
 /// Its result: latency over all subscribers, and what was lost or repeated.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
-    pub mean_ms: f64,
-    pub min_ms: f64,
-    pub p50_ms: f64,
-    pub p90_ms: f64,
-    pub p99_ms: f64,
-    pub max_ms: f64,
+    /// `mean_ms`, `min_ms`, `p50_ms`, `p90_ms`, `p99_ms`, `max_ms` (top-level in JSON).
+    #[serde(flatten)]
+    pub latency: LatencyMs,
     /// Publications some subscriber never got (summed over subscribers).
     pub lost: u64,
     pub duplicates: u64,
@@ -161,12 +158,14 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
     let empty = all.is_empty();
     let q = |x: f64| if empty { 0.0 } else { ms(all.value_at_quantile(x)) };
     Ok(BenchReport {
-        mean_ms: if empty { 0.0 } else { all.mean() / 1e3 },
-        min_ms: if empty { 0.0 } else { ms(all.min()) },
-        p50_ms: q(0.5),
-        p90_ms: q(0.9),
-        p99_ms: q(0.99),
-        max_ms: if empty { 0.0 } else { ms(all.max()) },
+        latency: LatencyMs {
+            mean_ms: if empty { 0.0 } else { all.mean() / 1e3 },
+            min_ms: if empty { 0.0 } else { ms(all.min()) },
+            p50_ms: q(0.5),
+            p90_ms: q(0.9),
+            p99_ms: q(0.99),
+            max_ms: if empty { 0.0 } else { ms(all.max()) },
+        },
         lost,
         duplicates,
         subscribers: cfg.subscribers,

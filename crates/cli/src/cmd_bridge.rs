@@ -208,12 +208,12 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
             r.by,
             r.subscribers,
             r.publications_per_s,
-            r.mean_ms,
-            r.min_ms,
-            r.max_ms,
-            r.p50_ms,
-            r.p90_ms,
-            r.p99_ms,
+            r.latency.mean_ms,
+            r.latency.min_ms,
+            r.latency.max_ms,
+            r.latency.p50_ms,
+            r.latency.p90_ms,
+            r.latency.p99_ms,
             r.lost,
             r.duplicates
         );
@@ -229,7 +229,7 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
                     let pts = rows
                         .iter()
                         .filter(|r| r.rate_pps == rate && r.granularity == g && r.by == b)
-                        .map(|r| (r.subscribers as f64, if q == 0 { r.p50_ms } else { r.p90_ms }))
+                        .map(|r| (r.subscribers as f64, if q == 0 { r.latency.p50_ms } else { r.latency.p90_ms }))
                         .collect();
                     (format!("{g:?} by {b:?}"), pts)
                 })
@@ -312,12 +312,12 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
             r.by,
             r.achieved_pps,
             r.publications_per_s,
-            r.mean_ms,
-            r.min_ms,
-            r.p50_ms,
-            r.p90_ms,
-            r.p99_ms,
-            r.max_ms,
+            r.latency.mean_ms,
+            r.latency.min_ms,
+            r.latency.p50_ms,
+            r.latency.p90_ms,
+            r.latency.p99_ms,
+            r.latency.max_ms,
             r.lost,
             r.duplicates
         );

@@ -14,9 +14,9 @@ use std::net::{TcpStream, UdpSocket};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fairfeed_wire::ouch::{inbound, outbound, Appendage, OuchPrice};
+use fairfeed_exchange::client;
+use fairfeed_wire::ouch::outbound;
 use fairfeed_wire::soupbintcp::{split_packet, PacketRepr};
-use fairfeed_wire::{Alpha, Stock};
 
 #[test]
 fn bench_prints_the_documented_fields() {
@@ -42,33 +42,15 @@ fn bench_prints_the_documented_fields() {
 }
 
 fn soup(p: PacketRepr<'_>) -> Vec<u8> {
-    let mut b = vec![0u8; p.buffer_len()];
-    p.emit(&mut b).unwrap();
+    let mut b = Vec::new();
+    client::packet(p, &mut b);
     b
 }
 
-fn ouch(m: inbound::MessageRepr) -> Vec<u8> {
-    let mut b = [0u8; 128];
-    let n = m.emit(&mut b).unwrap();
-    soup(PacketRepr::UnsequencedData(&b[..n]))
-}
-
 fn enter(token: u32, side: u8, qty: u32, price: i64) -> Vec<u8> {
-    ouch(inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
-        user_ref_num: token,
-        side,
-        quantity: qty,
-        symbol: Stock::from_str_padded("AAPL"),
-        price: OuchPrice(price),
-        time_in_force: b'0',
-        display: b'Y',
-        capacity: b'A',
-        intermarket_sweep_eligibility: b'N',
-        cross_type: b'N',
-        cl_ord_id: Alpha::default(),
-        appendage_length: 0,
-        appendage: Appendage::EMPTY,
-    }))
+    let mut b = Vec::new();
+    client::enter_order(&client::Order { token, side, qty, symbol: "AAPL", price, ioc: false, stamp: None }, &mut b);
+    b
 }
 
 /// Reads sequenced OUCH messages until `n` have arrived (or 5 s).
@@ -153,12 +135,9 @@ fn a_session_decodes_in_tshark_and_the_itch_line_is_consistent() {
 fn trade_and_misbehave(port: u16) {
     let mut a = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let login = |u: &str, p: &str| {
-        soup(PacketRepr::LoginRequest {
-            username: Alpha::from_str_padded(u),
-            password: Alpha::from_str_padded(p),
-            session: Alpha::from_str_padded(""),
-            sequence: 1,
-        })
+        let mut b = Vec::new();
+        client::login(u, p, 1, &mut b);
+        b
     };
     a.write_all(&login("ALICE", "pw1")).unwrap();
     // A second client sends garbage after logging in: only it is disconnected.
@@ -169,8 +148,9 @@ fn trade_and_misbehave(port: u16) {
         a.write_all(&enter(i, b'S', 100, 1_000_000 + i64::from(i) * 100)).unwrap();
     }
     a.write_all(&enter(100, b'B', 450, 1_001_000)).unwrap();
-    a.write_all(&ouch(inbound::MessageRepr::CancelOrder(inbound::CancelOrderRepr { user_ref_num: 19, quantity: 0 })))
-        .unwrap();
+    let mut cancel = Vec::new();
+    client::cancel_order(19, 0, &mut cancel);
+    a.write_all(&cancel).unwrap();
     let msgs = read_messages(&mut a, 20 + 1 + 5 + 5 + 1);
     let kinds: Vec<u8> = msgs.iter().map(|m| m[0]).collect();
     assert_eq!(

@@ -262,6 +262,8 @@ pub struct EngineStats {
     pub executed_qty: u64,
     pub canceled_qty: u64,
     pub live_orders: u64,
+    /// Orders whose unexecuted rest found no room (orders or levels limit) and was canceled.
+    pub no_room: u64,
 }
 
 /// The books of one engine (one shard of the symbols).
@@ -436,40 +438,34 @@ impl Engine {
             return;
         }
         if tif == Tif::Ioc {
-            self.stats.canceled_qty += u64::from(t.qty);
-            out(Event::Canceled {
-                client: t.client,
-                token: t.token,
-                ref_num: t.ref_num,
-                symbol: t.symbol,
-                qty: t.qty,
-                left: 0,
-                booked: false,
-                reason: CancelReason::ImmediateOrCancel,
-            });
-            return;
+            return self.cancel_rest(&t, out);
         }
         match self.book(&t) {
             Ok(()) => {
                 out(Event::Booked { ref_num: t.ref_num, symbol: t.symbol, side: t.side, price: t.limit, qty: t.qty })
             }
-            Err(reason) => {
-                // Accepted and maybe partly executed, but no room to rest: the rest is canceled.
-                self.stats.canceled_qty += u64::from(t.qty);
-                out(Event::Canceled {
-                    client: t.client,
-                    token: t.token,
-                    ref_num: t.ref_num,
-                    symbol: t.symbol,
-                    qty: t.qty,
-                    left: 0,
-                    booked: false,
-                    reason: CancelReason::ImmediateOrCancel,
-                });
-                self.stats.rejected += 1;
-                let _ = reason;
+            Err(_) => {
+                // Accepted and maybe partly executed, but no room to rest
+                // (a limit reached): the rest is canceled, and counted.
+                self.stats.no_room += 1;
+                self.cancel_rest(&t, out);
             }
         }
+    }
+
+    /// Cancels what is left of an incoming order that did not rest.
+    fn cancel_rest(&mut self, t: &Taker, out: &mut impl FnMut(Event)) {
+        self.stats.canceled_qty += u64::from(t.qty);
+        out(Event::Canceled {
+            client: t.client,
+            token: t.token,
+            ref_num: t.ref_num,
+            symbol: t.symbol,
+            qty: t.qty,
+            left: 0,
+            booked: false,
+            reason: CancelReason::ImmediateOrCancel,
+        });
     }
 
     fn match_taker(&mut self, t: &mut Taker, out: &mut impl FnMut(Event)) {

@@ -3,6 +3,7 @@
 //! The source of the market data and the destination of orders: a matching
 //! engine ([`engine`], sans-IO).
 
+pub mod client;
 pub mod engine;
 pub mod gateway;
 pub mod itch_out;

@@ -3,11 +3,11 @@
 //! byte streams built by fairfeed-wire's encoders; what comes back is parsed
 //! the same way.
 
+use fairfeed_exchange::client;
 use fairfeed_exchange::engine::{Engine, Limits};
 use fairfeed_exchange::gateway::{Close, Conn, Gateway, GatewayConfig};
-use fairfeed_wire::ouch::{inbound, outbound, Appendage, OuchPrice};
+use fairfeed_wire::ouch::outbound;
 use fairfeed_wire::soupbintcp::{split_packet, PacketRepr};
-use fairfeed_wire::{Alpha, Stock};
 
 fn cfg() -> GatewayConfig {
     GatewayConfig {
@@ -19,39 +19,21 @@ fn cfg() -> GatewayConfig {
 }
 
 fn packet(p: PacketRepr<'_>) -> Vec<u8> {
-    let mut b = vec![0u8; p.buffer_len()];
-    p.emit(&mut b).unwrap();
+    let mut b = Vec::new();
+    client::packet(p, &mut b);
     b
 }
 
 fn login(user: &str, pw: &str, seq: u64) -> Vec<u8> {
-    packet(PacketRepr::LoginRequest {
-        username: Alpha::from_str_padded(user),
-        password: Alpha::from_str_padded(pw),
-        session: Alpha::from_str_padded(""),
-        sequence: seq,
-    })
+    let mut b = Vec::new();
+    client::login(user, pw, seq, &mut b);
+    b
 }
 
-fn enter(token: u32, side: u8, qty: u32, sym: &str, price: i64) -> Vec<u8> {
-    let o = inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
-        user_ref_num: token,
-        side,
-        quantity: qty,
-        symbol: Stock::from_str_padded(sym),
-        price: OuchPrice(price),
-        time_in_force: b'0',
-        display: b'Y',
-        capacity: b'A',
-        intermarket_sweep_eligibility: b'N',
-        cross_type: b'N',
-        cl_ord_id: Alpha::default(),
-        appendage_length: 0,
-        appendage: Appendage::EMPTY,
-    });
-    let mut m = [0u8; 128];
-    let n = o.emit(&mut m).unwrap();
-    packet(PacketRepr::UnsequencedData(&m[..n]))
+fn enter(token: u32, side: u8, qty: u32, symbol: &str, price: i64) -> Vec<u8> {
+    let mut b = Vec::new();
+    client::enter_order(&client::Order { token, side, qty, symbol, price, ioc: false, stamp: None }, &mut b);
+    b
 }
 
 /// Every packet in `b`, as (type byte, payload).

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use fairfeed_exchange::client;
 use fairfeed_exchange::engine::{Command, Engine, Limits, NewOrder, Side, Tif};
 use fairfeed_exchange::gateway::GatewayConfig;
-use fairfeed_wire::ouch::{inbound, outbound, Appendage, OuchPrice};
+use fairfeed_wire::ouch::outbound;
 use fairfeed_wire::soupbintcp::{split_packet, PacketRepr};
-use fairfeed_wire::{Alpha, Stock};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -78,57 +78,18 @@ pub fn tcp_ping_pong(samples: usize) -> std::io::Result<Histogram<u64>> {
     Ok(h)
 }
 
-fn soup(p: PacketRepr<'_>, out: &mut Vec<u8>) {
-    let at = out.len();
-    out.resize(at + p.buffer_len(), 0);
-    let _ = p.emit(&mut out[at..]);
-}
-
-fn enter(out: &mut Vec<u8>, token: u32, (side, qty, sym, price, ioc): (u8, u32, Stock, i64, bool), stamp: Option<u64>) {
-    use fairfeed_wire::macros::Tail;
-    let app = stamp.map(fairfeed_exchange::sequencer::timestamp_appendage);
-    let appendage = app.as_ref().and_then(|a| Appendage::from_slice(a)).unwrap_or(Appendage::EMPTY);
-    let m = inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
-        user_ref_num: token,
-        side,
-        quantity: qty,
-        symbol: sym,
-        price: OuchPrice(price),
-        time_in_force: if ioc { b'3' } else { b'0' },
-        display: b'Y',
-        capacity: b'A',
-        intermarket_sweep_eligibility: b'N',
-        cross_type: b'N',
-        cl_ord_id: Alpha::default(),
-        appendage_length: appendage.as_slice().len() as u16,
-        appendage,
-    });
-    let mut b = [0u8; 128];
-    if let Ok(n) = m.emit(&mut b) {
-        soup(PacketRepr::UnsequencedData(&b[..n]), out);
-    }
-}
-
 /// One client: logs in, sends `orders` at `rate`, times each order's acknowledgement.
 fn client(
     addr: SocketAddr,
     user: (String, String),
-    symbols: Vec<Stock>,
+    symbols: Vec<String>,
     (rate, orders, seed, stamped): (f64, usize, u64, bool),
     responses: Arc<AtomicU64>,
 ) -> std::io::Result<(Histogram<u64>, u64, f64)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_nodelay(true)?;
     let mut out = Vec::new();
-    soup(
-        PacketRepr::LoginRequest {
-            username: Alpha::from_str_padded(&user.0),
-            password: Alpha::from_str_padded(&user.1),
-            session: Alpha::from_str_padded(""),
-            sequence: 0,
-        },
-        &mut out,
-    );
+    client::login(&user.0, &user.1, 0, &mut out);
     s.write_all(&out)?;
     let mut r = s.try_clone()?;
     let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..orders + 1).map(|_| AtomicU64::new(0)).collect());
@@ -197,14 +158,18 @@ fn client(
         out.clear();
         let now = start.elapsed().as_nanos() as u64;
         for token in sent + 1..=due {
-            let sym = symbols[rng.gen_range(0..symbols.len())];
+            let sym = symbols[rng.gen_range(0..symbols.len())].as_str();
             let buy = rng.gen_bool(0.5);
             let off: i64 = rng.gen_range(1..=20) * 100;
             // Mostly resting orders a few ticks off the mid; one in five crosses and is immediate-or-cancel.
             let cross = rng.gen_bool(0.2);
             let price = 1_000_000 + if buy == cross { off } else { -off };
             let stamp = stamped.then(crate::agent::wall_ns);
-            enter(&mut out, token as u32, (if buy { b'B' } else { b'S' }, 100, sym, price, cross), stamp);
+            let side = if buy { b'B' } else { b'S' };
+            client::enter_order(
+                &client::Order { token: token as u32, side, qty: 100, symbol: sym, price, ioc: cross, stamp },
+                &mut out,
+            );
             sent_at[token].store(now + 1, Ordering::Relaxed);
         }
         s.write_all(&out)?;
@@ -214,7 +179,7 @@ fn client(
     done.store(true, Ordering::Relaxed);
     let h = reader.join().map_err(|_| std::io::Error::other("reader panicked"))?;
     out.clear();
-    soup(PacketRepr::LogoutRequest, &mut out);
+    client::packet(PacketRepr::LogoutRequest, &mut out);
     let _ = s.write_all(&out);
     Ok((h, sent as u64, send_secs))
 }
@@ -240,7 +205,7 @@ pub fn exchange_bench(
         ..ExchangeConfig::default()
     };
     let x = Exchange::start(cfg)?;
-    let stocks: Vec<Stock> = symbols.iter().map(|s| Stock::from_str_padded(s)).collect();
+    let stocks = symbols.clone();
     let per = ((rate * seconds) as usize / clients).max(1);
     let responses = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();

@@ -139,8 +139,13 @@ struct Delivery {
     sock: UdpSocket,
     to: Option<SocketAddr>,
     fill: Option<(Arbitrator, UdpSocket, SocketAddr)>,
+    counts: DeliveryCounts,
+}
+
+#[derive(Default)]
+struct DeliveryCounts {
     delivered: u64,
-    deliver_failed: u64,
+    failed: u64,
     requests: u64,
 }
 
@@ -149,9 +154,7 @@ struct DeliverSink<'a> {
     to: Option<SocketAddr>,
     req: &'a UdpSocket,
     server: SocketAddr,
-    delivered: &'a mut u64,
-    failed: &'a mut u64,
-    requests: &'a mut u64,
+    counts: &'a mut DeliveryCounts,
 }
 
 impl Sink for DeliverSink<'_> {
@@ -159,10 +162,10 @@ impl Sink for DeliverSink<'_> {
         if stream != Stream::HighReliability {
             return;
         }
-        *self.delivered += 1;
+        self.counts.delivered += 1;
         if let Some(to) = self.to {
             if self.sock.send_to(packet, to).is_err() {
-                *self.failed += 1;
+                self.counts.failed += 1;
             }
         }
     }
@@ -170,7 +173,7 @@ impl Sink for DeliverSink<'_> {
     fn request(&mut self, r: RequestRepr) {
         let mut b = [0u8; fairfeed_wire::moldudp64::HEADER_LEN];
         if r.emit(&mut b).is_ok() && self.req.send_to(&b, self.server).is_ok() {
-            *self.requests += 1;
+            self.counts.requests += 1;
         }
     }
 }
@@ -202,28 +205,21 @@ impl Delivery {
                 Some((arb, s, server))
             }
         };
-        Ok(Delivery { sock, to: job.deliver, fill, delivered: 0, deliver_failed: 0, requests: 0 })
+        Ok(Delivery { sock, to: job.deliver, fill, counts: DeliveryCounts::default() })
     }
 
     fn release(&mut self, now: u64, payload: &[u8]) {
         match &mut self.fill {
             Some((arb, req, server)) => {
-                let mut sink = DeliverSink {
-                    sock: &self.sock,
-                    to: self.to,
-                    req,
-                    server: *server,
-                    delivered: &mut self.delivered,
-                    failed: &mut self.deliver_failed,
-                    requests: &mut self.requests,
-                };
+                let mut sink =
+                    DeliverSink { sock: &self.sock, to: self.to, req, server: *server, counts: &mut self.counts };
                 arb.handle_packet(now, Source::Line(0), payload, &mut sink);
             }
             None => {
-                self.delivered += 1;
+                self.counts.delivered += 1;
                 if let Some(to) = self.to {
                     if self.sock.send_to(payload, to).is_err() {
-                        self.deliver_failed += 1;
+                        self.counts.failed += 1;
                     }
                 }
             }
@@ -233,15 +229,7 @@ impl Delivery {
     /// Answers from the retransmission server, and the arbitrator's timers.
     fn service(&mut self, now: u64, buf: &mut [u8]) {
         let Some((arb, req, server)) = &mut self.fill else { return };
-        let mut sink = DeliverSink {
-            sock: &self.sock,
-            to: self.to,
-            req,
-            server: *server,
-            delivered: &mut self.delivered,
-            failed: &mut self.deliver_failed,
-            requests: &mut self.requests,
-        };
+        let mut sink = DeliverSink { sock: &self.sock, to: self.to, req, server: *server, counts: &mut self.counts };
         while let Ok(n) = sink.req.recv(buf) {
             arb.handle_packet(now, Source::Retransmit, &buf[..n], &mut sink);
         }
@@ -748,10 +736,10 @@ impl Agent<'_> {
             });
         }
         if let Some(d) = &self.delivery {
-            counters["delivered"] = d.delivered.into();
-            counters["deliver_failed"] = d.deliver_failed.into();
+            counters["delivered"] = d.counts.delivered.into();
+            counters["deliver_failed"] = d.counts.failed.into();
             if let Some((arb, ..)) = &d.fill {
-                counters["retransmit_requests"] = d.requests.into();
+                counters["retransmit_requests"] = d.counts.requests.into();
                 counters["fill"] = serde_json::to_value(arb.stats()).unwrap_or_default();
             }
         }

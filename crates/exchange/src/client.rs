@@ -1,0 +1,81 @@
+//! The client side of the order-entry protocol, as bytes: SoupBinTCP packets
+//! carrying OUCH 5.0 — for load generators, tests and tools.
+
+use fairfeed_wire::macros::Tail;
+use fairfeed_wire::ouch::{inbound, Appendage, OuchPrice};
+use fairfeed_wire::soupbintcp::PacketRepr;
+use fairfeed_wire::{Alpha, Stock};
+
+/// Appends one SoupBinTCP packet to `out`.
+pub fn packet(p: PacketRepr<'_>, out: &mut Vec<u8>) {
+    let at = out.len();
+    out.resize(at + p.buffer_len(), 0);
+    let _ = p.emit(&mut out[at..]);
+}
+
+/// A Login Request for `user`/`password`, asking for sequenced messages from `sequence` (0: from now).
+pub fn login(user: &str, password: &str, sequence: u64, out: &mut Vec<u8>) {
+    packet(
+        PacketRepr::LoginRequest {
+            username: Alpha::from_str_padded(user),
+            password: Alpha::from_str_padded(password),
+            session: Alpha::from_str_padded(""),
+            sequence,
+        },
+        out,
+    );
+}
+
+/// What an Enter Order says.
+#[derive(Debug, Clone, Copy)]
+pub struct Order<'a> {
+    pub token: u32,
+    /// `B` or `S`.
+    pub side: u8,
+    pub qty: u32,
+    pub symbol: &'a str,
+    /// 4 implied decimals.
+    pub price: i64,
+    pub ioc: bool,
+    /// The sender's timestamp for inbound sequencing (appendage tag 0xF0).
+    pub stamp: Option<u64>,
+}
+
+fn unsequenced(m: inbound::MessageRepr, out: &mut Vec<u8>) {
+    let mut b = [0u8; 256];
+    if let Ok(n) = m.emit(&mut b) {
+        packet(PacketRepr::UnsequencedData(&b[..n]), out);
+    }
+}
+
+/// An OUCH 5.0 Enter Order in a SoupBinTCP unsequenced packet.
+pub fn enter_order(o: &Order<'_>, out: &mut Vec<u8>) {
+    let app = o.stamp.map(crate::sequencer::timestamp_appendage);
+    let appendage = app.as_ref().and_then(|a| Appendage::from_slice(a)).unwrap_or(Appendage::EMPTY);
+    unsequenced(
+        inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
+            user_ref_num: o.token,
+            side: o.side,
+            quantity: o.qty,
+            symbol: Stock::from_str_padded(o.symbol),
+            price: OuchPrice(o.price),
+            time_in_force: if o.ioc { b'3' } else { b'0' },
+            display: b'Y',
+            capacity: b'A',
+            intermarket_sweep_eligibility: b'N',
+            cross_type: b'N',
+            cl_ord_id: Alpha::default(),
+            appendage_length: appendage.as_slice().len() as u16,
+            appendage,
+        }),
+        out,
+    );
+}
+
+/// An OUCH 5.0 Cancel Order down to `leave` shares (0: all).
+pub fn cancel_order(token: u32, leave: u32, out: &mut Vec<u8>) {
+    unsequenced(
+        inbound::MessageRepr::CancelOrder(inbound::CancelOrderRepr { user_ref_num: token, quantity: leave }),
+        out,
+    );
+}
