@@ -84,12 +84,17 @@ fn a_session_decodes_in_tshark_and_the_itch_line_is_consistent() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let line = UdpSocket::bind("127.0.0.1:0").unwrap();
     line.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let line_b = UdpSocket::bind("127.0.0.1:0").unwrap();
+    line_b.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let retrans = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let cfg = format!(
-        "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_a = \"{}\"\nitch_session = \"FFTEST0001\"\n\n\
+        "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_a = \"{}\"\nitch_b = \"{}\"\nretransmit_listen = \"{retrans}\"\n\
+         itch_session = \"FFTEST0001\"\n\n\
          [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"], [\"BOB\", \"pw2\"]]\nsymbols = [\"AAPL\", \"MSFT\"]\n\
          heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
          [limits]\nsymbols = 2\norders = 10000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n",
-        line.local_addr().unwrap()
+        line.local_addr().unwrap(),
+        line_b.local_addr().unwrap()
     );
     let cfg_path = d.path().join("exchange.toml");
     std::fs::write(&cfg_path, cfg).unwrap();
@@ -111,7 +116,17 @@ fn a_session_decodes_in_tshark_and_the_itch_line_is_consistent() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     trade_and_misbehave(port);
+    let answer = retransmission(retrans);
     let itch = collect_itch(&line);
+    assert_eq!(collect_itch(&line_b), itch, "the B line carries the same packets as the A line");
+    // The retransmission server answers from the journal what the A line sent.
+    let sent: Vec<Vec<u8>> = itch
+        .iter()
+        .filter_map(|p| fairfeed_wire::moldudp64::Packet::new_checked(&p[..]).ok())
+        .filter(|p| p.message_count() != fairfeed_wire::moldudp64::COUNT_END_OF_SESSION)
+        .flat_map(|p| p.messages().map(|m| m.unwrap().to_vec()).collect::<Vec<_>>())
+        .collect();
+    assert!(!answer.is_empty() && answer[..] == sent[..answer.len()], "retransmitted messages equal the line's");
     let out = x.wait_with_output().unwrap();
     assert!(out.status.success());
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -129,6 +144,21 @@ fn a_session_decodes_in_tshark_and_the_itch_line_is_consistent() {
     }
     let _ = tshark.wait();
     tshark_checks(&cap, port, itch_port, itch.len());
+}
+
+/// Asks the exchange's retransmission server for messages 1..=10; returns them.
+fn retransmission(server: std::net::SocketAddr) -> Vec<Vec<u8>> {
+    use fairfeed_wire::moldudp64::{Packet, RequestRepr, Session};
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut req = [0u8; 20];
+    RequestRepr { session: Session::from_str_padded("FFTEST0001"), sequence: 1, count: 10 }.emit(&mut req).unwrap();
+    s.send_to(&req, server).unwrap();
+    let mut buf = [0u8; 2048];
+    let n = s.recv(&mut buf).expect("an answer from the retransmission server");
+    let p = Packet::new_checked(&buf[..n]).unwrap();
+    assert_eq!(p.sequence(), 1);
+    p.messages().map(|m| m.unwrap().to_vec()).collect()
 }
 
 /// Alice trades against herself through the book and cancels; Bob sends garbage and is cut off.
