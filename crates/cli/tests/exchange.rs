@@ -55,10 +55,15 @@ fn enter(token: u32, side: u8, qty: u32, price: i64) -> Vec<u8> {
 
 /// Reads sequenced OUCH messages until `n` have arrived (or 5 s).
 fn read_messages(s: &mut TcpStream, n: usize) -> Vec<Vec<u8>> {
+    read_messages_for(s, n, Duration::from_secs(5))
+}
+
+/// Reads sequenced OUCH messages until `n` have arrived or `limit` passed.
+fn read_messages_for(s: &mut TcpStream, n: usize, limit: Duration) -> Vec<Vec<u8>> {
     s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
     let (mut buf, mut have, mut got) = (vec![0u8; 1 << 16], 0, Vec::new());
     let t0 = Instant::now();
-    while got.len() < n && t0.elapsed() < Duration::from_secs(5) {
+    while got.len() < n && t0.elapsed() < limit {
         if let Ok(k) = s.read(&mut buf[have..]) {
             have += k;
         }
@@ -275,4 +280,66 @@ fn tshark_checks(cap: &std::path::Path, port: u16, itch_port: u16, itch_packets:
         assert!(f[1].is_empty(), "malformed: {l}");
         assert!(f[2].is_empty() || f[2] == comment, "expert item above Comment: {l}");
     }
+}
+
+/// Which of two clients gets the one fill when the farther client's order is
+/// stamped 10 ms earlier but arrives 50 ms later, under a sequencing window.
+fn race(window_ns: u64) -> (u32, u32) {
+    use fairfeed_net::exchange_live::{Exchange, ExchangeConfig};
+    let cfg = ExchangeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        gateway: fairfeed_exchange::gateway::GatewayConfig {
+            users: vec![("MM".into(), "m".into()), ("NEAR".into(), "n".into()), ("FAR".into(), "f".into())],
+            symbols: vec!["AAPL".into()],
+            ..Default::default()
+        },
+        limits: fairfeed_exchange::engine::Limits { symbols: 1, orders: 1_000, ..Default::default() },
+        sequencing_window_ns: window_ns,
+        ..ExchangeConfig::default()
+    };
+    let x = Exchange::start(cfg).unwrap();
+    let connect = |u: &str, p: &str| {
+        let mut s = TcpStream::connect(x.addr).unwrap();
+        let mut b = Vec::new();
+        client::login(u, p, 0, &mut b);
+        s.write_all(&b).unwrap();
+        s
+    };
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let order = |token, side, stamp| {
+        let mut b = Vec::new();
+        client::enter_order(
+            &client::Order { token, side, qty: 100, symbol: "AAPL", price: 1_000_000, ioc: false, stamp: Some(stamp) },
+            &mut b,
+        );
+        b
+    };
+    let mut mm = connect("MM", "m");
+    mm.write_all(&order(1, b'S', now())).unwrap();
+    assert_eq!(read_messages(&mut mm, 1).len(), 1, "the resting offer is accepted");
+    let (mut near, mut far) = (connect("NEAR", "n"), connect("FAR", "f"));
+    std::thread::sleep(Duration::from_millis(100));
+    let t = now();
+    near.write_all(&order(7, b'B', t)).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    far.write_all(&order(9, b'B', t - 10_000_000)).unwrap();
+    let filled = |s: &mut TcpStream| -> u32 {
+        read_messages_for(s, 2, Duration::from_secs(1))
+            .iter()
+            .filter_map(|m| match outbound::Message::parse(m) {
+                Ok(outbound::Message::OrderExecuted(e)) => Some(e.quantity()),
+                _ => None,
+            })
+            .sum()
+    };
+    let r = (filled(&mut near), filled(&mut far));
+    let _ = x.finish();
+    r
+}
+
+#[test]
+fn a_sequencing_window_lets_an_earlier_stamp_from_farther_away_win() {
+    assert_eq!(race(0), (100, 0), "off: arrival order, the near client fills");
+    let on = race(300_000_000);
+    assert_eq!(on, (0, 100), "a 300 ms window: the earlier stamp fills although it arrived 50 ms later");
 }
