@@ -113,6 +113,8 @@ pub struct Gateway {
     /// (client, token) of live orders → (side, symbol, price) for the OUCH echo.
     orders: HashMap<(u32, u32), (Side, u16)>,
     pub stats: GatewayStats,
+    /// Bytes for one client's messages, reused across events.
+    scratch: Vec<u8>,
 }
 
 fn pad_left(s: &str) -> Alpha<10> {
@@ -164,6 +166,7 @@ impl Gateway {
             names,
             orders: HashMap::new(),
             stats: GatewayStats::default(),
+            scratch: Vec::with_capacity(512),
         }
     }
 
@@ -381,17 +384,21 @@ impl Gateway {
         }
     }
 
+    /// Journals `m` for `client` and hands its bytes to `deliver` if the client is online.
+    fn send(&mut self, client: u32, m: outbound::MessageRepr, deliver: &mut impl FnMut(u32, &[u8])) {
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        self.sequence(client, m, Some(&mut buf));
+        if !buf.is_empty() {
+            deliver(client, &buf);
+        }
+        self.scratch = buf;
+    }
+
     /// An engine event: the OUCH messages it means for each client involved,
     /// journaled, and handed to `deliver(client, bytes)` for online clients.
     pub fn on_event(&mut self, now_ns: u64, ev: &Event, deliver: &mut impl FnMut(u32, &[u8])) {
-        let mut buf = Vec::new();
-        let mut send = |g: &mut Gateway, client: u32, m: outbound::MessageRepr| {
-            buf.clear();
-            g.sequence(client, m, Some(&mut buf));
-            if !buf.is_empty() {
-                deliver(client, &buf);
-            }
-        };
+        let mut send = |g: &mut Gateway, client: u32, m: outbound::MessageRepr| g.send(client, m, deliver);
         let ts = now_ns;
         match *ev {
             Event::Accepted { client, token, ref_num, symbol, side, price, qty } => {

@@ -42,6 +42,22 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
+/// Draws the series legend at `pos` and writes the file.
+fn legend_and_present<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    root: &DrawingArea<DB, Shift>,
+    pos: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(pos)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
 /// Draws the empirical CDFs of `series` (name, values) into an SVG or PNG file.
 /// Values beyond the `clip` quantile of all series are left out of the x range
 /// so one heavy tail does not flatten the rest.
@@ -96,15 +112,7 @@ fn cdf_on<DB: DrawingBackend>(
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())?;
-    Ok(())
+    legend_and_present(&mut chart, &root, SeriesLabelPosition::LowerRight)
 }
 
 /// Draws line series (x, y) into an SVG or PNG file; y clipped at the `clip`
@@ -152,13 +160,5 @@ fn lines_on<DB: DrawingBackend>(
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())?;
-    Ok(())
+    legend_and_present(&mut chart, &root, SeriesLabelPosition::UpperRight)
 }
