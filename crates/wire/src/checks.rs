@@ -137,7 +137,7 @@ pub fn udp_frame(data: &[u8]) {
 }
 
 /// Overlay: a header that parses re-emits to the same 40 bytes, and a report
-/// that parses re-emits to the same bytes.
+/// or probe that parses re-emits to the same bytes.
 pub fn overlay_packet(data: &[u8]) {
     if let Ok((h, payload)) = crate::overlay::HeaderRepr::parse(data) {
         let mut buf = [0u8; crate::overlay::HEADER_LEN];
@@ -148,6 +148,11 @@ pub fn overlay_packet(data: &[u8]) {
             let mut rb = [0u8; crate::overlay::REPORT_LEN];
             r.emit(&mut rb).expect("report length");
             assert_eq!(&rb[..], &payload[..crate::overlay::REPORT_LEN]);
+        }
+        if let Ok(p) = crate::overlay::ProbeRepr::parse(payload) {
+            let mut pb = [0u8; crate::overlay::PROBE_LEN];
+            p.emit(&mut pb).expect("probe length");
+            assert_eq!(&pb[..], &payload[..crate::overlay::PROBE_LEN]);
         }
         moldudp64_packet(payload);
     }

@@ -12,6 +12,10 @@
 //! clock, `origin` is the node that built the packet (the sender for data, the
 //! reporting node for reports), `len` the payload length after the header.
 //! Receivers strip the header and hand applications the MoldUDP64 packet.
+//!
+//! Clock-synchronization probes ([`Kind::Probe`], payload [`ProbeRepr`]) travel
+//! between peers over the same sockets; their header's `send time` is the
+//! prober's raw clock, and `sequence` is the probe's pair number.
 
 use crate::error::{check_len, Error, Protocol};
 use crate::field::Field;
@@ -19,11 +23,13 @@ use crate::field::Field;
 /// First two bytes of every overlay packet.
 pub const MAGIC: u16 = 0xFA1F;
 /// The version this code writes and reads.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 40;
 /// Bytes of an OWD report payload.
-pub const REPORT_LEN: usize = 36;
+pub const REPORT_LEN: usize = 48;
+/// Bytes of a clock-synchronization probe payload.
+pub const PROBE_LEN: usize = 72;
 
 /// What an overlay packet carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,6 +40,8 @@ pub enum Kind {
     Report = 2,
     /// A liveness beacon (no payload).
     Heartbeat = 3,
+    /// A clock-synchronization probe between peers.
+    Probe = 4,
 }
 
 impl Kind {
@@ -42,6 +50,7 @@ impl Kind {
             1 => Some(Kind::Data),
             2 => Some(Kind::Report),
             3 => Some(Kind::Heartbeat),
+            4 => Some(Kind::Probe),
             _ => None,
         }
     }
@@ -137,6 +146,12 @@ pub struct ReportRepr {
     pub receivers: u32,
     /// Lateness beyond the deadline, largest in the subtree, ns (max-aggregated).
     pub late_max_ns: u64,
+    /// The largest clock error bound among the subtree's synchronized
+    /// receivers, ns (max-aggregated); the sender's margin covers it.
+    pub clock_bound_ns: u64,
+    /// Receivers whose clock bound is above the limit, left out of
+    /// `clock_bound_ns` and of the fairness counts (summed).
+    pub clock_unsynced: u32,
 }
 
 impl ReportRepr {
@@ -149,6 +164,8 @@ impl ReportRepr {
             hold_sum_ns: u64::read(&b[16..24]),
             receivers: u32::read(&b[24..28]),
             late_max_ns: u64::read(&b[28..36]),
+            clock_bound_ns: u64::read(&b[36..44]),
+            clock_unsynced: u32::read(&b[44..48]),
         })
     }
 
@@ -160,6 +177,8 @@ impl ReportRepr {
         self.hold_sum_ns.write(&mut b[16..24]);
         self.receivers.write(&mut b[24..28]);
         self.late_max_ns.write(&mut b[28..36]);
+        self.clock_bound_ns.write(&mut b[36..44]);
+        self.clock_unsynced.write(&mut b[44..48]);
         Ok(REPORT_LEN)
     }
 
@@ -167,10 +186,84 @@ impl ReportRepr {
     pub fn merge(&mut self, o: &ReportRepr) {
         self.owd_p95_ns = self.owd_p95_ns.max(o.owd_p95_ns);
         self.late_max_ns = self.late_max_ns.max(o.late_max_ns);
+        self.clock_bound_ns = self.clock_bound_ns.max(o.clock_bound_ns);
+        self.clock_unsynced = self.clock_unsynced.saturating_add(o.clock_unsynced);
         self.messages = self.messages.saturating_add(o.messages);
         self.late = self.late.saturating_add(o.late);
         self.hold_sum_ns = self.hold_sum_ns.saturating_add(o.hold_sum_ns);
         self.receivers = self.receivers.saturating_add(o.receivers);
+    }
+}
+
+/// Probe flag: the prober considers its own clock synchronized.
+pub const PROBE_SYNCED: u8 = 0x01;
+
+/// A clock-synchronization probe (payload of a [`Kind::Probe`] packet).
+///
+/// ```text
+///  0       4     5     6      8         16        24          32          40          48          56        64           72
+///  target  index flags level  pair      tx ns     echo tx ns  echo rx ns  offset ps   drift e-15  bound ns  hard bound ns
+/// ```
+///
+/// Probes go in pairs (`index` 0 then 1, a known spacing apart) so the
+/// receiver can discard pairs that met queueing. `echo` returns the newest
+/// pure sample the prober received from `target` (the target's send time
+/// and the prober's receive time, each on its own raw clock), so both ends
+/// see both directions. `offset`, `drift` and the bounds advertise the
+/// prober's current estimate of its clock against the reference, and
+/// `level` its distance in probe hops from the reference (`u16::MAX`: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProbeRepr {
+    pub target: u32,
+    pub index: u8,
+    pub flags: u8,
+    pub level: u16,
+    pub pair: u64,
+    pub tx_ns: u64,
+    pub echo_tx_ns: u64,
+    pub echo_rx_ns: u64,
+    /// The prober's clock minus the reference's, picoseconds.
+    pub offset_ps: i64,
+    /// The prober's drift against the reference, in units of 1e-15.
+    pub drift_e15: i64,
+    pub bound_ns: u64,
+    pub hard_bound_ns: u64,
+}
+
+impl ProbeRepr {
+    pub fn parse(b: &[u8]) -> Result<ProbeRepr, Error> {
+        check_len(b, PROBE_LEN)?;
+        Ok(ProbeRepr {
+            target: u32::read(&b[0..4]),
+            index: b[4],
+            flags: b[5],
+            level: u16::read(&b[6..8]),
+            pair: u64::read(&b[8..16]),
+            tx_ns: u64::read(&b[16..24]),
+            echo_tx_ns: u64::read(&b[24..32]),
+            echo_rx_ns: u64::read(&b[32..40]),
+            offset_ps: u64::read(&b[40..48]) as i64,
+            drift_e15: u64::read(&b[48..56]) as i64,
+            bound_ns: u64::read(&b[56..64]),
+            hard_bound_ns: u64::read(&b[64..72]),
+        })
+    }
+
+    pub fn emit(&self, b: &mut [u8]) -> Result<usize, Error> {
+        check_len(b, PROBE_LEN)?;
+        self.target.write(&mut b[0..4]);
+        b[4] = self.index;
+        b[5] = self.flags;
+        self.level.write(&mut b[6..8]);
+        self.pair.write(&mut b[8..16]);
+        self.tx_ns.write(&mut b[16..24]);
+        self.echo_tx_ns.write(&mut b[24..32]);
+        self.echo_rx_ns.write(&mut b[32..40]);
+        (self.offset_ps as u64).write(&mut b[40..48]);
+        (self.drift_e15 as u64).write(&mut b[48..56]);
+        self.bound_ns.write(&mut b[56..64]);
+        self.hard_bound_ns.write(&mut b[64..72]);
+        Ok(PROBE_LEN)
     }
 }
 
@@ -209,15 +302,64 @@ mod tests {
 
     #[test]
     fn reports_merge_max_and_sum() {
-        let mut a = ReportRepr { owd_p95_ns: 10, messages: 5, late: 1, hold_sum_ns: 100, receivers: 1, late_max_ns: 3 };
-        let b = ReportRepr { owd_p95_ns: 20, messages: 7, late: 0, hold_sum_ns: 50, receivers: 2, late_max_ns: 1 };
+        let mut a = ReportRepr {
+            owd_p95_ns: 10,
+            messages: 5,
+            late: 1,
+            hold_sum_ns: 100,
+            receivers: 1,
+            late_max_ns: 3,
+            clock_bound_ns: 40,
+            clock_unsynced: 0,
+        };
+        let b = ReportRepr {
+            owd_p95_ns: 20,
+            messages: 7,
+            late: 0,
+            hold_sum_ns: 50,
+            receivers: 2,
+            late_max_ns: 1,
+            clock_bound_ns: 30,
+            clock_unsynced: 1,
+        };
         a.merge(&b);
         assert_eq!(
             a,
-            ReportRepr { owd_p95_ns: 20, messages: 12, late: 1, hold_sum_ns: 150, receivers: 3, late_max_ns: 3 }
+            ReportRepr {
+                owd_p95_ns: 20,
+                messages: 12,
+                late: 1,
+                hold_sum_ns: 150,
+                receivers: 3,
+                late_max_ns: 3,
+                clock_bound_ns: 40,
+                clock_unsynced: 1,
+            }
         );
         let mut buf = [0u8; REPORT_LEN];
         a.emit(&mut buf).unwrap();
         assert_eq!(ReportRepr::parse(&buf), Ok(a));
+    }
+
+    #[test]
+    fn probes_round_trip() {
+        let p = ProbeRepr {
+            target: 9,
+            index: 1,
+            flags: PROBE_SYNCED,
+            level: 3,
+            pair: 77,
+            tx_ns: 123_456_789,
+            echo_tx_ns: 5,
+            echo_rx_ns: 6,
+            offset_ps: -42_000_123,
+            drift_e15: -3_000_000_000,
+            bound_ns: 80,
+            hard_bound_ns: 12_000,
+        };
+        let mut b = [0u8; PROBE_LEN];
+        assert_eq!(p.emit(&mut b), Ok(PROBE_LEN));
+        assert_eq!(ProbeRepr::parse(&b), Ok(p));
+        assert!(ProbeRepr::parse(&b[..PROBE_LEN - 1]).is_err());
     }
 }

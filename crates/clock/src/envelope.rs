@@ -1,0 +1,222 @@
+//! The lower envelope of a peer's one-way-delay samples, over a sliding window.
+//!
+//! A sample is `(x, y)`: `x` the local time it was taken, `y` = receive stamp
+//! − send stamp, i.e. the one-way delay plus the clocks' offset. Queueing only
+//! ever adds delay, so the points that matter lie at the bottom: we fit the
+//! line below every point that maximizes its height at the window's mean `x`
+//! (the linear program "minimize Σ (yₖ − a − b·xₖ) subject to the line staying
+//! below every point", whose optimum is the lower convex hull's edge spanning
+//! the mean). Its slope is the clocks' relative drift, its height the offset
+//! plus the minimum delay. Huygens separates the two directions' points with
+//! an SVM; with the minimum delays symmetric both find the same line in the
+//! noise-free case, and the hull needs no tuning parameter.
+
+use std::collections::VecDeque;
+
+/// Samples kept per direction at most.
+pub const WINDOW_SAMPLES_MAX: usize = 512;
+
+/// A fit must span this long before a sample far below it counts as a step
+/// (a short window's slope extrapolates badly).
+pub const STEP_SPAN_NS: u64 = 1_000_000_000;
+
+/// Windows spanning at least this take their slope from the two halves' lowest points.
+pub const HALVES_SPAN_NS: u64 = 2_000_000_000;
+
+/// A fitted line `y = y0 + slope · (x − x0)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Line {
+    pub x0: u64,
+    pub y0: f64,
+    pub slope: f64,
+}
+
+impl Line {
+    pub fn at(&self, x: u64) -> f64 {
+        self.y0 + self.slope * (x as f64 - self.x0 as f64)
+    }
+}
+
+/// What happened to a sample offered to the envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    Added,
+    /// Far below the fitted line: one of the clocks jumped. The window was cleared.
+    Step,
+}
+
+/// The sliding window of samples and its fit.
+#[derive(Debug, Clone, Default)]
+pub struct Envelope {
+    samples: VecDeque<(u64, i64)>,
+    fit: Option<Line>,
+}
+
+impl Envelope {
+    /// Samples in the window.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// The fit, once the window has `min` samples.
+    pub fn fit(&self, min: usize) -> Option<Line> {
+        if self.samples.len() >= min {
+            self.fit
+        } else {
+            None
+        }
+    }
+
+    /// Time between the oldest and newest sample.
+    pub fn span(&self) -> u64 {
+        match (self.samples.front(), self.samples.back()) {
+            (Some(a), Some(b)) => b.0 - a.0,
+            _ => 0,
+        }
+    }
+
+    /// The lowest delay in the window.
+    pub fn min_y(&self) -> Option<i64> {
+        self.samples.iter().map(|s| s.1).min()
+    }
+
+    pub fn clear(&mut self) {
+        self.samples.clear();
+        self.fit = None;
+    }
+
+    /// Offers a sample; samples older than `window_ns` behind the newest leave.
+    /// A sample more than `step_ns` below the current fit (with at least
+    /// `min` samples) clears the window and reports a step.
+    pub fn offer(&mut self, x: u64, y: i64, window_ns: u64, step_ns: u64, min: usize) -> Offer {
+        if let Some(f) = self.fit(min).filter(|_| self.span() >= STEP_SPAN_NS) {
+            if (y as f64) < f.at(x) - step_ns as f64 {
+                self.clear();
+                self.samples.push_back((x, y));
+                self.refit();
+                return Offer::Step;
+            }
+        }
+        // Keep x sorted (echoes may arrive slightly out of order).
+        let pos = self.samples.iter().rposition(|s| s.0 <= x).map_or(0, |p| p + 1);
+        self.samples.insert(pos, (x, y));
+        let newest = self.samples.back().map_or(x, |s| s.0);
+        while self.samples.len() > WINDOW_SAMPLES_MAX
+            || self.samples.front().is_some_and(|s| newest.saturating_sub(s.0) > window_ns)
+        {
+            self.samples.pop_front();
+        }
+        self.refit();
+        Offer::Added
+    }
+
+    fn refit(&mut self) {
+        self.fit = lower_fit(self.samples.make_contiguous());
+    }
+}
+
+/// The best supporting line of the lower hull at the mean x (see the module doc).
+pub fn lower_fit(pts: &[(u64, i64)]) -> Option<Line> {
+    let first = pts.first()?;
+    let x0 = first.0;
+    let rel: Vec<(i128, i128)> = pts.iter().map(|&(x, y)| (i128::from(x - x0), i128::from(y))).collect();
+    let mut hull: Vec<(i128, i128)> = Vec::with_capacity(rel.len());
+    for &p in &rel {
+        // Among equal x keep the lowest point.
+        if let Some(last) = hull.last_mut() {
+            if last.0 == p.0 {
+                if p.1 < last.1 {
+                    hull.pop();
+                } else {
+                    continue;
+                }
+            }
+        }
+        while hull.len() >= 2 {
+            let (a, b) = (hull[hull.len() - 2], hull[hull.len() - 1]);
+            let cross = (b.0 - a.0) * (p.1 - a.1) - (b.1 - a.1) * (p.0 - a.0);
+            if cross <= 0 {
+                hull.pop();
+            } else {
+                break;
+            }
+        }
+        hull.push(p);
+    }
+    if hull.len() == 1 {
+        return Some(Line { x0, y0: hull[0].1 as f64, slope: 0.0 });
+    }
+    let span = rel.last().map_or(0, |p| p.0);
+    let mut slope = hull_slope(&hull, &rel);
+    if span as u64 >= HALVES_SPAN_NS {
+        // Long baseline: detrended by the hull's slope, the line through the
+        // lowest point of each half of the window. Its slope errs by the
+        // noise over half the span; the hull edge at the mean can be two
+        // close points, whose slope, extrapolated to the window's end, errs
+        // by far more.
+        let r = |p: &(i128, i128)| p.1 as f64 - slope * p.0 as f64;
+        let lowest = |first: bool| {
+            rel.iter().filter(|p| (p.0 * 2 < span) == first).min_by(|a, b| r(a).total_cmp(&r(b))).copied()
+        };
+        if let (Some(a), Some(b)) = (lowest(true), lowest(false)) {
+            if b.0 > a.0 {
+                slope += (r(&b) - r(&a)) / (b.0 - a.0) as f64;
+            }
+        }
+    }
+    // The supporting line with that slope: below every point, touching one.
+    let y0 = rel.iter().map(|p| p.1 as f64 - slope * p.0 as f64).fold(f64::INFINITY, f64::min);
+    Some(Line { x0, y0, slope })
+}
+
+/// The slope of the lower hull's edge spanning the mean x (the LP optimum).
+fn hull_slope(hull: &[(i128, i128)], rel: &[(i128, i128)]) -> f64 {
+    let mean = rel.iter().map(|p| p.0 as f64).sum::<f64>() / rel.len() as f64;
+    let i = hull.windows(2).position(|w| (w[1].0 as f64) >= mean).unwrap_or(hull.len() - 2);
+    let (a, b) = (hull[i], hull[i + 1]);
+    (b.1 - a.1) as f64 / (b.0 - a.0) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_the_floor_under_noise_above() {
+        // y = 1000 + 0.00005·x (50 ppm), plus non-negative queueing noise.
+        let mut e = Envelope::default();
+        for k in 0..200u64 {
+            let x = k * 10_000_000;
+            let noise = (k * 7919 % 13) as i64 * 500 * i64::from(k % 3 != 0);
+            let y = 1000 + (x as f64 * 5e-5) as i64 + noise;
+            assert_eq!(e.offer(x, y, u64::MAX, 1_000_000, 2), Offer::Added);
+        }
+        let f = e.fit(2).unwrap();
+        assert!((f.slope - 5e-5).abs() < 1e-8, "slope {}", f.slope);
+        assert!((f.at(1_000_000_000) - 51_000.0).abs() < 2.0, "{}", f.at(1_000_000_000));
+    }
+
+    #[test]
+    fn window_slides_and_steps_clear_it() {
+        let mut e = Envelope::default();
+        let s = STEP_SPAN_NS / 4;
+        for k in 0..10u64 {
+            e.offer(k * s, 500, 5 * s, 10_000, 2);
+        }
+        assert_eq!(e.len(), 6);
+        assert_eq!(e.offer(11 * s, -50_000, 5 * s, 10_000, 2), Offer::Step);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e.min_y(), Some(-50_000));
+    }
+
+    #[test]
+    fn single_and_duplicate_x() {
+        assert_eq!(lower_fit(&[]), None);
+        let l = lower_fit(&[(5, 10), (5, 7)]).unwrap();
+        assert_eq!((l.y0, l.slope), (7.0, 0.0));
+    }
+}

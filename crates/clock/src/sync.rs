@@ -1,0 +1,794 @@
+//! The clock-synchronization state machine of one node (sans-IO).
+//!
+//! Fed with the node's **raw** clock readings and the probes it receives, it
+//! returns the probes to send and keeps an estimate of the node's clock
+//! against the reference's: `θ(x) = offset + drift · (x − at)`, where `x` is
+//! the raw local time. The corrected clock is `now_sync(x) = x − θ(x)`.
+//!
+//! - **Coded probes.** Every interval the node sends each peer a pair of
+//!   probes `pair_gap_ns` apart. The receiving peer compares the pair's receive
+//!   spacing with its send spacing; a pair that differs by more than
+//!   `purity_ns` met queueing and is discarded. The lower of a pure pair's two
+//!   samples goes into the peer's forward [`Envelope`], and is echoed back in
+//!   the node's next probe so the peer sees both directions too.
+//! - **Per peer**, the lower envelopes of the forward (peer → me) and reverse
+//!   (me → peer) samples are lines `F` and `G`; with symmetric minimum delays
+//!   `θ_me − θ_peer = (F − G) / 2` and its slope is the relative drift.
+//! - **Network effect.** Each node advertises its estimate and its level
+//!   (probe hops from the reference) in its probes. Each interval a node
+//!   takes, from every synchronized peer, the candidate `θ_peer + (θ_me −
+//!   θ_peer)`; its estimate is the inverse-variance weighted mean (the edge's
+//!   variance from the residuals plus the peer's own from its bound) of the
+//!   candidates from the peers nearer the reference and, at half weight, of
+//!   its own level — a level-ordered weighted least-squares solve over the
+//!   probe graph, with the reference fixed at 0, run where the data is.
+//!   Level order matters: plain Jacobi averaging over all peers lets
+//!   estimates feed back around loops with stale values, and the whole graph
+//!   then floats away from the reference with the network's mean drift (a
+//!   test here showed tens of µs); peers further down, which derive from this
+//!   node, are left out. The residuals `θ_i − θ_j − δ_ij` — what is left of
+//!   the loop sums — are the error estimate, and an edge whose residual
+//!   stands far out from the others (a link with asymmetric minimum delays)
+//!   is flagged and left out until it agrees again. The reference's own
+//!   edges are never flagged: they are what anchors the graph.
+//! - **Bound.** `bound_ns` is a statistical bound: a timestamping floor plus
+//!   3 × the combination's standard deviation (widened to the residuals' rms
+//!   when the peers disagree more), plus the drift's uncertainty since the
+//!   last update. `hard_bound_ns` needs no symmetry assumption: half the
+//!   minimum round trip, summed along the best path to the reference.
+//!
+//! Bad probes — misdirected, from a node that is not a peer, replayed,
+//! malformed, or with absurd timestamps — are refused and counted, and never
+//! move the estimate.
+
+use fairfeed_wire::overlay::{ProbeRepr, PROBE_SYNCED};
+
+use crate::envelope::{Envelope, Offer};
+
+/// Peers one node probes at most.
+pub const PEERS_MAX: usize = 256;
+/// Samples a direction needs before its fit is used.
+pub const MIN_SAMPLES: usize = 2;
+/// Samples a direction needs before a sample far below its fit counts as a step.
+pub const STEP_SAMPLES: usize = 8;
+/// An edge's slope (relative drift) is used once both directions' samples span this long.
+pub const SLOPE_SPAN_NS: u64 = 1_000_000_000;
+/// Candidates from peers of the node's own level count this much of their weight.
+pub const SAME_LEVEL_WEIGHT: f64 = 0.5;
+/// Edges are judged for asymmetry only after the node has been synchronized this long.
+pub const FLAG_AFTER_NS: u64 = 3_000_000_000;
+/// Our recent probe send stamps remembered per peer, to check echoes.
+pub const SENT_RING: usize = 128;
+/// Residuals beyond this many robust standard deviations flag an edge as asymmetric.
+pub const ASYM_K: f64 = 5.0;
+/// ... and beyond at least this many ns.
+pub const ASYM_MIN_NS: f64 = 250.0;
+/// Statistical bound: this many residual rms.
+pub const BOUND_K: f64 = 3.0;
+/// Statistical bound: never below this (software timestamping), ns.
+pub const BOUND_FLOOR_NS: f64 = 20.0;
+/// An edge's standard deviation is taken as at least this, ns.
+pub const EDGE_SIGMA_MIN_NS: f64 = 30.0;
+/// Drift uncertainty assumed between updates (0.1 ppm).
+pub const DRIFT_UNCERTAINTY: f64 = 1e-7;
+/// Drift beyond this is absurd (1,000 ppm).
+pub const DRIFT_MAX: f64 = 1e-3;
+
+/// What the node does with its clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SyncMode {
+    /// Probe, estimate, and correct the clock (`now_sync`).
+    Sync,
+    /// Probe and estimate, but trust the system clock (it is disciplined
+    /// elsewhere, e.g. PTP); the estimate shows how good it really is.
+    MeasureOnly,
+    /// No probes; the system clock as it is.
+    Off,
+}
+
+/// Settings of one node's synchronization.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SyncConfig {
+    pub mode: SyncMode,
+    /// A pair to each peer this often in steady state.
+    pub interval_ns: u64,
+    /// ... and this often during start-up and after a clock step.
+    pub startup_interval_ns: u64,
+    /// How long the fast start-up phase lasts.
+    pub startup_ns: u64,
+    /// Spacing of the two probes of a pair.
+    pub pair_gap_ns: u64,
+    /// A pair whose receive spacing differs from its send spacing by more is impure.
+    pub purity_ns: u64,
+    /// Samples older than this leave the envelopes.
+    pub window_ns: u64,
+    /// A sample this far below the envelope means a clock stepped.
+    pub step_ns: u64,
+    /// A node whose bound is above this is unsynchronized for fairness.
+    pub bound_limit_ns: u64,
+    /// Clock differences beyond this are absurd.
+    pub max_skew_ns: u64,
+}
+
+impl Default for SyncConfig {
+    fn default() -> Self {
+        SyncConfig {
+            mode: SyncMode::Sync,
+            interval_ns: 250_000_000,
+            startup_interval_ns: 10_000_000,
+            startup_ns: 2_000_000_000,
+            pair_gap_ns: 20_000,
+            purity_ns: 300,
+            window_ns: 16_000_000_000,
+            step_ns: 20_000,
+            bound_limit_ns: 1_000,
+            max_skew_ns: 10_000_000_000,
+        }
+    }
+}
+
+impl SyncConfig {
+    /// Checks the settings; the error names the bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        let checks = [
+            (self.interval_ns > 0, "interval_ns must be > 0"),
+            (self.startup_interval_ns > 0, "startup_interval_ns must be > 0"),
+            (self.pair_gap_ns > 0, "pair_gap_ns must be > 0"),
+            (
+                self.pair_gap_ns < self.startup_interval_ns.min(self.interval_ns),
+                "pair_gap_ns must be below the intervals",
+            ),
+            (self.window_ns >= self.interval_ns, "window_ns must be at least interval_ns"),
+            (self.step_ns > 0, "step_ns must be > 0"),
+            (self.max_skew_ns > 0, "max_skew_ns must be > 0"),
+        ];
+        match checks.iter().find(|c| !c.0) {
+            Some((_, why)) => Err((*why).to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why a probe was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeError {
+    /// Addressed to another node.
+    Misdirected,
+    /// From a node that is not one of this node's peers.
+    UnknownPeer,
+    /// Not newer than the last probe from that peer.
+    Replayed,
+    /// Fields out of their ranges (index, flags).
+    Malformed,
+    /// Timestamps or an advertised estimate no real clock produces.
+    Absurd,
+    /// Synchronization is off on this node.
+    Off,
+}
+
+impl core::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            ProbeError::Misdirected => "probe addressed to another node",
+            ProbeError::UnknownPeer => "probe from a node that is not a peer",
+            ProbeError::Replayed => "replayed probe",
+            ProbeError::Malformed => "malformed probe",
+            ProbeError::Absurd => "probe with absurd timestamps",
+            ProbeError::Off => "clock synchronization is off",
+        })
+    }
+}
+
+impl std::error::Error for ProbeError {}
+
+/// Counters of refused probes, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Refused {
+    pub misdirected: u64,
+    pub unknown_peer: u64,
+    pub replayed: u64,
+    pub malformed: u64,
+    pub absurd: u64,
+    pub off: u64,
+}
+
+impl Refused {
+    fn count(&mut self, e: ProbeError) {
+        match e {
+            ProbeError::Misdirected => self.misdirected += 1,
+            ProbeError::UnknownPeer => self.unknown_peer += 1,
+            ProbeError::Replayed => self.replayed += 1,
+            ProbeError::Malformed => self.malformed += 1,
+            ProbeError::Absurd => self.absurd += 1,
+            ProbeError::Off => self.off += 1,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.misdirected + self.unknown_peer + self.replayed + self.malformed + self.absurd + self.off
+    }
+}
+
+/// Named counters and gauges of one node's synchronization.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct SyncStats {
+    pub probes_sent: u64,
+    pub probes_received: u64,
+    pub pairs: u64,
+    pub pure_pairs: u64,
+    pub echoes: u64,
+    pub bad_echoes: u64,
+    pub refused: Refused,
+    /// Clock steps detected (a peer's or our own).
+    pub steps: u64,
+    /// Edges flagged as asymmetric now, and flaggings so far.
+    pub asymmetric_edges: u64,
+    pub asymmetric_flagged: u64,
+    /// The estimate: our clock minus the reference's, ns, and drift in ppm.
+    pub offset_ns: f64,
+    pub drift_ppm: f64,
+    pub bound_ns: u64,
+    pub hard_bound_ns: u64,
+    pub residual_rms_ns: f64,
+    pub peers: u64,
+    /// Peers whose edge is usable now (both directions fitted, peer synchronized).
+    pub peers_used: u64,
+    pub synced: bool,
+    /// Bound above the limit now, and how often it went there.
+    pub over_limit: bool,
+    pub over_limit_events: u64,
+    /// Raw local time of the last estimate update.
+    pub last_update_ns: u64,
+}
+
+impl SyncStats {
+    /// Share of received pairs that were pure.
+    pub fn pure_fraction(&self) -> f64 {
+        if self.pairs == 0 {
+            0.0
+        } else {
+            self.pure_pairs as f64 / self.pairs as f64
+        }
+    }
+}
+
+/// What a peer last advertised about its clock.
+#[derive(Debug, Clone, Copy)]
+struct Advert {
+    offset_ns: f64,
+    drift: f64,
+    bound_ns: f64,
+    hard_ns: f64,
+    synced: bool,
+    level: u16,
+    /// Our raw time when we heard it.
+    at: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Peer {
+    id: u32,
+    next_pair: u64,
+    /// Last pair received and a mask of its indices seen, for replay refusal.
+    last_rx: Option<(u64, u8)>,
+    /// The first probe of the pair in progress: (pair, its tx, our rx).
+    first: Option<(u64, u64, u64)>,
+    /// Samples peer → me (x = our receive time) and me → peer (x = our send time).
+    fwd: Envelope,
+    rev: Envelope,
+    /// Our newest pure sample from the peer to echo: (its tx, our rx).
+    echo: Option<(u64, u64)>,
+    /// Newest echo taken in (its tx stamp, ours).
+    last_echo_tx: u64,
+    sent: [u64; SENT_RING],
+    sent_next: usize,
+    advert: Option<Advert>,
+    asymmetric: bool,
+    residual_ns: f64,
+}
+
+impl Peer {
+    fn new(id: u32) -> Self {
+        Peer {
+            id,
+            next_pair: 1,
+            last_rx: None,
+            first: None,
+            fwd: Envelope::default(),
+            rev: Envelope::default(),
+            echo: None,
+            last_echo_tx: 0,
+            sent: [0; SENT_RING],
+            sent_next: 0,
+            advert: None,
+            asymmetric: false,
+            residual_ns: 0.0,
+        }
+    }
+
+    /// θ_me − θ_peer at `x`, its slope (once both directions span
+    /// [`SLOPE_SPAN_NS`]), and half the min round trip.
+    fn edge(&self, x: u64) -> Option<(f64, Option<f64>, f64)> {
+        let f = self.fwd.fit(MIN_SAMPLES)?;
+        let g = self.rev.fit(MIN_SAMPLES)?;
+        let (fx, gx) = (f.at(x), g.at(x));
+        let slope = (self.fwd.span().min(self.rev.span()) >= SLOPE_SPAN_NS).then(|| (f.slope - g.slope) / 2.0);
+        Some(((fx - gx) / 2.0, slope, ((fx + gx) / 2.0).max(0.0)))
+    }
+
+    fn reset(&mut self) {
+        self.fwd.clear();
+        self.rev.clear();
+        self.echo = None;
+        self.first = None;
+        self.asymmetric = false;
+    }
+}
+
+/// One candidate estimate from one peer.
+struct Candidate {
+    peer: usize,
+    level: u16,
+    theta: f64,
+    slope: Option<f64>,
+    weight: f64,
+    hard: f64,
+    /// The peer is the reference: its edge is never flagged.
+    reference: bool,
+}
+
+/// One node's clock synchronization.
+#[derive(Debug, Clone)]
+pub struct ClockSync {
+    pub id: u32,
+    cfg: SyncConfig,
+    reference: bool,
+    peers: Vec<Peer>,
+    started: Option<u64>,
+    fast_until: u64,
+    next_round: u64,
+    /// Second probes of pairs waiting to go: (due, peer index, pair, first tx).
+    seconds: Vec<(u64, usize, u64)>,
+    offset_ns: f64,
+    drift: f64,
+    at: u64,
+    bound_ns: f64,
+    hard_ns: f64,
+    last_rms: f64,
+    synced: bool,
+    synced_since: Option<u64>,
+    /// Probe hops from the reference (`u16::MAX` while unsynchronized).
+    level: u16,
+    pub stats: SyncStats,
+}
+
+impl ClockSync {
+    /// A node `id` probing `peers`; `reference` makes its clock the reference.
+    pub fn new(id: u32, peers: &[u32], reference: bool, cfg: SyncConfig) -> Self {
+        assert!(peers.len() <= PEERS_MAX, "at most {PEERS_MAX} peers");
+        let mut ids: Vec<u32> = peers.iter().copied().filter(|&p| p != id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let stats = SyncStats { peers: ids.len() as u64, synced: reference, ..SyncStats::default() };
+        ClockSync {
+            id,
+            cfg,
+            reference,
+            peers: ids.into_iter().map(Peer::new).collect(),
+            started: None,
+            fast_until: 0,
+            next_round: 0,
+            seconds: Vec::new(),
+            offset_ns: 0.0,
+            drift: 0.0,
+            at: 0,
+            bound_ns: if reference { 0.0 } else { f64::INFINITY },
+            hard_ns: if reference { 0.0 } else { f64::INFINITY },
+            last_rms: 0.0,
+            synced: reference,
+            synced_since: None,
+            level: if reference { 0 } else { u16::MAX },
+            stats,
+        }
+    }
+
+    /// Synchronization that does nothing (the system clock as it is).
+    pub fn off(id: u32) -> Self {
+        ClockSync::new(id, &[], true, SyncConfig { mode: SyncMode::Off, ..SyncConfig::default() })
+    }
+
+    pub fn config(&self) -> &SyncConfig {
+        &self.cfg
+    }
+
+    pub fn is_reference(&self) -> bool {
+        self.reference
+    }
+
+    /// The peers this node probes.
+    pub fn peer_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.peers.iter().map(|p| p.id)
+    }
+
+    /// The estimated offset of our raw clock against the reference at raw time `x`, ns.
+    pub fn offset_at(&self, x: u64) -> f64 {
+        self.offset_ns + self.drift * (x as f64 - self.at as f64)
+    }
+
+    fn corrects(&self) -> bool {
+        self.cfg.mode == SyncMode::Sync && !self.reference
+    }
+
+    /// The synchronized clock at raw time `local`.
+    pub fn now_sync(&self, local: u64) -> u64 {
+        if !self.corrects() {
+            return local;
+        }
+        (local as f64 - self.offset_at(local)).round().max(0.0) as u64
+    }
+
+    /// The raw time at which the synchronized clock reads `sync`.
+    pub fn to_local(&self, sync: u64) -> u64 {
+        if !self.corrects() || sync == u64::MAX {
+            return sync;
+        }
+        let mut x = sync as f64 + self.offset_at(sync);
+        x = sync as f64 + self.offset_at(x.max(0.0) as u64);
+        x.round().max(0.0) as u64
+    }
+
+    /// The statistical error bound at raw time `local`, ns (`u64::MAX` before any estimate).
+    pub fn bound_ns(&self, local: u64) -> u64 {
+        if self.reference || self.cfg.mode == SyncMode::Off {
+            return 0;
+        }
+        let b = self.bound_ns + DRIFT_UNCERTAINTY * local.saturating_sub(self.at) as f64;
+        if b.is_finite() {
+            b.ceil() as u64
+        } else {
+            u64::MAX
+        }
+    }
+
+    /// True while the estimate is usable and its bound within the limit.
+    pub fn within_limit(&self, local: u64) -> bool {
+        self.cfg.mode == SyncMode::Off || (self.synced && self.bound_ns(local) <= self.cfg.bound_limit_ns)
+    }
+
+    /// When something is due next (raw time), `u64::MAX` if never.
+    pub fn next_timeout(&self) -> u64 {
+        if self.cfg.mode == SyncMode::Off || self.peers.is_empty() {
+            return u64::MAX;
+        }
+        self.seconds.iter().map(|s| s.0).min().unwrap_or(u64::MAX).min(self.next_round)
+    }
+
+    fn interval(&self, now: u64) -> u64 {
+        if now < self.fast_until {
+            self.cfg.startup_interval_ns
+        } else {
+            self.cfg.interval_ns
+        }
+    }
+
+    /// Sends what is due (`send(to, probe)`) and updates the estimate each round.
+    pub fn handle_timeout(&mut self, now: u64, send: &mut dyn FnMut(u32, &ProbeRepr)) {
+        if self.cfg.mode == SyncMode::Off || self.peers.is_empty() {
+            return;
+        }
+        if self.started.is_none() {
+            self.started = Some(now);
+            self.fast_until = now + self.cfg.startup_ns;
+            self.next_round = now;
+        }
+        let mut i = 0;
+        while i < self.seconds.len() {
+            if self.seconds[i].0 <= now {
+                let (_, p, pair) = self.seconds.swap_remove(i);
+                self.send_probe(now, p, pair, 1, send);
+            } else {
+                i += 1;
+            }
+        }
+        if now >= self.next_round {
+            self.update(now);
+            for p in 0..self.peers.len() {
+                let pair = self.peers[p].next_pair;
+                self.peers[p].next_pair += 1;
+                self.send_probe(now, p, pair, 0, send);
+                self.seconds.push((now + self.cfg.pair_gap_ns, p, pair));
+            }
+            self.next_round = now + self.interval(now);
+        }
+    }
+
+    fn send_probe(&mut self, now: u64, p: usize, pair: u64, index: u8, send: &mut dyn FnMut(u32, &ProbeRepr)) {
+        let off = self.offset_at(now);
+        let peer = &mut self.peers[p];
+        let (echo_tx_ns, echo_rx_ns) = peer.echo.unwrap_or((0, 0));
+        peer.sent[peer.sent_next % SENT_RING] = now;
+        peer.sent_next += 1;
+        let finite = |v: f64| if v.is_finite() { v.ceil() as u64 } else { u64::MAX };
+        let probe = ProbeRepr {
+            target: peer.id,
+            index,
+            flags: if self.synced { PROBE_SYNCED } else { 0 },
+            level: self.level,
+            pair,
+            tx_ns: now,
+            echo_tx_ns,
+            echo_rx_ns,
+            offset_ps: (off * 1e3).round() as i64,
+            drift_e15: (self.drift * 1e15).round() as i64,
+            bound_ns: finite(self.bound_ns),
+            hard_bound_ns: finite(self.hard_ns),
+        };
+        self.stats.probes_sent += 1;
+        send(peer.id, &probe);
+    }
+
+    /// A probe from node `from` arrived at raw time `now`.
+    pub fn handle_probe(&mut self, now: u64, from: u32, p: &ProbeRepr) -> Result<(), ProbeError> {
+        let r = self.admit(now, from, p);
+        match r {
+            Ok(i) => {
+                self.stats.probes_received += 1;
+                self.take(now, i, p);
+                Ok(())
+            }
+            Err(e) => {
+                self.stats.refused.count(e);
+                Err(e)
+            }
+        }
+    }
+
+    fn admit(&self, now: u64, from: u32, p: &ProbeRepr) -> Result<usize, ProbeError> {
+        if self.cfg.mode == SyncMode::Off {
+            return Err(ProbeError::Off);
+        }
+        if p.target != self.id {
+            return Err(ProbeError::Misdirected);
+        }
+        let i = self.peers.binary_search_by_key(&from, |q| q.id).map_err(|_| ProbeError::UnknownPeer)?;
+        if p.index > 1 || p.flags & !PROBE_SYNCED != 0 || p.pair == 0 {
+            return Err(ProbeError::Malformed);
+        }
+        if let Some((pair, mask)) = self.peers[i].last_rx {
+            if p.pair < pair || (p.pair == pair && mask & (1 << p.index) != 0) {
+                return Err(ProbeError::Replayed);
+            }
+        }
+        let skew = self.cfg.max_skew_ns as i128;
+        let absurd = (i128::from(now) - i128::from(p.tx_ns)).abs() > skew
+            || (p.echo_tx_ns != 0 && (i128::from(p.echo_rx_ns) - i128::from(p.echo_tx_ns)).abs() > skew)
+            || i128::from(p.offset_ps).abs() > skew * 1000
+            || (p.drift_e15 as f64 * 1e-15).abs() > DRIFT_MAX;
+        if absurd {
+            return Err(ProbeError::Absurd);
+        }
+        Ok(i)
+    }
+
+    fn take(&mut self, now: u64, i: usize, p: &ProbeRepr) {
+        let cfg = self.cfg;
+        let ClockSync { peers, stats, .. } = self;
+        let peer = &mut peers[i];
+        peer.last_rx = Some(match peer.last_rx {
+            Some((pair, mask)) if pair == p.pair => (pair, mask | 1 << p.index),
+            _ => (p.pair, 1 << p.index),
+        });
+        let finite = |v: u64| if v == u64::MAX { f64::INFINITY } else { v as f64 };
+        peer.advert = Some(Advert {
+            offset_ns: p.offset_ps as f64 / 1e3,
+            drift: p.drift_e15 as f64 * 1e-15,
+            bound_ns: finite(p.bound_ns),
+            hard_ns: finite(p.hard_bound_ns),
+            synced: p.flags & PROBE_SYNCED != 0,
+            level: p.level,
+            at: now,
+        });
+        let mut stepped = false;
+        // The echo: a sample of our probe to the peer, me → peer.
+        if p.echo_tx_ns != 0 && p.echo_tx_ns > peer.last_echo_tx {
+            if peer.sent.contains(&p.echo_tx_ns) {
+                peer.last_echo_tx = p.echo_tx_ns;
+                let y = p.echo_rx_ns as i64 - p.echo_tx_ns as i64;
+                stats.echoes += 1;
+                stepped |= peer.rev.offer(p.echo_tx_ns, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) == Offer::Step;
+            } else {
+                stats.bad_echoes += 1;
+            }
+        }
+        // The pair: peer → me.
+        match (p.index, peer.first) {
+            (0, _) => peer.first = Some((p.pair, p.tx_ns, now)),
+            (1, Some((pair, tx0, rx0))) if pair == p.pair => {
+                peer.first = None;
+                stats.pairs += 1;
+                let tx_gap = p.tx_ns as i64 - tx0 as i64;
+                let rx_gap = now as i64 - rx0 as i64;
+                if (rx_gap - tx_gap).unsigned_abs() <= cfg.purity_ns && tx_gap > 0 {
+                    stats.pure_pairs += 1;
+                    let (y0, y1) = (rx0 as i64 - tx0 as i64, now as i64 - p.tx_ns as i64);
+                    let (x, y, tx) = if y0 <= y1 { (rx0, y0, tx0) } else { (now, y1, p.tx_ns) };
+                    peer.echo = Some((tx, x));
+                    stepped |= peer.fwd.offer(x, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) == Offer::Step;
+                }
+            }
+            _ => peer.first = None,
+        }
+        if stepped {
+            // One of the two clocks jumped: start this edge afresh, probing fast.
+            stats.steps += 1;
+            peer.reset();
+            self.fast_until = now + cfg.startup_ns;
+            self.next_round = self.next_round.min(now + cfg.startup_interval_ns);
+        }
+    }
+
+    /// Recomputes the estimate from the peers; called each round.
+    pub fn update(&mut self, now: u64) {
+        self.stats.last_update_ns = now;
+        if self.reference || self.cfg.mode == SyncMode::Off {
+            self.refresh_stats(now, 0, 0.0);
+            return;
+        }
+        let mut cands = self.candidates(now);
+        if cands.is_empty() {
+            // Nothing to go on: keep extrapolating, but say so.
+            self.synced = false;
+            self.synced_since = None;
+            self.level = u16::MAX;
+            self.bound_ns = f64::INFINITY;
+            self.refresh_stats(now, 0, 0.0);
+            return;
+        }
+        // Level order: our estimate comes from the peers nearest the
+        // reference, so no estimate feeds back into itself around a loop.
+        let up = cands.iter().map(|c| c.level).min().unwrap_or(u16::MAX);
+        let level = up.saturating_add(1);
+        // Peers up to our own level are judged (those below derive from us).
+        cands.retain(|c| c.level <= level);
+        let settled = self.synced_since.is_some_and(|s| now.saturating_sub(s) >= FLAG_AFTER_NS);
+        self.flag_asymmetric(&mut cands, settled);
+        // Same-level peers count at a lower weight: each is anchored upstream
+        // by its own paths, so they correct one poor upstream edge without
+        // letting a loop float free.
+        for c in cands.iter_mut() {
+            if c.level == level {
+                c.weight *= SAME_LEVEL_WEIGHT;
+            }
+        }
+        if !cands.iter().any(|c| c.level < level && !self.peers[c.peer].asymmetric) {
+            // Every anchor was flagged: an outvoted anchor is still an anchor.
+            for c in cands.iter().filter(|c| c.level < level) {
+                self.peers[c.peer].asymmetric = false;
+            }
+        }
+        let used: Vec<&Candidate> = cands.iter().filter(|c| !self.peers[c.peer].asymmetric).collect();
+        if !used.iter().any(|c| c.level < level) {
+            self.synced = false;
+            self.synced_since = None;
+            self.level = u16::MAX;
+            self.bound_ns = f64::INFINITY;
+            self.refresh_stats(now, 0, 0.0);
+            return;
+        }
+        self.level = level;
+        let w: f64 = used.iter().map(|c| c.weight).sum();
+        let theta = used.iter().map(|c| c.weight * c.theta).sum::<f64>() / w;
+        let sloped: Vec<(f64, f64)> = used.iter().filter_map(|c| c.slope.map(|s| (c.weight, s))).collect();
+        let ws: f64 = sloped.iter().map(|x| x.0).sum();
+        let slope = if ws > 0.0 { sloped.iter().map(|x| x.0 * x.1).sum::<f64>() / ws } else { self.drift };
+        let rms = (used.iter().map(|c| c.weight * (c.theta - theta).powi(2)).sum::<f64>() / w).sqrt();
+        let best_hard = used.iter().map(|c| c.hard).fold(f64::INFINITY, f64::min);
+        for c in &cands {
+            self.peers[c.peer].residual_ns = theta - c.theta;
+        }
+        self.offset_ns = theta;
+        self.drift = slope.clamp(-DRIFT_MAX, DRIFT_MAX);
+        self.at = now;
+        // The combination's standard deviation (independent errors), widened
+        // by how much the peers actually disagree.
+        let sigma = (1.0 / w).sqrt().max(rms);
+        self.bound_ns = BOUND_FLOOR_NS + BOUND_K * sigma;
+        self.hard_ns = best_hard;
+        self.last_rms = rms;
+        self.synced = true;
+        self.synced_since.get_or_insert(now);
+        let n = used.len();
+        self.refresh_stats(now, n, rms);
+    }
+
+    /// One candidate per usable peer: its estimate plus our edge to it,
+    /// weighted by the inverse of its variance — the edge's (from the
+    /// residuals) plus the peer's own (from its advertised bound), so peers
+    /// nearer the reference count for more and the whole graph cannot drift
+    /// away from it together.
+    fn candidates(&self, now: u64) -> Vec<Candidate> {
+        let edge_var = self.last_rms.max(EDGE_SIGMA_MIN_NS).powi(2);
+        let mut out = Vec::new();
+        for (i, p) in self.peers.iter().enumerate() {
+            let (Some(a), Some((delta, dslope, half_rtt))) = (p.advert, p.edge(now)) else { continue };
+            if !a.synced || !a.bound_ns.is_finite() || a.level == u16::MAX {
+                continue;
+            }
+            let theta_peer = a.offset_ns + a.drift * (now as f64 - a.at as f64);
+            let peer_sigma = (a.bound_ns - BOUND_FLOOR_NS).max(0.0) / BOUND_K;
+            out.push(Candidate {
+                peer: i,
+                level: a.level,
+                theta: theta_peer + delta,
+                slope: dslope.map(|d| a.drift + d),
+                weight: 1.0 / (edge_var + peer_sigma.powi(2)),
+                hard: a.hard_ns + half_rtt,
+                reference: a.bound_ns == 0.0,
+            });
+        }
+        out
+    }
+
+    /// Flags edges whose candidate stands out from the others (robustly:
+    /// distance from the weighted median beyond [`ASYM_K`] weighted MADs),
+    /// and clears flags on edges that agree again.
+    fn flag_asymmetric(&mut self, cands: &mut [Candidate], settled: bool) {
+        if cands.len() < 3 || !settled {
+            for c in cands.iter() {
+                self.peers[c.peer].asymmetric = false;
+            }
+            return;
+        }
+        let med = weighted_median(cands.iter().map(|c| (c.theta, c.weight)).collect());
+        let mad = weighted_median(cands.iter().map(|c| ((c.theta - med).abs(), c.weight)).collect()) * 1.4826;
+        let thr = (ASYM_K * mad).max(ASYM_MIN_NS);
+        for c in cands.iter() {
+            let d = (c.theta - med).abs();
+            let p = &mut self.peers[c.peer];
+            if !p.asymmetric && d > thr && !c.reference {
+                p.asymmetric = true;
+                self.stats.asymmetric_flagged += 1;
+            } else if p.asymmetric && d < thr / 2.0 {
+                p.asymmetric = false;
+            }
+        }
+    }
+
+    fn refresh_stats(&mut self, now: u64, used: usize, rms: f64) {
+        let over = !self.within_limit(now);
+        if over && !self.stats.over_limit && self.started.is_some() {
+            self.stats.over_limit_events += 1;
+        }
+        let bound = self.bound_ns(now);
+        let asymmetric = self.peers.iter().filter(|p| p.asymmetric).count() as u64;
+        let s = &mut self.stats;
+        s.over_limit = over;
+        s.offset_ns = self.offset_ns;
+        s.drift_ppm = self.drift * 1e6;
+        s.bound_ns = bound;
+        s.hard_bound_ns = if self.hard_ns.is_finite() { self.hard_ns.ceil() as u64 } else { u64::MAX };
+        s.residual_rms_ns = rms;
+        s.peers_used = used as u64;
+        s.synced = self.synced;
+        s.asymmetric_edges = asymmetric;
+    }
+
+    /// Each peer's id, last residual (ns) and whether its edge is flagged asymmetric.
+    pub fn edges(&self) -> impl Iterator<Item = (u32, f64, bool)> + '_ {
+        self.peers.iter().map(|p| (p.id, p.residual_ns, p.asymmetric))
+    }
+}
+
+fn weighted_median(mut v: Vec<(f64, f64)>) -> f64 {
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let half = v.iter().map(|x| x.1).sum::<f64>() / 2.0;
+    let mut acc = 0.0;
+    for &(x, w) in &v {
+        acc += w;
+        if acc >= half {
+            return x;
+        }
+    }
+    v.last().map_or(0.0, |x| x.0)
+}

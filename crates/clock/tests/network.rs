@@ -1,0 +1,313 @@
+//! The clock core on an in-memory network with true time: random graphs,
+//! offsets, drifts, timestamp noise, queueing, asymmetric links and clock
+//! steps. Errors are measured against the truth.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use fairfeed_clock::graph::{peers, Member};
+use fairfeed_clock::{ClockSync, SyncConfig};
+use fairfeed_wire::overlay::ProbeRepr;
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+use rand_distr::{Distribution, Exp};
+
+#[derive(Clone, Copy)]
+struct TrueClock {
+    offset_ns: f64,
+    drift: f64,
+    /// (true time, jump ns)
+    step: Option<(u64, f64)>,
+}
+
+impl TrueClock {
+    fn local(&self, t: u64) -> u64 {
+        let jump = match self.step {
+            Some((at, j)) if t >= at => j,
+            _ => 0.0,
+        };
+        (1e12 + t as f64 * (1.0 + self.drift) + self.offset_ns + jump) as u64
+    }
+}
+
+/// A probe in flight: (arrival ns, order, from, to, bytes).
+type InFlight = Reverse<(u64, u64, u32, u32, [u8; 72])>;
+
+struct World {
+    nodes: Vec<ClockSync>,
+    clocks: Vec<TrueClock>,
+    /// (from, to) → extra minimum delay on that direction, ns
+    asym: Vec<(u32, u32, u64)>,
+    floor_ns: u64,
+    unqueued: f64,
+    noise_ns: f64,
+    rng: ChaCha12Rng,
+    queue: BinaryHeap<InFlight>,
+    timers: BinaryHeap<Reverse<(u64, u32)>>,
+    order: u64,
+    started: bool,
+}
+
+impl World {
+    fn new(n: usize, random: usize, seed: u64, spread_ns: f64, drift_ppm: f64) -> World {
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
+        let members: Vec<Member> =
+            (0..n as u32).map(|i| Member { id: i, parents: if i == 0 { vec![] } else { vec![(i - 1) / 4] } }).collect();
+        let graph = peers(&members, random, seed);
+        let cfg = SyncConfig::default();
+        let nodes = graph.iter().map(|(&id, p)| ClockSync::new(id, p, id == 0, cfg)).collect();
+        let clocks = (0..n)
+            .map(|_| TrueClock {
+                offset_ns: rng.gen_range(-spread_ns..=spread_ns),
+                drift: rng.gen_range(-drift_ppm..=drift_ppm) * 1e-6,
+                step: None,
+            })
+            .collect();
+        World {
+            nodes,
+            clocks,
+            asym: Vec::new(),
+            floor_ns: 20_000,
+            unqueued: 0.3,
+            noise_ns: 150.0,
+            rng,
+            queue: BinaryHeap::new(),
+            timers: BinaryHeap::new(),
+            order: 0,
+            started: false,
+        }
+    }
+
+    fn noise(&mut self) -> u64 {
+        if self.noise_ns > 0.0 {
+            Exp::new(1.0 / self.noise_ns).map_or(0.0, |d| d.sample(&mut self.rng)) as u64
+        } else {
+            0
+        }
+    }
+
+    fn delay(&mut self, from: u32, to: u32) -> u64 {
+        let extra = self.asym.iter().find(|a| a.0 == from && a.1 == to).map_or(0, |a| a.2);
+        let q =
+            if self.rng.gen_bool(self.unqueued) { 0.0 } else { Exp::new(1.0 / 8_000.0).unwrap().sample(&mut self.rng) };
+        self.floor_ns + extra + q as u64
+    }
+
+    fn run(&mut self, until: u64) {
+        if !self.started {
+            self.started = true;
+            for id in 0..self.nodes.len() as u32 {
+                self.arm(id, 0);
+            }
+        }
+        loop {
+            let tq = self.queue.peek().map(|Reverse(e)| e.0);
+            let tt = self.timers.peek().map(|Reverse(e)| e.0);
+            let t = match (tq, tt) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+                (None, None) => break,
+            };
+            if t > until {
+                break;
+            }
+            if tq == Some(t) {
+                let Reverse((t, _, from, to, bytes)) = self.queue.pop().unwrap();
+                let local = self.clocks[to as usize].local(t) + self.noise();
+                let p = ProbeRepr::parse(&bytes).unwrap();
+                let _ = self.nodes[to as usize].handle_probe(local, from, &p);
+                self.arm(to, t);
+            } else {
+                let Reverse((t, id)) = self.timers.pop().unwrap();
+                let local = self.clocks[id as usize].local(t);
+                if self.nodes[id as usize].next_timeout() > local {
+                    self.arm(id, t);
+                    continue;
+                }
+                let mut out = Vec::new();
+                self.nodes[id as usize].handle_timeout(local, &mut |to, p| out.push((to, *p)));
+                for (to, p) in out {
+                    let mut b = [0u8; 72];
+                    p.emit(&mut b).unwrap();
+                    // The stamp is taken before the packet leaves.
+                    let at = t + self.noise() + self.delay(id, to);
+                    self.order += 1;
+                    self.queue.push(Reverse((at, self.order, id, to, b)));
+                }
+                self.arm(id, t);
+            }
+        }
+    }
+
+    /// Schedules node `id`'s next timer, in true time.
+    fn arm(&mut self, id: u32, now: u64) {
+        let due = self.nodes[id as usize].next_timeout();
+        if due == u64::MAX {
+            return;
+        }
+        let c = self.clocks[id as usize];
+        let local_now = c.local(now);
+        let t = now + ((due.saturating_sub(local_now)) as f64 / (1.0 + c.drift)).ceil() as u64;
+        self.timers.push(Reverse((t.max(now + 1), id)));
+    }
+
+    /// Each node's synchronized clock minus the reference's, at true time `t`, ns.
+    fn errors(&self, t: u64) -> Vec<f64> {
+        let r = self.clocks[0].local(t) as f64;
+        (1..self.nodes.len()).map(|i| self.nodes[i].now_sync(self.clocks[i].local(t)) as f64 - r).collect()
+    }
+}
+
+#[test]
+fn ntp_class_clocks_converge_to_well_under_a_microsecond() {
+    let mut w = World::new(60, 2, 1, 10e6, 50.0);
+    w.run(20_000_000_000);
+    let t = 20_000_000_000;
+    let e = w.errors(t);
+    let mut abs: Vec<f64> = e.iter().map(|x| x.abs()).collect();
+    abs.sort_by(f64::total_cmp);
+    // Raw clocks ±10 ms, ±50 ppm; 150 ns mean timestamp noise on every stamp.
+    assert!(abs[abs.len() / 2] < 200.0, "median |error| {} ns: {e:?}", abs[abs.len() / 2]);
+    assert!(abs[abs.len() * 9 / 10] < 400.0, "p90 |error| {} ns: {e:?}", abs[abs.len() * 9 / 10]);
+    assert!(abs[abs.len() - 1] < 3_000.0, "max |error| {} ns: {e:?}", abs[abs.len() - 1]);
+    for (i, n) in w.nodes.iter().enumerate().skip(1) {
+        assert!(n.stats.synced, "node {i} not synced");
+        assert!(n.stats.pure_pairs > 0);
+        // The statistical bound covers the true error (for nearly every node).
+        let _ = i;
+    }
+    let covered = w
+        .nodes
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter(|(i, n)| e[i - 1].abs() <= n.bound_ns(w.clocks[*i].local(t)) as f64)
+        .count();
+    assert!(covered as f64 >= 0.9 * (w.nodes.len() - 1) as f64, "bound covers {covered} nodes");
+}
+
+#[test]
+fn an_asymmetric_link_is_flagged_and_corrected_by_the_others() {
+    let mut w = World::new(40, 3, 2, 1e6, 20.0);
+    // Node 17 ↔ its parent (4): 6 µs more one way than the other.
+    w.asym.push((17, 4, 6_000));
+    w.run(15_000_000_000);
+    let e = w.errors(15_000_000_000);
+    let n17 = &w.nodes[17];
+    let flagged: Vec<u32> = n17.edges().filter(|e| e.2).map(|e| e.0).collect();
+    assert_eq!(flagged, vec![4], "edges of 17: {:?}", n17.edges().collect::<Vec<_>>());
+    assert!(e[16].abs() < 300.0, "node 17 error {} ns (uncorrected: 3,000)", e[16]);
+    assert!(n17.stats.asymmetric_flagged >= 1);
+}
+
+#[test]
+fn a_clock_step_is_detected_and_recovered() {
+    let mut w = World::new(30, 2, 3, 1e6, 10.0);
+    w.clocks[9].step = Some((8_000_000_000, 2_000_000.0));
+    w.run(8_000_000_000);
+    assert!(w.errors(7_999_000_000)[8].abs() < 300.0);
+    w.run(16_000_000_000);
+    assert!(w.nodes[9].stats.steps > 0);
+    let e = w.errors(16_000_000_000);
+    assert!(e[8].abs() < 500.0, "after the step: {} ns", e[8]);
+}
+
+#[test]
+fn bad_probes_are_refused_and_never_move_the_clock() {
+    let mut w = World::new(10, 1, 4, 1e6, 10.0);
+    w.run(6_000_000_000);
+    let t = 6_000_000_000;
+    let node = &mut w.nodes[3];
+    let peer = node.peer_ids().next().unwrap();
+    let before = (node.offset_at(1), node.stats.clone());
+    let local = w.clocks[3].local(t);
+    let good = ProbeRepr { target: 3, index: 0, pair: 1_000_000, tx_ns: local, ..ProbeRepr::default() };
+    let cases = [
+        (peer, ProbeRepr { target: 4, ..good }),
+        (99, good),
+        (peer, ProbeRepr { index: 2, ..good }),
+        (peer, ProbeRepr { flags: 0x80, ..good }),
+        (peer, ProbeRepr { tx_ns: local - 20_000_000_000, ..good }),
+        (peer, ProbeRepr { offset_ps: i64::MAX, ..good }),
+        (peer, ProbeRepr { drift_e15: 10_000_000_000_000, ..good }),
+        (peer, ProbeRepr { pair: 1, ..good }),
+    ];
+    for (from, p) in cases {
+        assert!(node.handle_probe(local, from, &p).is_err(), "accepted {p:?} from {from}");
+    }
+    assert_eq!(node.stats.refused.total(), before.1.refused.total() + cases.len() as u64);
+    assert_eq!(node.offset_at(1), before.0);
+    assert_eq!(node.stats.probes_received, before.1.probes_received);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+    #[test]
+    fn offsets_are_recovered_for_random_graphs_drifts_and_noise(
+        seed in 0u64..1_000,
+        n in 8usize..32,
+        random in 2usize..4,
+        drift in 0.0f64..50.0,
+        noise in 0.0f64..150.0,
+    ) {
+        let mut w = World::new(n, random, seed, 10e6, drift);
+        w.noise_ns = noise;
+        w.run(20_000_000_000);
+        let e = w.errors(20_000_000_000);
+        let mut abs: Vec<f64> = e.iter().map(|x| x.abs()).collect();
+        abs.sort_by(f64::total_cmp);
+        // Two or more random peers per node, stamp noise up to 150 ns. On
+        // sparser graphs (one random peer) with ~200 ns noise, a quarter of
+        // the nodes can still be off by 0.5–2.5 µs (seed 189, n 21): a known
+        // gap, in docs/RESULTS.md, not hidden here.
+        // Tolerances grow with the timestamp noise (mean of the exponential on every stamp).
+        prop_assert!(abs[abs.len() / 2] < 100.0 + noise, "median {} ns, errors {:?}", abs[abs.len() / 2], e);
+        prop_assert!(abs[abs.len() * 3 / 4] < 300.0 + 2.0 * noise, "p75 {} ns, errors {:?}", abs[abs.len() * 3 / 4], e);
+    }
+}
+
+/// Prints the figures in docs/RESULTS.md ("Clock synchronization core"):
+/// `cargo test --release -p fairfeed-clock --test network -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn figures() {
+    println!("| nodes | random peers | stamp noise ns | |err| p50 ns | p90 ns | p99 ns | max ns | bound covers | pure pairs | probes sent /s/node |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (n, random, noise) in
+        [(60, 2, 0.0), (60, 2, 50.0), (60, 2, 150.0), (200, 2, 50.0), (200, 3, 150.0), (60, 1, 200.0)]
+    {
+        let mut w = World::new(n, random, 11, 10e6, 50.0);
+        w.noise_ns = noise;
+        let mut all = Vec::new();
+        let mut covered = 0usize;
+        // After 10 s of convergence, every node every 2 s until 30 s.
+        for k in 0..=10u64 {
+            let t = 10_000_000_000 + k * 2_000_000_000;
+            w.run(t);
+            let e = w.errors(t);
+            for (i, x) in e.iter().enumerate() {
+                let node = &w.nodes[i + 1];
+                covered += usize::from(x.abs() <= node.bound_ns(w.clocks[i + 1].local(t)) as f64);
+            }
+            all.extend(e.into_iter().map(f64::abs));
+        }
+        all.sort_by(f64::total_cmp);
+        let q = |p: f64| all[((all.len() as f64 * p).ceil() as usize).clamp(1, all.len()) - 1];
+        let (pairs, pure, sent) = w
+            .nodes
+            .iter()
+            .fold((0, 0, 0), |a, n| (a.0 + n.stats.pairs, a.1 + n.stats.pure_pairs, a.2 + n.stats.probes_sent));
+        println!(
+            "| {n} | {random} | {noise:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} % | {:.1} % | {:.1} |",
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            all[all.len() - 1],
+            100.0 * covered as f64 / all.len() as f64,
+            100.0 * pure as f64 / pairs.max(1) as f64,
+            sent as f64 / n as f64 / 30.0,
+        );
+    }
+}
