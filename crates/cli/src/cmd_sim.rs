@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use fairfeed_sim::experiment::{crash, fairness, fairness_markdown, hedging, table1, FairnessConfig};
+use fairfeed_sim::experiment::{
+    clock, crash, fairness, fairness_markdown, hedging, table1, with_clock, ClockConfig, ClockSetting, FairnessConfig,
+};
 use fairfeed_sim::model::ModelFile;
 use fairfeed_sim::montecarlo::hedging_monte_carlo;
 use fairfeed_sim::plot::{cdf_svg, lines_svg};
@@ -46,6 +48,39 @@ pub enum Experiment {
         /// Or give the per-delivery on-time target directly.
         #[arg(long)]
         target_on_time: Option<f64>,
+        /// Every node's clock: `model` (the model file's clock section; default
+        /// ±20 ns), `perfect`, or `ntp` (±10 ms, ±50 ppm, 200 ns timestamp
+        /// noise). Other than `model`, and without --latency-model, the link
+        /// model is the floored cloud model (see docs/RESULTS.md).
+        #[arg(long, value_enum, default_value_t = ClockArg::Model)]
+        clock: ClockArg,
+        /// fairfeed's clock synchronization on every node (the feed starts after a 10 s warm-up).
+        #[arg(long, value_enum, default_value_t = OnOff::Off)]
+        sync: OnOff,
+    },
+    /// Clock synchronization: NTP-class raw clocks (±10 ms, ±50 ppm, 200 ns
+    /// timestamp noise) on every node, fairfeed's sync on, floored cloud links
+    /// with 1 % asymmetric; the feed (Jasper + controller) runs after the
+    /// warm-up. Reports |synchronized − reference| over nodes and time.
+    Clock {
+        /// Receivers of the tree (F = 10, D = ⌈log10 N⌉, H = 2).
+        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=20_000))]
+        receivers: u64,
+        /// Seed of every random draw.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Output directory (summary.json, summary.md, error.svg).
+        #[arg(long)]
+        out: PathBuf,
+        /// A link/clock model file (TOML); default as described above.
+        #[arg(long)]
+        latency_model: Option<PathBuf>,
+        /// Simulated seconds of feed after the 10 s synchronization warm-up.
+        #[arg(long, default_value_t = 5.0, value_parser = seconds_range)]
+        seconds: f64,
+        /// Feed messages per second.
+        #[arg(long, default_value_t = 1_000.0, value_parser = rate_range)]
+        rate: f64,
     },
     /// Jasper's table 1: median OML of plain trees for several ⟨D, F⟩ at N = 10, 100, 1,000.
     Table1 {
@@ -121,6 +156,42 @@ pub enum Experiment {
     },
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClockArg {
+    Model,
+    Perfect,
+    Ntp,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+fn seconds_range(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && (0.001..=3_600.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is out of range 0.001..=3600 seconds"))
+    }
+}
+
+fn rate_range(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && (1.0..=1_000_000.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is out of range 1..=1000000 messages/s"))
+    }
+}
+
+fn read_model(p: &std::path::Path) -> anyhow::Result<ModelFile> {
+    ModelFile::from_toml(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+}
+
 fn plot(path: &std::path::Path, title: &str, x: &str, series: &[(String, Vec<f64>)], clip: f64) {
     match cdf_svg(path, title, x, series, clip) {
         Ok(()) => eprintln!("sim: drew {}", path.display()),
@@ -194,31 +265,19 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
         Sim::Experiment(Experiment::HedgingMc { seed, out, iterations, fanout, lo_us, hi_us }) => {
             hedging_mc(seed, &out, iterations, fanout, lo_us, hi_us)
         }
-        Sim::Experiment(Experiment::Fairness {
-            receivers,
-            seed,
-            out,
-            hedge,
-            messages,
-            rate,
-            latency_model,
-            target_pf,
-            target_on_time,
-        }) => {
-            anyhow::ensure!((1..=20_000).contains(&receivers), "--receivers must be 1..=20,000");
-            anyhow::ensure!((0.0..1.0).contains(&target_pf), "--target-pf must be in [0, 1)");
-            let target_on_time = target_on_time.unwrap_or(1.0 - (1.0 - target_pf) / receivers.max(1) as f64);
-            anyhow::ensure!((0.0..1.0).contains(&target_on_time), "--target-on-time must be in [0, 1)");
-            let model = match &latency_model {
-                Some(p) => ModelFile::from_toml(
-                    &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-                )
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
-                None => ModelFile::default(),
+        Sim::Experiment(e @ Experiment::Fairness { .. }) => fairness_entry(e),
+        Sim::Experiment(Experiment::Clock { receivers, seed, out, latency_model, seconds, rate }) => {
+            let mut c = ClockConfig {
+                receivers: receivers as usize,
+                seed,
+                seconds,
+                rate_per_s: rate,
+                ..ClockConfig::default()
             };
-            let cfg = FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, model, target_on_time };
-            let label = latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string());
-            fairness_cmd(&cfg, &out, &label)
+            if let Some(p) = &latency_model {
+                c.model = read_model(p)?;
+            }
+            clock_cmd(&c, &out)
         }
     }
 }
@@ -307,6 +366,128 @@ fn fairness_cmd(cfg: &FairnessConfig, out: &std::path::Path, model_label: &str) 
     );
     let dws: Vec<(String, Vec<f64>)> = stable.iter().map(|r| (r.scheme.clone(), r.run.dws_us.clone())).collect();
     plot(&out.join("dws_cdf.svg"), &format!("Delivery window, N = {n}"), "delivery window (µs)", &dws, 0.995);
+    Ok(())
+}
+
+/// `sim experiment fairness`: the schemes under the chosen clocks.
+fn fairness_entry(e: Experiment) -> anyhow::Result<()> {
+    let Experiment::Fairness {
+        receivers,
+        seed,
+        out,
+        hedge,
+        messages,
+        rate,
+        latency_model,
+        target_pf,
+        target_on_time,
+        clock,
+        sync,
+    } = e
+    else {
+        anyhow::bail!("internal: fairness_entry takes the fairness experiment");
+    };
+    anyhow::ensure!((1..=20_000).contains(&receivers), "--receivers must be 1..=20,000");
+    anyhow::ensure!((0.0..1.0).contains(&target_pf), "--target-pf must be in [0, 1)");
+    let target_on_time = target_on_time.unwrap_or(1.0 - (1.0 - target_pf) / receivers.max(1) as f64);
+    anyhow::ensure!((0.0..1.0).contains(&target_on_time), "--target-on-time must be in [0, 1)");
+    let model = match &latency_model {
+        Some(p) => read_model(p)?,
+        None => ModelFile::default(),
+    };
+    let cfg = FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, model, target_on_time, sync: None };
+    let setting = match clock {
+        ClockArg::Model => ClockSetting::Model,
+        ClockArg::Perfect => ClockSetting::Perfect,
+        ClockArg::Ntp => ClockSetting::Ntp,
+    };
+    let cfg = with_clock(cfg, setting, sync == OnOff::On, latency_model.is_some());
+    let mut label = latency_model.as_ref().map_or_else(
+        || if setting == ClockSetting::Model { "calibrated cloud" } else { "floored cloud" }.to_string(),
+        |p| p.display().to_string(),
+    );
+    label.push_str(&format!(
+        "; clocks: {}; sync: {}",
+        match setting {
+            ClockSetting::Model => "model",
+            ClockSetting::Perfect => "perfect",
+            ClockSetting::Ntp => "NTP-class (±10 ms, ±50 ppm, 200 ns stamps)",
+        },
+        if sync == OnOff::On { "on (10 s warm-up before the feed)" } else { "off" }
+    ));
+    fairness_cmd(&cfg, &out, &label)
+}
+
+/// Runs the clock experiment and writes its summary and error plot.
+fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let pb = crate::fmt::progress(1, "simulating clock synchronization");
+    let r = clock(c).map_err(anyhow::Error::msg)?;
+    pb.finish_and_clear();
+    let wall = t0.elapsed().as_secs_f64();
+    let k = &r.clock;
+    let md = format!(
+        "# Clock synchronization, N = {} receivers ({} nodes), seed {}\n\n\
+         Raw clocks: ±{} µs offsets, ±{} ppm drift, {} ns mean timestamp noise; links: floor {} µs \
+         ({:.0} % unqueued), {:.1} % of directed links {} µs longer one way. Sync warm-up {} s, then \
+         {} s of feed at {} msg/s (Jasper + controller).\n\n\
+         | measure | value |\n|---|---|\n\
+         | sync error p50 (ns) | {:.0} |\n| sync error p99 (ns) | {:.0} |\n| sync error max (ns) | {:.0} |\n\
+         | converged (s) | {} |\n| bound covers the true error | {:.1} % |\n\
+         | probe share of packets during the feed (mean node / worst receiver) | {:.3} % / {:.3} % |\n\
+         | probes sent per node per s | {:.1} |\n| pure pairs | {:.1} % |\n\
+         | asymmetric links in the probe graph / flaggings | {} / {} |\n| clock steps detected | {} |\n\
+         | releases while over the bound limit | {} |\n\
+         | feed: P(F@1µs) / DWS p99 µs / late share / OML p50 µs / lost | {:.4} / {:.2} / {:.5} / {:.1} / {} |\n\n\
+         {} events in {wall:.1} s.\n",
+        r.receivers,
+        r.nodes,
+        r.seed,
+        c.model.clock.offset_us,
+        c.model.clock.drift_ppm,
+        c.model.clock.timestamp_noise_ns,
+        c.model.link.floor_us,
+        c.model.link.unqueued * 100.0,
+        c.model.link.asymmetric_share * 100.0,
+        c.model.link.asymmetric_us,
+        r.warmup_s,
+        r.feed_seconds,
+        c.rate_per_s,
+        k.sync_error_p50_ns,
+        k.sync_error_p99_ns,
+        k.sync_error_max_ns,
+        k.converged_s.map_or("never".to_string(), |s| format!("{s:.1}")),
+        k.bound_coverage * 100.0,
+        k.probe_share * 100.0,
+        k.probe_share_max * 100.0,
+        k.probes_sent_per_node_s,
+        k.pure_fraction * 100.0,
+        k.asymmetric_links,
+        k.asymmetric_flagged,
+        k.steps_detected,
+        k.unsynced_releases,
+        r.pf_1us,
+        r.dws_p99_us,
+        r.late_fraction,
+        r.oml_p50_us,
+        r.lost_deliveries,
+        r.events,
+    );
+    write_json(out, &r, &md)?;
+    let p50: Vec<(f64, f64)> = r.series.iter().map(|x| (x.0, x.1.max(1.0))).collect();
+    let p99: Vec<(f64, f64)> = r.series.iter().map(|x| (x.0, x.2.max(1.0))).collect();
+    let path = out.join("error.svg");
+    match lines_svg(
+        &path,
+        "Sync error over time: |synchronized clock − reference| over nodes",
+        "time (s)",
+        "|error| (ns)",
+        &[("p50 over nodes".to_string(), p50), ("p99 over nodes".to_string(), p99)],
+        0.98,
+    ) {
+        Ok(()) => eprintln!("sim: drew {}", path.display()),
+        Err(e) => eprintln!("sim: could not draw {}: {e}", path.display()),
+    }
     Ok(())
 }
 

@@ -279,6 +279,66 @@ fn sim_fairness_writes_the_documented_rows() {
 }
 
 #[test]
+fn sim_clock_writes_the_documented_fields_and_sync_shrinks_the_window() {
+    let d = tmp();
+    let out = d.path().join("clock");
+    fairfeed(&[
+        "sim",
+        "experiment",
+        "clock",
+        "--receivers",
+        "30",
+        "--seed",
+        "2",
+        "--seconds",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    for k in ["sync_error_p50_ns", "sync_error_p99_ns", "sync_error_max_ns", "converged_s", "probe_share"] {
+        assert!(v.get(k).is_some(), "summary lacks {k}: {v}");
+    }
+    // Raw clocks are ±10 ms apart; synchronized, the median node is within a microsecond.
+    assert!(v["sync_error_p50_ns"].as_f64().unwrap() < 1_000.0, "{v}");
+    assert!(v["probe_share"].as_f64().unwrap() > 0.0);
+    assert!(out.join("error.svg").exists());
+    // Fairness rows with NTP-class clocks, without and with sync.
+    let window = |sync: &str| {
+        let o = d.path().join(format!("fair-{sync}"));
+        fairfeed(&[
+            "sim",
+            "experiment",
+            "fairness",
+            "--receivers",
+            "20",
+            "--messages",
+            "1000",
+            "--clock",
+            "ntp",
+            "--sync",
+            sync,
+            "--out",
+            o.to_str().unwrap(),
+        ]);
+        let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(o.join("summary.json")).unwrap()).unwrap();
+        let row = rows.as_array().unwrap().iter().find(|r| r["scheme"] == "jasper+controller").unwrap().clone();
+        row["dws_p50_us"].as_f64().unwrap()
+    };
+    let (off, on) = (window("off"), window("on"));
+    assert!(off > 1_000.0 && on < off / 100.0, "delivery window p50: {off} µs without sync, {on} µs with");
+    for bad in [["--receivers", "0"], ["--seconds", "-1"], ["--rate", "NaN"]] {
+        let o = Command::new(bin())
+            .args(["sim", "experiment", "clock", "--out", out.to_str().unwrap()])
+            .args(bad)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad:?}");
+        assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
+    }
+}
+
+#[test]
 fn demo_runs_a_fair_tree_on_loopback() {
     let d = tmp();
     let out = d.path().join("demo");

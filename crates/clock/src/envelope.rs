@@ -50,6 +50,8 @@ pub enum Offer {
 pub struct Envelope {
     samples: VecDeque<(u64, i64)>,
     fit: Option<Line>,
+    /// A sample far below the fit, waiting for a second to confirm a step.
+    low: Option<(u64, i64)>,
 }
 
 impl Envelope {
@@ -87,20 +89,37 @@ impl Envelope {
     pub fn clear(&mut self) {
         self.samples.clear();
         self.fit = None;
+        self.low = None;
     }
 
     /// Offers a sample; samples older than `window_ns` behind the newest leave.
-    /// A sample more than `step_ns` below the current fit (with at least
-    /// `min` samples) clears the window and reports a step.
+    /// Two samples in a row more than `step_ns` below the current fit (with
+    /// at least `min` samples) clear the window and report a step; one alone
+    /// is held back a sample (a window of queued samples and one at the floor
+    /// look the same), then taken in.
     pub fn offer(&mut self, x: u64, y: i64, window_ns: u64, step_ns: u64, min: usize) -> Offer {
         if let Some(f) = self.fit(min).filter(|_| self.span() >= STEP_SPAN_NS) {
             if (y as f64) < f.at(x) - step_ns as f64 {
-                self.clear();
-                self.samples.push_back((x, y));
-                self.refit();
-                return Offer::Step;
+                if let Some(first) = self.low.take() {
+                    self.clear();
+                    self.samples.push_back(first);
+                    self.insert(x, y, window_ns);
+                    self.refit();
+                    return Offer::Step;
+                }
+                self.low = Some((x, y));
+                return Offer::Added;
             }
         }
+        if let Some((lx, ly)) = self.low.take() {
+            self.insert(lx, ly, window_ns);
+        }
+        self.insert(x, y, window_ns);
+        self.refit();
+        Offer::Added
+    }
+
+    fn insert(&mut self, x: u64, y: i64, window_ns: u64) {
         // Keep x sorted (echoes may arrive slightly out of order).
         let pos = self.samples.iter().rposition(|s| s.0 <= x).map_or(0, |p| p + 1);
         self.samples.insert(pos, (x, y));
@@ -110,8 +129,6 @@ impl Envelope {
         {
             self.samples.pop_front();
         }
-        self.refit();
-        Offer::Added
     }
 
     fn refit(&mut self) {
@@ -208,9 +225,19 @@ mod tests {
             e.offer(k * s, 500, 5 * s, 10_000, 2);
         }
         assert_eq!(e.len(), 6);
-        assert_eq!(e.offer(11 * s, -50_000, 5 * s, 10_000, 2), Offer::Step);
-        assert_eq!(e.len(), 1);
+        // One low sample is held back, then taken in when the next is normal.
+        assert_eq!(e.offer(11 * s, -50_000, 5 * s, 10_000, 2), Offer::Added);
+        assert_eq!(e.len(), 6);
+        assert_eq!(e.offer(12 * s, 500, 5 * s, 10_000, 2), Offer::Added);
         assert_eq!(e.min_y(), Some(-50_000));
+        // Two in a row are a step.
+        let mut e = Envelope::default();
+        for k in 0..10u64 {
+            e.offer(k * s, 500, 5 * s, 10_000, 2);
+        }
+        assert_eq!(e.offer(11 * s, -50_000, 5 * s, 10_000, 2), Offer::Added);
+        assert_eq!(e.offer(12 * s, -50_010, 5 * s, 10_000, 2), Offer::Step);
+        assert_eq!(e.len(), 2);
     }
 
     #[test]

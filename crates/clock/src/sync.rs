@@ -6,7 +6,7 @@
 //! the raw local time. The corrected clock is `now_sync(x) = x − θ(x)`.
 //!
 //! - **Coded probes.** Every interval the node sends each peer a pair of
-//!   probes `pair_gap_ns` apart. The receiving peer compares the pair's receive
+//!   probes `pair_gap_ns` apart, one peer at a time, spread over the interval. The receiving peer compares the pair's receive
 //!   spacing with its send spacing; a pair that differs by more than
 //!   `purity_ns` met queueing and is discarded. The lower of a pure pair's two
 //!   samples goes into the peer's forward [`Envelope`], and is echoed back in
@@ -62,7 +62,7 @@ pub const SENT_RING: usize = 128;
 /// Residuals beyond this many robust standard deviations flag an edge as asymmetric.
 pub const ASYM_K: f64 = 5.0;
 /// ... and beyond at least this many ns.
-pub const ASYM_MIN_NS: f64 = 250.0;
+pub const ASYM_MIN_NS: f64 = 400.0;
 /// Statistical bound: this many residual rms.
 pub const BOUND_K: f64 = 3.0;
 /// Statistical bound: never below this (software timestamping), ns.
@@ -348,6 +348,8 @@ pub struct ClockSync {
     started: Option<u64>,
     fast_until: u64,
     next_round: u64,
+    /// The peer the next slot probes.
+    next_peer: usize,
     /// Second probes of pairs waiting to go: (due, peer index, pair, first tx).
     seconds: Vec<(u64, usize, u64)>,
     offset_ns: f64,
@@ -379,6 +381,7 @@ impl ClockSync {
             started: None,
             fast_until: 0,
             next_round: 0,
+            next_peer: 0,
             seconds: Vec::new(),
             offset_ns: 0.0,
             drift: 0.0,
@@ -435,7 +438,16 @@ impl ClockSync {
         }
         let mut x = sync as f64 + self.offset_at(sync);
         x = sync as f64 + self.offset_at(x.max(0.0) as u64);
-        x.round().max(0.0) as u64
+        // The first raw time whose synchronized reading is at or after `sync`
+        // (a timer due a nanosecond early would be re-armed for ever).
+        let mut local = x.round().max(0.0) as u64;
+        for _ in 0..4 {
+            if self.now_sync(local) >= sync {
+                break;
+            }
+            local += 1;
+        }
+        local
     }
 
     /// The statistical error bound at raw time `local`, ns (`u64::MAX` before any estimate).
@@ -492,14 +504,22 @@ impl ClockSync {
             }
         }
         if now >= self.next_round {
-            self.update(now);
-            for p in 0..self.peers.len() {
-                let pair = self.peers[p].next_pair;
-                self.peers[p].next_pair += 1;
-                self.send_probe(now, p, pair, 0, send);
-                self.seconds.push((now + self.cfg.pair_gap_ns, p, pair));
+            // One peer per slot, the slots spread over the interval: a node
+            // with many peers must not queue its own probes behind each other
+            // (a pair whose second probe waits behind the first probes to
+            // other peers is impure).
+            let n = self.peers.len();
+            let p = self.next_peer % n;
+            self.next_peer = (self.next_peer + 1) % n;
+            if p == 0 {
+                self.update(now);
             }
-            self.next_round = now + self.interval(now);
+            let pair = self.peers[p].next_pair;
+            self.peers[p].next_pair += 1;
+            self.send_probe(now, p, pair, 0, send);
+            self.seconds.push((now + self.cfg.pair_gap_ns, p, pair));
+            let slot = (self.interval(now) / n as u64).max(self.cfg.pair_gap_ns * 2);
+            self.next_round = now + slot;
         }
     }
 

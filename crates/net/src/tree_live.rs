@@ -126,7 +126,7 @@ impl Transmit for Tx<'_> {
     fn send(&mut self, to: u32, bytes: &[u8]) {
         let rc = self.last.share(bytes);
         let e = &mut *self.e;
-        for due in e.links.arrivals(e.now, self.from).into_iter().flatten() {
+        for due in e.links.arrivals(e.now, self.from, to).into_iter().flatten() {
             e.order += 1;
             e.queue.push(Reverse((due, e.order, self.from, to, rc.clone())));
         }
@@ -265,7 +265,7 @@ impl Cluster {
                 self.egress.now = t;
                 let mut tx = Tx { e: &mut self.egress, from: id as u32, last: ShareLast::default() };
                 match &mut self.nodes[id] {
-                    Some(Live::Sender(s)) => s.handle_report(t, &self.buf[..n]),
+                    Some(Live::Sender(s)) => s.handle_packet(t, &self.buf[..n]),
                     Some(Live::Proxy(p)) => p.handle_packet(t, &mut self.buf[..n], &mut tx),
                     Some(Live::Receiver(r)) => {
                         if let Ok((h, _)) = fairfeed_wire::overlay::HeaderRepr::parse(&self.buf[..n]) {

@@ -8,15 +8,24 @@
 //! the link model (and may be lost). Receivers read their own clock (offset
 //! and drift from the clock model) and release on it; delivery instants are
 //! recorded in true time, so fairness figures include what clock sync costs.
+//!
+//! Every node — sender and proxies too — reads its own clock, late by the
+//! model's timestamping noise. With [`SimConfig::sync`] every node runs the
+//! clock-synchronization core over the probe graph (the sender's clock is
+//! the reference); the feed starts after a synchronization warm-up, each
+//! node's error against the reference is sampled in true time, and receivers
+//! whose bound is above the limit are left out of the fairness measures.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::rc::Rc;
 
+use fairfeed_clock::{ClockSync, SyncConfig};
 use fairfeed_tree::node::{DeadlineRule, NodeConfig, Proxy, Receiver, Sender, Transmit};
-use fairfeed_tree::plan::{Role, Topology};
+use fairfeed_tree::plan::{probe_graph, Role, Topology};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
+use rand_distr::{Distribution, Exp};
 use serde::Serialize;
 
 use crate::model::{Clock, ClockModel, LinkEmulator, LinkModel, ShareLast};
@@ -49,6 +58,55 @@ pub struct SimConfig {
     pub slow: Option<(u32, u64, u64, u64)>,
     /// Receivers whose every release is recorded ([`RunResult::tracked`]).
     pub track: Vec<u32>,
+    /// Clock synchronization on every node (off: every node trusts its clock).
+    pub sync: Option<SimSync>,
+}
+
+/// Clock synchronization in a run.
+#[derive(Debug, Clone, Copy)]
+pub struct SimSync {
+    pub cfg: SyncConfig,
+    /// Random probe peers per node, beside parents and hedge parents.
+    pub random_peers: usize,
+    /// The feed starts after this long of probing.
+    pub warmup_ns: u64,
+    /// Every node's error against the reference is sampled this often.
+    pub sample_ns: u64,
+}
+
+impl Default for SimSync {
+    fn default() -> Self {
+        SimSync { cfg: SyncConfig::default(), random_peers: 2, warmup_ns: 10_000_000_000, sample_ns: 100_000_000 }
+    }
+}
+
+/// A sampled p99 error below this, from then on, counts as converged.
+pub const CONVERGED_NS: f64 = 1_000.0;
+
+/// What clock synchronization achieved in a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ClockResult {
+    /// |synchronized clock − reference| over every node and sample after convergence, ns.
+    pub sync_error_p50_ns: f64,
+    pub sync_error_p99_ns: f64,
+    pub sync_error_max_ns: f64,
+    /// First sample time from which the p99 over nodes stayed below 1 µs (null: never).
+    pub converged_s: Option<f64>,
+    /// Probe packets (sent + received) as a share of all packets, mean over nodes.
+    pub probe_share: f64,
+    /// ... the largest share at any receiver (receivers carry the least data).
+    pub probe_share_max: f64,
+    /// Probe packets each node sent per second during the feed, mean.
+    pub probes_sent_per_node_s: f64,
+    pub pure_fraction: f64,
+    /// Share of samples whose |error| was within the node's reported bound.
+    pub bound_coverage: f64,
+    pub asymmetric_links: u64,
+    pub asymmetric_flagged: u64,
+    pub steps_detected: u64,
+    /// Releases made while the receiver's bound was above its limit (left out of fairness).
+    pub unsynced_releases: u64,
+    pub samples: u64,
 }
 
 /// Releases recorded for tracked receivers at most.
@@ -72,6 +130,8 @@ struct MsgAgg {
     first_ns: u64,
     last_ns: u64,
     delivered: u32,
+    /// Deliveries by receivers whose clock was over its bound limit (not in first/last).
+    unsynced: u32,
 }
 
 /// The measures of one run (names as in docs/ARCHITECTURE.md).
@@ -117,13 +177,40 @@ pub struct RunResult {
     /// Every release at the receivers in [`SimConfig::track`].
     #[serde(skip)]
     pub tracked: Vec<TrackedRelease>,
+    /// Clock synchronization's results, when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock: Option<ClockResult>,
+    /// Per sample time (s): p50 and p99 |error| over nodes, ns (for plots).
+    #[serde(skip)]
+    pub clock_series: Vec<(f64, f64, f64)>,
+    /// Every node's synchronization counters at the end, by node id (when sync ran).
+    #[serde(skip)]
+    pub sync_stats: Vec<(u32, fairfeed_clock::SyncStats)>,
 }
 
 enum SimNode {
-    Sender(Box<Sender>),
-    Proxy(Box<Proxy>),
+    Sender(Box<Sender>, Clock),
+    Proxy(Box<Proxy>, Clock),
     Receiver(Box<Receiver>, Clock),
     Absent,
+}
+
+impl SimNode {
+    fn clock(&self) -> Option<&Clock> {
+        match self {
+            SimNode::Sender(_, c) | SimNode::Proxy(_, c) | SimNode::Receiver(_, c) => Some(c),
+            SimNode::Absent => None,
+        }
+    }
+
+    fn sync(&self) -> Option<&ClockSync> {
+        match self {
+            SimNode::Sender(s, _) => Some(&s.sync),
+            SimNode::Proxy(p, _) => Some(&p.sync),
+            SimNode::Receiver(r, _) => Some(&r.sync),
+            SimNode::Absent => None,
+        }
+    }
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -134,6 +221,8 @@ enum Ev {
     Send,
     /// A node's timer (stale when the node's timer moved meanwhile).
     Timer { node: u32 },
+    /// Sample every node's clock error.
+    Sample,
 }
 
 struct Net {
@@ -145,6 +234,40 @@ struct Net {
     free: Vec<usize>,
     /// Deliveries on the queue.
     in_flight: u64,
+    /// Timestamping noise: mean ns and its generator.
+    noise_ns: f64,
+    noise_rng: ChaCha12Rng,
+    /// Per node, since the feed started: (probes sent, all sent, probes received, all received).
+    counts: Vec<[u64; 4]>,
+    feed_started: u64,
+}
+
+impl Net {
+    fn new(cfg: &SimConfig, rng: ChaCha12Rng, n_ids: usize) -> Net {
+        Net {
+            now: 0,
+            queue: BinaryHeap::new(),
+            order: 0,
+            links: LinkEmulator::new(cfg.link, rng, n_ids).with_slow(cfg.slow),
+            arena: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            noise_ns: cfg.clock.timestamp_noise_ns,
+            noise_rng: ChaCha12Rng::seed_from_u64(cfg.seed ^ 0x5EED_C10C),
+            counts: vec![[0; 4]; n_ids],
+            feed_started: 0,
+        }
+    }
+
+    /// A software timestamp: the clock read a little late.
+    fn stamp(&mut self, clock: &Clock) -> u64 {
+        let late = if self.noise_ns > 0.0 {
+            Exp::new(1.0 / self.noise_ns).map_or(0.0, |d| d.sample(&mut self.noise_rng))
+        } else {
+            0.0
+        };
+        clock.local(self.now) + late as u64
+    }
 }
 
 impl Net {
@@ -171,11 +294,20 @@ struct Tx<'a> {
     last: ShareLast,
 }
 
+/// True when `bytes` is an overlay probe.
+fn is_probe(bytes: &[u8]) -> bool {
+    bytes.get(3) == Some(&(fairfeed_wire::overlay::Kind::Probe as u8))
+}
+
 impl Transmit for Tx<'_> {
     fn send(&mut self, to: u32, bytes: &[u8]) {
         let rc = self.last.share(bytes);
         let n = &mut *self.net;
-        for at in n.links.arrivals(n.now, self.from).into_iter().flatten() {
+        if let Some(c) = n.counts.get_mut(self.from as usize) {
+            c[0] += u64::from(is_probe(bytes));
+            c[1] += 1;
+        }
+        for at in n.links.arrivals(n.now, self.from, to).into_iter().flatten() {
             n.push_delivery(at, to, rc.clone());
         }
     }
@@ -196,15 +328,9 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed);
     let (mut nodes, sender_id) = build_nodes(topo, cfg, &mut rng);
     let n_ids = nodes.len();
-    let mut net = Net {
-        now: 0,
-        queue: BinaryHeap::new(),
-        order: 0,
-        links: LinkEmulator::new(cfg.link, rng, n_ids).with_slow(cfg.slow),
-        arena: Vec::new(),
-        free: Vec::new(),
-        in_flight: 0,
-    };
+    let mut net = Net::new(cfg, rng, n_ids);
+    let start_ns = cfg.sync.map_or(0, |s| s.warmup_ns);
+    let mut samples = Samples::default();
     let mut timer_at = vec![u64::MAX; n_ids];
     let mut msgs = vec![MsgAgg::default(); cfg.messages as usize + 1];
     // Per receiver (receiver ids are 0..N): delivery delays in ns, after warm-up.
@@ -217,7 +343,11 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     let mut owd = Logs { owd: vec![Vec::new(); topo.receivers], tracked, releases: Vec::new() };
     let gap_ns = (1e9 / cfg.rate_per_s) as u64;
     let mut sent = 0u64;
-    net.queue.push(Reverse((0, 0, Ev::Send)));
+    net.queue.push(Reverse((start_ns, 0, Ev::Send)));
+    if let Some(s) = cfg.sync {
+        net.order += 1;
+        net.queue.push(Reverse((s.sample_ns, net.order, Ev::Sample)));
+    }
     // Proxies and receivers start their report timers.
     for id in 0..n_ids as u32 {
         schedule(&nodes, &mut net, &mut timer_at, id);
@@ -236,15 +366,21 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
         }
         match ev {
             Ev::Send => {
-                if let SimNode::Sender(s) = &mut nodes[sender_id as usize] {
+                if sent == 0 {
+                    // Probe overhead is measured during the feed.
+                    net.counts.iter_mut().for_each(|c| *c = [0; 4]);
+                    net.feed_started = t;
+                }
+                if let SimNode::Sender(s, clock) = &mut nodes[sender_id as usize] {
                     let payload = sent.to_be_bytes();
+                    let local = net.stamp(clock);
                     let mut tx = Tx { net: &mut net, from: sender_id, last: ShareLast::default() };
-                    let seq = s.handle_message(t, &payload, &mut tx);
+                    let seq = s.handle_message(local, &payload, &mut tx);
                     if let Some(m) = msgs.get_mut(seq as usize) {
                         m.send_ns = t;
                         m.first_ns = u64::MAX;
                     }
-                    s.update(t);
+                    s.update(local);
                 }
                 sent += 1;
                 if sent < cfg.messages {
@@ -280,16 +416,149 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
                 fire(&mut nodes, &mut net, node, &mut msgs, &mut owd, cfg.warmup_messages);
                 schedule(&nodes, &mut net, &mut timer_at, node);
             }
+            Ev::Sample => samples.take_and_rearm(&nodes, sender_id, &mut net, cfg),
         }
         // Stop once everything sent has settled: no sends or deliveries left, only report timers.
         if sent >= cfg.messages && net.in_flight == 0 && !holding(&nodes) {
             break;
         }
     }
-    let mut r = summarize(topo, cfg, &nodes, &msgs, events);
+    finish(topo, cfg, &nodes, &msgs, events, owd, &samples, &net)
+}
+
+/// The run's measures, with the clock's when synchronization ran.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    topo: &Topology,
+    cfg: &SimConfig,
+    nodes: &[SimNode],
+    msgs: &[MsgAgg],
+    events: u64,
+    mut owd: Logs,
+    samples: &Samples,
+    net: &Net,
+) -> RunResult {
+    let mut r = summarize(topo, cfg, nodes, msgs, events);
     (r.receiver_owd_p50_us, r.receiver_owd_p99_us) = receiver_quantiles(&mut owd.owd);
     r.tracked = owd.releases;
+    if let Some(s) = cfg.sync {
+        let elapsed_s = net.now.saturating_sub(net.feed_started) as f64 / 1e9;
+        r.clock_series = samples.series.clone();
+        r.sync_stats =
+            nodes.iter().enumerate().filter_map(|(i, n)| n.sync().map(|s| (i as u32, s.stats.clone()))).collect();
+        r.clock = Some(samples.result(nodes, net, cfg, s, elapsed_s));
+    }
     r
+}
+
+/// Every node's clock error, sampled in true time.
+#[derive(Default)]
+struct Samples {
+    /// (time s, |error| ns per node, within its bound per node)
+    rounds: Vec<(f64, Vec<f64>, Vec<bool>)>,
+    series: Vec<(f64, f64, f64)>,
+}
+
+impl Samples {
+    fn take_and_rearm(&mut self, nodes: &[SimNode], sender: u32, net: &mut Net, cfg: &SimConfig) {
+        self.take(nodes, sender, net.now);
+        if let Some(s) = cfg.sync {
+            net.order += 1;
+            net.queue.push(Reverse((net.now + s.sample_ns, net.order, Ev::Sample)));
+        }
+    }
+
+    fn take(&mut self, nodes: &[SimNode], sender: u32, t: u64) {
+        let Some(reference) = nodes.get(sender as usize).and_then(SimNode::clock).map(|c| c.local(t)) else {
+            return;
+        };
+        let mut errs = Vec::new();
+        let mut within = Vec::new();
+        for (id, n) in nodes.iter().enumerate() {
+            let (Some(clock), Some(sync)) = (n.clock(), n.sync()) else { continue };
+            if id as u32 == sender {
+                continue;
+            }
+            let local = clock.local(t);
+            let e = (sync.now_sync(local) as f64 - reference as f64).abs();
+            errs.push(e);
+            within.push(e <= sync.bound_ns(local) as f64);
+        }
+        if errs.is_empty() {
+            return;
+        }
+        let mut sorted = errs.clone();
+        sorted.sort_by(f64::total_cmp);
+        let q = |p: f64| sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1];
+        self.series.push((t as f64 / 1e9, q(0.5), q(0.99)));
+        self.rounds.push((t as f64 / 1e9, errs, within));
+    }
+
+    fn result(&self, nodes: &[SimNode], net: &Net, cfg: &SimConfig, s: SimSync, elapsed_s: f64) -> ClockResult {
+        // Converged from the first round after which every round's p99 stays below the mark.
+        let mut from = self.series.len();
+        for i in (0..self.series.len()).rev() {
+            if self.series[i].2 > CONVERGED_NS {
+                break;
+            }
+            from = i;
+        }
+        let converged_s = self.series.get(from).map(|x| x.0);
+        let counted = if converged_s.is_some() { from } else { self.rounds.len() / 2 };
+        let mut all: Vec<f64> = Vec::new();
+        let (mut inside, mut total) = (0u64, 0u64);
+        for (_, e, w) in &self.rounds[counted..] {
+            all.extend(e);
+            inside += w.iter().filter(|&&x| x).count() as u64;
+            total += w.len() as u64;
+        }
+        all.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            if all.is_empty() {
+                0.0
+            } else {
+                all[((all.len() as f64 * p).ceil() as usize).clamp(1, all.len()) - 1]
+            }
+        };
+        let mut r = ClockResult {
+            sync_error_p50_ns: q(0.5),
+            sync_error_p99_ns: q(0.99),
+            sync_error_max_ns: all.last().copied().unwrap_or(0.0),
+            converged_s,
+            bound_coverage: if total > 0 { inside as f64 / total as f64 } else { 0.0 },
+            samples: all.len() as u64,
+            ..ClockResult::default()
+        };
+        let (mut shares, mut pairs, mut pure, mut sent) = (Vec::new(), 0u64, 0u64, 0u64);
+        for (id, n) in nodes.iter().enumerate() {
+            let Some(sync) = n.sync() else { continue };
+            let c = net.counts[id];
+            let all = c[1] + c[3];
+            if all > 0 {
+                let share = (c[0] + c[2]) as f64 / all as f64;
+                shares.push(share);
+                if matches!(n, SimNode::Receiver(..)) {
+                    r.probe_share_max = r.probe_share_max.max(share);
+                }
+            }
+            pairs += sync.stats.pairs;
+            pure += sync.stats.pure_pairs;
+            sent += c[0];
+            r.asymmetric_flagged += sync.stats.asymmetric_flagged;
+            r.steps_detected += sync.stats.steps;
+            if let SimNode::Receiver(rx, _) = n {
+                r.unsynced_releases += rx.stats.clock_unsynced_releases;
+            }
+            for peer in sync.peer_ids() {
+                r.asymmetric_links += u64::from(net.links.asymmetry_ns(id as u32, peer) > 0);
+            }
+        }
+        r.probe_share = if shares.is_empty() { 0.0 } else { shares.iter().sum::<f64>() / shares.len() as f64 };
+        r.pure_fraction = if pairs > 0 { pure as f64 / pairs as f64 } else { 0.0 };
+        r.probes_sent_per_node_s = sent as f64 / shares.len().max(1) as f64 / elapsed_s.max(1e-9);
+        let _ = (cfg, s);
+        r
+    }
 }
 
 /// Each receiver's p50 and p99 delivery delay, µs.
@@ -334,23 +603,29 @@ fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<
     let tree = &topo.trees[0];
     let n_ids = tree.nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
     let mut nodes: Vec<SimNode> = (0..n_ids).map(|_| SimNode::Absent).collect();
-    let mut sender_id = 0;
+    let sender_id = tree.nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
+    let graph = cfg.sync.map(|s| probe_graph(topo, 0, s.random_peers, cfg.seed));
+    let sync_for = |id: u32| match (&graph, cfg.sync) {
+        (Some(g), Some(s)) => ClockSync::new(id, g.get(&id).map_or(&[][..], |v| &v[..]), id == sender_id, s.cfg),
+        _ => ClockSync::off(id),
+    };
     for n in &tree.nodes {
+        let clock = Clock::draw(&cfg.clock, rng);
         nodes[n.id as usize] = match n.role {
-            Role::Sender => {
-                sender_id = n.id;
-                SimNode::Sender(Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule)))
-            }
-            Role::Proxy => SimNode::Proxy(Box::new(Proxy::new(
-                n.id,
-                n.parent.unwrap_or(sender_id),
-                &n.children,
-                &n.hedge_targets,
-                cfg.node,
-            ))),
+            Role::Sender => SimNode::Sender(
+                Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule).with_sync(sync_for(n.id))),
+                clock,
+            ),
+            Role::Proxy => SimNode::Proxy(
+                Box::new(
+                    Proxy::new(n.id, n.parent.unwrap_or(sender_id), &n.children, &n.hedge_targets, cfg.node)
+                        .with_sync(sync_for(n.id)),
+                ),
+                clock,
+            ),
             Role::Receiver => SimNode::Receiver(
-                Box::new(Receiver::new(n.id, n.parent.unwrap_or(sender_id), cfg.node)),
-                Clock::draw(&cfg.clock, rng),
+                Box::new(Receiver::new(n.id, n.parent.unwrap_or(sender_id), cfg.node).with_sync(sync_for(n.id))),
+                clock,
             ),
         };
     }
@@ -367,15 +642,24 @@ fn deliver(
     warmup: u64,
 ) {
     let t = net.now;
+    if let Some(c) = net.counts.get_mut(to as usize) {
+        c[2] += u64::from(is_probe(buf));
+        c[3] += 1;
+    }
     match &mut nodes[to as usize] {
-        SimNode::Sender(s) => s.handle_report(t, buf),
-        SimNode::Proxy(p) => {
+        SimNode::Sender(s, clock) => {
+            let local = net.stamp(clock);
+            s.handle_packet(local, buf);
+        }
+        SimNode::Proxy(p, clock) => {
+            let local = net.stamp(clock);
             let mut tx = Tx { net, from: to, last: ShareLast::default() };
-            p.handle_packet(t, buf, &mut tx);
+            p.handle_packet(local, buf, &mut tx);
         }
         SimNode::Receiver(r, clock) => {
-            r.handle_packet(clock.local(t), buf);
-            drain(r, (t, clock.local(t)), msgs, owd, warmup);
+            let local = net.stamp(clock);
+            r.handle_packet(local, buf);
+            drain(r, (t, local), msgs, owd, warmup);
         }
         SimNode::Absent => {}
     }
@@ -384,17 +668,23 @@ fn deliver(
 fn fire(nodes: &mut [SimNode], net: &mut Net, id: u32, msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
     let t = net.now;
     match &mut nodes[id as usize] {
-        SimNode::Proxy(p) => {
+        SimNode::Sender(s, clock) => {
+            let local = net.stamp(clock);
             let mut tx = Tx { net, from: id, last: ShareLast::default() };
-            p.handle_timeout(t, &mut tx);
+            s.handle_timeout(local, &mut tx);
+        }
+        SimNode::Proxy(p, clock) => {
+            let local = net.stamp(clock);
+            let mut tx = Tx { net, from: id, last: ShareLast::default() };
+            p.handle_timeout(local, &mut tx);
         }
         SimNode::Receiver(r, clock) => {
-            let local = clock.local(t);
+            let local = net.stamp(clock);
             let mut tx = Tx { net, from: id, last: ShareLast::default() };
             r.handle_timeout(local, &mut tx);
             drain(r, (t, local), msgs, owd, warmup);
         }
-        _ => {}
+        SimNode::Absent => {}
     }
 }
 
@@ -411,8 +701,12 @@ fn drain(r: &mut Receiver, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: Owd
             });
         }
         if let Some(a) = msgs.get_mut(m.sequence as usize) {
-            a.first_ns = a.first_ns.min(t);
-            a.last_ns = a.last_ns.max(t);
+            if m.clock_ok {
+                a.first_ns = a.first_ns.min(t);
+                a.last_ns = a.last_ns.max(t);
+            } else {
+                a.unsynced += 1;
+            }
             a.delivered += 1;
             if m.sequence > warmup {
                 if let Some(v) = owd.owd.get_mut(r.id as usize) {
@@ -425,12 +719,17 @@ fn drain(r: &mut Receiver, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: Owd
 
 /// Puts a node's next timer on the queue (in true time) if it moved earlier.
 fn schedule(nodes: &[SimNode], net: &mut Net, timer_at: &mut [u64], id: u32) {
-    let due = match &nodes[id as usize] {
-        SimNode::Proxy(p) => p.next_timeout(),
-        SimNode::Receiver(r, clock) => clock.true_at(r.next_timeout()),
-        _ => return,
+    let local_due = match &nodes[id as usize] {
+        SimNode::Sender(s, _) => s.next_timeout(),
+        SimNode::Proxy(p, _) => p.next_timeout(),
+        SimNode::Receiver(r, _) => r.next_timeout(),
+        SimNode::Absent => return,
+    };
+    if local_due == u64::MAX {
+        return;
     }
-    .max(net.now);
+    let Some(clock) = nodes[id as usize].clock() else { return };
+    let due = clock.true_at(local_due).max(net.now);
     if due < timer_at[id as usize] {
         timer_at[id as usize] = due;
         net.order += 1;
@@ -441,7 +740,8 @@ fn schedule(nodes: &[SimNode], net: &mut Net, timer_at: &mut [u64], id: u32) {
 fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg], events: u64) -> RunResult {
     let n = topo.receivers as u32;
     let counted: Vec<&MsgAgg> = msgs.iter().skip(1 + cfg.warmup_messages as usize).collect();
-    let complete: Vec<&&MsgAgg> = counted.iter().filter(|m| m.delivered >= n).collect();
+    let complete: Vec<&&MsgAgg> =
+        counted.iter().filter(|m| m.delivered >= n && m.last_ns >= m.send_ns && m.first_ns != u64::MAX).collect();
     let oml_series_us: Vec<f64> = complete.iter().map(|m| (m.last_ns - m.send_ns) as f64 / 1e3).collect();
     let mut oml: Vec<u64> = complete.iter().map(|m| m.last_ns - m.send_ns).collect();
     let mut dws: Vec<u64> = complete.iter().map(|m| m.last_ns - m.first_ns).collect();
@@ -468,7 +768,7 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
                 released += r.stats.released;
                 hold_sum += r.stats.hold_sum_ns;
             }
-            SimNode::Sender(s) => offset = s.deadline_offset_ns() as f64 / 1e3,
+            SimNode::Sender(s, _) => offset = s.deadline_offset_ns() as f64 / 1e3,
             _ => {}
         }
     }
@@ -496,5 +796,59 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
         receiver_owd_p50_us: Vec::new(),
         receiver_owd_p99_us: Vec::new(),
         tracked: Vec::new(),
+        clock: None,
+        clock_series: Vec::new(),
+        sync_stats: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod sync_tests {
+    use super::*;
+    use crate::model::{ClockModel, LinkModel};
+    use fairfeed_tree::plan::{plan, PlanRequest};
+
+    fn cfg(noise_ns: f64, sync: bool) -> SimConfig {
+        SimConfig {
+            seed: 3,
+            messages: 2_000,
+            rate_per_s: 1_000.0,
+            warmup_messages: 200,
+            link: LinkModel::CLOUD_FLOOR,
+            clock: ClockModel { timestamp_noise_ns: noise_ns, ..ClockModel::NTP },
+            node: NodeConfig::default(),
+            rule: DeadlineRule::Controller { target_on_time: 0.999 },
+            crash: None,
+            stall: None,
+            slow: None,
+            track: Vec::new(),
+            sync: sync.then(|| SimSync { warmup_ns: 8_000_000_000, ..SimSync::default() }),
+        }
+    }
+
+    fn topo() -> Topology {
+        plan(&PlanRequest { receivers: 30, fanout: Some(6), depth: Some(2), hedge: 1, cost_model: None, trees: 1 })
+            .unwrap()
+    }
+
+    #[test]
+    fn sync_brings_ntp_clocks_to_fair_releases() {
+        let off = run(&topo(), &cfg(100.0, false));
+        let on = run(&topo(), &cfg(100.0, true));
+        let k = on.clock.clone().unwrap();
+        // Raw clocks ±10 ms apart: without sync the delivery window is milliseconds.
+        assert!(off.dws_p50_us > 1_000.0, "off: {}", off.dws_p50_us);
+        assert!(k.sync_error_p50_ns < 1_000.0, "{k:?}");
+        assert!(on.dws_p50_us < 5.0, "on: {} µs", on.dws_p50_us);
+        assert_eq!(on.repeated_deliveries, 0);
+        assert_eq!(on.lost_deliveries, 0);
+        assert!(k.probe_share > 0.0 && k.pure_fraction > 0.0);
+    }
+
+    #[test]
+    fn noiseless_clocks_do_not_stall_timers() {
+        // Float rounding once re-armed timers at the same instant for ever.
+        let r = run(&topo(), &SimConfig { messages: 200, warmup_messages: 20, ..cfg(0.0, true) });
+        assert!(r.events < 10_000_000, "{} events", r.events);
     }
 }

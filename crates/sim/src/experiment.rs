@@ -5,8 +5,8 @@ use fairfeed_tree::node::{DeadlineRule, NodeConfig};
 use fairfeed_tree::plan::{plan, PlanRequest};
 use serde::Serialize;
 
-use crate::engine::{run, RunResult, SimConfig};
-use crate::model::ModelFile;
+use crate::engine::{run, ClockResult, RunResult, SimConfig, SimSync};
+use crate::model::{ClockModel, LinkModel, ModelFile};
 
 /// One row of the fairness experiment (Jasper's table 3 and figure 11): the
 /// scheme and its tree, and the run's measures flattened beside them.
@@ -35,6 +35,8 @@ pub struct FairnessConfig {
     /// Target share of deliveries on time for the controller rows
     /// (for a P(F) target p at N receivers, about 1 − (1 − p)/N).
     pub target_on_time: f64,
+    /// Clock synchronization on every node (the feed starts after its warm-up).
+    pub sync: Option<SimSync>,
 }
 
 impl Default for FairnessConfig {
@@ -47,6 +49,7 @@ impl Default for FairnessConfig {
             rate_per_s: 5_000.0,
             model: ModelFile::default(),
             target_on_time: 0.9999,
+            sync: None,
         }
     }
 }
@@ -118,7 +121,127 @@ fn sim_base(c: &FairnessConfig, node: NodeConfig, rule: DeadlineRule) -> SimConf
         stall: None,
         slow: None,
         track: Vec::new(),
+        sync: c.sync,
     }
+}
+
+/// How the fairness experiment's clocks are set (`--clock`, `--sync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockSetting {
+    /// The model file's clock section (default: Huygens-class ±20 ns).
+    Model,
+    Perfect,
+    /// NTP-class raw clocks: ±10 ms, ±50 ppm, 200 ns timestamp noise.
+    Ntp,
+}
+
+/// Applies `--clock`/`--sync` to a fairness configuration: the clock model,
+/// and — when no link model was given and clocks are not from the model —
+/// the floored cloud link model (sync needs a floor; without sync it is
+/// used too, so the rows compare on one network).
+pub fn with_clock(mut c: FairnessConfig, clock: ClockSetting, sync: bool, link_given: bool) -> FairnessConfig {
+    match clock {
+        ClockSetting::Model => {}
+        ClockSetting::Perfect => c.model.clock = ClockModel::PERFECT,
+        ClockSetting::Ntp => c.model.clock = ClockModel::NTP,
+    }
+    if clock != ClockSetting::Model && !link_given {
+        c.model.link = LinkModel::CLOUD_FLOOR;
+    }
+    c.sync = sync.then(SimSync::default);
+    c
+}
+
+/// Settings of the clock experiment.
+#[derive(Debug, Clone)]
+pub struct ClockConfig {
+    pub receivers: usize,
+    pub hedge: usize,
+    pub seed: u64,
+    /// Simulated seconds of feed after the synchronization warm-up.
+    pub seconds: f64,
+    pub rate_per_s: f64,
+    pub model: ModelFile,
+    pub sync: SimSync,
+}
+
+impl Default for ClockConfig {
+    fn default() -> Self {
+        let mut link = LinkModel::CLOUD_FLOOR;
+        // 1 % of directed links have a 5 µs longer floor: asymmetry two-way sync cannot see alone.
+        link.asymmetric_share = 0.01;
+        link.asymmetric_us = 5.0;
+        ClockConfig {
+            receivers: 1_000,
+            hedge: 2,
+            seed: 1,
+            seconds: 5.0,
+            rate_per_s: 1_000.0,
+            model: ModelFile { link, clock: ClockModel::NTP },
+            sync: SimSync::default(),
+        }
+    }
+}
+
+/// The clock experiment's summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClockSummary {
+    pub receivers: usize,
+    pub nodes: usize,
+    pub seed: u64,
+    #[serde(flatten)]
+    pub clock: ClockResult,
+    /// The fairness of the feed that ran meanwhile (Jasper + controller).
+    pub pf_1us: f64,
+    pub dws_p99_us: f64,
+    pub late_fraction: f64,
+    pub oml_p50_us: f64,
+    pub lost_deliveries: u64,
+    pub warmup_s: f64,
+    pub feed_seconds: f64,
+    pub events: u64,
+    #[serde(skip)]
+    pub series: Vec<(f64, f64, f64)>,
+}
+
+/// NTP-class raw clocks on every node, fairfeed's synchronization on, the
+/// feed (Jasper + controller) running after the warm-up: how close each
+/// node's synchronized clock stays to the reference.
+pub fn clock(c: &ClockConfig) -> Result<ClockSummary, String> {
+    let topo = heuristic_tree(c.receivers, c.hedge)?;
+    let messages = ((c.seconds * c.rate_per_s) as u64).max(1);
+    let cfg = SimConfig {
+        seed: c.seed,
+        messages,
+        rate_per_s: c.rate_per_s,
+        warmup_messages: (messages / 5).min(2_000),
+        link: c.model.link,
+        clock: c.model.clock,
+        node: NodeConfig::default(),
+        rule: DeadlineRule::Controller { target_on_time: 1.0 - 0.01 / c.receivers as f64 },
+        crash: None,
+        stall: None,
+        slow: None,
+        track: Vec::new(),
+        sync: Some(c.sync),
+    };
+    let r = run(&topo, &cfg);
+    let nodes = topo.trees[0].nodes.len();
+    Ok(ClockSummary {
+        receivers: c.receivers,
+        nodes,
+        seed: c.seed,
+        clock: r.clock.clone().unwrap_or_default(),
+        pf_1us: r.pf_1us,
+        dws_p99_us: r.dws_p99_us,
+        late_fraction: r.late_fraction,
+        oml_p50_us: r.oml_p50_us,
+        lost_deliveries: r.lost_deliveries,
+        warmup_s: c.sync.warmup_ns as f64 / 1e9,
+        feed_seconds: c.seconds,
+        events: r.events,
+        series: r.clock_series,
+    })
 }
 
 /// One row of the depth/fan-out table (Jasper's table 1).

@@ -13,11 +13,26 @@
 //! copy_us = 2.7          # serialization cost of each copy a node sends, back to back
 //! loss = 0.0             # chance a packet is lost on a hop
 //! dup = 0.0              # chance a packet is delivered twice
+//! floor_us = 0.0         # propagation floor: every delay is at least this (0: none)
+//! unqueued = 0.0         # with a floor: share of packets that cross without queueing (exactly the floor)
+//! asymmetric_share = 0.0 # share of directed links whose floor is longer ...
+//! asymmetric_us = 0.0    # ... by this much (the case two-way clock sync cannot see)
 //!
 //! [clock]
-//! offset_us = 0.02       # receivers' clock offsets, uniform in ±offset_us
-//! drift_ppm = 0.0        # receivers' clock drift, uniform in ±drift_ppm
+//! offset_us = 0.02       # every node's clock offset, uniform in ±offset_us
+//! drift_ppm = 0.0        # every node's clock drift, uniform in ±drift_ppm
+//! timestamp_noise_ns = 0 # software timestamping: each reading late by an exponential of this mean
+//! step_share = 0.0       # share of nodes whose clock steps (an ntpd jump) ...
+//! step_us = 0.0          # ... by this much ...
+//! step_at_s = 0.0        # ... at this time
 //! ```
+//!
+//! With a floor, a hop's delay is the floor plus (unless unqueued) a body
+//! drawn from the link kind with its median reduced by the floor, plus the
+//! rare spike. Real paths have such a floor; Huygens-class clock sync relies
+//! on it (the lowest delays of both directions meet there). The built-in
+//! **cloud-floor** model ([`LinkModel::CLOUD_FLOOR`]) keeps the cloud model's
+//! ≈ 30 µs mean hop on a 20 µs floor that 30 % of packets see exactly.
 //!
 //! The built-in **cloud** model is calibrated to Jasper's measurements in one
 //! AWS region: a hop costs ≈ 30 µs (lognormal body, median 25 µs, σ 0.35) and
@@ -54,6 +69,13 @@ pub struct LinkModel {
     pub loss: f64,
     /// Chance a packet is delivered twice (the copy 1–50 µs later).
     pub dup: f64,
+    /// Propagation floor, µs (0: none, the body alone).
+    pub floor_us: f64,
+    /// With a floor: share of packets that see exactly the floor.
+    pub unqueued: f64,
+    /// Share of directed links whose floor is longer by `asymmetric_us`.
+    pub asymmetric_share: f64,
+    pub asymmetric_us: f64,
 }
 
 impl Default for LinkModel {
@@ -75,6 +97,22 @@ impl LinkModel {
         copy_us: 2.7,
         loss: 0.0,
         dup: 0.0,
+        floor_us: 0.0,
+        unqueued: 0.0,
+        asymmetric_share: 0.0,
+        asymmetric_us: 0.0,
+    };
+
+    /// The cloud model on a propagation floor: 20 µs that 30 % of packets see
+    /// exactly, the rest a lognormal body (median 8 µs, σ 0.8) on top; mean
+    /// hop ≈ 28 µs, spikes and copy cost as [`LinkModel::CLOUD`].
+    pub const CLOUD_FLOOR: LinkModel = LinkModel {
+        kind: LinkKind::Lognormal,
+        median_us: 28.0,
+        sigma: 0.8,
+        floor_us: 20.0,
+        unqueued: 0.3,
+        ..LinkModel::CLOUD
     };
 
     /// Jasper §5.2's analysis: uniform hop delays, no spikes, no copy cost.
@@ -89,6 +127,10 @@ impl LinkModel {
         copy_us: 0.0,
         loss: 0.0,
         dup: 0.0,
+        floor_us: 0.0,
+        unqueued: 0.0,
+        asymmetric_share: 0.0,
+        asymmetric_us: 0.0,
     };
 
     /// Checks the parameters make sense.
@@ -101,7 +143,15 @@ impl LinkModel {
             && self.spike_us >= 0.0
             && self.copy_us >= 0.0
             && (0.0..1.0).contains(&self.loss)
-            && (0.0..1.0).contains(&self.dup);
+            && (0.0..1.0).contains(&self.dup)
+            && self.floor_us >= 0.0
+            && (self.floor_us == 0.0 || self.kind == LinkKind::Uniform || self.median_us > self.floor_us)
+            && (0.0..=1.0).contains(&self.unqueued)
+            && (0.0..=1.0).contains(&self.asymmetric_share)
+            && self.asymmetric_us >= 0.0
+            && [self.median_us, self.sigma, self.min_us, self.max_us, self.spike_us, self.copy_us, self.floor_us]
+                .iter()
+                .all(|v| v.is_finite());
         if ok {
             Ok(())
         } else {
@@ -111,12 +161,19 @@ impl LinkModel {
 
     /// Draws one hop's delay in ns.
     pub fn sample_ns(&self, rng: &mut impl Rng) -> u64 {
+        if self.floor_us > 0.0 && self.unqueued > 0.0 && rng.gen_bool(self.unqueued) {
+            return (self.floor_us * 1e3) as u64;
+        }
         let base_us = match self.kind {
-            LinkKind::Uniform => rng.gen_range(self.min_us..=self.max_us),
-            LinkKind::Lognormal => match LogNormal::new(self.median_us.ln(), self.sigma) {
-                Ok(d) => d.sample(rng),
-                Err(_) => self.median_us,
-            },
+            LinkKind::Uniform => rng.gen_range(self.min_us..=self.max_us).max(self.floor_us),
+            LinkKind::Lognormal => {
+                let median = self.median_us - self.floor_us;
+                self.floor_us
+                    + match LogNormal::new(median.ln(), self.sigma) {
+                        Ok(d) => d.sample(rng),
+                        Err(_) => median,
+                    }
+            }
         };
         let spike = if self.spike_probability > 0.0 && rng.gen_bool(self.spike_probability) {
             rng.gen_range(self.spike_us * 0.5..=self.spike_us * 1.5)
@@ -127,47 +184,129 @@ impl LinkModel {
     }
 }
 
-/// Receivers' clock errors.
+/// Every node's clock errors.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ClockModel {
     pub offset_us: f64,
     pub drift_ppm: f64,
+    /// Mean of the exponential delay of every software timestamp, ns.
+    pub timestamp_noise_ns: f64,
+    /// Share of nodes whose clock steps by `step_us` at `step_at_s`.
+    pub step_share: f64,
+    pub step_us: f64,
+    pub step_at_s: f64,
 }
 
 impl Default for ClockModel {
     fn default() -> Self {
-        ClockModel { offset_us: 0.02, drift_ppm: 0.0 }
+        ClockModel {
+            offset_us: 0.02,
+            drift_ppm: 0.0,
+            timestamp_noise_ns: 0.0,
+            step_share: 0.0,
+            step_us: 0.0,
+            step_at_s: 0.0,
+        }
     }
 }
 
-/// One receiver's clock: local = true + offset + drift · true.
+impl ClockModel {
+    /// Perfect clocks.
+    pub const PERFECT: ClockModel = ClockModel {
+        offset_us: 0.0,
+        drift_ppm: 0.0,
+        timestamp_noise_ns: 0.0,
+        step_share: 0.0,
+        step_us: 0.0,
+        step_at_s: 0.0,
+    };
+    /// NTP-class raw clocks (±10 ms, ±50 ppm) with software timestamps (200 ns mean noise).
+    pub const NTP: ClockModel = ClockModel {
+        offset_us: 10_000.0,
+        drift_ppm: 50.0,
+        timestamp_noise_ns: 200.0,
+        step_share: 0.0,
+        step_us: 0.0,
+        step_at_s: 0.0,
+    };
+
+    pub fn validate(&self) -> Result<(), String> {
+        let vals = [self.offset_us, self.drift_ppm, self.timestamp_noise_ns, self.step_us, self.step_at_s];
+        if vals.iter().any(|v| !v.is_finite() || *v < 0.0) || !(0.0..=1.0).contains(&self.step_share) {
+            return Err("clock: offset_us, drift_ppm, timestamp_noise_ns, step_us and step_at_s must be finite and \
+                        not negative; step_share in [0, 1]"
+                .into());
+        }
+        if self.drift_ppm > 1_000.0 {
+            return Err(format!("clock: drift_ppm {} is above 1000", self.drift_ppm));
+        }
+        Ok(())
+    }
+}
+
+/// One node's clock: local = true + offset + drift · true (+ a step from a time on).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Clock {
     pub offset_ns: f64,
     pub drift: f64,
+    /// (true time ns, jump ns)
+    pub step: Option<(u64, f64)>,
 }
 
 impl Clock {
-    pub const PERFECT: Clock = Clock { offset_ns: 0.0, drift: 0.0 };
+    pub const PERFECT: Clock = Clock { offset_ns: 0.0, drift: 0.0, step: None };
 
     pub fn draw(m: &ClockModel, rng: &mut impl Rng) -> Clock {
         let o = m.offset_us * 1e3;
         let d = m.drift_ppm * 1e-6;
-        Clock {
-            offset_ns: if o > 0.0 { rng.gen_range(-o..=o) } else { 0.0 },
-            drift: if d > 0.0 { rng.gen_range(-d..=d) } else { 0.0 },
+        let offset_ns = if o > 0.0 { rng.gen_range(-o..=o) } else { 0.0 };
+        let drift = if d > 0.0 { rng.gen_range(-d..=d) } else { 0.0 };
+        let step = (m.step_share > 0.0 && rng.gen_bool(m.step_share.min(1.0)))
+            .then_some(((m.step_at_s * 1e9) as u64, m.step_us * 1e3));
+        Clock { offset_ns, drift, step }
+    }
+
+    fn jump_at(&self, t: u64) -> f64 {
+        match self.step {
+            Some((at, j)) if t >= at => j,
+            _ => 0.0,
         }
     }
 
     /// Local reading at true time `t`.
     pub fn local(&self, t: u64) -> u64 {
-        (t as f64 * (1.0 + self.drift) + self.offset_ns).max(0.0) as u64
+        (t as f64 * (1.0 + self.drift) + self.offset_ns + self.jump_at(t)).max(0.0) as u64
     }
 
     /// True time at which the local clock reads `l` (the first whole ns at or after).
     pub fn true_at(&self, l: u64) -> u64 {
-        ((l as f64 - self.offset_ns) / (1.0 + self.drift)).max(0.0).ceil() as u64
+        // Float rounding can land a nanosecond short, and a timer that fires
+        // before its local due time would be re-armed at the same instant for ever.
+        let mut t = self.true_at_approx(l);
+        for _ in 0..4 {
+            if self.local(t) >= l {
+                break;
+            }
+            t += 1;
+        }
+        t
+    }
+
+    fn true_at_approx(&self, l: u64) -> u64 {
+        let inv = |jump: f64| ((l as f64 - self.offset_ns - jump) / (1.0 + self.drift)).max(0.0).ceil() as u64;
+        match self.step {
+            None => inv(0.0),
+            Some((at, j)) => {
+                let before = inv(0.0);
+                if before < at {
+                    before
+                } else {
+                    // After the step; a forward jump skips readings: the step's instant.
+                    inv(j).max(at)
+                }
+            }
+        }
     }
 }
 
@@ -183,9 +322,7 @@ impl ModelFile {
     pub fn from_toml(s: &str) -> Result<Self, String> {
         let m: ModelFile = toml::from_str(s).map_err(|e| e.to_string())?;
         m.link.validate()?;
-        if m.clock.offset_us < 0.0 || m.clock.drift_ppm < 0.0 {
-            return Err("clock offset and drift must not be negative".into());
-        }
+        m.clock.validate()?;
         Ok(m)
     }
 }
@@ -207,11 +344,26 @@ mod tests {
 
     #[test]
     fn clocks_invert() {
-        let c = Clock { offset_ns: 1234.5, drift: 20e-6 };
-        for t in [0u64, 1_000, 10_000_000_000] {
-            let l = c.local(t);
-            assert!(c.true_at(l).abs_diff(t) <= 1);
+        for step in [None, Some((5_000, 2_000.0)), Some((5_000, -2_000.0))] {
+            let c = Clock { offset_ns: 1234.5, drift: 20e-6, step };
+            for t in [0u64, 1_000, 4_999, 5_000, 7_000, 10_000_000_000] {
+                let l = c.local(t);
+                assert!(c.true_at(l).abs_diff(t) <= 1 || (step.is_some_and(|s| s.1 < 0.0)), "{step:?} {t}");
+                assert!(c.local(c.true_at(l)) >= l, "{step:?} {t}");
+            }
         }
+    }
+
+    #[test]
+    fn floored_links_have_their_floor() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let m = LinkModel::CLOUD_FLOOR;
+        let v: Vec<u64> = (0..100_000).map(|_| m.sample_ns(&mut rng)).collect();
+        assert_eq!(*v.iter().min().unwrap(), 20_000);
+        let at_floor = v.iter().filter(|&&x| x == 20_000).count() as f64 / v.len() as f64;
+        assert!((0.28..0.32).contains(&at_floor), "{at_floor}");
+        let mean = v.iter().sum::<u64>() as f64 / v.len() as f64 / 1e3;
+        assert!((25.0..=31.0).contains(&mean), "mean {mean}");
     }
 
     #[test]
@@ -231,6 +383,8 @@ mod tests {
 pub struct LinkEmulator {
     pub link: LinkModel,
     rng: rand_chacha::ChaCha12Rng,
+    /// Picks the asymmetric directed links (a hash of the pair with this salt).
+    salt: u64,
     busy_until: Vec<u64>,
     /// (node, start ns, length ns, extra delay ns)
     pub slow: Option<(u32, u64, u64, u64)>,
@@ -238,8 +392,25 @@ pub struct LinkEmulator {
 
 impl LinkEmulator {
     /// Emulates links from `nodes` nodes, drawing from `rng`.
-    pub fn new(link: LinkModel, rng: rand_chacha::ChaCha12Rng, nodes: usize) -> Self {
-        LinkEmulator { link, rng, busy_until: vec![0; nodes], slow: None }
+    pub fn new(link: LinkModel, mut rng: rand_chacha::ChaCha12Rng, nodes: usize) -> Self {
+        let salt = if link.asymmetric_share > 0.0 { rng.gen() } else { 0 };
+        LinkEmulator { link, rng, salt, busy_until: vec![0; nodes], slow: None }
+    }
+
+    /// The extra floor of the directed link `from → to`, ns.
+    pub fn asymmetry_ns(&self, from: u32, to: u32) -> u64 {
+        if self.link.asymmetric_share <= 0.0 {
+            return 0;
+        }
+        let mut z = self.salt ^ (u64::from(from) << 32 | u64::from(to));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        if ((z >> 11) as f64 / (1u64 << 53) as f64) < self.link.asymmetric_share {
+            (self.link.asymmetric_us * 1e3) as u64
+        } else {
+            0
+        }
     }
 
     /// Makes `slow` — (node, start ns, length ns, extra ns) — one node's latency spike.
@@ -248,16 +419,16 @@ impl LinkEmulator {
         self
     }
 
-    /// When a copy node `from` sends at `now` arrives, and when its duplicate
-    /// does (if any); both `None` if it is lost.
-    pub fn arrivals(&mut self, now: u64, from: u32) -> [Option<u64>; 2] {
+    /// When a copy node `from` sends to `to` at `now` arrives, and when its
+    /// duplicate does (if any); both `None` if it is lost.
+    pub fn arrivals(&mut self, now: u64, from: u32, to: u32) -> [Option<u64>; 2] {
         let f = from as usize;
         let depart = now.max(self.busy_until[f]) + (self.link.copy_us * 1e3) as u64;
         self.busy_until[f] = depart;
         if self.link.loss > 0.0 && self.rng.gen_bool(self.link.loss) {
             return [None, None];
         }
-        let mut at = depart + self.link.sample_ns(&mut self.rng);
+        let mut at = depart + self.link.sample_ns(&mut self.rng) + self.asymmetry_ns(from, to);
         if let Some((node, start, len, extra)) = self.slow {
             if node == from && now >= start && now < start + len {
                 at += extra;
@@ -283,7 +454,8 @@ impl ShareLast {
     /// The shared bytes of `bytes` (reused when it is the buffer of the previous call).
     pub fn share(&mut self, bytes: &[u8]) -> std::rc::Rc<[u8]> {
         match &self.last {
-            Some((p, n, rc)) if *p == bytes.as_ptr() && *n == bytes.len() => rc.clone(),
+            // The pointer alone is not enough: a freed buffer's address comes back.
+            Some((p, n, rc)) if *p == bytes.as_ptr() && *n == bytes.len() && **rc == *bytes => rc.clone(),
             _ => {
                 let rc: std::rc::Rc<[u8]> = std::rc::Rc::from(bytes);
                 self.last = Some((bytes.as_ptr(), bytes.len(), rc.clone()));

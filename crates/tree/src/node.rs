@@ -15,11 +15,21 @@
 //! - A **receiver** keeps the first copy, holds it until its deadline and
 //!   releases it then — at once, and counted late, if the deadline has passed.
 //!   It keeps a window of one-way delays and reports its p95 to its parent.
+//!
+//! Every node also runs a [`ClockSync`] (off unless given one with
+//! `with_sync`): its probes travel as overlay [`Kind::Probe`] packets, and
+//! every time argument stays the node's **raw** clock reading. The sender's
+//! clock is the reference; receivers convert to the synchronized clock for
+//! deadlines and one-way delays, and report their error bound, which the
+//! sender's margin covers. A receiver whose bound is above its limit says so
+//! in its reports and marks its releases (`Released::clock_ok`), so fairness
+//! statistics can leave it out rather than be silently wrong.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use fairfeed_wire::overlay::{self, HeaderRepr, Kind, ReportRepr};
+use fairfeed_clock::ClockSync;
+use fairfeed_wire::overlay::{self, HeaderRepr, Kind, ProbeRepr, ReportRepr};
 
 use crate::auth::{Auth, AuthStats};
 use crate::dedup::{Dedup, Seen};
@@ -81,6 +91,45 @@ fn report_packet(cfg: &NodeConfig, auth: Option<&Auth>, origin: u32, now: u64, r
         a.seal(&mut b);
     }
     b
+}
+
+/// Builds a signed probe packet from `origin`.
+pub fn probe_packet(cfg: &NodeConfig, auth: Option<&Auth>, origin: u32, p: &ProbeRepr) -> Vec<u8> {
+    let mut b = vec![0u8; overlay::HEADER_LEN + overlay::PROBE_LEN];
+    let h = HeaderRepr {
+        kind: Some(Kind::Probe),
+        tree: cfg.tree,
+        origin,
+        sequence: p.pair,
+        send_ns: p.tx_ns,
+        payload_len: overlay::PROBE_LEN as u16,
+        ..HeaderRepr::default()
+    };
+    let _ = h.emit(&mut b);
+    let _ = p.emit(&mut b[overlay::HEADER_LEN..]);
+    if let Some(a) = auth {
+        a.seal(&mut b);
+    }
+    b
+}
+
+/// Sends what the node's clock synchronization has due.
+fn sync_timeout(sync: &mut ClockSync, cfg: &NodeConfig, auth: Option<&Auth>, now: u64, tx: &mut impl Transmit) {
+    if sync.next_timeout() > now {
+        return;
+    }
+    let id = sync.id;
+    sync.handle_timeout(now, &mut |to, p| tx.send(to, &probe_packet(cfg, auth, id, p)));
+}
+
+/// Hands a probe (already admitted) to the node's clock synchronization.
+fn sync_probe(sync: &mut ClockSync, now: u64, h: &HeaderRepr, payload: &[u8]) {
+    match ProbeRepr::parse(payload) {
+        Ok(p) => {
+            let _ = sync.handle_probe(now, h.origin, &p);
+        }
+        Err(_) => sync.stats.refused.malformed += 1,
+    }
 }
 
 /// Checks `bytes` against the node's key (if it has one); counts refusals.
@@ -192,6 +241,10 @@ pub struct SenderStats {
     pub margin_ns: i64,
     /// Children that reported before and have gone silent (at the last update).
     pub children_silent: u64,
+    /// The largest clock bound receivers reported (covered by the deadline), ns.
+    pub clock_bound_ns: u64,
+    /// Receivers whose clock bound is above their limit (at the last update).
+    pub clock_unsynced: u64,
     pub auth: AuthStats,
 }
 
@@ -208,6 +261,9 @@ pub struct Sender {
     next_update_ns: u64,
     buf: Vec<u8>,
     auth: Option<Auth>,
+    clock_bound_ns: u64,
+    /// The tree's clock reference.
+    pub sync: ClockSync,
     pub stats: SenderStats,
 }
 
@@ -229,8 +285,16 @@ impl Sender {
             next_update_ns: 0,
             buf: Vec::with_capacity(2048),
             auth: None,
+            clock_bound_ns: 0,
+            sync: ClockSync::off(id),
             stats: SenderStats::default(),
         }
+    }
+
+    /// Runs `sync` (the reference of the tree's clock synchronization).
+    pub fn with_sync(mut self, sync: ClockSync) -> Self {
+        self.sync = sync;
+        self
     }
 
     /// Signs what it sends and checks what it receives with `auth`.
@@ -239,7 +303,8 @@ impl Sender {
         self
     }
 
-    /// The deadline offset in force: OWD_G plus the margin.
+    /// The deadline offset in force: OWD_G plus the margin, plus the
+    /// receivers' largest clock bound (a release may be that early or late).
     pub fn deadline_offset_ns(&self) -> u64 {
         let owd = self.owd_g_ns.unwrap_or(self.cfg.initial_owd_ns) as i64;
         let margin = match (self.rule, &self.controller) {
@@ -247,7 +312,7 @@ impl Sender {
             (_, Some(c)) => c.margin_ns,
             _ => 0,
         };
-        (owd + margin).max(0) as u64
+        (owd + margin).max(0) as u64 + self.clock_bound_ns
     }
 
     /// Sends one market-data payload (a MoldUDP64 packet) down the tree;
@@ -278,20 +343,34 @@ impl Sender {
         self.seq
     }
 
-    /// A report from a layer-0 child.
-    pub fn handle_report(&mut self, now: u64, bytes: &[u8]) {
+    /// A packet from below: a report from a layer-0 child, or a probe.
+    pub fn handle_packet(&mut self, now: u64, bytes: &[u8]) {
         if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, now) {
             return;
         }
         let Ok((h, p)) = HeaderRepr::parse(bytes) else { return };
-        let Ok(r) = ReportRepr::parse(p) else { return };
-        if h.kind == Some(Kind::Report) {
-            self.reports.record(h.origin, r, now);
-            self.stats.reports += 1;
+        match h.kind {
+            Some(Kind::Report) => {
+                let Ok(r) = ReportRepr::parse(p) else { return };
+                self.reports.record(h.origin, r, now);
+                self.stats.reports += 1;
+            }
+            Some(Kind::Probe) => sync_probe(&mut self.sync, now, &h, p),
+            _ => {}
         }
         if now >= self.next_update_ns {
             self.update(now);
         }
+    }
+
+    /// When the sender's probes are next due (its reports are handled as they come).
+    pub fn next_timeout(&self) -> u64 {
+        self.sync.next_timeout()
+    }
+
+    /// Sends the probes that are due.
+    pub fn handle_timeout(&mut self, now: u64, tx: &mut impl Transmit) {
+        sync_timeout(&mut self.sync, &self.cfg, self.auth.as_ref(), now, tx);
     }
 
     /// Recomputes OWD_G (and the controller) from fresh reports; called each interval.
@@ -302,11 +381,14 @@ impl Sender {
             if r.owd_p95_ns > 0 {
                 self.owd_g_ns = Some(r.owd_p95_ns);
             }
+            self.clock_bound_ns = r.clock_bound_ns;
+            self.stats.clock_unsynced = u64::from(r.clock_unsynced);
             if let Some(c) = &mut self.controller {
                 c.update(&r, self.owd_g_ns.unwrap_or(0));
             }
         }
         self.stats.owd_g_ns = self.owd_g_ns.unwrap_or(0);
+        self.stats.clock_bound_ns = self.clock_bound_ns;
         self.stats.children_silent = self.reports.silent;
         self.stats.margin_ns = self.controller.map_or(0, |c| c.margin_ns);
     }
@@ -338,6 +420,7 @@ pub struct Proxy {
     reports: ChildReports,
     next_report_ns: u64,
     auth: Option<Auth>,
+    pub sync: ClockSync,
     pub stats: ProxyStats,
 }
 
@@ -354,6 +437,7 @@ impl Proxy {
             reports: ChildReports::default(),
             next_report_ns: cfg.report_interval_ns,
             auth: None,
+            sync: ClockSync::off(id),
             stats: ProxyStats::default(),
         }
     }
@@ -364,12 +448,20 @@ impl Proxy {
         self
     }
 
+    /// Synchronizes its clock with `sync`.
+    pub fn with_sync(mut self, sync: ClockSync) -> Self {
+        self.sync = sync;
+        self
+    }
+
     /// A packet arrived (data from above or a report from below).
-    pub fn handle_packet(&mut self, now: u64, bytes: &mut [u8], tx: &mut impl Transmit) {
+    pub fn handle_packet(&mut self, raw: u64, bytes: &mut [u8], tx: &mut impl Transmit) {
         let Ok((h, payload)) = HeaderRepr::parse(bytes) else {
             self.stats.bad_packets += 1;
             return;
         };
+        // Probes carry raw clocks; everything else the synchronized one.
+        let now = if h.kind == Some(Kind::Probe) { raw } else { self.sync.now_sync(raw) };
         if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, now) {
             return;
         }
@@ -395,17 +487,20 @@ impl Proxy {
                     self.stats.reports_in += 1;
                 }
             }
+            Some(Kind::Probe) => sync_probe(&mut self.sync, now, &h, payload),
             _ => {}
         }
     }
 
-    /// When the next report is due.
+    /// When the next report or probe is due (raw local time).
     pub fn next_timeout(&self) -> u64 {
-        self.next_report_ns
+        self.sync.to_local(self.next_report_ns).min(self.sync.next_timeout())
     }
 
-    /// Sends the merged report up if it is due.
-    pub fn handle_timeout(&mut self, now: u64, tx: &mut impl Transmit) {
+    /// Sends the merged report up if it is due, and the probes that are (`raw`: the raw local clock).
+    pub fn handle_timeout(&mut self, raw: u64, tx: &mut impl Transmit) {
+        sync_timeout(&mut self.sync, &self.cfg, self.auth.as_ref(), raw, tx);
+        let now = self.sync.now_sync(raw);
         if now < self.next_report_ns {
             return;
         }
@@ -431,6 +526,9 @@ pub struct Released {
     pub send_ns: u64,
     /// It arrived after its deadline, so it was released on arrival.
     pub late: bool,
+    /// The receiver's clock was within its bound limit at the release (off:
+    /// leave this release out of fairness statistics).
+    pub clock_ok: bool,
 }
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -454,6 +552,8 @@ pub struct ReceiverStats {
     pub hold_overflow: u64,
     pub hold_sum_ns: u64,
     pub reports_out: u64,
+    /// Releases made while the clock bound was above its limit.
+    pub clock_unsynced_releases: u64,
     pub auth: AuthStats,
 }
 
@@ -470,6 +570,9 @@ pub struct Receiver {
     /// Released messages not yet taken by the application.
     ready: std::collections::VecDeque<Released>,
     auth: Option<Auth>,
+    pub sync: ClockSync,
+    /// Raw clock reading of the last event (for the clock's state at a release).
+    last_local: u64,
     pub stats: ReceiverStats,
 }
 
@@ -486,6 +589,8 @@ impl Receiver {
             next_report_ns: cfg.report_interval_ns,
             ready: Default::default(),
             auth: None,
+            sync: ClockSync::off(id),
+            last_local: 0,
             stats: ReceiverStats::default(),
         }
     }
@@ -496,12 +601,27 @@ impl Receiver {
         self
     }
 
-    /// A data packet arrived at local time `now`.
-    pub fn handle_packet(&mut self, now: u64, bytes: &[u8]) {
+    /// Synchronizes its clock with `sync`; deadlines are then met on the synchronized clock.
+    pub fn with_sync(mut self, sync: ClockSync) -> Self {
+        self.sync = sync;
+        self
+    }
+
+    /// A packet arrived at raw local time `raw`: data, or a probe.
+    pub fn handle_packet(&mut self, raw: u64, bytes: &[u8]) {
+        self.last_local = raw;
         let Ok((h, payload)) = HeaderRepr::parse(bytes) else {
             self.stats.bad_packets += 1;
             return;
         };
+        if h.kind == Some(Kind::Probe) {
+            if admit(self.auth.as_ref(), &mut self.stats.auth, bytes, raw) {
+                sync_probe(&mut self.sync, raw, &h, payload);
+            }
+            return;
+        }
+        // Data carries times on the synchronized clock.
+        let now = self.sync.now_sync(raw);
         if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, now) {
             return;
         }
@@ -550,6 +670,8 @@ impl Receiver {
         // little after the deadline is the shell's release precision, measured apart.
         let late = h.arrival_ns > h.deadline_ns;
         let hold_ns = h.deadline_ns.saturating_sub(h.arrival_ns);
+        let clock_ok = self.sync.within_limit(self.last_local);
+        self.stats.clock_unsynced_releases += u64::from(!clock_ok);
         self.stats.released += 1;
         self.interval.messages = self.interval.messages.saturating_add(1);
         if late {
@@ -567,16 +689,21 @@ impl Receiver {
             arrival_ns: h.arrival_ns,
             send_ns: h.send_ns,
             late,
+            clock_ok,
         });
     }
 
-    /// The earliest time something is due: a held deadline or a report.
+    /// The earliest raw local time something is due: a held deadline, a report, a probe.
     pub fn next_timeout(&self) -> u64 {
-        self.held.peek().map_or(self.next_report_ns, |Reverse(h)| h.deadline_ns.min(self.next_report_ns))
+        let deadline = self.held.peek().map_or(u64::MAX, |Reverse(h)| self.sync.to_local(h.deadline_ns));
+        deadline.min(self.sync.to_local(self.next_report_ns)).min(self.sync.next_timeout())
     }
 
-    /// Releases what is due and sends the report when due.
-    pub fn handle_timeout(&mut self, now: u64, tx: &mut impl Transmit) {
+    /// Releases what is due, sends the report and the probes when due (`raw`: the raw local clock).
+    pub fn handle_timeout(&mut self, raw: u64, tx: &mut impl Transmit) {
+        self.last_local = raw;
+        sync_timeout(&mut self.sync, &self.cfg, self.auth.as_ref(), raw, tx);
+        let now = self.sync.now_sync(raw);
         while self.held.peek().is_some_and(|Reverse(h)| h.deadline_ns <= now) {
             if let Some(Reverse(h)) = self.held.pop() {
                 self.release(h);
@@ -586,6 +713,11 @@ impl Receiver {
             self.next_report_ns = now + self.cfg.report_interval_ns;
             if let Some(p) = self.owd.quantile(self.cfg.owd_quantile) {
                 self.interval.owd_p95_ns = p;
+                if self.sync.within_limit(raw) {
+                    self.interval.clock_bound_ns = self.sync.bound_ns(raw);
+                } else {
+                    self.interval.clock_unsynced = 1;
+                }
                 let p = report_packet(&self.cfg, self.auth.as_ref(), self.id, now, &self.interval);
                 tx.send(self.parent, &p);
                 self.stats.reports_out += 1;

@@ -366,6 +366,24 @@ pub fn to_dot(t: &Topology, tree: usize) -> String {
     s
 }
 
+/// The clock-synchronization probe graph of tree `tree`: every node's peers
+/// (its parent, the proxies that hedge for it, `random` random nodes of the
+/// tree; symmetric). A pure function of the topology and `seed`, so every node
+/// process computes the same graph from the topology file.
+pub fn probe_graph(t: &Topology, tree: usize, random: usize, seed: u64) -> std::collections::BTreeMap<u32, Vec<u32>> {
+    use fairfeed_clock::graph::{peers, Member};
+    let Some(tr) = t.trees.get(tree) else { return Default::default() };
+    let mut parents: std::collections::BTreeMap<u32, Vec<u32>> =
+        tr.nodes.iter().map(|n| (n.id, n.parent.into_iter().collect())).collect();
+    for n in &tr.nodes {
+        for &h in &n.hedge_targets {
+            parents.entry(h).or_default().push(n.id);
+        }
+    }
+    let members: Vec<Member> = parents.into_iter().map(|(id, parents)| Member { id, parents }).collect();
+    peers(&members, random, seed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -159,7 +159,7 @@ fn run_with(
                 attack(&mut net, to, &bytes, &mut history);
             }
             if to == sender.id {
-                sender.handle_report(t, &bytes);
+                sender.handle_packet(t, &bytes);
             } else if let Some(p) = proxies.get_mut(&to) {
                 p.handle_packet(t, &mut bytes, &mut Tx(&mut net));
             } else if let Some(r) = rx.get_mut(&to) {

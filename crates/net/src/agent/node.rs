@@ -66,7 +66,8 @@ impl Transmit for Pending<'_> {
             return;
         };
         let shared = match &self.last {
-            Some((p, n, a)) if *p == bytes.as_ptr() && *n == bytes.len() => a.clone(),
+            // The pointer alone is not enough: a freed buffer's address comes back.
+            Some((p, n, a)) if *p == bytes.as_ptr() && *n == bytes.len() && **a == *bytes => a.clone(),
             _ => {
                 let a: Arc<[u8]> = Arc::from(bytes);
                 self.last = Some((bytes.as_ptr(), bytes.len(), a.clone()));
@@ -475,7 +476,8 @@ impl Agent<'_> {
         let id = self.cfg.id;
         for (to, bytes) in self.pending.drain(..) {
             let dues = match &mut self.emu {
-                Some(e) => e.arrivals(now, id),
+                // The destination id is not kept here: asymmetry, if modelled, is per sending node.
+                Some(e) => e.arrivals(now, id, 0),
                 None => [Some(now), None],
             };
             for due_ns in dues.into_iter().flatten() {
@@ -551,7 +553,7 @@ impl Agent<'_> {
             // A new packet starts a new shared buffer.
             tx.last = None;
             match live {
-                Live::Sender(s) => s.handle_report(now, b),
+                Live::Sender(s) => s.handle_packet(now, b),
                 Live::Proxy(p) => p.handle_packet(now, b, &mut tx),
                 Live::Receiver(r) => {
                     let before = r.stats.received - r.stats.duplicates - r.stats.too_old;
