@@ -16,12 +16,16 @@ use std::collections::VecDeque;
 /// Samples kept per direction at most.
 pub const WINDOW_SAMPLES_MAX: usize = 512;
 
-/// A fit must span this long before a sample far below it counts as a step
-/// (a short window's slope extrapolates badly).
-pub const STEP_SPAN_NS: u64 = 1_000_000_000;
+/// A sample counts as a step only if it is below the fit by more than the
+/// step threshold plus this slope error (20 ppm) times its distance from the
+/// window's oldest sample: a few-sample window's slope extrapolates badly.
+pub const STEP_SLOPE_TOLERANCE: f64 = 2e-5;
 
-/// Windows spanning at least this take their slope from the two halves' lowest points.
-pub const HALVES_SPAN_NS: u64 = 2_000_000_000;
+/// Samples each third needs for the long-baseline slope (one queued sample
+/// alone must not set it).
+pub const THIRD_SAMPLES: usize = 3;
+/// Windows spanning at least this take their slope from the lowest points of their first and last thirds.
+pub const THIRDS_SPAN_NS: u64 = 2_000_000_000;
 
 /// A fitted line `y = y0 + slope · (x − x0)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,8 +45,9 @@ impl Line {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offer {
     Added,
-    /// Far below the fitted line: one of the clocks jumped. The window was cleared.
-    Step,
+    /// Far below the fitted line (by this many ns): one of the clocks jumped.
+    /// The window was cleared.
+    Step(i64),
 }
 
 /// The sliding window of samples and its fit.
@@ -98,14 +103,18 @@ impl Envelope {
     /// is held back a sample (a window of queued samples and one at the floor
     /// look the same), then taken in.
     pub fn offer(&mut self, x: u64, y: i64, window_ns: u64, step_ns: u64, min: usize) -> Offer {
-        if let Some(f) = self.fit(min).filter(|_| self.span() >= STEP_SPAN_NS) {
-            if (y as f64) < f.at(x) - step_ns as f64 {
+        if let Some(f) = self.fit(min) {
+            // The fit's slope is uncertain: allow for STEP_SLOPE_TOLERANCE over
+            // the distance from the window's oldest sample.
+            let reach = x.saturating_sub(self.samples.front().map_or(x, |s| s.0)) as f64;
+            if (y as f64) < f.at(x) - step_ns as f64 - STEP_SLOPE_TOLERANCE * reach {
                 if let Some(first) = self.low.take() {
+                    let below = (f.at(x) - y as f64) as i64;
                     self.clear();
                     self.samples.push_back(first);
                     self.insert(x, y, window_ns);
                     self.refit();
-                    return Offer::Step;
+                    return Offer::Step(below);
                 }
                 self.low = Some((x, y));
                 return Offer::Added;
@@ -169,17 +178,25 @@ pub fn lower_fit(pts: &[(u64, i64)]) -> Option<Line> {
     }
     let span = rel.last().map_or(0, |p| p.0);
     let mut slope = hull_slope(&hull, &rel);
-    if span as u64 >= HALVES_SPAN_NS {
+    if span as u64 >= THIRDS_SPAN_NS {
         // Long baseline: detrended by the hull's slope, the line through the
-        // lowest point of each half of the window. Its slope errs by the
+        // lowest points of the window's first and last thirds. Its slope errs by the
         // noise over half the span; the hull edge at the mean can be two
         // close points, whose slope, extrapolated to the window's end, errs
         // by far more.
         let r = |p: &(i128, i128)| p.1 as f64 - slope * p.0 as f64;
+        // First and last third: the baseline is at least a third of the span
+        // (halves' minima can sit side by side at the boundary).
         let lowest = |first: bool| {
-            rel.iter().filter(|p| (p.0 * 2 < span) == first).min_by(|a, b| r(a).total_cmp(&r(b))).copied()
+            rel.iter()
+                .filter(|p| if first { p.0 * 3 < span } else { p.0 * 3 >= span * 2 })
+                .min_by(|a, b| r(a).total_cmp(&r(b)))
+                .copied()
         };
-        if let (Some(a), Some(b)) = (lowest(true), lowest(false)) {
+        let enough = |first: bool| {
+            rel.iter().filter(|p| if first { p.0 * 3 < span } else { p.0 * 3 >= span * 2 }).count() >= THIRD_SAMPLES
+        };
+        if let (true, true, Some(a), Some(b)) = (enough(true), enough(false), lowest(true), lowest(false)) {
             if b.0 > a.0 {
                 slope += (r(&b) - r(&a)) / (b.0 - a.0) as f64;
             }
@@ -220,7 +237,7 @@ mod tests {
     #[test]
     fn window_slides_and_steps_clear_it() {
         let mut e = Envelope::default();
-        let s = STEP_SPAN_NS / 4;
+        let s = 250_000_000;
         for k in 0..10u64 {
             e.offer(k * s, 500, 5 * s, 10_000, 2);
         }
@@ -236,7 +253,7 @@ mod tests {
             e.offer(k * s, 500, 5 * s, 10_000, 2);
         }
         assert_eq!(e.offer(11 * s, -50_000, 5 * s, 10_000, 2), Offer::Added);
-        assert_eq!(e.offer(12 * s, -50_010, 5 * s, 10_000, 2), Offer::Step);
+        assert!(matches!(e.offer(12 * s, -50_010, 5 * s, 10_000, 2), Offer::Step(b) if b > 50_000));
         assert_eq!(e.len(), 2);
     }
 

@@ -220,8 +220,10 @@ pub struct SyncStats {
     pub echoes: u64,
     pub bad_echoes: u64,
     pub refused: Refused,
-    /// Clock steps detected (a peer's or our own).
+    /// Clock steps detected (a peer's or our own), and the last one:
+    /// (peer, forward direction?, ns below the envelope).
     pub steps: u64,
+    pub last_step: Option<(u32, bool, i64)>,
     /// Edges flagged as asymmetric now, and flaggings so far.
     pub asymmetric_edges: u64,
     pub asymmetric_flagged: u64,
@@ -616,7 +618,10 @@ impl ClockSync {
                 peer.last_echo_tx = p.echo_tx_ns;
                 let y = p.echo_rx_ns as i64 - p.echo_tx_ns as i64;
                 stats.echoes += 1;
-                stepped |= peer.rev.offer(p.echo_tx_ns, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) == Offer::Step;
+                if let Offer::Step(b) = peer.rev.offer(p.echo_tx_ns, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) {
+                    stepped = true;
+                    stats.last_step = Some((peer.id, false, b));
+                }
             } else {
                 stats.bad_echoes += 1;
             }
@@ -634,7 +639,10 @@ impl ClockSync {
                     let (y0, y1) = (rx0 as i64 - tx0 as i64, now as i64 - p.tx_ns as i64);
                     let (x, y, tx) = if y0 <= y1 { (rx0, y0, tx0) } else { (now, y1, p.tx_ns) };
                     peer.echo = Some((tx, x));
-                    stepped |= peer.fwd.offer(x, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) == Offer::Step;
+                    if let Offer::Step(b) = peer.fwd.offer(x, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) {
+                        stepped = true;
+                        stats.last_step = Some((peer.id, true, b));
+                    }
                 }
             }
             _ => peer.first = None,
