@@ -37,6 +37,35 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Clock synchronization over real sockets: the tree's node agents on
+    /// loopback, each with a random injected clock offset and drift; reports
+    /// |estimated − injected offset against the reference| after the warm-up.
+    ClockSync {
+        /// Nodes (sender, proxies and receivers of a small hedged tree).
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(3..=128))]
+        nodes: u64,
+        /// Measured seconds after the warm-up.
+        #[arg(long, default_value_t = 10.0, value_parser = bench_seconds)]
+        seconds: f64,
+        /// Synchronization warm-up, seconds (not measured).
+        #[arg(long, default_value_t = 10.0, value_parser = bench_seconds)]
+        warmup: f64,
+        /// Injected offsets uniform in ± this many ns.
+        #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(i64).range(0..=3_600_000_000_000))]
+        max_offset_ns: i64,
+        /// Injected drifts uniform in ± this many ppm.
+        #[arg(long, default_value_t = 100.0, value_parser = bench_ppm)]
+        max_drift_ppm: f64,
+        /// The feed the sender multicasts meanwhile, messages/s.
+        #[arg(long, default_value_t = 1_000.0, value_parser = bench_rate)]
+        rate: f64,
+        /// Seed of the injected clocks.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Latency added by the live arbitrator, beside a bare UDP forwarder, on loopback.
     ArbLatency {
         /// Packets timed per path.
@@ -54,8 +83,63 @@ pub enum Bench {
     },
 }
 
+fn bench_seconds(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.1, 3_600.0, "seconds")
+}
+
+fn bench_ppm(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.0, 1_000.0, "ppm")
+}
+
+fn bench_rate(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 1.0, 100_000.0, "messages/s")
+}
+
+/// `fairfeed bench clock-sync`.
+fn clock_sync_cmd(b: Bench) -> anyhow::Result<()> {
+    let Bench::ClockSync { nodes, seconds, warmup, max_offset_ns, max_drift_ppm, rate, seed, json } = b else {
+        anyhow::bail!("internal: clock_sync_cmd takes the clock-sync bench");
+    };
+    let c = fairfeed_net::bench_clock::ClockBenchConfig {
+        nodes: nodes as usize,
+        seconds,
+        warmup_s: warmup,
+        max_offset_ns,
+        max_drift_ppm,
+        rate_per_s: rate,
+        seed,
+    };
+    let pb = crate::fmt::progress(((seconds + warmup) * 10.0) as u64, "clock-sync: warming up, then measuring");
+    let r = fairfeed_net::bench_clock::clock_sync(&c, |s| pb.set_position((s * 10.0) as u64))
+        .map_err(anyhow::Error::msg)?;
+    pb.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "clock-sync, {} nodes on loopback (offsets ±{} ns, drifts ±{} ppm, {} s warm-up, {} s measured):\n  \
+             |error| p50 {:.0} ns, p99 {:.0} ns, max {:.0} ns over {} samples ({:.1} % synced); \
+             probes {:.2} % of packets; pure pairs {:.1} %",
+            r.nodes,
+            r.max_offset_ns,
+            r.max_drift_ppm,
+            r.warmup_s,
+            r.seconds,
+            r.error_p50_ns,
+            r.error_p99_ns,
+            r.error_max_ns,
+            r.samples,
+            r.synced_share * 100.0,
+            r.probe_share * 100.0,
+            r.pure_fraction * 100.0
+        );
+    }
+    Ok(())
+}
+
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
+        b @ Bench::ClockSync { .. } => clock_sync_cmd(b),
         Bench::ProxyHop { samples, ladder: true, json, .. } => {
             anyhow::ensure!((100..=10_000_000).contains(&samples), "--samples must be 100..=10,000,000");
             let rungs = proxy_ladder(samples)?;

@@ -86,6 +86,56 @@ pub struct Common {
     /// Receivers release on arrival (no hold-and-release).
     #[arg(long)]
     no_hold: bool,
+    /// The clock: `system` trusts CLOCK_REALTIME (hosts disciplined by PTP or
+    /// chrony); `sync` runs fairfeed's synchronization with the tree's other
+    /// nodes (the sender's clock is the reference; give every node of the
+    /// tree the same); `measure` probes and reports (`fairfeed stat`:
+    /// node.clock) without correcting the clock.
+    #[arg(long, value_enum, default_value_t = ClockArg::System)]
+    clock: ClockArg,
+    /// Random probe peers per node beside parents and hedge parents (same on every node).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
+    clock_peers: u16,
+    /// A receiver whose clock error bound is above this (ns) is left out of fairness figures.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    clock_bound_limit_ns: u64,
+    /// Testing: add this to every reading of this node's clock, ns (±1 hour).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i64).range(-3_600_000_000_000..=3_600_000_000_000))]
+    clock_offset_ns: i64,
+    /// Testing: make this node's clock run fast (or slow, negative) by this many ppm (±1,000).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true, value_parser = ppm_range)]
+    clock_drift_ppm: f64,
+}
+
+/// How a node treats its clock.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClockArg {
+    System,
+    Sync,
+    Measure,
+}
+
+fn ppm_range(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, -1_000.0, 1_000.0, "ppm")
+}
+
+fn clock_opts(c: &Common) -> fairfeed_net::agent::ClockOpts {
+    use fairfeed_clock::{SyncConfig, SyncMode};
+    let mode = match c.clock {
+        ClockArg::System => SyncMode::Off,
+        ClockArg::Sync => SyncMode::Sync,
+        ClockArg::Measure => SyncMode::MeasureOnly,
+    };
+    fairfeed_net::agent::ClockOpts {
+        sync: SyncConfig { mode, bound_limit_ns: c.clock_bound_limit_ns, ..SyncConfig::default() },
+        random_peers: usize::from(c.clock_peers),
+        skew: fairfeed_clock::skew::Skew {
+            offset_ns: c.clock_offset_ns,
+            drift_ppm: c.clock_drift_ppm,
+            epoch_ns: fairfeed_net::agent::wall_ns(),
+        },
+    }
 }
 
 #[derive(clap::Args)]
@@ -211,6 +261,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         max_seconds: c.seconds,
         job,
         stop,
+        clock: clock_opts(c),
     })
 }
 

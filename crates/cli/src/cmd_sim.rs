@@ -170,21 +170,11 @@ pub enum OnOff {
 }
 
 fn seconds_range(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
-    if v.is_finite() && (0.001..=3_600.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{s} is out of range 0.001..=3600 seconds"))
-    }
+    crate::fmt::f64_in(s, 0.001, 3_600.0, "seconds")
 }
 
 fn rate_range(s: &str) -> Result<f64, String> {
-    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
-    if v.is_finite() && (1.0..=1_000_000.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("{s} is out of range 1..=1000000 messages/s"))
-    }
+    crate::fmt::f64_in(s, 1.0, 1_000_000.0, "messages/s")
 }
 
 fn read_model(p: &std::path::Path) -> anyhow::Result<ModelFile> {

@@ -39,3 +39,13 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     pb.set_message(what.to_string());
     pb
 }
+
+/// A clap value parser for a finite number in `lo..=hi` (`unit` names it in the error).
+pub fn f64_in(s: &str, lo: f64, hi: f64, unit: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if v.is_finite() && (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is out of range {lo}..={hi} {unit}"))
+    }
+}

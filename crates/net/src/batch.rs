@@ -9,7 +9,9 @@ use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 
 use nix::errno::Errno;
-use nix::sys::socket::{recvmmsg, sendmmsg, ControlMessage, MsgFlags, MultiHeaders, SockaddrIn, SockaddrStorage};
+use nix::sys::socket::{
+    recvmmsg, sendmmsg, ControlMessage, ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrIn, SockaddrStorage,
+};
 
 /// Datagrams per system call at most.
 pub const BATCH_MAX: usize = 32;
@@ -21,22 +23,38 @@ pub struct BatchRecv {
     headers: MultiHeaders<SockaddrStorage>,
     bufs: Vec<Vec<u8>>,
     lens: [usize; BATCH_MAX],
+    /// The kernel's receive time of each datagram (CLOCK_REALTIME ns), when asked for.
+    stamps: [Option<u64>; BATCH_MAX],
 }
 
 impl Default for BatchRecv {
     fn default() -> Self {
-        BatchRecv {
-            headers: MultiHeaders::preallocate(BATCH_MAX, None),
-            bufs: (0..BATCH_MAX).map(|_| vec![0u8; DATAGRAM_MAX]).collect(),
-            lens: [0; BATCH_MAX],
-        }
+        BatchRecv::new(false)
     }
 }
 
 impl BatchRecv {
+    /// Buffers for a batch; `timestamps` makes room for each datagram's
+    /// kernel receive time (the socket must have [`enable_rx_timestamps`]).
+    pub fn new(timestamps: bool) -> Self {
+        let cmsg = timestamps.then(|| nix::cmsg_space!(nix::sys::time::TimeSpec));
+        BatchRecv {
+            headers: MultiHeaders::preallocate(BATCH_MAX, cmsg),
+            bufs: (0..BATCH_MAX).map(|_| vec![0u8; DATAGRAM_MAX]).collect(),
+            lens: [0; BATCH_MAX],
+            stamps: [None; BATCH_MAX],
+        }
+    }
+
     /// Reads what is waiting on non-blocking `sock` (up to [`BATCH_MAX`]) and
     /// hands each datagram to `f`; returns how many there were.
     pub fn recv(&mut self, sock: &UdpSocket, mut f: impl FnMut(&mut [u8])) -> usize {
+        self.recv_stamped(sock, |b, _| f(b))
+    }
+
+    /// As [`BatchRecv::recv`], with each datagram's kernel receive time
+    /// (CLOCK_REALTIME ns) when the socket and buffers were set up for it.
+    pub fn recv_stamped(&mut self, sock: &UdpSocket, mut f: impl FnMut(&mut [u8], Option<u64>)) -> usize {
         let n = {
             let mut iovs: Vec<[IoSliceMut<'_>; 1]> =
                 self.bufs.iter_mut().map(|b| [IoSliceMut::new(&mut b[..])]).collect();
@@ -45,6 +63,14 @@ impl BatchRecv {
                     let mut n = 0;
                     for (i, m) in res.enumerate() {
                         self.lens[i] = m.bytes;
+                        self.stamps[i] = m.cmsgs().ok().and_then(|mut c| {
+                            c.find_map(|c| match c {
+                                ControlMessageOwned::ScmTimestampns(t) => {
+                                    Some(t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+                                }
+                                _ => None,
+                            })
+                        });
                         n = i + 1;
                     }
                     n
@@ -54,10 +80,17 @@ impl BatchRecv {
         };
         for i in 0..n {
             let len = self.lens[i].min(DATAGRAM_MAX);
-            f(&mut self.bufs[i][..len]);
+            f(&mut self.bufs[i][..len], self.stamps[i]);
         }
         n
     }
+}
+
+/// Asks the kernel to stamp every datagram `sock` receives (SO_TIMESTAMPNS):
+/// the time it arrived, not when a busy or parked thread got to it.
+pub fn enable_rx_timestamps(sock: &UdpSocket) -> std::io::Result<()> {
+    nix::sys::socket::setsockopt(sock, nix::sys::socket::sockopt::ReceiveTimestampns, &true)
+        .map_err(std::io::Error::from)
 }
 
 /// Reusable headers for `sendmmsg`.

@@ -99,6 +99,7 @@ fn start_proxy(
         max_seconds: Some(600.0),
         job: Job::Proxy,
         stop: stop.clone(),
+        clock: crate::agent::ClockOpts::default(),
     };
     let handle = thread::Builder::new().name("proxy".into()).spawn(move || run_agent(&cfg, |_, _| {}))?;
     thread::sleep(Duration::from_millis(100));

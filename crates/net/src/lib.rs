@@ -12,6 +12,7 @@ pub mod arb_live;
 pub mod arb_offline;
 pub mod batch;
 pub mod bench;
+pub mod bench_clock;
 pub mod bench_tree;
 pub mod exchange_bench;
 pub mod exchange_live;

@@ -113,6 +113,30 @@ pub struct AgentConfig {
     pub job: Job,
     /// Set from outside (a signal handler) to stop the node.
     pub stop: Arc<AtomicBool>,
+    /// Clock synchronization and (for tests) a deliberately wrong clock.
+    pub clock: ClockOpts,
+}
+
+/// How a node treats its clock.
+#[derive(Debug, Clone, Copy)]
+pub struct ClockOpts {
+    /// `Off`: trust CLOCK_REALTIME (PTP/chrony-disciplined hosts); `Sync`:
+    /// fairfeed's synchronization; `MeasureOnly`: probe and report, no correction.
+    pub sync: fairfeed_clock::SyncConfig,
+    /// Random probe peers per node beside parents and hedge parents.
+    pub random_peers: usize,
+    /// Added to this node's clock readings (tests and benchmarks on one host).
+    pub skew: fairfeed_clock::skew::Skew,
+}
+
+impl Default for ClockOpts {
+    fn default() -> Self {
+        ClockOpts {
+            sync: fairfeed_clock::SyncConfig { mode: fairfeed_clock::SyncMode::Off, ..Default::default() },
+            random_peers: 2,
+            skew: fairfeed_clock::skew::Skew::NONE,
+        }
+    }
 }
 
 /// One release at a receiver, all times CLOCK_REALTIME ns.

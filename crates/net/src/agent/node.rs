@@ -10,9 +10,10 @@ use fairfeed_arb::core::{
 };
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
+use fairfeed_clock::ClockSync;
 use fairfeed_sim::model::LinkEmulator;
 use fairfeed_tree::node::{Proxy, Receiver, Released, Sender, Transmit};
-use fairfeed_tree::plan::{Node, Role};
+use fairfeed_tree::plan::{probe_graph, Node, Role};
 use fairfeed_wire::moldudp64::RequestRepr;
 use hdrhistogram::Histogram;
 use nix::poll::{ppoll, PollFd, PollFlags};
@@ -397,21 +398,35 @@ impl<'c> Agent<'c> {
         let sock = bind_udp(addr, SOCKET_RECV_BUFFER).map_err(|e| {
             AgentError::Io(format!("node {}: binding {addr} (in use, or not an address of this host?)", me.id), e)
         })?;
+        let stamped = cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off;
+        if stamped {
+            // Probes need each datagram's own arrival time (two probes read in one
+            // batch would otherwise share one reading).
+            crate::batch::enable_rx_timestamps(&sock)
+                .map_err(|e| AgentError::Io(format!("node {}: SO_TIMESTAMPNS", me.id), e))?;
+        }
         let mut tuning = cfg.tuning.apply_process();
         tuning.extend(cfg.tuning.apply_thread(0));
         tuning.extend(cfg.tuning.apply_socket(&sock));
         let sender = cfg.topology.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
         let parent = me.parent.unwrap_or(sender);
         let a = cfg.auth.clone();
+        let sync = if cfg.clock.sync.mode == fairfeed_clock::SyncMode::Off {
+            ClockSync::off(me.id)
+        } else {
+            let graph = probe_graph(&cfg.topology, 0, cfg.clock.random_peers, cfg.seed);
+            let peers = graph.get(&me.id).cloned().unwrap_or_default();
+            ClockSync::new(me.id, &peers, me.id == sender, cfg.clock.sync)
+        };
         let live = match (&me.role, &cfg.job) {
-            (Role::Sender, Job::Sender(_)) => {
-                Live::Sender(Box::new(Sender::new(me.id, me.children.clone(), cfg.node, cfg.rule).with_auth(a)))
-            }
-            (Role::Proxy, Job::Proxy) => {
-                Live::Proxy(Box::new(Proxy::new(me.id, parent, &me.children, &me.hedge_targets, cfg.node).with_auth(a)))
-            }
+            (Role::Sender, Job::Sender(_)) => Live::Sender(Box::new(
+                Sender::new(me.id, me.children.clone(), cfg.node, cfg.rule).with_auth(a).with_sync(sync),
+            )),
+            (Role::Proxy, Job::Proxy) => Live::Proxy(Box::new(
+                Proxy::new(me.id, parent, &me.children, &me.hedge_targets, cfg.node).with_auth(a).with_sync(sync),
+            )),
             (Role::Receiver, Job::Receiver(_)) => {
-                Live::Receiver(Box::new(Receiver::new(me.id, parent, cfg.node).with_auth(a)))
+                Live::Receiver(Box::new(Receiver::new(me.id, parent, cfg.node).with_auth(a).with_sync(sync)))
             }
             (role, _) => {
                 return Err(AgentError::Config(format!(
@@ -423,7 +438,7 @@ impl<'c> Agent<'c> {
         };
         let now = wall_ns();
         let feed = match &cfg.job {
-            Job::Sender(j) => Some(start_feed(j, now)?),
+            Job::Sender(j) => Some(start_feed(j, cfg.clock.skew.local(now))?),
             _ => None,
         };
         let delivery = match &cfg.job {
@@ -452,7 +467,7 @@ impl<'c> Agent<'c> {
             pending: Vec::with_capacity(256),
             outbox,
             tx,
-            recv: BatchRecv::default(),
+            recv: BatchRecv::new(stamped),
             packets_in: 0,
             recv_calls: 0,
             unknown_destination: 0,
@@ -549,7 +564,10 @@ impl Agent<'_> {
         let mut tx =
             Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
         let hists = &mut self.hists;
-        let n = self.recv.recv(&self.sock, |b| {
+        let skew = self.cfg.clock.skew;
+        let n = self.recv.recv_stamped(&self.sock, |b, stamp| {
+            // The kernel's arrival time where it gave one (clock sync asks for it).
+            let now = stamp.map_or(now, |t| skew.local(t));
             // A new packet starts a new shared buffer.
             tx.last = None;
             match live {
@@ -560,7 +578,7 @@ impl Agent<'_> {
                     r.handle_packet(now, b);
                     if r.stats.received - r.stats.duplicates - r.stats.too_old > before {
                         if let Ok((h, _)) = fairfeed_wire::overlay::HeaderRepr::parse(b) {
-                            record(&mut hists.owd, now.saturating_sub(h.send_ns));
+                            record(&mut hists.owd, r.sync.now_sync(now).saturating_sub(h.send_ns));
                         }
                     }
                 }
@@ -573,9 +591,14 @@ impl Agent<'_> {
         n
     }
 
+    /// This node's clock (CLOCK_REALTIME, skewed in tests).
+    fn local(&self) -> u64 {
+        self.cfg.clock.skew.local(wall_ns())
+    }
+
     fn next_timeout(&self) -> u64 {
         match &self.live {
-            Live::Sender(_) => u64::MAX,
+            Live::Sender(s) => s.next_timeout(),
             Live::Proxy(p) => p.next_timeout(),
             Live::Receiver(r) => r.next_timeout(),
         }
@@ -583,17 +606,19 @@ impl Agent<'_> {
 
     /// Timers and releases. A release about to fall due is spun to.
     fn timers(&mut self, on_release: &mut dyn FnMut(&Released, u64)) {
-        let mut now = wall_ns();
+        let mut now = self.local();
         let due = self.next_timeout();
         if due > now && due - now < SPIN_AHEAD_NS && matches!(self.live, Live::Receiver(_)) {
             while now < due {
                 std::hint::spin_loop();
-                now = wall_ns();
+                now = self.local();
             }
         }
+        let skew = self.cfg.clock.skew;
         let mut tx =
             Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
         match &mut self.live {
+            Live::Sender(s) if s.next_timeout() <= now => s.handle_timeout(now, &mut tx),
             Live::Sender(_) => {}
             Live::Proxy(p) if p.next_timeout() <= now => p.handle_timeout(now, &mut tx),
             Live::Proxy(_) => {}
@@ -602,9 +627,12 @@ impl Agent<'_> {
                     r.handle_timeout(now, &mut tx);
                 }
                 while let Some(m) = r.poll_release() {
+                    // True time for the application and the log; the
+                    // synchronized clock for how precisely the deadline was met.
                     let t = wall_ns();
+                    let t_sync = r.sync.now_sync(skew.local(t));
                     if !m.late {
-                        record(&mut self.hists.release_error, t.saturating_sub(m.deadline_ns));
+                        record(&mut self.hists.release_error, t_sync.saturating_sub(m.deadline_ns));
                         record(&mut self.hists.hold, m.deadline_ns.saturating_sub(m.arrival_ns));
                     }
                     self.max_released_seq = self.max_released_seq.max(m.sequence);
@@ -711,12 +739,30 @@ impl Agent<'_> {
             "queue_full": l(&tx.queue_full),
             "unknown_destination": self.unknown_destination,
         });
-        let node = match &self.live {
+        let mut node = match &self.live {
             Live::Sender(s) => serde_json::to_value(&s.stats),
             Live::Proxy(p) => serde_json::to_value(&p.stats),
             Live::Receiver(r) => serde_json::to_value(&r.stats),
         }
         .unwrap_or_default();
+        let sync = match &self.live {
+            Live::Sender(s) => &s.sync,
+            Live::Proxy(p) => &p.sync,
+            Live::Receiver(r) => &r.sync,
+        };
+        if self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
+            let skew = self.cfg.clock.skew;
+            let t = wall_ns();
+            let local = skew.local(t);
+            node["clock"] = json!({
+                "true_ns": t,
+                "mode": self.cfg.clock.sync.mode,
+                "stats": sync.stats,
+                "offset_now_ns": sync.offset_at(local),
+                "bound_now_ns": sync.bound_ns(local),
+                "injected_offset_ns": skew.error_at(t),
+            });
+        }
         if let Some(f) = &self.feed {
             counters["feed_sent"] = f.next.into();
             counters["feed_total"] = f.job.payloads.len().into();
@@ -771,19 +817,21 @@ pub fn run_agent(cfg: &AgentConfig, mut on_release: impl FnMut(&Released, u64)) 
     }
     report(&who, &a.tuning);
     loop {
-        let now = wall_ns();
-        if a.finished(now) || a.control() {
+        let true_now = wall_ns();
+        if a.finished(true_now) || a.control() {
             break;
         }
+        let now = cfg.clock.skew.local(true_now);
         let mut busy = a.send_feed(now);
         busy |= a.receive(now) > 0;
         a.timers(&mut on_release);
+        // Emulated links and the egress run on true time.
         a.dispatch(wall_ns());
         if !busy {
             match cfg.idle {
                 IdleStrategy::Spin => std::hint::spin_loop(),
                 IdleStrategy::Backoff { .. } => std::thread::yield_now(),
-                IdleStrategy::Park => a.park(wall_ns()),
+                IdleStrategy::Park => a.park(a.local()),
             }
         }
     }

@@ -1,0 +1,268 @@
+//! `fairfeed bench clock-sync`: the tree's node agents on loopback, each with
+//! a deliberately wrong clock (a random offset and drift), synchronizing over
+//! real UDP with kernel receive timestamps. All agents share the host's one
+//! true clock, so each node's error is known exactly: its estimate of its
+//! offset from the reference minus the offset that was injected.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use fairfeed_clock::skew::Skew;
+use fairfeed_clock::{SyncConfig, SyncMode};
+use fairfeed_tree::node::{DeadlineRule, NodeConfig};
+use fairfeed_tree::plan::{plan, PlanRequest, Role, Topology};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::agent::{run_agent, wall_ns, AgentConfig, ClockOpts, Job, ReceiverJob, SenderJob, Threading};
+use crate::arb_live::IdleStrategy;
+use crate::tuning::Tuning;
+
+/// Nodes a run may start at most (threads on this host).
+pub const NODES_MAX: usize = 128;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ClockBenchConfig {
+    pub nodes: usize,
+    /// Measured seconds, after the warm-up.
+    pub seconds: f64,
+    pub warmup_s: f64,
+    /// Injected offsets uniform in ± this, ns; drifts in ± `max_drift_ppm`.
+    pub max_offset_ns: i64,
+    pub max_drift_ppm: f64,
+    /// The feed the sender multicasts meanwhile, messages/s.
+    pub rate_per_s: f64,
+    pub seed: u64,
+}
+
+impl Default for ClockBenchConfig {
+    fn default() -> Self {
+        ClockBenchConfig {
+            nodes: 8,
+            seconds: 10.0,
+            warmup_s: 10.0,
+            max_offset_ns: 10_000_000,
+            max_drift_ppm: 100.0,
+            rate_per_s: 1_000.0,
+            seed: 1,
+        }
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClockBenchReport {
+    pub nodes: usize,
+    /// |estimated − injected offset against the reference| over every
+    /// non-reference node and sample after the warm-up, ns.
+    pub error_p50_ns: f64,
+    pub error_p99_ns: f64,
+    pub error_max_ns: f64,
+    pub samples: usize,
+    /// Samples whose node reported itself synchronized.
+    pub synced_share: f64,
+    /// Probe packets (sent + received) as a share of all packets, over all nodes.
+    pub probe_share: f64,
+    pub pure_fraction: f64,
+    pub warmup_s: f64,
+    pub seconds: f64,
+    pub max_offset_ns: i64,
+    pub max_drift_ppm: f64,
+    pub feed_rate_per_s: f64,
+}
+
+fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    let socks: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    socks.iter().map(|s| s.local_addr().map(|a| a.port())).collect()
+}
+
+/// A tree of about `nodes` nodes (fan-out 4, one proxy layer, hedging 1), with loopback addresses.
+fn topology(nodes: usize) -> Result<Topology, String> {
+    let mut receivers = nodes.saturating_sub(2).max(1);
+    loop {
+        let t = plan(&PlanRequest { receivers, fanout: Some(4), depth: Some(2), hedge: 1, cost_model: None, trees: 1 })
+            .map_err(|e| e.to_string())?;
+        if t.trees[0].nodes.len() <= nodes || receivers == 1 {
+            return Ok(t);
+        }
+        receivers -= 1;
+    }
+}
+
+/// Runs the benchmark; `progress` is told the seconds elapsed.
+pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result<ClockBenchReport, String> {
+    if !(3..=NODES_MAX).contains(&c.nodes) {
+        return Err(format!("nodes must be 3..={NODES_MAX}"));
+    }
+    let mut topo = topology(c.nodes)?;
+    let n = topo.trees[0].nodes.len();
+    let ports = free_ports(2 * n).map_err(|e| e.to_string())?;
+    let mut max_id = 0;
+    for (i, node) in topo.trees[0].nodes.iter_mut().enumerate() {
+        node.addr = Some(format!("127.0.0.1:{}", ports[i]));
+        max_id = max_id.max(node.id as usize);
+    }
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(c.seed);
+    let epoch = wall_ns();
+    let mut skews = vec![Skew::NONE; max_id + 1];
+    for s in skews.iter_mut() {
+        *s = Skew {
+            offset_ns: rng.gen_range(-c.max_offset_ns..=c.max_offset_ns),
+            drift_ppm: rng.gen_range(-c.max_drift_ppm..=c.max_drift_ppm),
+            epoch_ns: epoch,
+        };
+    }
+    let reference = topo.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
+    let total_s = c.warmup_s + c.seconds;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (handles, controls) = spawn_nodes(c, &topo, &ports, &skews, total_s, &stop)?;
+    let asker = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    asker.set_read_timeout(Some(Duration::from_millis(200))).map_err(|e| e.to_string())?;
+    let start = wall_ns();
+    let mut errors = Vec::new();
+    let (mut synced, mut asked) = (0usize, 0usize);
+    let mut last: Vec<serde_json::Value> = Vec::new();
+    while (wall_ns() - start) as f64 / 1e9 < total_s {
+        thread::sleep(Duration::from_millis(200));
+        let elapsed = (wall_ns() - start) as f64 / 1e9;
+        progress(elapsed);
+        let measuring = elapsed >= c.warmup_s;
+        last.clear();
+        for &(id, ctl) in &controls {
+            let Some(v) = ask(&asker, ctl) else { continue };
+            let clock = &v["node"]["clock"];
+            if measuring && id != reference {
+                if let (Some(est), Some(t)) = (clock["offset_now_ns"].as_f64(), clock["true_ns"].as_u64()) {
+                    let truth = skews[id as usize].error_at(t) - skews[reference as usize].error_at(t);
+                    errors.push((est - truth).abs());
+                    asked += 1;
+                    synced += usize::from(clock["stats"]["synced"].as_bool() == Some(true));
+                }
+            }
+            last.push(v);
+        }
+    }
+    stop.store(true, Ordering::Release);
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err("a node thread panicked".into()),
+        }
+    }
+    Ok(summarize(c, n, errors, (synced, asked), &last))
+}
+
+type Spawned = (Vec<thread::JoinHandle<Result<(), String>>>, Vec<(u32, SocketAddr)>);
+
+/// Starts one agent thread per node of `topo`; returns them and their control addresses.
+fn spawn_nodes(
+    c: &ClockBenchConfig,
+    topo: &Topology,
+    ports: &[u16],
+    skews: &[Skew],
+    total_s: f64,
+    stop: &Arc<AtomicBool>,
+) -> Result<Spawned, String> {
+    let n = topo.trees[0].nodes.len();
+    let mut handles = Vec::new();
+    let mut controls: Vec<(u32, SocketAddr)> = Vec::new();
+    for (i, node) in topo.trees[0].nodes.clone().into_iter().enumerate() {
+        let control: SocketAddr = format!("127.0.0.1:{}", ports[n + i]).parse().map_err(|e| format!("{e}"))?;
+        controls.push((node.id, control));
+        let job = match node.role {
+            Role::Sender => Job::Sender(SenderJob {
+                payloads: (0..(c.rate_per_s * total_s) as usize).map(|k| (k as u64).to_be_bytes().to_vec()).collect(),
+                rate_per_s: c.rate_per_s,
+                start_delay_ns: 0,
+                linger_ns: 0,
+                retransmit_listen: None,
+            }),
+            Role::Proxy => Job::Proxy,
+            Role::Receiver => Job::Receiver(ReceiverJob::default()),
+        };
+        let cfg = AgentConfig {
+            topology: topo.clone(),
+            id: node.id,
+            node: NodeConfig::default(),
+            rule: DeadlineRule::Paper { margin_ns: 0 },
+            auth: None,
+            link: None,
+            seed: c.seed,
+            // Many agents share two cores: they sleep between events; the
+            // kernel's receive stamps keep the probes' arrival times exact.
+            idle: IdleStrategy::Park,
+            threads: Threading::One,
+            tuning: Tuning::default(),
+            control: Some(control),
+            max_seconds: Some(total_s + 1.0),
+            job,
+            stop: Arc::clone(stop),
+            clock: ClockOpts {
+                sync: SyncConfig { mode: SyncMode::Sync, ..SyncConfig::default() },
+                random_peers: 2,
+                skew: skews[node.id as usize],
+            },
+        };
+        let h = thread::Builder::new()
+            .name(format!("node-{}", node.id))
+            .spawn(move || run_agent(&cfg, |_, _| {}).map(|_| ()).map_err(|e| e.to_string()))
+            .map_err(|e| e.to_string())?;
+        handles.push(h);
+    }
+    Ok((handles, controls))
+}
+
+/// The report from the sorted errors and the nodes' last snapshots.
+fn summarize(
+    c: &ClockBenchConfig,
+    n: usize,
+    mut errors: Vec<f64>,
+    (synced, asked): (usize, usize),
+    last: &[serde_json::Value],
+) -> ClockBenchReport {
+    errors.sort_by(f64::total_cmp);
+    let q = |p: f64| {
+        if errors.is_empty() {
+            f64::NAN
+        } else {
+            errors[((errors.len() as f64 * p).ceil() as usize).clamp(1, errors.len()) - 1]
+        }
+    };
+    let (mut probes, mut packets, mut pairs, mut pure) = (0u64, 0u64, 0u64, 0u64);
+    for v in last {
+        let st = &v["node"]["clock"]["stats"];
+        let g = |x: &serde_json::Value| x.as_u64().unwrap_or(0);
+        probes += g(&st["probes_sent"]) + g(&st["probes_received"]);
+        packets += g(&v["counters"]["packets_in"]) + g(&v["counters"]["packets_out"]);
+        pairs += g(&st["pairs"]);
+        pure += g(&st["pure_pairs"]);
+    }
+    ClockBenchReport {
+        nodes: n,
+        error_p50_ns: q(0.5),
+        error_p99_ns: q(0.99),
+        error_max_ns: errors.last().copied().unwrap_or(f64::NAN),
+        samples: errors.len(),
+        synced_share: if asked > 0 { synced as f64 / asked as f64 } else { 0.0 },
+        probe_share: if packets > 0 { probes as f64 / packets as f64 } else { 0.0 },
+        pure_fraction: if pairs > 0 { pure as f64 / pairs as f64 } else { 0.0 },
+        warmup_s: c.warmup_s,
+        seconds: c.seconds,
+        max_offset_ns: c.max_offset_ns,
+        max_drift_ppm: c.max_drift_ppm,
+        feed_rate_per_s: c.rate_per_s,
+    }
+}
+
+/// Asks one node's control socket for its `stat` snapshot.
+fn ask(sock: &UdpSocket, to: SocketAddr) -> Option<serde_json::Value> {
+    sock.send_to(b"stat", to).ok()?;
+    let mut buf = vec![0u8; 1 << 16];
+    let (n, _) = sock.recv_from(&mut buf).ok()?;
+    serde_json::from_slice(&buf[..n]).ok()
+}
