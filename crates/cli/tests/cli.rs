@@ -397,7 +397,7 @@ fn bench_proxy_hop_reports_against_a_same_run_baseline() {
 fn clock_sync_over_real_sockets_and_its_flags() {
     // Node agents on loopback with injected ±10 ms offsets and ±100 ppm drifts.
     let out = Command::new(bin())
-        .args(["bench", "clock-sync", "--nodes", "5", "--warmup", "4", "--seconds", "2", "--json"])
+        .args(["bench", "clock-sync", "--nodes", "5", "--warmup", "8", "--seconds", "2", "--json"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

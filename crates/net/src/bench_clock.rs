@@ -73,6 +73,21 @@ pub struct ClockBenchReport {
     pub max_offset_ns: i64,
     pub max_drift_ppm: f64,
     pub feed_rate_per_s: f64,
+    /// Per node: id, role, median and largest |error| (ns), level, pure pairs.
+    pub per_node: Vec<NodeError>,
+}
+
+/// One node's errors in a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeError {
+    pub id: u32,
+    pub role: String,
+    pub error_p50_ns: f64,
+    pub error_max_ns: f64,
+    pub peers_used: u64,
+    pub pure_pairs: u64,
+    pub pairs: u64,
+    pub probes_received: u64,
 }
 
 fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
@@ -126,6 +141,7 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
     let mut errors = Vec::new();
     let (mut synced, mut asked) = (0usize, 0usize);
     let mut last: Vec<serde_json::Value> = Vec::new();
+    let mut by_node: std::collections::BTreeMap<u32, Vec<f64>> = Default::default();
     while (wall_ns() - start) as f64 / 1e9 < total_s {
         thread::sleep(Duration::from_millis(200));
         let elapsed = (wall_ns() - start) as f64 / 1e9;
@@ -139,6 +155,7 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
                 if let (Some(est), Some(t)) = (clock["offset_now_ns"].as_f64(), clock["true_ns"].as_u64()) {
                     let truth = skews[id as usize].error_at(t) - skews[reference as usize].error_at(t);
                     errors.push((est - truth).abs());
+                    by_node.entry(id).or_default().push((est - truth).abs());
                     asked += 1;
                     synced += usize::from(clock["stats"]["synced"].as_bool() == Some(true));
                 }
@@ -154,7 +171,23 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
             Err(_) => return Err("a node thread panicked".into()),
         }
     }
-    Ok(summarize(c, n, errors, (synced, asked), &last))
+    let mut r = summarize(c, n, errors, (synced, asked), &last);
+    for (id, mut e) in by_node {
+        e.sort_by(f64::total_cmp);
+        let snap = last.iter().find(|v| v["id"].as_u64() == Some(u64::from(id)));
+        let st = snap.map(|v| v["node"]["clock"]["stats"].clone()).unwrap_or_default();
+        r.per_node.push(NodeError {
+            id,
+            role: snap.and_then(|v| v["role"].as_str()).unwrap_or("?").to_string(),
+            error_p50_ns: e[e.len() / 2],
+            error_max_ns: e[e.len() - 1],
+            peers_used: st["peers_used"].as_u64().unwrap_or(0),
+            pure_pairs: st["pure_pairs"].as_u64().unwrap_or(0),
+            pairs: st["pairs"].as_u64().unwrap_or(0),
+            probes_received: st["probes_received"].as_u64().unwrap_or(0),
+        });
+    }
+    Ok(r)
 }
 
 type Spawned = (Vec<thread::JoinHandle<Result<(), String>>>, Vec<(u32, SocketAddr)>);
@@ -256,6 +289,7 @@ fn summarize(
         max_offset_ns: c.max_offset_ns,
         max_drift_ppm: c.max_drift_ppm,
         feed_rate_per_s: c.rate_per_s,
+        per_node: Vec::new(),
     }
 }
 

@@ -266,6 +266,8 @@ struct Agent<'c> {
     started_ns: u64,
     tuning: Vec<Applied>,
     scratch: Vec<u8>,
+    /// The clock was over its bound limit at the last look (said once per change).
+    clock_over_limit: bool,
 }
 
 fn parse_addr(n: &Node) -> Result<Option<SocketAddr>, AgentError> {
@@ -480,6 +482,8 @@ impl<'c> Agent<'c> {
             started_ns: now,
             tuning,
             scratch: vec![0u8; 2048],
+            // Unsynchronized at start is expected, not an alarm.
+            clock_over_limit: true,
         })
     }
 }
@@ -589,6 +593,35 @@ impl Agent<'_> {
             self.packets_in += n as u64;
         }
         n
+    }
+
+    fn sync(&self) -> &ClockSync {
+        match &self.live {
+            Live::Sender(s) => &s.sync,
+            Live::Proxy(p) => &p.sync,
+            Live::Receiver(r) => &r.sync,
+        }
+    }
+
+    /// Says so, once per change, when the clock's bound goes above its limit or comes back.
+    fn clock_alarm(&mut self, who: &str) {
+        let (over, bound) = (self.sync().stats.over_limit, self.sync().stats.bound_ns);
+        if over != self.clock_over_limit && self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
+            self.clock_over_limit = over;
+            if over {
+                let b = if bound == u64::MAX { "unknown".to_string() } else { format!("{bound} ns") };
+                eprintln!(
+                    "{who}: clock error bound {b} is above the limit of {} ns; this node's releases are left out \
+                     of fairness figures until it is back (counter over_limit_events)",
+                    self.cfg.clock.sync.bound_limit_ns
+                );
+            } else {
+                eprintln!(
+                    "{who}: clock error bound back within {} ns ({bound} ns)",
+                    self.cfg.clock.sync.bound_limit_ns
+                );
+            }
+        }
     }
 
     /// This node's clock (CLOCK_REALTIME, skewed in tests).
@@ -825,6 +858,7 @@ pub fn run_agent(cfg: &AgentConfig, mut on_release: impl FnMut(&Released, u64)) 
         let mut busy = a.send_feed(now);
         busy |= a.receive(now) > 0;
         a.timers(&mut on_release);
+        a.clock_alarm(&who);
         // Emulated links and the egress run on true time.
         a.dispatch(wall_ns());
         if !busy {
