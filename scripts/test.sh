@@ -54,7 +54,10 @@ if [ "$(id -u)" = "0" ]; then
     sysctl -q -w net.core.rmem_max=8388608 2>/dev/null || echo "test.sh: could not raise net.core.rmem_max (continuing)"
   fi
 fi
-FAIRFEED_REQUIRE_TOOLS=1 cargo test --workspace --release 2>&1 | tee target/test.log
-grep -q "test result: FAILED" target/test.log && exit 1
-summary=$(awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d skipped", p, f, i}' target/test.log)
+# The log goes to a temporary file, not target/ (CARGO_TARGET_DIR may put the build elsewhere).
+log=$(mktemp "${TMPDIR:-/tmp}/fairfeed-test.XXXXXX.log")
+FAIRFEED_REQUIRE_TOOLS=1 cargo test --workspace --release 2>&1 | tee "$log"
+grep -q "test result: FAILED" "$log" && exit 1
+summary=$(awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d skipped", p, f, i}' "$log")
+rm -f "$log"
 echo "$summary"
