@@ -23,20 +23,21 @@ pub enum Experiment {
     /// Direct unicast, CloudEx, tree, tree+hedging, Jasper and Jasper+controller
     /// on the same seed and link model: OML, delivery window, P(F), hold time, late share.
     Fairness {
-        #[arg(long, default_value_t = 100)]
+        /// Receivers (1..=20,000).
+        #[arg(long, default_value_t = 100, value_parser = receivers_range)]
         receivers: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
         #[arg(long)]
         out: PathBuf,
-        /// Hedging factor of the hedged schemes.
-        #[arg(long, default_value_t = 2)]
+        /// Hedging factor of the hedged schemes (0..=16).
+        #[arg(long, default_value_t = 2, value_parser = hedge_range)]
         hedge: usize,
-        /// Multicast messages per scheme.
-        #[arg(long, default_value_t = 10_000)]
+        /// Multicast messages per scheme (1..=10,000,000).
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
         messages: u64,
-        /// Messages per second.
-        #[arg(long, default_value_t = 5_000.0)]
+        /// Messages per second (1..=1,000,000).
+        #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
         /// A link/clock model file (TOML; see `fairfeed_sim::model`); default: the calibrated cloud model.
         #[arg(long)]
@@ -88,53 +89,64 @@ pub enum Experiment {
         seed: u64,
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value_t = 5_000)]
+        /// Multicast messages to simulate (1..=10,000,000).
+        #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
         messages: u64,
-        #[arg(long, default_value_t = 5_000.0)]
+        /// Messages per second (1..=1,000,000).
+        #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
     },
     /// Jasper figures 8 and 9: trees with H = 0, 1, 2 (no holding): OML and
     /// delivery-window CDFs, OML over time, per-receiver p50/p99 one-way delays.
     Hedging {
-        #[arg(long, default_value_t = 100)]
+        /// Receivers (1..=20,000).
+        #[arg(long, default_value_t = 100, value_parser = receivers_range)]
         receivers: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value_t = 10_000)]
+        /// Multicast messages to simulate (1..=10,000,000).
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
         messages: u64,
-        #[arg(long, default_value_t = 5_000.0)]
+        /// Messages per second (1..=1,000,000).
+        #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
     },
     /// A layer-0 proxy crashes halfway through; deliveries lost per hedging factor.
     Crash {
-        #[arg(long, default_value_t = 100)]
+        /// Receivers (1..=20,000).
+        #[arg(long, default_value_t = 100, value_parser = receivers_range)]
         receivers: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value_t = 5_000)]
+        /// Multicast messages to simulate (1..=10,000,000).
+        #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
         messages: u64,
-        #[arg(long, default_value_t = 5_000.0)]
+        /// Messages per second (1..=1,000,000).
+        #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
     },
     /// Seed 000's trading experiment (§9.4, table 2): the first two and last two
     /// receivers trade on every message; share of profit per scheme.
     Trading {
-        #[arg(long, default_value_t = 100)]
+        /// Receivers (1..=20,000).
+        #[arg(long, default_value_t = 100, value_parser = receivers_range)]
         receivers: usize,
-        #[arg(long, default_value_t = 2)]
+        /// Hedging factor H (0..=16).
+        #[arg(long, default_value_t = 2, value_parser = hedge_range)]
         hedge: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
         #[arg(long)]
         out: PathBuf,
-        /// Market-data messages (each one an opportunity), warm-up included.
-        #[arg(long, default_value_t = 6_250)]
+        /// Market-data messages (each one an opportunity), warm-up included (1..=10,000,000).
+        #[arg(long, default_value_t = 6_250, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
         messages: u64,
-        #[arg(long, default_value_t = 5_000.0)]
+        /// Messages per second (1..=1,000,000).
+        #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
     },
     /// Monte Carlo of Jasper's hedging recursion (§5.2, figure 5): latency to a
@@ -171,6 +183,24 @@ pub enum OnOff {
 
 fn seconds_range(s: &str) -> Result<f64, String> {
     crate::fmt::f64_in(s, 0.001, 3_600.0, "seconds")
+}
+
+fn receivers_range(s: &str) -> Result<usize, String> {
+    let v: usize = s.parse().map_err(|_| format!("{s:?} is not a whole number"))?;
+    if (1..=20_000).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{s} is out of range 1..=20000 receivers"))
+    }
+}
+
+fn hedge_range(s: &str) -> Result<usize, String> {
+    let v: usize = s.parse().map_err(|_| format!("{s:?} is not a whole number"))?;
+    if v <= 16 {
+        Ok(v)
+    } else {
+        Err(format!("{s} is out of range 0..=16"))
+    }
 }
 
 fn rate_range(s: &str) -> Result<f64, String> {

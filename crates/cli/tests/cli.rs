@@ -275,7 +275,8 @@ fn sim_fairness_writes_the_documented_rows() {
         .args(["sim", "experiment", "fairness", "--receivers", "0", "--out", out.to_str().unwrap()])
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(1));
+    // Refused at parse time (clap's usage error).
+    assert_eq!(bad.status.code(), Some(2));
 }
 
 #[test]
@@ -419,4 +420,34 @@ fn clock_sync_over_real_sockets_and_its_flags() {
         assert_eq!(o.status.code(), Some(2), "{bad:?}");
         assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"));
     }
+}
+
+#[test]
+fn sim_experiments_refuse_bad_numbers_at_parse_time() {
+    // Each once panicked inside the simulator (issue 17).
+    let d = tmp();
+    let out = d.path().join("x");
+    for exp in ["fairness", "hedging", "crash", "table1", "trading"] {
+        for bad in [
+            ["--messages", "0"],
+            ["--messages", "20000000"],
+            ["--rate", "0"],
+            ["--rate=-5", "--seed=1"],
+            ["--rate", "NaN"],
+        ] {
+            let o = Command::new(bin())
+                .args(["sim", "experiment", exp, "--out", out.to_str().unwrap()])
+                .args(bad)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{exp} {bad:?}: {err}");
+            assert!(!err.contains("panicked") && err.lines().next().is_some_and(|l| l.starts_with("error:")), "{err}");
+        }
+    }
+    let o = Command::new(bin())
+        .args(["sim", "experiment", "fairness", "--receivers", "0", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
 }

@@ -235,11 +235,11 @@ mod stamp_tests {
         let n = b.recv_stamped(&rx, |_, s| stamps.push(s));
         assert_eq!(n, 2);
         let (a, c) = (stamps[0].expect("a stamp"), stamps[1].expect("a stamp"));
-        // Each datagram has its own stamp, in arrival order, taken before the
-        // read (5 ms after the second send), not at it. How far apart they are
-        // is not asserted: on loopback the kernel stamps in softirq
-        // processing, which a loaded host defers and bunches (seen: 3 µs for
-        // datagrams sent 300 µs apart, during the full test suite).
-        assert!(a >= before && c >= a && c < read, "{stamps:?} read at {read}");
+        // Each datagram has its own stamp, in order. When they were taken is
+        // not asserted: on loopback the kernel stamps in softirq processing,
+        // which a loaded host defers — seen during the full test suite: 3 µs
+        // apart for datagrams sent 300 µs apart, and once both stamped after
+        // the reader woke (the pending softirq ran inside the receive call).
+        assert!(a >= before && c >= a, "{stamps:?} read at {read}");
     }
 }
