@@ -75,42 +75,39 @@ impl Default for NodeConfig {
     }
 }
 
-fn report_packet(cfg: &NodeConfig, auth: Option<&Auth>, origin: u32, now: u64, r: &ReportRepr) -> Vec<u8> {
-    let mut b = vec![0u8; overlay::HEADER_LEN + overlay::REPORT_LEN];
-    let h = HeaderRepr {
-        kind: Some(Kind::Report),
-        tree: cfg.tree,
-        origin,
-        send_ns: now,
-        payload_len: overlay::REPORT_LEN as u16,
-        ..HeaderRepr::default()
-    };
-    let _ = h.emit(&mut b);
-    let _ = r.emit(&mut b[overlay::HEADER_LEN..]);
+/// A signed control packet (a report or a probe) from `origin`: the header
+/// `h` (its payload length set here), then `len` payload bytes written by `emit`.
+fn control_packet(
+    auth: Option<&Auth>,
+    h: HeaderRepr,
+    len: usize,
+    emit: impl FnOnce(&mut [u8]) -> Result<usize, fairfeed_wire::Error>,
+) -> Vec<u8> {
+    let mut b = vec![0u8; overlay::HEADER_LEN + len];
+    let _ = HeaderRepr { payload_len: len as u16, ..h }.emit(&mut b);
+    let _ = emit(&mut b[overlay::HEADER_LEN..]);
     if let Some(a) = auth {
         a.seal(&mut b);
     }
     b
 }
 
+fn report_packet(cfg: &NodeConfig, auth: Option<&Auth>, origin: u32, now: u64, r: &ReportRepr) -> Vec<u8> {
+    let h = HeaderRepr { kind: Some(Kind::Report), tree: cfg.tree, origin, send_ns: now, ..HeaderRepr::default() };
+    control_packet(auth, h, overlay::REPORT_LEN, |b| r.emit(b))
+}
+
 /// Builds a signed probe packet from `origin`.
 pub fn probe_packet(cfg: &NodeConfig, auth: Option<&Auth>, origin: u32, p: &ProbeRepr) -> Vec<u8> {
-    let mut b = vec![0u8; overlay::HEADER_LEN + overlay::PROBE_LEN];
     let h = HeaderRepr {
         kind: Some(Kind::Probe),
         tree: cfg.tree,
         origin,
         sequence: p.pair,
         send_ns: p.tx_ns,
-        payload_len: overlay::PROBE_LEN as u16,
         ..HeaderRepr::default()
     };
-    let _ = h.emit(&mut b);
-    let _ = p.emit(&mut b[overlay::HEADER_LEN..]);
-    if let Some(a) = auth {
-        a.seal(&mut b);
-    }
-    b
+    control_packet(auth, h, overlay::PROBE_LEN, |b| p.emit(b))
 }
 
 /// Sends what the node's clock synchronization has due.
