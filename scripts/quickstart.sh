@@ -14,8 +14,17 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 echo "== building fairfeed (release)"
-cargo build --release --quiet --bin fairfeed
-ff=target/release/fairfeed
+# Ask cargo where it put the binary (CARGO_TARGET_DIR may move it out of target/).
+ff=$(cargo build --release --quiet --bin fairfeed --message-format=json-render-diagnostics \
+  | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "fairfeed":
+        print(m["executable"])')
+if [ -z "$ff" ] || [ ! -x "$ff" ]; then
+  echo "quickstart: cargo built fairfeed but did not say where (got: '$ff')" >&2
+  exit 1
+fi
 
 echo "== fairfeed demo: the fair multicast tree on loopback beside direct unicast (~15 s)"
 "$ff" demo --receivers 16 --seconds 5 --out out/demo
