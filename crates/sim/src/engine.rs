@@ -441,12 +441,12 @@ fn finish(
     let mut r = summarize(topo, cfg, nodes, msgs, events);
     (r.receiver_owd_p50_us, r.receiver_owd_p99_us) = receiver_quantiles(&mut owd.owd);
     r.tracked = owd.releases;
-    if let Some(s) = cfg.sync {
+    if cfg.sync.is_some() {
         let elapsed_s = net.now.saturating_sub(net.feed_started) as f64 / 1e9;
         r.clock_series = samples.series.clone();
         r.sync_stats =
             nodes.iter().enumerate().filter_map(|(i, n)| n.sync().map(|s| (i as u32, s.stats.clone()))).collect();
-        r.clock = Some(samples.result(nodes, net, cfg, s, elapsed_s));
+        r.clock = Some(samples.result(nodes, net, elapsed_s));
     }
     r
 }
@@ -494,7 +494,7 @@ impl Samples {
         self.rounds.push((t as f64 / 1e9, errs, within));
     }
 
-    fn result(&self, nodes: &[SimNode], net: &Net, cfg: &SimConfig, s: SimSync, elapsed_s: f64) -> ClockResult {
+    fn result(&self, nodes: &[SimNode], net: &Net, elapsed_s: f64) -> ClockResult {
         // Converged from the first round after which every round's p99 stays below the mark.
         let mut from = self.series.len();
         for i in (0..self.series.len()).rev() {
@@ -556,7 +556,6 @@ impl Samples {
         r.probe_share = if shares.is_empty() { 0.0 } else { shares.iter().sum::<f64>() / shares.len() as f64 };
         r.pure_fraction = if pairs > 0 { pure as f64 / pairs as f64 } else { 0.0 };
         r.probes_sent_per_node_s = sent as f64 / shares.len().max(1) as f64 / elapsed_s.max(1e-9);
-        let _ = (cfg, s);
         r
     }
 }
