@@ -32,8 +32,8 @@ pub struct Args {
     /// Feed the tree from this capture instead of a generated ITCH feed.
     #[arg(long)]
     pcap: Option<PathBuf>,
-    /// The controller's target P(F).
-    #[arg(long, default_value_t = 0.99)]
+    /// The controller's target P(F) (0.5..=0.99999).
+    #[arg(long, default_value_t = 0.99, value_parser = crate::fmt::target_pf)]
     target_pf: f64,
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -54,7 +54,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!((2..=1_000).contains(&a.receivers), "--receivers must be 2..=1,000 on loopback");
     anyhow::ensure!(a.seconds > 0.0 && a.seconds <= 600.0, "--seconds must be in (0, 600]");
     anyhow::ensure!(a.rate > 0.0 && a.rate <= 50_000.0, "--rate must be in (0, 50,000]");
-    anyhow::ensure!((0.0..1.0).contains(&a.target_pf), "--target-pf must be in [0, 1)");
     let payloads: Vec<Vec<u8>> = match &a.pcap {
         Some(p) => read_datagrams(p, None)?.0.into_iter().map(|d| d.payload).collect(),
         None => {
@@ -89,7 +88,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         rate_per_s: a.rate,
         link: LinkModel::CLOUD,
         node,
-        rule: DeadlineRule::Controller { target_on_time: 1.0 - (1.0 - a.target_pf) / a.receivers as f64 },
+        rule: DeadlineRule::Quantile { target_pf: a.target_pf },
         seed: a.seed,
         warmup_messages: warmup,
         track: if a.trading { traders(&tree.receiver_ids).to_vec() } else { Vec::new() },

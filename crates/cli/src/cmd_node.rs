@@ -160,8 +160,8 @@ pub struct SenderArgs {
     /// Serve MoldUDP64 retransmission requests from a journal of the feed here.
     #[arg(long)]
     retransmit_listen: Option<SocketAddr>,
-    /// Deadline rule: aim the controller at this P(F) (default: the paper's rule, OWD_G + margin).
-    #[arg(long)]
+    /// Deadline rule: aim the controller at this P(F), 0.5..=0.99999 (default: the paper's rule, OWD_G + margin).
+    #[arg(long, value_parser = crate::fmt::target_pf)]
     target_pf: Option<f64>,
     /// The paper's rule: deadline = now + OWD_G + this margin (µs).
     #[arg(long, default_value_t = 0)]
@@ -294,11 +294,7 @@ pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
     let payloads = feed(&a)?;
     anyhow::ensure!(!payloads.is_empty(), "nothing to send");
     let rule = match a.target_pf {
-        Some(pf) => {
-            anyhow::ensure!((0.0..1.0).contains(&pf), "--target-pf must be in [0, 1)");
-            let t = load_topology(&a.common.topology)?;
-            DeadlineRule::Controller { target_on_time: 1.0 - (1.0 - pf) / t.receivers.max(1) as f64 }
-        }
+        Some(pf) => DeadlineRule::Quantile { target_pf: pf },
         None => DeadlineRule::Paper { margin_ns: a.margin_us * 1_000 },
     };
     let job = Job::Sender(SenderJob {

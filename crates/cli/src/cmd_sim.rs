@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use fairfeed_sim::experiment::{
-    clock, crash, fairness, fairness_markdown, hedging, table1, with_clock, ClockConfig, ClockSetting, FairnessConfig,
+    calibration, calibration_markdown, clock, crash, fairness, fairness_markdown, hedging, regime, regime_markdown,
+    table1, with_clock, CalibrationConfig, ClockConfig, ClockSetting, FairnessConfig, RegimeConfig,
 };
 use fairfeed_sim::model::ModelFile;
 use fairfeed_sim::montecarlo::hedging_monte_carlo;
@@ -43,11 +44,12 @@ pub enum Experiment {
         #[arg(long)]
         latency_model: Option<PathBuf>,
         /// The controller's target P(F): the share of messages every receiver
-        /// gets on time. It aims at a per-delivery on-time share of 1 − (1 − P(F))/N.
-        #[arg(long, default_value_t = 0.99)]
+        /// gets by its deadline (0.5..=0.99999). The previous (late-share)
+        /// controller's row aims at a per-delivery on-time share of 1 − (1 − P(F))/N.
+        #[arg(long, default_value_t = 0.99, value_parser = crate::fmt::target_pf)]
         target_pf: f64,
-        /// Or give the per-delivery on-time target directly.
-        #[arg(long)]
+        /// Or give the previous controller's per-delivery on-time target directly.
+        #[arg(long, value_parser = crate::fmt::target_on_time)]
         target_on_time: Option<f64>,
         /// Every node's clock: `model` (the model file's clock section; default
         /// ±20 ns), `perfect`, or `ntp` (±10 ms, ±50 ppm, 200 ns timestamp
@@ -58,6 +60,10 @@ pub enum Experiment {
         /// fairfeed's clock synchronization on every node (the feed starts after a 10 s warm-up).
         #[arg(long, value_enum, default_value_t = OnOff::Off)]
         sync: OnOff,
+        /// Only these schemes, comma-separated (default: all seven): direct-unicast,
+        /// cloudex, tree, tree+hedging, jasper, jasper+late-controller, jasper+controller.
+        #[arg(long, value_delimiter = ',', value_parser = scheme_name)]
+        schemes: Vec<String>,
     },
     /// Clock synchronization: NTP-class raw clocks (±10 ms, ±50 ppm, 200 ns
     /// timestamp noise) on every node, fairfeed's sync on, floored cloud links
@@ -83,6 +89,63 @@ pub enum Experiment {
         #[arg(long, default_value_t = 1_000.0, value_parser = rate_range)]
         rate: f64,
     },
+    /// The deadline rules against their targets: the new controller, the
+    /// previous one, the paper's rule and tree + hedging, at each rate and
+    /// P(F) target; achieved P(F) against the target (calibration.svg).
+    Calibration {
+        /// Receivers (1..=20,000); the tree is F = 10, D = ⌈log10 N⌉ with --hedge.
+        #[arg(long, default_value_t = 1_000, value_parser = receivers_range)]
+        receivers: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        /// Hedging factor (0..=16).
+        #[arg(long, default_value_t = 2, value_parser = hedge_range)]
+        hedge: usize,
+        /// Messages per run (1..=10,000,000); the first fifth (at most 2,000) is warm-up.
+        #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+        messages: u64,
+        /// Message rates, comma-separated (each 1..=1,000,000 msg/s).
+        #[arg(long, value_delimiter = ',', default_value = "500,1000,5000,20000", value_parser = rate_range)]
+        rates: Vec<f64>,
+        /// P(F) targets, comma-separated (each 0.5..=0.99999).
+        #[arg(long, value_delimiter = ',', default_value = "0.9,0.99,0.999,0.9999", value_parser = crate::fmt::target_pf)]
+        targets: Vec<f64>,
+        /// A link/clock model file (TOML); default: the calibrated cloud model.
+        #[arg(long)]
+        latency_model: Option<PathBuf>,
+    },
+    /// Regime changes mid-run — a share of receivers turns slow, a share
+    /// recovers, a layer-0 proxy crashes — under the paper's rule, the
+    /// previous controller and the controller: unfair messages after the change.
+    Regime {
+        /// Receivers (1..=20,000).
+        #[arg(long, default_value_t = 1_000, value_parser = receivers_range)]
+        receivers: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        /// Messages per second (1..=1,000,000).
+        #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
+        rate: f64,
+        /// Simulated seconds of feed (0.001..=3600); the change comes halfway.
+        #[arg(long, default_value_t = 8.0, value_parser = seconds_range)]
+        seconds: f64,
+        /// The controllers' target P(F) (0.5..=0.99999).
+        #[arg(long, default_value_t = 0.99, value_parser = crate::fmt::target_pf)]
+        target_pf: f64,
+        /// Share of receivers that turn slow or recover (0..=1).
+        #[arg(long, default_value_t = 0.01, value_parser = share_range)]
+        slow_share: f64,
+        /// How much slower, µs (0..=100,000).
+        #[arg(long, default_value_t = 100.0, value_parser = slow_us_range)]
+        slow_us: f64,
+        /// A link/clock model file (TOML) the changes apply on top of; default: the calibrated cloud model.
+        #[arg(long)]
+        latency_model: Option<PathBuf>,
+    },
     /// Jasper's table 1: median OML of plain trees for several ⟨D, F⟩ at N = 10, 100, 1,000.
     Table1 {
         #[arg(long, default_value_t = 1)]
@@ -95,6 +158,9 @@ pub enum Experiment {
         /// Messages per second (1..=1,000,000).
         #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
+        /// A link/clock model file (TOML; see docs/models/); default: the calibrated cloud model.
+        #[arg(long)]
+        latency_model: Option<PathBuf>,
     },
     /// Jasper figures 8 and 9: trees with H = 0, 1, 2 (no holding): OML and
     /// delivery-window CDFs, OML over time, per-receiver p50/p99 one-way delays.
@@ -112,6 +178,9 @@ pub enum Experiment {
         /// Messages per second (1..=1,000,000).
         #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
+        /// A link/clock model file (TOML; see docs/models/); default: the calibrated cloud model.
+        #[arg(long)]
+        latency_model: Option<PathBuf>,
     },
     /// A layer-0 proxy crashes halfway through; deliveries lost per hedging factor.
     Crash {
@@ -128,6 +197,9 @@ pub enum Experiment {
         /// Messages per second (1..=1,000,000).
         #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
+        /// A link/clock model file (TOML; see docs/models/); default: the calibrated cloud model.
+        #[arg(long)]
+        latency_model: Option<PathBuf>,
     },
     /// Seed 000's trading experiment (§9.4, table 2): the first two and last two
     /// receivers trade on every message; share of profit per scheme.
@@ -148,6 +220,9 @@ pub enum Experiment {
         /// Messages per second (1..=1,000,000).
         #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
+        /// A link/clock model file (TOML; see docs/models/); default: the calibrated cloud model.
+        #[arg(long)]
+        latency_model: Option<PathBuf>,
     },
     /// Monte Carlo of Jasper's hedging recursion (§5.2, figure 5): latency to a
     /// receiver for depths 1–4 and hedging factors 0–3, uniform hop delays.
@@ -185,6 +260,22 @@ fn seconds_range(s: &str) -> Result<f64, String> {
     crate::fmt::f64_in(s, 0.001, 3_600.0, "seconds")
 }
 
+fn scheme_name(s: &str) -> Result<String, String> {
+    if fairfeed_sim::experiment::SCHEMES.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a scheme (one of {})", fairfeed_sim::experiment::SCHEMES.join(", ")))
+    }
+}
+
+fn share_range(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.0, 1.0, "(a share)")
+}
+
+fn slow_us_range(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.0, 100_000.0, "µs")
+}
+
 fn receivers_range(s: &str) -> Result<usize, String> {
     let v: usize = s.parse().map_err(|_| format!("{s:?} is not a whole number"))?;
     if (1..=20_000).contains(&v) {
@@ -212,6 +303,11 @@ fn read_model(p: &std::path::Path) -> anyhow::Result<ModelFile> {
         .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
 }
 
+/// The model file given, or the built-in calibrated cloud model.
+fn model_or_default(p: Option<&std::path::Path>) -> anyhow::Result<ModelFile> {
+    p.map_or_else(|| Ok(ModelFile::default()), read_model)
+}
+
 fn plot(path: &std::path::Path, title: &str, x: &str, series: &[(String, Vec<f64>)], clip: f64) {
     match cdf_svg(path, title, x, series, clip) {
         Ok(()) => eprintln!("sim: drew {}", path.display()),
@@ -229,42 +325,21 @@ fn write_json(out: &std::path::Path, v: &impl serde::Serialize, md: &str) -> any
 
 pub fn run(s: Sim) -> anyhow::Result<()> {
     match s {
-        Sim::Experiment(Experiment::Table1 { seed, out, messages, rate }) => {
-            let c = FairnessConfig { seed, messages, rate_per_s: rate, ..FairnessConfig::default() };
-            let shapes = [
-                (10, 1, 10),
-                (10, 2, 4),
-                (100, 1, 100),
-                (100, 2, 10),
-                (100, 3, 5),
-                (1000, 2, 32),
-                (1000, 3, 10),
-                (1000, 4, 6),
-            ];
-            let rows = table1(&c, &shapes).map_err(anyhow::Error::msg)?;
-            let mut md = format!(
-                "# Table 1: median OML of plain trees (no hedging, no holding), seed {seed}, {messages} messages at {rate} msg/s\n\n\
-                 | N | D | F | OML p50 µs | OML p99 µs | busiest node load |\n|---|---|---|---|---|---|\n"
-            );
-            for r in &rows {
-                md.push_str(&format!(
-                    "| {} | {} | {} | {:.1} | {:.1} | {:.2}{} |\n",
-                    r.receivers,
-                    r.depth,
-                    r.fanout,
-                    r.oml_p50_us,
-                    r.oml_p99_us,
-                    r.busiest_node_load,
-                    if r.busiest_node_load > 1.0 { " (overloaded)" } else { "" }
-                ));
-            }
-            write_json(&out, &rows, &md)
+        Sim::Experiment(Experiment::Table1 { seed, out, messages, rate, latency_model }) => {
+            let model = model_or_default(latency_model.as_deref())?;
+            let c = FairnessConfig { seed, messages, rate_per_s: rate, model, ..FairnessConfig::default() };
+            table1_cmd(&c, &out)
         }
-        Sim::Experiment(Experiment::Hedging { receivers, seed, out, messages, rate }) => {
-            hedging_cmd(receivers, seed, &out, messages, rate)
+        Sim::Experiment(Experiment::Hedging { receivers, seed, out, messages, rate, latency_model }) => {
+            let model = model_or_default(latency_model.as_deref())?;
+            hedging_cmd(
+                FairnessConfig { receivers, seed, messages, rate_per_s: rate, model, ..FairnessConfig::default() },
+                &out,
+            )
         }
-        Sim::Experiment(Experiment::Crash { receivers, seed, out, messages, rate }) => {
-            let c = FairnessConfig { receivers, seed, messages, rate_per_s: rate, ..FairnessConfig::default() };
+        Sim::Experiment(Experiment::Crash { receivers, seed, out, messages, rate, latency_model }) => {
+            let model = model_or_default(latency_model.as_deref())?;
+            let c = FairnessConfig { receivers, seed, messages, rate_per_s: rate, model, ..FairnessConfig::default() };
             let rows = crash(&c, &[0, 1, 2]).map_err(anyhow::Error::msg)?;
             let mut md = format!(
                 "# A layer-0 proxy crashes halfway, N = {receivers}, seed {seed}, {messages} messages at {rate} msg/s\n\n\
@@ -278,14 +353,57 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             }
             write_json(&out, &rows, &md)
         }
-        Sim::Experiment(Experiment::Trading { receivers, hedge, seed, out, messages, rate }) => trading_cmd(
-            FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, ..FairnessConfig::default() },
-            &out,
-        ),
+        Sim::Experiment(Experiment::Trading { receivers, hedge, seed, out, messages, rate, latency_model }) => {
+            let model = model_or_default(latency_model.as_deref())?;
+            trading_cmd(
+                FairnessConfig {
+                    receivers,
+                    hedge,
+                    seed,
+                    messages,
+                    rate_per_s: rate,
+                    model,
+                    ..FairnessConfig::default()
+                },
+                &out,
+            )
+        }
         Sim::Experiment(Experiment::HedgingMc { seed, out, iterations, fanout, lo_us, hi_us }) => {
             hedging_mc(seed, &out, iterations, fanout, lo_us, hi_us)
         }
         Sim::Experiment(e @ Experiment::Fairness { .. }) => fairness_entry(e),
+        Sim::Experiment(Experiment::Regime {
+            receivers,
+            seed,
+            out,
+            rate,
+            seconds,
+            target_pf,
+            slow_share,
+            slow_us,
+            latency_model,
+        }) => {
+            let model = model_or_default(latency_model.as_deref())?;
+            let base =
+                FairnessConfig { receivers, seed, rate_per_s: rate, target_pf, model, ..FairnessConfig::default() };
+            let c = RegimeConfig { base, seconds, change_s: seconds / 2.0, slow_share, slow_us };
+            regime_cmd(&c, &out)
+        }
+        Sim::Experiment(Experiment::Calibration {
+            receivers,
+            seed,
+            out,
+            hedge,
+            messages,
+            rates,
+            targets,
+            latency_model,
+        }) => {
+            let model = model_or_default(latency_model.as_deref())?;
+            let base = FairnessConfig { receivers, hedge, seed, messages, model, ..FairnessConfig::default() };
+            let label = latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string());
+            calibration_cmd(&CalibrationConfig { base, rates, targets }, &out, &label)
+        }
         Sim::Experiment(Experiment::Clock { receivers, seed, out, latency_model, seconds, rate }) => {
             let mut c = ClockConfig {
                 receivers: receivers as usize,
@@ -352,7 +470,8 @@ fn hedging_mc(
 /// Runs the fairness experiment and writes its rows, table and plots.
 fn fairness_cmd(cfg: &FairnessConfig, out: &std::path::Path, model_label: &str) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let pb = crate::fmt::progress(6, "simulating schemes");
+    let n_schemes = if cfg.schemes.is_empty() { 7 } else { cfg.schemes.len() };
+    let pb = crate::fmt::progress(n_schemes as u64, "simulating schemes");
     let rows = fairness(cfg, |name| {
         pb.set_message(format!("simulating {name}"));
         pb.inc(1);
@@ -363,12 +482,13 @@ fn fairness_cmd(cfg: &FairnessConfig, out: &std::path::Path, model_label: &str) 
     let events: u64 = rows.iter().map(|r| r.run.events).sum();
     let md = format!(
         "# Fairness, N = {}, seed {}\n\n{} messages per scheme at {} msg/s; link model: {model_label}; \
-         controller target: {} of deliveries on time.\n\n{}\n\n{events} events in {wall:.1} s ({:.2} M events/s).\n",
+         controller target P(F) {} (previous controller: {} of deliveries on time).\n\n{}\n\n{events} events in {wall:.1} s ({:.2} M events/s).\n",
         cfg.receivers,
         cfg.seed,
         cfg.messages,
         cfg.rate_per_s,
-        cfg.target_on_time,
+        cfg.target_pf,
+        cfg.late_share_target(),
         fairness_markdown(&rows),
         events as f64 / wall / 1e6
     );
@@ -403,19 +523,28 @@ fn fairness_entry(e: Experiment) -> anyhow::Result<()> {
         target_on_time,
         clock,
         sync,
+        schemes,
     } = e
     else {
         anyhow::bail!("internal: fairness_entry takes the fairness experiment");
     };
     anyhow::ensure!((1..=20_000).contains(&receivers), "--receivers must be 1..=20,000");
-    anyhow::ensure!((0.0..1.0).contains(&target_pf), "--target-pf must be in [0, 1)");
-    let target_on_time = target_on_time.unwrap_or(1.0 - (1.0 - target_pf) / receivers.max(1) as f64);
-    anyhow::ensure!((0.0..1.0).contains(&target_on_time), "--target-on-time must be in [0, 1)");
     let model = match &latency_model {
         Some(p) => read_model(p)?,
         None => ModelFile::default(),
     };
-    let cfg = FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, model, target_on_time, sync: None };
+    let cfg = FairnessConfig {
+        receivers,
+        hedge,
+        seed,
+        messages,
+        rate_per_s: rate,
+        model,
+        target_pf,
+        target_on_time,
+        sync: None,
+        schemes,
+    };
     let setting = match clock {
         ClockArg::Model => ClockSetting::Model,
         ClockArg::Perfect => ClockSetting::Perfect,
@@ -436,6 +565,105 @@ fn fairness_entry(e: Experiment) -> anyhow::Result<()> {
         if sync == OnOff::On { "on (10 s warm-up before the feed)" } else { "off" }
     ));
     fairness_cmd(&cfg, &out, &label)
+}
+
+/// Runs Jasper's table 1 and writes its rows.
+fn table1_cmd(c: &FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
+    let (seed, messages, rate) = (c.seed, c.messages, c.rate_per_s);
+    let shapes =
+        [(10, 1, 10), (10, 2, 4), (100, 1, 100), (100, 2, 10), (100, 3, 5), (1000, 2, 32), (1000, 3, 10), (1000, 4, 6)];
+    let rows = table1(c, &shapes).map_err(anyhow::Error::msg)?;
+    let mut md = format!(
+        "# Table 1: median OML of plain trees (no hedging, no holding), seed {seed}, {messages} messages at {rate} msg/s\n\n\
+         | N | D | F | OML p50 µs | OML p99 µs | busiest node load |\n|---|---|---|---|---|---|\n"
+    );
+    for r in &rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.1} | {:.1} | {:.2}{} |\n",
+            r.receivers,
+            r.depth,
+            r.fanout,
+            r.oml_p50_us,
+            r.oml_p99_us,
+            r.busiest_node_load,
+            if r.busiest_node_load > 1.0 { " (overloaded)" } else { "" }
+        ));
+    }
+    write_json(out, &rows, &md)
+}
+
+/// Runs the regime-change experiment; writes its table and rows.
+fn regime_cmd(c: &RegimeConfig, out: &std::path::Path) -> anyhow::Result<()> {
+    let (receivers, seed, rate, seconds) = (c.base.receivers, c.base.seed, c.base.rate_per_s, c.seconds);
+    let (target_pf, slow_share, slow_us) = (c.base.target_pf, c.slow_share, c.slow_us);
+    let t0 = Instant::now();
+    let pb = crate::fmt::progress(9, "simulating scenarios × rules");
+    let rows = regime(c, |done, _| pb.set_position(done as u64)).map_err(anyhow::Error::msg)?;
+    pb.finish_and_clear();
+    let md = format!(
+        "# Regime changes, N = {receivers}, seed {seed}, {rate} msg/s for {seconds} s, change at {} s, \
+         target P(F) {target_pf}\n\n`receivers-turn-slow`: {:.1} % of receivers become {slow_us} µs slower at \
+         the change; `receivers-recover`: they were slower until it; `proxy-crash`: the first layer-0 proxy \
+         stops (hedges take over). Warm-up (the first fifth of messages, at most 2,000) is excluded.\n\n{}\n\
+         Simulated in {:.1} s.\n",
+        c.change_s,
+        slow_share * 100.0,
+        regime_markdown(&rows),
+        t0.elapsed().as_secs_f64()
+    );
+    write_json(out, &rows, &md)
+}
+
+/// Runs the calibration experiment; writes its table, rows and plot.
+fn calibration_cmd(c: &CalibrationConfig, out: &std::path::Path, label: &str) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let jobs = c.rates.len() * (2 + 2 * c.targets.len());
+    let pb = crate::fmt::progress(jobs as u64, "simulating rules × rates × targets");
+    let rows = calibration(c, |done, _| pb.set_position(done as u64)).map_err(anyhow::Error::msg)?;
+    pb.finish_and_clear();
+    let wall = t0.elapsed().as_secs_f64();
+    let events: u64 = rows.iter().map(|r| r.events).sum();
+    let md = format!(
+        "# Deadline calibration, N = {}, H = {}, seed {}\n\n{} messages per run (warm-up excluded from every \
+         column); link model: {label}. P(F@1µs): share of messages whose delivery window is at most 1 µs; \
+         miss / target miss: (1 − P(F)) / (1 − target).\n\n{}\n{events} events in {wall:.1} s ({:.2} M events/s, {} threads).\n",
+        c.base.receivers,
+        c.base.hedge,
+        c.base.seed,
+        c.base.messages,
+        calibration_markdown(&rows),
+        events as f64 / wall / 1e6,
+        fairfeed_sim::experiment::sim_threads(),
+    );
+    write_json(out, &rows, &md)?;
+    // Calibration curve in "nines": −log10(1 − P). A run with no miss is drawn at its resolution.
+    let nines = |p: f64, n: u64| -(1.0 - p).max(1.0 / n.max(1) as f64).log10();
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for rule in ["controller", "late-controller"] {
+        for &rate in &c.rates {
+            let pts: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| r.rule == rule && r.rate_per_s == rate)
+                .filter_map(|r| r.target_pf.map(|t| (nines(t, u64::MAX), nines(r.pf_1us, r.messages))))
+                .collect();
+            series.push((format!("{rule}, {rate} msg/s"), pts));
+        }
+    }
+    let diag: Vec<(f64, f64)> = c.targets.iter().map(|&t| (nines(t, u64::MAX), nines(t, u64::MAX))).collect();
+    series.push(("target (achieved = target)".to_string(), diag));
+    let path = out.join("calibration.svg");
+    match lines_svg(
+        &path,
+        &format!("Achieved P(F) against target, N = {} (nines: −log10(1 − P))", c.base.receivers),
+        "target P(F), nines",
+        "achieved P(F@1µs), nines",
+        &series,
+        1.0,
+    ) {
+        Ok(()) => eprintln!("sim: drew {}", path.display()),
+        Err(e) => eprintln!("sim: could not draw {}: {e}", path.display()),
+    }
+    Ok(())
 }
 
 /// Runs the clock experiment and writes its summary and error plot.
@@ -511,9 +739,8 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn hedging_cmd(receivers: usize, seed: u64, out: &std::path::Path, messages: u64, rate: f64) -> anyhow::Result<()> {
-    anyhow::ensure!((1..=20_000).contains(&receivers), "--receivers must be 1..=20,000");
-    let c = FairnessConfig { receivers, seed, messages, rate_per_s: rate, ..FairnessConfig::default() };
+fn hedging_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
+    let (receivers, seed, messages, rate) = (c.receivers, c.seed, c.messages, c.rate_per_s);
     let pb = crate::fmt::progress(3, "simulating hedging factors");
     let rows = hedging(&c, &[0, 1, 2], |h| {
         pb.set_message(format!("simulating H={h}"));

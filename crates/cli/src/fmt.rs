@@ -41,6 +41,16 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 }
 
 /// A clap value parser for a finite number in `lo..=hi` (`unit` names it in the error).
+/// A target P(F) (share of messages every receiver has on time): 0.5..=0.99999.
+pub fn target_pf(s: &str) -> Result<f64, String> {
+    f64_in(s, 0.5, 0.99999, "(a target share of messages)")
+}
+
+/// A target share of deliveries on time: 0.5..=0.9999999.
+pub fn target_on_time(s: &str) -> Result<f64, String> {
+    f64_in(s, 0.5, 0.9999999, "(a target share of deliveries)")
+}
+
 pub fn f64_in(s: &str, lo: f64, hi: f64, unit: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if v.is_finite() && (lo..=hi).contains(&v) {

@@ -252,7 +252,10 @@ fn sim_fairness_writes_the_documented_rows() {
     let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     let rows = rows.as_array().unwrap();
     let schemes: Vec<&str> = rows.iter().map(|r| r["scheme"].as_str().unwrap()).collect();
-    assert_eq!(schemes, ["direct-unicast", "cloudex", "tree", "tree+hedging", "jasper", "jasper+controller"]);
+    assert_eq!(
+        schemes,
+        ["direct-unicast", "cloudex", "tree", "tree+hedging", "jasper", "jasper+late-controller", "jasper+controller"]
+    );
     for r in rows {
         for k in [
             "receivers",
@@ -450,4 +453,84 @@ fn sim_experiments_refuse_bad_numbers_at_parse_time() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
+    // Targets, shares, rate lists and scheme names too.
+    for (exp, bad) in [
+        ("fairness", &["--target-pf", "1"][..]),
+        ("fairness", &["--target-pf", "0.2"][..]),
+        ("fairness", &["--schemes", "tree,nosuch"][..]),
+        ("calibration", &["--targets", "0.9,1.5"][..]),
+        ("calibration", &["--rates", "1000,0"][..]),
+        ("calibration", &["--messages", "0"][..]),
+        ("regime", &["--slow-share", "2"][..]),
+        ("regime", &["--target-pf", "NaN"][..]),
+        ("regime", &["--seconds", "0"][..]),
+    ] {
+        let o = Command::new(bin())
+            .args(["sim", "experiment", exp, "--out", out.to_str().unwrap()])
+            .args(bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{exp} {bad:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // A model file with a misspelt key is refused, naming the file.
+    let m = d.path().join("typo.toml");
+    std::fs::write(&m, "[link]\nmedian = 30\n").unwrap();
+    let o = Command::new(bin())
+        .args(["sim", "experiment", "hedging", "--out", out.to_str().unwrap(), "--latency-model", m.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("typo.toml") && err.contains("median"), "{err}");
+}
+
+#[test]
+fn every_experiment_takes_a_latency_model_and_calibration_meets_its_targets() {
+    let d = tmp();
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/models");
+    let slow = models.join("slow-hosts.toml");
+    for (exp, extra) in [
+        ("fairness", &["--receivers", "20", "--messages", "400", "--schemes", "jasper,jasper+controller"][..]),
+        ("hedging", &["--receivers", "20", "--messages", "400"][..]),
+        ("crash", &["--receivers", "20", "--messages", "400"][..]),
+        ("trading", &["--receivers", "8", "--messages", "400"][..]),
+        ("table1", &["--messages", "100"][..]),
+        ("clock", &["--receivers", "10", "--seconds", "0.2"][..]),
+        ("regime", &["--receivers", "20", "--seconds", "0.4"][..]),
+    ] {
+        let out = d.path().join(exp);
+        let o = Command::new(bin())
+            .args(["sim", "experiment", exp, "--out", out.to_str().unwrap(), "--latency-model", slow.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{exp}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(out.join("summary.json").exists(), "{exp}");
+    }
+    let out = d.path().join("calibration");
+    fairfeed(&[
+        "sim",
+        "experiment",
+        "calibration",
+        "--receivers",
+        "20",
+        "--messages",
+        "6000",
+        "--rates",
+        "1000",
+        "--targets",
+        "0.9,0.99",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 6, "tree+hedging, paper, and two rules × two targets");
+    for r in rows.iter().filter(|r| r["rule"] == "controller") {
+        let miss = r["miss_ratio"].as_f64().unwrap();
+        assert!((0.25..=2.5).contains(&miss), "{r}");
+    }
+    assert!(out.join("calibration.svg").exists());
 }

@@ -184,15 +184,21 @@ impl Cluster {
         let mut addrs: Vec<SocketAddr> = vec![SocketAddr::from(([127, 0, 0, 1], 0)); n_ids];
         let mut nodes: Vec<Option<Live>> = (0..n_ids).map(|_| None).collect();
         let sender_id = tree.nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
+        let mut hp = fairfeed_tree::plan::hedge_parents(topo, 0);
         for n in &tree.nodes {
+            let hedge_parents = hp.remove(&n.id).unwrap_or_default();
             let s = bind_udp(SocketAddr::V4(SocketAddrV4::new(node_addr(n.id), 0)), 4 << 20)?;
             addrs[n.id as usize] = s.local_addr()?;
             socks[n.id as usize] = Some(s);
             let parent = n.parent.unwrap_or(sender_id);
             nodes[n.id as usize] = Some(match n.role {
                 Role::Sender => Live::Sender(Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule))),
-                Role::Proxy => Live::Proxy(Box::new(Proxy::new(n.id, parent, &n.children, &n.hedge_targets, cfg.node))),
-                Role::Receiver => Live::Receiver(Box::new(Receiver::new(n.id, parent, cfg.node))),
+                Role::Proxy => Live::Proxy(Box::new(
+                    Proxy::new(n.id, parent, &n.children, &n.hedge_targets, cfg.node).with_hedge_parents(hedge_parents),
+                )),
+                Role::Receiver => {
+                    Live::Receiver(Box::new(Receiver::new(n.id, parent, cfg.node).with_hedge_parents(hedge_parents)))
+                }
             });
         }
         Ok(Cluster {

@@ -17,7 +17,6 @@
 //! whose bound is above the limit are left out of the fairness measures.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::rc::Rc;
 
 use fairfeed_clock::{ClockSync, SyncConfig};
@@ -28,12 +27,12 @@ use rand_chacha::ChaCha12Rng;
 use rand_distr::{Distribution, Exp};
 use serde::Serialize;
 
-use crate::model::{Clock, ClockModel, LinkEmulator, LinkModel, ShareLast};
+use crate::model::{ClassRoles, Clock, ClockModel, HostClass, LinkEmulator, LinkModel, ModelFile, ShareLast};
 
 /// Messages a run may simulate at most (memory: ~40 bytes each).
 pub const MESSAGES_MAX: u64 = 10_000_000;
 /// Events a run may process at most: a bound on any run's time.
-pub const EVENTS_MAX: u64 = 2_000_000_000;
+pub const EVENTS_MAX: u64 = 20_000_000_000;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -60,6 +59,11 @@ pub struct SimConfig {
     pub track: Vec<u32>,
     /// Clock synchronization on every node (off: every node trusts its clock).
     pub sync: Option<SimSync>,
+    /// Keep every receiver's delay per message for per-receiver quantiles
+    /// ([`RunResult::receiver_owd_p50_us`]); 4 bytes per (message, receiver).
+    pub receiver_delays: bool,
+    /// Host classes of the model (members drawn from the run's seed).
+    pub classes: Vec<HostClass>,
 }
 
 /// Clock synchronization in a run.
@@ -161,6 +165,8 @@ pub struct RunResult {
     pub events: u64,
     /// Final deadline offset the sender used (OWD_G + margin), µs.
     pub deadline_offset_us: f64,
+    /// The quantile controller's state at the end (zeros under other rules).
+    pub controller: fairfeed_tree::tail::TailStats,
     /// Per-message OML and delivery window samples, µs (for CDFs).
     #[serde(skip)]
     pub oml_us: Vec<f64>,
@@ -169,6 +175,10 @@ pub struct RunResult {
     /// OML of every counted message in sending order, µs (OML over time).
     #[serde(skip)]
     pub oml_series_us: Vec<f64>,
+    /// Every counted message in sending order: (send time ns since the feed
+    /// started, delivery window ns, or `None` when some receiver never got it).
+    #[serde(skip)]
+    pub window_series: Vec<(u64, Option<u64>)>,
     /// Each receiver's p50 and p99 one-way delay to delivery, µs (figure 9).
     #[serde(skip)]
     pub receiver_owd_p50_us: Vec<f64>,
@@ -213,6 +223,24 @@ impl SimNode {
     }
 }
 
+/// The event queue: a 4-ary heap (shallower than a binary heap, so fewer
+/// cache misses per operation), keyed by (time, insertion order) so equal
+/// times pop first-in first-out.
+#[derive(Default)]
+struct EventQueue {
+    heap: dary_heap::QuaternaryHeap<Reverse<(u64, u64, Ev)>>,
+}
+
+impl EventQueue {
+    fn push(&mut self, at: u64, order: u64, ev: Ev) {
+        self.heap.push(Reverse((at, order, ev)));
+    }
+
+    fn pop(&mut self) -> Option<(u64, Ev)> {
+        self.heap.pop().map(|Reverse((t, _, ev))| (t, ev))
+    }
+}
+
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     /// A packet reaches a node (index into the packet arena).
@@ -227,7 +255,7 @@ enum Ev {
 
 struct Net {
     now: u64,
-    queue: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    queue: EventQueue,
     order: u64,
     links: LinkEmulator,
     arena: Vec<Option<Rc<[u8]>>>,
@@ -240,15 +268,17 @@ struct Net {
     /// Per node, since the feed started: (probes sent, all sent, probes received, all received).
     counts: Vec<[u64; 4]>,
     feed_started: u64,
+    /// Per node, the local time its armed timer is for.
+    armed_local: Vec<u64>,
 }
 
 impl Net {
-    fn new(cfg: &SimConfig, rng: ChaCha12Rng, n_ids: usize) -> Net {
+    fn new(cfg: &SimConfig, rng: ChaCha12Rng, n_ids: usize, members: Vec<u16>) -> Net {
         Net {
             now: 0,
-            queue: BinaryHeap::new(),
+            queue: EventQueue::default(),
             order: 0,
-            links: LinkEmulator::new(cfg.link, rng, n_ids).with_slow(cfg.slow),
+            links: LinkEmulator::new(cfg.link, rng, n_ids).with_slow(cfg.slow).with_classes(&cfg.classes, members),
             arena: Vec::new(),
             free: Vec::new(),
             in_flight: 0,
@@ -256,6 +286,7 @@ impl Net {
             noise_rng: ChaCha12Rng::seed_from_u64(cfg.seed ^ 0x5EED_C10C),
             counts: vec![[0; 4]; n_ids],
             feed_started: 0,
+            armed_local: vec![u64::MAX; n_ids],
         }
     }
 
@@ -284,7 +315,7 @@ impl Net {
         };
         self.order += 1;
         self.in_flight += 1;
-        self.queue.push(Reverse((at, self.order, Ev::Deliver { to, packet: slot })));
+        self.queue.push(at, self.order, Ev::Deliver { to, packet: slot });
     }
 }
 
@@ -328,25 +359,19 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed);
     let (mut nodes, sender_id) = build_nodes(topo, cfg, &mut rng);
     let n_ids = nodes.len();
-    let mut net = Net::new(cfg, rng, n_ids);
+    let members = class_members(topo, cfg, n_ids);
+    let mut net = Net::new(cfg, rng, n_ids, members);
     let start_ns = cfg.sync.map_or(0, |s| s.warmup_ns);
     let mut samples = Samples::default();
     let mut timer_at = vec![u64::MAX; n_ids];
     let mut msgs = vec![MsgAgg::default(); cfg.messages as usize + 1];
-    // Per receiver (receiver ids are 0..N): delivery delays in ns, after warm-up.
-    let mut tracked = vec![false; n_ids];
-    for &id in &cfg.track {
-        if let Some(t) = tracked.get_mut(id as usize) {
-            *t = true;
-        }
-    }
-    let mut owd = Logs { owd: vec![Vec::new(); topo.receivers], tracked, releases: Vec::new() };
+    let mut owd = Logs::new(topo, cfg, n_ids);
     let gap_ns = (1e9 / cfg.rate_per_s) as u64;
     let mut sent = 0u64;
-    net.queue.push(Reverse((start_ns, 0, Ev::Send)));
+    net.queue.push(start_ns, 0, Ev::Send);
     if let Some(s) = cfg.sync {
         net.order += 1;
-        net.queue.push(Reverse((s.sample_ns, net.order, Ev::Sample)));
+        net.queue.push(s.sample_ns, net.order, Ev::Sample);
     }
     // Proxies and receivers start their report timers.
     for id in 0..n_ids as u32 {
@@ -354,52 +379,41 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     }
     let mut events = 0u64;
     let mut crashed = false;
-    while let Some(Reverse((t, _, ev))) = net.queue.pop() {
+    // Messages held at receivers, kept up to date per event (not a scan of every node).
+    let mut held = 0usize;
+    while let Some((t, ev)) = net.queue.pop() {
         events += 1;
         assert!(events < EVENTS_MAX, "simulation exceeded {EVENTS_MAX} events");
         net.now = t;
         if let Some((victim, at)) = cfg.crash {
             if !crashed && t >= at {
+                held -= held_at(&nodes[victim as usize]);
                 nodes[victim as usize] = SimNode::Absent;
                 crashed = true;
             }
         }
         match ev {
             Ev::Send => {
-                if sent == 0 {
-                    // Probe overhead is measured during the feed.
-                    net.counts.iter_mut().for_each(|c| *c = [0; 4]);
-                    net.feed_started = t;
-                }
-                if let SimNode::Sender(s, clock) = &mut nodes[sender_id as usize] {
-                    let payload = sent.to_be_bytes();
-                    let local = net.stamp(clock);
-                    let mut tx = Tx { net: &mut net, from: sender_id, last: ShareLast::default() };
-                    let seq = s.handle_message(local, &payload, &mut tx);
-                    if let Some(m) = msgs.get_mut(seq as usize) {
-                        m.send_ns = t;
-                        m.first_ns = u64::MAX;
-                    }
-                    s.update(local);
-                }
+                send_one(&mut nodes[sender_id as usize], &mut net, sender_id, sent, &mut msgs);
                 sent += 1;
                 if sent < cfg.messages {
                     net.order += 1;
-                    net.queue.push(Reverse((t + gap_ns, net.order, Ev::Send)));
+                    net.queue.push(t + gap_ns, net.order, Ev::Send);
                 }
             }
             Ev::Deliver { to, packet } => {
                 if let Some(resume) = stalled_until(cfg, to, t) {
                     // The node is paused: the packet waits in its socket buffer.
                     net.order += 1;
-                    net.queue.push(Reverse((resume, net.order, Ev::Deliver { to, packet })));
+                    net.queue.push(resume, net.order, Ev::Deliver { to, packet });
                     continue;
                 }
                 let bytes = net.arena[packet].take().expect("live packet");
                 net.free.push(packet);
                 net.in_flight -= 1;
-                let mut buf = bytes.to_vec();
-                deliver(&mut nodes, &mut net, to, &mut buf, &mut msgs, &mut owd, cfg.warmup_messages);
+                let before = held_at(&nodes[to as usize]);
+                deliver(&mut nodes, &mut net, to, &bytes, &mut msgs, &mut owd, cfg.warmup_messages);
+                held = held + held_at(&nodes[to as usize]) - before;
                 schedule(&nodes, &mut net, &mut timer_at, to);
             }
             Ev::Timer { node } => {
@@ -409,17 +423,20 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
                 if let Some(resume) = stalled_until(cfg, node, t) {
                     timer_at[node as usize] = resume;
                     net.order += 1;
-                    net.queue.push(Reverse((resume, net.order, Ev::Timer { node })));
+                    net.queue.push(resume, net.order, Ev::Timer { node });
                     continue;
                 }
                 timer_at[node as usize] = u64::MAX;
+                let before = held_at(&nodes[node as usize]);
                 fire(&mut nodes, &mut net, node, &mut msgs, &mut owd, cfg.warmup_messages);
+                held = held + held_at(&nodes[node as usize]) - before;
                 schedule(&nodes, &mut net, &mut timer_at, node);
             }
             Ev::Sample => samples.take_and_rearm(&nodes, sender_id, &mut net, cfg),
         }
         // Stop once everything sent has settled: no sends or deliveries left, only report timers.
-        if sent >= cfg.messages && net.in_flight == 0 && !holding(&nodes) {
+        if sent >= cfg.messages && net.in_flight == 0 && held == 0 {
+            debug_assert!(!holding(&nodes));
             break;
         }
     }
@@ -438,7 +455,7 @@ fn finish(
     samples: &Samples,
     net: &Net,
 ) -> RunResult {
-    let mut r = summarize(topo, cfg, nodes, msgs, events);
+    let mut r = summarize(topo, cfg, nodes, msgs, events, &owd);
     (r.receiver_owd_p50_us, r.receiver_owd_p99_us) = receiver_quantiles(&mut owd.owd);
     r.tracked = owd.releases;
     if cfg.sync.is_some() {
@@ -464,7 +481,7 @@ impl Samples {
         self.take(nodes, sender, net.now);
         if let Some(s) = cfg.sync {
             net.order += 1;
-            net.queue.push(Reverse((net.now + s.sample_ns, net.order, Ev::Sample)));
+            net.queue.push(net.now + s.sample_ns, net.order, Ev::Sample);
         }
     }
 
@@ -575,6 +592,53 @@ fn receiver_quantiles(owd: &mut [Vec<u32>]) -> (Vec<f64>, Vec<f64>) {
     (p50, p99)
 }
 
+/// The sender sends message number `sent` (its payload) at `net.now`.
+fn send_one(node: &mut SimNode, net: &mut Net, sender_id: u32, sent: u64, msgs: &mut [MsgAgg]) {
+    let t = net.now;
+    if sent == 0 {
+        // Probe overhead is measured during the feed.
+        net.counts.iter_mut().for_each(|c| *c = [0; 4]);
+        net.feed_started = t;
+    }
+    if let SimNode::Sender(s, clock) = node {
+        let payload = sent.to_be_bytes();
+        let local = net.stamp(clock);
+        let mut tx = Tx { net, from: sender_id, last: ShareLast::default() };
+        let seq = s.handle_message(local, &payload, &mut tx);
+        if let Some(m) = msgs.get_mut(seq as usize) {
+            m.send_ns = t;
+            m.first_ns = u64::MAX;
+        }
+        s.update(local);
+    }
+}
+
+/// Each node's class mask, drawn from its own stream of the seed (so runs
+/// without classes draw exactly what they drew before).
+fn class_members(topo: &Topology, cfg: &SimConfig, n_ids: usize) -> Vec<u16> {
+    if cfg.classes.is_empty() {
+        return Vec::new();
+    }
+    let mut roles = vec![None; n_ids];
+    for n in &topo.trees[0].nodes {
+        roles[n.id as usize] = match n.role {
+            Role::Receiver => Some(ClassRoles::Receivers),
+            Role::Proxy => Some(ClassRoles::Proxies),
+            Role::Sender => None,
+        };
+    }
+    let m = ModelFile { classes: cfg.classes.clone(), ..ModelFile::default() };
+    m.draw_members(&roles, &mut ChaCha12Rng::seed_from_u64(cfg.seed ^ 0x0C1A_55E5))
+}
+
+/// Messages a node holds (receivers only).
+fn held_at(n: &SimNode) -> usize {
+    match n {
+        SimNode::Receiver(r, _) => r.held(),
+        _ => 0,
+    }
+}
+
 /// True while some receiver still holds a message.
 fn holding(nodes: &[SimNode]) -> bool {
     nodes.iter().any(|n| matches!(n, SimNode::Receiver(r, _) if r.held() > 0))
@@ -585,9 +649,27 @@ struct Logs {
     owd: Vec<Vec<u32>>,
     tracked: Vec<bool>,
     releases: Vec<TrackedRelease>,
+    /// After warm-up: releases, late releases, total hold of on-time ones (ns).
+    released: u64,
+    late: u64,
+    hold_sum_ns: u64,
 }
 
 type OwdLog<'a> = &'a mut Logs;
+
+impl Logs {
+    fn new(topo: &Topology, cfg: &SimConfig, n_ids: usize) -> Logs {
+        let mut tracked = vec![false; n_ids];
+        for &id in &cfg.track {
+            if let Some(t) = tracked.get_mut(id as usize) {
+                *t = true;
+            }
+        }
+        // Per receiver (receiver ids are 0..N): delivery delays in ns, after warm-up.
+        let logged = if cfg.receiver_delays { topo.receivers } else { 0 };
+        Logs { owd: vec![Vec::new(); logged], tracked, releases: Vec::new(), released: 0, late: 0, hold_sum_ns: 0 }
+    }
+}
 
 /// When a stalled node resumes, if `id` is stalled at `t`.
 fn stalled_until(cfg: &SimConfig, id: u32, t: u64) -> Option<u64> {
@@ -608,8 +690,10 @@ fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<
         (Some(g), Some(s)) => ClockSync::new(id, g.get(&id).map_or(&[][..], |v| &v[..]), id == sender_id, s.cfg),
         _ => ClockSync::off(id),
     };
+    let mut hp = fairfeed_tree::plan::hedge_parents(topo, 0);
     for n in &tree.nodes {
         let clock = Clock::draw(&cfg.clock, rng);
+        let hedge_parents = hp.remove(&n.id).unwrap_or_default();
         nodes[n.id as usize] = match n.role {
             Role::Sender => SimNode::Sender(
                 Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule).with_sync(sync_for(n.id))),
@@ -618,12 +702,17 @@ fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<
             Role::Proxy => SimNode::Proxy(
                 Box::new(
                     Proxy::new(n.id, n.parent.unwrap_or(sender_id), &n.children, &n.hedge_targets, cfg.node)
-                        .with_sync(sync_for(n.id)),
+                        .with_sync(sync_for(n.id))
+                        .with_hedge_parents(hedge_parents),
                 ),
                 clock,
             ),
             Role::Receiver => SimNode::Receiver(
-                Box::new(Receiver::new(n.id, n.parent.unwrap_or(sender_id), cfg.node).with_sync(sync_for(n.id))),
+                Box::new(
+                    Receiver::new(n.id, n.parent.unwrap_or(sender_id), cfg.node)
+                        .with_sync(sync_for(n.id))
+                        .with_hedge_parents(hedge_parents),
+                ),
                 clock,
             ),
         };
@@ -631,15 +720,7 @@ fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<
     (nodes, sender_id)
 }
 
-fn deliver(
-    nodes: &mut [SimNode],
-    net: &mut Net,
-    to: u32,
-    buf: &mut [u8],
-    msgs: &mut [MsgAgg],
-    owd: OwdLog,
-    warmup: u64,
-) {
+fn deliver(nodes: &mut [SimNode], net: &mut Net, to: u32, buf: &[u8], msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
     let t = net.now;
     if let Some(c) = net.counts.get_mut(to as usize) {
         c[2] += u64::from(is_probe(buf));
@@ -653,7 +734,9 @@ fn deliver(
         SimNode::Proxy(p, clock) => {
             let local = net.stamp(clock);
             let mut tx = Tx { net, from: to, last: ShareLast::default() };
-            p.handle_packet(local, buf, &mut tx);
+            // A proxy forwards the bytes it was given, its hop count bumped: its own copy.
+            let mut own = buf.to_vec();
+            p.handle_packet(local, &mut own, &mut tx);
         }
         SimNode::Receiver(r, clock) => {
             let local = net.stamp(clock);
@@ -708,6 +791,12 @@ fn drain(r: &mut Receiver, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: Owd
             }
             a.delivered += 1;
             if m.sequence > warmup {
+                owd.released += 1;
+                if m.late {
+                    owd.late += 1;
+                } else {
+                    owd.hold_sum_ns += m.deadline_ns.saturating_sub(m.arrival_ns);
+                }
                 if let Some(v) = owd.owd.get_mut(r.id as usize) {
                     v.push(t.saturating_sub(a.send_ns).min(u64::from(u32::MAX)) as u32);
                 }
@@ -727,21 +816,43 @@ fn schedule(nodes: &[SimNode], net: &mut Net, timer_at: &mut [u64], id: u32) {
     if local_due == u64::MAX {
         return;
     }
-    let Some(clock) = nodes[id as usize].clock() else { return };
+    // A timer armed for an earlier-or-equal local time fires no later (the
+    // clock's inverse is monotone): nothing to do, and no float inverse.
+    let i = id as usize;
+    if timer_at[i] != u64::MAX && local_due >= net.armed_local[i] {
+        return;
+    }
+    let Some(clock) = nodes[i].clock() else { return };
     let due = clock.true_at(local_due).max(net.now);
-    if due < timer_at[id as usize] {
-        timer_at[id as usize] = due;
+    if due < timer_at[i] {
+        timer_at[i] = due;
+        net.armed_local[i] = local_due;
         net.order += 1;
-        net.queue.push(Reverse((due, net.order, Ev::Timer { node: id })));
+        net.queue.push(due, net.order, Ev::Timer { node: id });
     }
 }
 
-fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg], events: u64) -> RunResult {
+fn summarize(
+    topo: &Topology,
+    cfg: &SimConfig,
+    nodes: &[SimNode],
+    msgs: &[MsgAgg],
+    events: u64,
+    logs: &Logs,
+) -> RunResult {
     let n = topo.receivers as u32;
     let counted: Vec<&MsgAgg> = msgs.iter().skip(1 + cfg.warmup_messages as usize).collect();
     let complete: Vec<&&MsgAgg> =
         counted.iter().filter(|m| m.delivered >= n && m.last_ns >= m.send_ns && m.first_ns != u64::MAX).collect();
     let oml_series_us: Vec<f64> = complete.iter().map(|m| (m.last_ns - m.send_ns) as f64 / 1e3).collect();
+    let start = msgs.get(1).map_or(0, |m| m.send_ns);
+    let window_series = counted
+        .iter()
+        .map(|m| {
+            let ok = m.delivered >= n && m.last_ns >= m.send_ns && m.first_ns != u64::MAX;
+            (m.send_ns.saturating_sub(start), ok.then(|| m.last_ns - m.first_ns))
+        })
+        .collect();
     let mut oml: Vec<u64> = complete.iter().map(|m| m.last_ns - m.send_ns).collect();
     let mut dws: Vec<u64> = complete.iter().map(|m| m.last_ns - m.first_ns).collect();
     oml.sort_unstable();
@@ -754,20 +865,20 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
         }
     };
     let expected = counted.len() as u64;
-    let (mut late, mut released, mut hold_sum) = (0u64, 0u64, 0u64);
+    // Late and hold, like every other measure, after warm-up.
+    let (late, released, hold_sum) = (logs.late, logs.released, logs.hold_sum_ns);
     let mut receivers_with_loss = 0;
     let mut offset = 0.0;
+    let mut controller = fairfeed_tree::tail::TailStats::default();
     for node in nodes {
         match node {
-            SimNode::Receiver(r, _) => {
-                if r.stats.released.saturating_sub(cfg.warmup_messages) < expected {
-                    receivers_with_loss += 1;
-                }
-                late += r.stats.late;
-                released += r.stats.released;
-                hold_sum += r.stats.hold_sum_ns;
+            SimNode::Receiver(r, _) if r.stats.released.saturating_sub(cfg.warmup_messages) < expected => {
+                receivers_with_loss += 1;
             }
-            SimNode::Sender(s, _) => offset = s.deadline_offset_ns() as f64 / 1e3,
+            SimNode::Sender(s, _) => {
+                offset = s.deadline_offset_ns() as f64 / 1e3;
+                controller = s.stats.tail;
+            }
             _ => {}
         }
     }
@@ -789,9 +900,11 @@ fn summarize(topo: &Topology, cfg: &SimConfig, nodes: &[SimNode], msgs: &[MsgAgg
         late_fraction: if released > 0 && cfg.node.hold_and_release { late as f64 / released as f64 } else { 0.0 },
         events,
         deadline_offset_us: offset,
+        controller,
         oml_us: oml.iter().map(|&x| x as f64 / 1e3).collect(),
         dws_us: dws.iter().map(|&x| x as f64 / 1e3).collect(),
         oml_series_us,
+        window_series,
         receiver_owd_p50_us: Vec::new(),
         receiver_owd_p99_us: Vec::new(),
         tracked: Vec::new(),
@@ -816,12 +929,14 @@ mod sync_tests {
             link: LinkModel::CLOUD_FLOOR,
             clock: ClockModel { timestamp_noise_ns: noise_ns, ..ClockModel::NTP },
             node: NodeConfig::default(),
-            rule: DeadlineRule::Controller { target_on_time: 0.999 },
+            rule: DeadlineRule::Quantile { target_pf: 0.99 },
             crash: None,
             stall: None,
             slow: None,
             track: Vec::new(),
             sync: sync.then(|| SimSync { warmup_ns: 8_000_000_000, ..SimSync::default() }),
+            receiver_delays: false,
+            classes: Vec::new(),
         }
     }
 

@@ -32,12 +32,20 @@ pub struct FairnessConfig {
     pub messages: u64,
     pub rate_per_s: f64,
     pub model: ModelFile,
-    /// Target share of deliveries on time for the controller rows
-    /// (for a P(F) target p at N receivers, about 1 − (1 − p)/N).
-    pub target_on_time: f64,
+    /// The controller's target P(F): the share of messages every receiver has by its deadline.
+    pub target_pf: f64,
+    /// The previous (late-share) controller's target share of deliveries on
+    /// time (default: 1 − (1 − target_pf)/N).
+    pub target_on_time: Option<f64>,
     /// Clock synchronization on every node (the feed starts after its warm-up).
     pub sync: Option<SimSync>,
+    /// The fairness schemes to run (empty: all of [`SCHEMES`]).
+    pub schemes: Vec<String>,
 }
+
+/// The fairness experiment's schemes, in order.
+pub const SCHEMES: [&str; 7] =
+    ["direct-unicast", "cloudex", "tree", "tree+hedging", "jasper", "jasper+late-controller", "jasper+controller"];
 
 impl Default for FairnessConfig {
     fn default() -> Self {
@@ -48,9 +56,18 @@ impl Default for FairnessConfig {
             messages: 10_000,
             rate_per_s: 5_000.0,
             model: ModelFile::default(),
-            target_on_time: 0.9999,
+            target_pf: 0.99,
+            target_on_time: None,
             sync: None,
+            schemes: Vec::new(),
         }
+    }
+}
+
+impl FairnessConfig {
+    /// The previous controller's per-delivery target.
+    pub fn late_share_target(&self) -> f64 {
+        self.target_on_time.unwrap_or(1.0 - (1.0 - self.target_pf) / self.receivers.max(1) as f64)
     }
 }
 
@@ -76,26 +93,71 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
     let treeh = heuristic_tree(n, c.hedge)?;
     let base = sim_base(c, NodeConfig::default(), DeadlineRule::Paper { margin_ns: 0 });
     let no_hold = NodeConfig { hold_and_release: false, ..base.node };
-    let controller = DeadlineRule::Controller { target_on_time: c.target_on_time };
-    let runs: [(&str, &fairfeed_tree::plan::Topology, usize, NodeConfig, DeadlineRule); 6] = [
+    let controller = DeadlineRule::Quantile { target_pf: c.target_pf };
+    let late_share = DeadlineRule::LateShare { target_on_time: c.late_share_target() };
+    let runs: [(&str, &fairfeed_tree::plan::Topology, usize, NodeConfig, DeadlineRule); 7] = [
         ("direct-unicast", &direct, 0, no_hold, base.rule),
         ("cloudex", &direct, 0, base.node, base.rule),
         ("tree", &tree0, 0, no_hold, base.rule),
         ("tree+hedging", &treeh, c.hedge, no_hold, base.rule),
         ("jasper", &treeh, c.hedge, base.node, base.rule),
+        ("jasper+late-controller", &treeh, c.hedge, base.node, late_share),
         ("jasper+controller", &treeh, c.hedge, base.node, controller),
     ];
-    let mut rows = Vec::new();
-    for (name, topo, hedge, node, rule) in runs {
-        progress(name);
-        let l = load(topo, c);
-        // An overloaded sender's queue grows with every message; a short run
-        // shows it as well as a long one without holding millions of copies.
-        let messages = if l > 1.0 { c.messages.min(OVERLOADED_MESSAGES_MAX) } else { c.messages };
-        let cfg = SimConfig { node, rule, messages, warmup_messages: (messages / 5).min(2_000), ..base.clone() };
-        rows.push(row(name, hedge, topo.fanout, topo.depth, l, run(topo, &cfg)));
-    }
+    let runs: Vec<_> =
+        runs.into_iter().filter(|r| c.schemes.is_empty() || c.schemes.iter().any(|s| s == r.0)).collect();
+    // Independent runs, one per core.
+    let rows = par_map(
+        &runs,
+        |&(name, topo, hedge, node, rule)| {
+            let l = load(topo, c);
+            // An overloaded sender's queue grows with every message; a short run
+            // shows it as well as a long one without holding millions of copies.
+            let messages = if l > 1.0 { c.messages.min(OVERLOADED_MESSAGES_MAX) } else { c.messages };
+            let cfg = SimConfig { node, rule, messages, warmup_messages: (messages / 5).min(2_000), ..base.clone() };
+            row(name, hedge, topo.fanout, topo.depth, l, run(topo, &cfg))
+        },
+        |i| progress(runs[i].0),
+    );
     Ok(rows)
+}
+
+/// Threads [`par_map`] uses: `FAIRFEED_SIM_THREADS`, else one per core.
+pub fn sim_threads() -> usize {
+    std::env::var("FAIRFEED_SIM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// `f` over `items` on [`sim_threads`] threads, results in the items' order;
+/// `done` is told each finished item's index (on the calling thread).
+/// Every run is deterministic on its own, so the results do not depend on
+/// the thread count.
+pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync, mut done: impl FnMut(usize)) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut out: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        for _ in 0..sim_threads().min(items.len()) {
+            let tx = tx.clone();
+            let (next, f) = (&next, &f);
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                if tx.send((i, f(item))).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(tx);
+        for (i, r) in rx {
+            done(i);
+            out[i] = Some(r);
+        }
+    });
+    out.into_iter().map(|r| r.expect("every item ran")).collect()
 }
 
 /// The paper's heuristic tree (F = 10, D = ⌈log10 N⌉) with hedging factor `hedge`.
@@ -122,6 +184,8 @@ fn sim_base(c: &FairnessConfig, node: NodeConfig, rule: DeadlineRule) -> SimConf
         slow: None,
         track: Vec::new(),
         sync: c.sync,
+        receiver_delays: false,
+        classes: c.model.classes.clone(),
     }
 }
 
@@ -177,7 +241,7 @@ impl Default for ClockConfig {
             seed: 1,
             seconds: 5.0,
             rate_per_s: 1_000.0,
-            model: ModelFile { link, clock: ClockModel::NTP },
+            model: ModelFile { link, clock: ClockModel::NTP, classes: Vec::new() },
             sync: SimSync::default(),
         }
     }
@@ -218,12 +282,14 @@ pub fn clock(c: &ClockConfig) -> Result<ClockSummary, String> {
         link: c.model.link,
         clock: c.model.clock,
         node: NodeConfig::default(),
-        rule: DeadlineRule::Controller { target_on_time: 1.0 - 0.01 / c.receivers as f64 },
+        rule: DeadlineRule::Quantile { target_pf: 0.99 },
         crash: None,
         stall: None,
         slow: None,
         track: Vec::new(),
         sync: Some(c.sync),
+        receiver_delays: false,
+        classes: c.model.classes.clone(),
     };
     let r = run(&topo, &cfg);
     let nodes = topo.trees[0].nodes.len();
@@ -334,7 +400,7 @@ pub fn crash(c: &FairnessConfig, hedges: &[usize]) -> Result<Vec<CrashRow>, Stri
 /// The rows as a Markdown table.
 pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
     let mut s = String::from(
-        "| scheme | N | H | F×D | OML p50 µs | OML p99 µs | DWS p50 µs | DWS p99 µs | P(F) 0 µs | P(F) 1 µs | hold mean µs | late | load |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| scheme | N | H | F×D | OML p50 µs | OML p99 µs | DWS p50 µs | DWS p99 µs | P(F) 0 µs | P(F) 1 µs | hold mean µs | late | load |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         s.push_str(&format!(
@@ -448,6 +514,60 @@ mod tests {
     }
 
     #[test]
+    fn the_controller_meets_its_target_at_any_rate_near_the_least_offset() {
+        // The previous controller's P(F) moved with the message rate; the
+        // quantile controller's must not, and its offset must sit close to
+        // the least that meets the target in hindsight.
+        let base = FairnessConfig { receivers: 30, hedge: 1, messages: 12_000, ..FairnessConfig::default() };
+        let c = CalibrationConfig { base, rates: vec![500.0, 5_000.0], targets: vec![0.9, 0.99] };
+        let rows = calibration(&c, |_, _| {}).unwrap();
+        for r in rows.iter().filter(|r| r.rule == "controller") {
+            let miss = r.miss_ratio.unwrap();
+            assert!((0.3..=2.0).contains(&miss), "{r:?}");
+            let oracle = r.oracle_offset_us.unwrap();
+            assert!(r.deadline_offset_us <= oracle * 1.05 + 2.0, "{r:?}");
+            assert_eq!(r.incomplete_messages, 0);
+        }
+        let at = |rate: f64, t: f64| {
+            rows.iter().find(|r| r.rule == "controller" && r.rate_per_s == rate && r.target_pf == Some(t)).unwrap()
+        };
+        assert!(at(5_000.0, 0.99).deadline_offset_us > at(5_000.0, 0.9).deadline_offset_us, "targets differ");
+    }
+
+    #[test]
+    fn the_controller_recovers_from_regime_changes() {
+        let base = FairnessConfig { receivers: 30, hedge: 1, rate_per_s: 5_000.0, ..FairnessConfig::default() };
+        let c = RegimeConfig { base, seconds: 4.0, change_s: 2.0, slow_share: 0.05, slow_us: 100.0 };
+        let rows = regime(&c, |_, _| {}).unwrap();
+        let get = |s: &str, r: &str| rows.iter().find(|x| x.scenario == s && x.rule == r).unwrap();
+        let slow = get("receivers-turn-slow", "controller");
+        assert!(slow.surges >= 1 && slow.pf_after >= 0.98, "{slow:?}");
+        assert!(slow.unfair_1s < get("receivers-turn-slow", "paper").unfair_1s, "{slow:?}");
+        let recover = get("receivers-recover", "controller");
+        assert!(recover.oml_p50_after_us < 0.9 * recover.oml_p50_before_us, "{recover:?}");
+        assert!(recover.pf_after >= 0.98, "{recover:?}");
+        let crash = get("proxy-crash", "controller");
+        assert!(crash.pf_after >= 0.98, "hedge parents carry the orphaned subtree's tails: {crash:?}");
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let c = FairnessConfig { messages: 1_000, ..small() };
+        let many = serde_json_like(&fairness(&c, |_| {}).unwrap());
+        let one: Vec<String> = SCHEMES
+            .iter()
+            .map(|s| {
+                serde_json_like(
+                    &fairness(&FairnessConfig { schemes: vec![s.to_string()], ..c.clone() }, |_| {}).unwrap(),
+                )
+            })
+            .collect();
+        for s in &one {
+            assert!(many.contains(s.trim_start_matches('[').trim_end_matches(']')), "{s}");
+        }
+    }
+
+    #[test]
     fn hold_and_release_and_the_controller_do_what_they_claim() {
         let rows = fairness(&small(), |_| {}).unwrap();
         let get = |s: &str| rows.iter().find(|r| r.scheme == s).unwrap();
@@ -498,7 +618,8 @@ pub fn hedging(
         progress(h);
         let topo = heuristic_tree(c.receivers, h)?;
         let t0 = std::time::Instant::now();
-        let r = run(&topo, &sim_base(c, node, DeadlineRule::Paper { margin_ns: 0 }));
+        let cfg = SimConfig { receiver_delays: true, ..sim_base(c, node, DeadlineRule::Paper { margin_ns: 0 }) };
+        let r = run(&topo, &cfg);
         let wall_s = t0.elapsed().as_secs_f64();
         let median = |v: &[f64]| {
             let mut v = v.to_vec();
@@ -565,7 +686,7 @@ pub fn trading(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec
     let traders = [ids[0], ids[1], ids[n - 2], ids[n - 1]];
     let base = sim_base(c, NodeConfig::default(), DeadlineRule::Paper { margin_ns: 0 });
     let no_hold = NodeConfig { hold_and_release: false, ..base.node };
-    let controller = DeadlineRule::Controller { target_on_time: c.target_on_time };
+    let controller = DeadlineRule::Quantile { target_pf: c.target_pf };
     let runs: [(&str, &fairfeed_tree::plan::Topology, NodeConfig, DeadlineRule); 5] = [
         ("direct-unicast", &direct, no_hold, base.rule),
         ("tree", &tree0, no_hold, base.rule),
@@ -617,4 +738,366 @@ pub fn trading(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec
         });
     }
     Ok(rows)
+}
+
+/// Settings of the calibration experiment: the deadline rules at several
+/// message rates and P(F) targets, on one tree and model.
+#[derive(Debug, Clone)]
+pub struct CalibrationConfig {
+    /// Receivers, hedging factor, seed, messages per run and model (its
+    /// rate and targets are replaced by `rates` and `targets`).
+    pub base: FairnessConfig,
+    pub rates: Vec<f64>,
+    pub targets: Vec<f64>,
+}
+
+/// One run of the calibration experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct CalibrationRow {
+    /// `controller` (quantile, the default), `late-controller` (previous),
+    /// `paper` (Jasper's rule) or `tree+hedging` (no holding: the latency baseline).
+    pub rule: String,
+    pub receivers: usize,
+    /// The tree: the paper's F = 10 unless its busiest node cannot keep up ([`feasible_tree`]).
+    pub fanout: usize,
+    pub depth: usize,
+    pub busiest_node_load: f64,
+    pub rate_per_s: f64,
+    /// The P(F) target (none for `paper` and `tree+hedging`).
+    pub target_pf: Option<f64>,
+    /// Achieved share of messages with a delivery window ≤ 1 µs.
+    pub pf_1us: f64,
+    /// Achieved miss rate over the target's (1 − P(F)) / (1 − target): 1 is on target.
+    pub miss_ratio: Option<f64>,
+    pub late_fraction: f64,
+    pub oml_p50_us: f64,
+    pub oml_p99_us: f64,
+    /// OML p50 over tree + hedging's at the same rate.
+    pub latency_ratio: f64,
+    /// The least offset that meets the target in hindsight: the target
+    /// quantile of tree + hedging's OML at the same rate, µs.
+    pub oracle_offset_us: Option<f64>,
+    pub deadline_offset_us: f64,
+    /// Regime changes the controller detected.
+    pub surges: u64,
+    /// Messages counted (after warm-up) and never complete.
+    pub messages: u64,
+    pub incomplete_messages: u64,
+    pub events: u64,
+}
+
+/// Busiest-node load a tree may have in [`feasible_tree`].
+pub const LOAD_MAX: f64 = 0.8;
+
+/// The paper's tree (F = 10) if its busiest node keeps up with `rate`;
+/// otherwise the largest fan-out (≥ 2, depth ⌈log_F N⌉) whose busiest node's
+/// load is at most [`LOAD_MAX`] — a sender copying 30 times per message
+/// cannot send 20,000 messages per second at 2.7 µs a copy.
+pub fn feasible_tree(c: &FairnessConfig, rate: f64) -> Result<fairfeed_tree::plan::Topology, String> {
+    let c = FairnessConfig { rate_per_s: rate, ..c.clone() };
+    let paper = heuristic_tree(c.receivers, c.hedge)?;
+    if load(&paper, &c) <= LOAD_MAX {
+        return Ok(paper);
+    }
+    let mut best = paper;
+    for f in (2..10usize).rev() {
+        let depth = (c.receivers as f64).log(f as f64).ceil().max(1.0) as usize;
+        let req = PlanRequest {
+            receivers: c.receivers,
+            fanout: Some(f),
+            depth: Some(depth),
+            hedge: c.hedge,
+            cost_model: None,
+            trees: 1,
+        };
+        let Ok(t) = plan(&req) else { continue };
+        let ok = load(&t, &c) <= LOAD_MAX;
+        best = t;
+        if ok {
+            break;
+        }
+    }
+    Ok(best)
+}
+
+/// Runs every (rule, rate, target) of `c` in parallel; rows by rate, then rule and target.
+pub fn calibration(
+    c: &CalibrationConfig,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<Vec<CalibrationRow>, String> {
+    let topos = c.rates.iter().map(|&r| feasible_tree(&c.base, r)).collect::<Result<Vec<_>, _>>()?;
+    let topo_of = |rate: f64| &topos[c.rates.iter().position(|&r| r == rate).unwrap_or(0)];
+    let mut jobs: Vec<(&str, f64, Option<f64>)> = Vec::new();
+    for &rate in &c.rates {
+        jobs.push(("tree+hedging", rate, None));
+        jobs.push(("paper", rate, None));
+        for &t in &c.targets {
+            jobs.push(("late-controller", rate, Some(t)));
+            jobs.push(("controller", rate, Some(t)));
+        }
+    }
+    let total = jobs.len();
+    let mut finished = 0;
+    let runs = par_map(
+        &jobs,
+        |&(rule, rate, target)| {
+            let fc = FairnessConfig { rate_per_s: rate, target_pf: target.unwrap_or(0.99), ..c.base.clone() };
+            let (node, rule) = match rule {
+                "tree+hedging" => (
+                    NodeConfig { hold_and_release: false, ..NodeConfig::default() },
+                    DeadlineRule::Paper { margin_ns: 0 },
+                ),
+                "paper" => (NodeConfig::default(), DeadlineRule::Paper { margin_ns: 0 }),
+                "late-controller" => {
+                    (NodeConfig::default(), DeadlineRule::LateShare { target_on_time: fc.late_share_target() })
+                }
+                _ => (NodeConfig::default(), DeadlineRule::Quantile { target_pf: fc.target_pf }),
+            };
+            run(topo_of(rate), &sim_base(&fc, node, rule))
+        },
+        |_| {
+            finished += 1;
+            progress(finished, total);
+        },
+    );
+    let mut rows: Vec<CalibrationRow> = Vec::new();
+    for (&(rule, rate, target), r) in jobs.iter().zip(&runs) {
+        let base =
+            jobs.iter().zip(&runs).find(|(j, _)| j.0 == "tree+hedging" && j.1 == rate).map(|(_, r)| r.oml_p50_us);
+        let topo = topo_of(rate);
+        rows.push(CalibrationRow {
+            rule: rule.to_string(),
+            receivers: c.base.receivers,
+            fanout: topo.fanout,
+            depth: topo.depth,
+            busiest_node_load: load(topo, &FairnessConfig { rate_per_s: rate, ..c.base.clone() }),
+            rate_per_s: rate,
+            target_pf: target,
+            pf_1us: r.pf_1us,
+            miss_ratio: target.map(|t| (1.0 - r.pf_1us) / (1.0 - t)),
+            late_fraction: r.late_fraction,
+            oml_p50_us: r.oml_p50_us,
+            oml_p99_us: r.oml_p99_us,
+            latency_ratio: base.map_or(0.0, |b| if b > 0.0 { r.oml_p50_us / b } else { 0.0 }),
+            oracle_offset_us: target.and_then(|t| {
+                let base = jobs.iter().zip(&runs).find(|(j, _)| j.0 == "tree+hedging" && j.1 == rate)?.1;
+                let v = &base.oml_us;
+                (!v.is_empty()).then(|| v[((t * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1])
+            }),
+            deadline_offset_us: r.deadline_offset_us,
+            surges: r.controller.surges,
+            messages: r.messages,
+            incomplete_messages: r.incomplete_messages,
+            events: r.events,
+        });
+    }
+    Ok(rows)
+}
+
+/// The calibration rows as a Markdown table.
+pub fn calibration_markdown(rows: &[CalibrationRow]) -> String {
+    let mut md = String::from(
+        "| rate msg/s | tree F×D (load) | rule | target P(F) | P(F@1µs) | miss / target miss | late share | OML p50 µs | OML p99 µs | × tree+hedging p50 | deadline offset µs | oracle offset µs | surges |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {}×{} ({:.2}) | {} | {} | {:.5} | {} | {:.6} | {:.1} | {:.1} | {:.3} | {:.1} | {} | {} |\n",
+            r.rate_per_s,
+            r.fanout,
+            r.depth,
+            r.busiest_node_load,
+            r.rule,
+            r.target_pf.map_or("—".into(), |t| format!("{t}")),
+            r.pf_1us,
+            r.miss_ratio.map_or("—".into(), |m| format!("{m:.2}")),
+            r.late_fraction,
+            r.oml_p50_us,
+            r.oml_p99_us,
+            r.latency_ratio,
+            r.deadline_offset_us,
+            r.oracle_offset_us.map_or("—".into(), |o| format!("{o:.1}")),
+            r.surges,
+        ));
+    }
+    md
+}
+
+/// Settings of the regime-change experiment.
+#[derive(Debug, Clone)]
+pub struct RegimeConfig {
+    /// Receivers, hedging factor, seed, rate, target P(F) and the base model
+    /// (its messages are replaced by `seconds` × rate).
+    pub base: FairnessConfig,
+    /// Simulated seconds of feed, and when the change happens.
+    pub seconds: f64,
+    pub change_s: f64,
+    /// Share of receivers that turn slow (or recover), and by how much, µs.
+    pub slow_share: f64,
+    pub slow_us: f64,
+}
+
+impl Default for RegimeConfig {
+    fn default() -> Self {
+        RegimeConfig {
+            base: FairnessConfig { receivers: 1_000, ..FairnessConfig::default() },
+            seconds: 8.0,
+            change_s: 4.0,
+            slow_share: 0.01,
+            slow_us: 100.0,
+        }
+    }
+}
+
+/// One (scenario, rule) of the regime-change experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegimeRow {
+    /// `receivers-turn-slow`, `receivers-recover` or `proxy-crash`.
+    pub scenario: String,
+    /// `paper`, `late-controller` or `controller`.
+    pub rule: String,
+    /// P(F@1µs) of messages sent after warm-up and before the change.
+    pub pf_before: f64,
+    /// Unfair messages (window > 1 µs, or incomplete) sent in the first
+    /// 10 ms, 100 ms and 1 s after the change, and messages sent in that second.
+    pub unfair_10ms: u64,
+    pub unfair_100ms: u64,
+    pub unfair_1s: u64,
+    pub messages_1s: u64,
+    /// What the target allows in that second: (1 − target) × messages.
+    pub allowed_1s: f64,
+    /// P(F@1µs) from 1 s after the change to the end.
+    pub pf_after: f64,
+    /// OML p50 before the change and from 1 s after it, µs.
+    pub oml_p50_before_us: f64,
+    pub oml_p50_after_us: f64,
+    /// The controller's detections: surges, rises, falls.
+    pub surges: u64,
+    pub rises: u64,
+    pub falls: u64,
+}
+
+/// Regime changes mid-run under each deadline rule: a share of receivers
+/// turns slow, a share recovers, a layer-0 proxy crashes (hedges take over).
+pub fn regime(c: &RegimeConfig, mut progress: impl FnMut(usize, usize)) -> Result<Vec<RegimeRow>, String> {
+    let topo = heuristic_tree(c.base.receivers, c.base.hedge)?;
+    let messages = ((c.seconds * c.base.rate_per_s) as u64).clamp(1, crate::engine::MESSAGES_MAX);
+    let change_ns = (c.change_s * 1e9) as u64;
+    let slow = |from_s: f64, until_s: f64| crate::model::HostClass {
+        name: "slow".into(),
+        share: c.slow_share,
+        extra_us: c.slow_us,
+        from_s,
+        until_s,
+        ..crate::model::HostClass::default()
+    };
+    let victim =
+        topo.trees[0].nodes.iter().find(|n| n.layer == 0 && n.role == fairfeed_tree::plan::Role::Proxy).map(|n| n.id);
+    let mut jobs = Vec::new();
+    for scenario in ["receivers-turn-slow", "receivers-recover", "proxy-crash"] {
+        for rule in ["paper", "late-controller", "controller"] {
+            jobs.push((scenario, rule));
+        }
+    }
+    let total = jobs.len();
+    let mut finished = 0;
+    let runs = par_map(
+        &jobs,
+        |&(scenario, rule)| {
+            let mut model = c.base.model.clone();
+            let mut crash = None;
+            match scenario {
+                "receivers-turn-slow" => model.classes.push(slow(c.change_s, 1e9)),
+                "receivers-recover" => model.classes.push(slow(0.0, c.change_s)),
+                _ => crash = victim.map(|v| (v, change_ns)),
+            }
+            let fc = FairnessConfig { messages, model, ..c.base.clone() };
+            let rule = match rule {
+                "paper" => DeadlineRule::Paper { margin_ns: 0 },
+                "late-controller" => DeadlineRule::LateShare { target_on_time: fc.late_share_target() },
+                _ => DeadlineRule::Quantile { target_pf: fc.target_pf },
+            };
+            let cfg = SimConfig { crash, ..sim_base(&fc, NodeConfig::default(), rule) };
+            run(&topo, &cfg)
+        },
+        |_| {
+            finished += 1;
+            progress(finished, total);
+        },
+    );
+    let rows = jobs
+        .iter()
+        .zip(&runs)
+        .map(|(&(scenario, rule), r)| {
+            let fair = |w: &Option<u64>| w.is_some_and(|w| w <= 1_000);
+            let in_span = |a: u64, b: u64| r.window_series.iter().filter(move |(t, _)| *t >= a && *t < b);
+            let pf = |a: u64, b: u64| {
+                let (n, f) = in_span(a, b).fold((0u64, 0u64), |(n, f), (_, w)| (n + 1, f + u64::from(fair(w))));
+                if n > 0 {
+                    f as f64 / n as f64
+                } else {
+                    0.0
+                }
+            };
+            let unfair = |len: u64| in_span(change_ns, change_ns + len).filter(|(_, w)| !fair(w)).count() as u64;
+            let messages_1s = in_span(change_ns, change_ns + 1_000_000_000).count() as u64;
+            // OML p50 per span, from the per-message OML series (same order as the complete messages).
+            let complete: Vec<u64> = r.window_series.iter().filter(|(_, w)| w.is_some()).map(|(t, _)| *t).collect();
+            let oml_p50 = |a: u64, b: u64| {
+                let mut v: Vec<f64> = complete
+                    .iter()
+                    .zip(&r.oml_series_us)
+                    .filter(|(t, _)| **t >= a && **t < b)
+                    .map(|(_, o)| *o)
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied().unwrap_or(0.0)
+            };
+            RegimeRow {
+                scenario: scenario.into(),
+                rule: rule.into(),
+                pf_before: pf(0, change_ns),
+                unfair_10ms: unfair(10_000_000),
+                unfair_100ms: unfair(100_000_000),
+                unfair_1s: unfair(1_000_000_000),
+                messages_1s,
+                allowed_1s: (1.0 - c.base.target_pf) * messages_1s as f64,
+                pf_after: pf(change_ns + 1_000_000_000, u64::MAX),
+                oml_p50_before_us: oml_p50(0, change_ns),
+                oml_p50_after_us: oml_p50(change_ns + 1_000_000_000, u64::MAX),
+                surges: r.controller.surges,
+                rises: r.controller.rises,
+                falls: r.controller.falls,
+            }
+        })
+        .collect();
+    Ok(rows)
+}
+
+/// The regime rows as a Markdown table.
+pub fn regime_markdown(rows: &[RegimeRow]) -> String {
+    let mut md = String::from(
+        "| scenario | rule | P(F) before | unfair in 10 ms / 100 ms / 1 s after | allowed in that 1 s | P(F) from 1 s after | OML p50 before → after µs | surges / rises / falls |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {} | {:.4} | {} / {} / {} of {} | {:.1} | {:.4} | {:.1} → {:.1} | {} / {} / {} |\n",
+            r.scenario,
+            r.rule,
+            r.pf_before,
+            r.unfair_10ms,
+            r.unfair_100ms,
+            r.unfair_1s,
+            r.messages_1s,
+            r.allowed_1s,
+            r.pf_after,
+            r.oml_p50_before_us,
+            r.oml_p50_after_us,
+            r.surges,
+            r.rises,
+            r.falls,
+        ));
+    }
+    md
 }

@@ -9,7 +9,11 @@
 //! min_us = 10.0          # uniform: lower bound
 //! max_us = 50.0          # uniform: upper bound
 //! spike_probability = 0.0001  # chance a packet hits a latency spike
-//! spike_us = 300.0       # extra delay of a spike (uniform in [spike_us/2, spike_us*3/2])
+//! spike_us = 300.0       # extra delay of a spike (uniform: in [spike_us/2, spike_us*3/2])
+//! spike_shape = "uniform" # or "pareto": spike_us · U^(−1/spike_alpha), at most 100 × spike_us
+//! spike_alpha = 1.5      # pareto: tail index (smaller: heavier)
+//! loss_burst_probability = 0.0 # chance a packet starts a loss burst at its sender ...
+//! loss_burst_len = 0     # ... that loses this many of the sender's packets (it included)
 //! copy_us = 2.7          # serialization cost of each copy a node sends, back to back
 //! loss = 0.0             # chance a packet is lost on a hop
 //! dup = 0.0              # chance a packet is delivered twice
@@ -25,7 +29,21 @@
 //! step_share = 0.0       # share of nodes whose clock steps (an ntpd jump) ...
 //! step_us = 0.0          # ... by this much ...
 //! step_at_s = 0.0        # ... at this time
+//!
+//! # Host classes (any number): a share of nodes, drawn once per run, whose
+//! # every hop (to or from them) is slower, optionally only for a while.
+//! [[class]]
+//! name = "slow-hosts"
+//! share = 0.2            # share of the nodes of `roles` in the class
+//! roles = "receivers"    # receivers | proxies | all
+//! extra_us = 50.0        # added to every hop to or from a member
+//! body_scale = 1.0       # multiplies the queueing body (above the floor) of those hops
+//! from_s = 0.0           # in force from this time (true, since the run's start) ...
+//! until_s = 1e9          # ... until this one
+//! ramp_s = 0.0           # extra_us grows linearly over this long from from_s (a drift); 0: a step
 //! ```
+//!
+//! Examples live in `docs/models/`.
 //!
 //! With a floor, a hop's delay is the floor plus (unless unqueued) a body
 //! drawn from the link kind with its median reduced by the floor, plus the
@@ -46,6 +64,86 @@ use rand::Rng;
 use rand_distr::{Distribution, LogNormal};
 use serde::{Deserialize, Serialize};
 
+/// The shape of a latency spike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SpikeShape {
+    /// Uniform in [spike_us/2, 3·spike_us/2].
+    #[default]
+    Uniform,
+    /// Pareto from spike_us with tail index `spike_alpha`, capped at 100 × spike_us.
+    Pareto,
+}
+
+/// Which nodes a class draws its members from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClassRoles {
+    #[default]
+    Receivers,
+    Proxies,
+    All,
+}
+
+/// A class of hosts: a share of the nodes whose hops are slower, fixed for
+/// the run, in force for a time window (a regime), stepped or ramped in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostClass {
+    pub name: String,
+    pub share: f64,
+    pub roles: ClassRoles,
+    pub extra_us: f64,
+    pub body_scale: f64,
+    pub from_s: f64,
+    pub until_s: f64,
+    pub ramp_s: f64,
+}
+
+impl Default for HostClass {
+    fn default() -> Self {
+        HostClass {
+            name: String::new(),
+            share: 0.0,
+            roles: ClassRoles::Receivers,
+            extra_us: 0.0,
+            body_scale: 1.0,
+            from_s: 0.0,
+            until_s: 1e9,
+            ramp_s: 0.0,
+        }
+    }
+}
+
+/// Classes a model may have at most (members are kept as a bit mask per node).
+pub const CLASSES_MAX: usize = 16;
+
+impl HostClass {
+    pub fn validate(&self) -> Result<(), String> {
+        let finite = [self.share, self.extra_us, self.body_scale, self.from_s, self.until_s, self.ramp_s]
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0);
+        if !finite || self.share > 1.0 || self.body_scale > 1_000.0 || self.until_s < self.from_s {
+            return Err(format!(
+                "class {:?}: share in [0, 1], extra_us, ramp_s, from_s ≤ until_s finite and not negative, \
+                 body_scale in [0, 1000]",
+                self.name
+            ));
+        }
+        Ok(())
+    }
+
+    /// (extra ns, body scale) of a hop at true time `t` ns, when in force.
+    fn effect(&self, t: u64) -> Option<(f64, f64)> {
+        let s = t as f64 / 1e9;
+        if s < self.from_s || s >= self.until_s {
+            return None;
+        }
+        let ramp = if self.ramp_s > 0.0 { ((s - self.from_s) / self.ramp_s).min(1.0) } else { 1.0 };
+        Some((self.extra_us * 1e3 * ramp, self.body_scale))
+    }
+}
+
 /// The distribution of one hop's delay.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -56,7 +154,7 @@ pub enum LinkKind {
 
 /// One hop's delay, loss and the per-copy cost at its sender.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct LinkModel {
     pub kind: LinkKind,
     pub median_us: f64,
@@ -76,6 +174,10 @@ pub struct LinkModel {
     /// Share of directed links whose floor is longer by `asymmetric_us`.
     pub asymmetric_share: f64,
     pub asymmetric_us: f64,
+    pub spike_shape: SpikeShape,
+    pub spike_alpha: f64,
+    pub loss_burst_probability: f64,
+    pub loss_burst_len: u32,
 }
 
 impl Default for LinkModel {
@@ -101,6 +203,10 @@ impl LinkModel {
         unqueued: 0.0,
         asymmetric_share: 0.0,
         asymmetric_us: 0.0,
+        spike_shape: SpikeShape::Uniform,
+        spike_alpha: 1.5,
+        loss_burst_probability: 0.0,
+        loss_burst_len: 0,
     };
 
     /// The cloud model on a propagation floor: 20 µs that 30 % of packets see
@@ -131,6 +237,10 @@ impl LinkModel {
         unqueued: 0.0,
         asymmetric_share: 0.0,
         asymmetric_us: 0.0,
+        spike_shape: SpikeShape::Uniform,
+        spike_alpha: 1.5,
+        loss_burst_probability: 0.0,
+        loss_burst_len: 0,
     };
 
     /// Checks the parameters make sense.
@@ -149,6 +259,9 @@ impl LinkModel {
             && (0.0..=1.0).contains(&self.unqueued)
             && (0.0..=1.0).contains(&self.asymmetric_share)
             && self.asymmetric_us >= 0.0
+            && (self.spike_alpha > 0.1 && self.spike_alpha <= 100.0)
+            && (0.0..1.0).contains(&self.loss_burst_probability)
+            && self.loss_burst_len <= 1_000_000
             && [self.median_us, self.sigma, self.min_us, self.max_us, self.spike_us, self.copy_us, self.floor_us]
                 .iter()
                 .all(|v| v.is_finite());
@@ -161,6 +274,11 @@ impl LinkModel {
 
     /// Draws one hop's delay in ns.
     pub fn sample_ns(&self, rng: &mut impl Rng) -> u64 {
+        self.sample_scaled_ns(rng, 1.0)
+    }
+
+    /// Draws one hop's delay in ns, its body above the floor scaled by `scale`.
+    pub fn sample_scaled_ns(&self, rng: &mut impl Rng, scale: f64) -> u64 {
         if self.floor_us > 0.0 && self.unqueued > 0.0 && rng.gen_bool(self.unqueued) {
             return (self.floor_us * 1e3) as u64;
         }
@@ -175,8 +293,15 @@ impl LinkModel {
                     }
             }
         };
+        let base_us = self.floor_us.min(base_us) + (base_us - self.floor_us).max(0.0) * scale;
         let spike = if self.spike_probability > 0.0 && rng.gen_bool(self.spike_probability) {
-            rng.gen_range(self.spike_us * 0.5..=self.spike_us * 1.5)
+            match self.spike_shape {
+                SpikeShape::Uniform => rng.gen_range(self.spike_us * 0.5..=self.spike_us * 1.5),
+                SpikeShape::Pareto => {
+                    let u: f64 = rng.gen_range(f64::MIN_POSITIVE..1.0);
+                    (self.spike_us * u.powf(-1.0 / self.spike_alpha)).min(self.spike_us * 100.0)
+                }
+            }
         } else {
             0.0
         };
@@ -186,7 +311,7 @@ impl LinkModel {
 
 /// Every node's clock errors.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ClockModel {
     pub offset_us: f64,
     pub drift_ppm: f64,
@@ -311,11 +436,13 @@ impl Clock {
 }
 
 /// A whole model file.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ModelFile {
     pub link: LinkModel,
     pub clock: ClockModel,
+    #[serde(rename = "class")]
+    pub classes: Vec<HostClass>,
 }
 
 impl ModelFile {
@@ -323,7 +450,32 @@ impl ModelFile {
         let m: ModelFile = toml::from_str(s).map_err(|e| e.to_string())?;
         m.link.validate()?;
         m.clock.validate()?;
+        if m.classes.len() > CLASSES_MAX {
+            return Err(format!("{} classes; at most {CLASSES_MAX}", m.classes.len()));
+        }
+        for c in &m.classes {
+            c.validate()?;
+        }
         Ok(m)
+    }
+
+    /// Draws each class's members among the nodes: `roles[id]` is node id's
+    /// role (`None`: no node); returns a bit mask of classes per node.
+    pub fn draw_members(&self, roles: &[Option<ClassRoles>], rng: &mut impl Rng) -> Vec<u16> {
+        let mut mask = vec![0u16; roles.len()];
+        for (i, c) in self.classes.iter().enumerate() {
+            for (id, r) in roles.iter().enumerate() {
+                let eligible = match (r, c.roles) {
+                    (None, _) => false,
+                    (Some(_), ClassRoles::All) => true,
+                    (Some(r), want) => *r == want,
+                };
+                if eligible && c.share > 0.0 && rng.gen_bool(c.share.min(1.0)) {
+                    mask[id] |= 1 << i;
+                }
+            }
+        }
+        mask
     }
 }
 
@@ -373,6 +525,90 @@ mod tests {
         assert_eq!(m.link.kind, LinkKind::Uniform);
         assert_eq!(m.clock.offset_us, 20.0);
         assert!(ModelFile::from_toml("[link]\nloss = 2.0\n").is_err());
+        assert!(ModelFile::from_toml("[link]\nmedian = 20.0\n").is_err(), "a misspelt key is an error");
+        assert!(ModelFile::from_toml("[[class]]\nshare = 1.5\n").is_err());
+        assert!(ModelFile::from_toml("[[class]]\nfrom_s = 5\nuntil_s = 1\n").is_err());
+        assert!(ModelFile::from_toml("[link]\nspike_shape = \"gamma\"\n").is_err());
+    }
+
+    #[test]
+    fn example_model_files_parse() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/models");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let m = ModelFile::from_toml(&std::fs::read_to_string(&p).unwrap());
+                assert!(m.is_ok(), "{}: {:?}", p.display(), m.err());
+                n += 1;
+            }
+        }
+        assert!(n >= 6, "{n} example models");
+        let cloud = ModelFile::from_toml(&std::fs::read_to_string(dir.join("cloud.toml")).unwrap()).unwrap();
+        assert_eq!(cloud, ModelFile::default(), "cloud.toml is the built-in default");
+    }
+
+    #[test]
+    fn classes_draw_their_share_and_act_in_their_window() {
+        let m = ModelFile::from_toml(
+            "[[class]]\nshare = 0.2\nextra_us = 50\nfrom_s = 1\nuntil_s = 2\n\
+             [[class]]\nshare = 1.0\nroles = \"proxies\"\nextra_us = 10\nramp_s = 1\n",
+        )
+        .unwrap();
+        let mut roles = vec![Some(ClassRoles::Receivers); 10_000];
+        roles[0] = None;
+        roles[1] = Some(ClassRoles::Proxies);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let members = m.draw_members(&roles, &mut rng);
+        let slow = members.iter().filter(|&&x| x & 1 != 0).count();
+        assert!((1_800..2_200).contains(&slow), "{slow}");
+        assert_eq!(members[0], 0);
+        assert_eq!(members[1] & 2, 2);
+        assert_eq!(members.iter().filter(|&&x| x & 2 != 0).count(), 1, "only proxies");
+        let c = &m.classes[0];
+        assert_eq!(c.effect(999_999_999), None);
+        assert_eq!(c.effect(1_500_000_000), Some((50_000.0, 1.0)));
+        assert_eq!(c.effect(2_000_000_000), None);
+        let ramp = &m.classes[1];
+        assert_eq!(ramp.effect(500_000_000), Some((5_000.0, 1.0)));
+        assert_eq!(ramp.effect(5_000_000_000), Some((10_000.0, 1.0)));
+        // Through the emulator: a hop to a slow member in the window is 50 µs later.
+        let link = LinkModel { spike_probability: 0.0, copy_us: 0.0, ..LinkModel::UNIFORM };
+        let link = LinkModel { min_us: 10.0, max_us: 10.0, ..link };
+        let slow_id = members.iter().position(|&x| x & 1 != 0).unwrap() as u32;
+        let fast_id = (2..).find(|&i| members[i] == 0).unwrap() as u32;
+        let mut e = LinkEmulator::new(link, rand_chacha::ChaCha12Rng::seed_from_u64(1), 10_000)
+            .with_classes(&m.classes, members);
+        let t = 1_500_000_000;
+        assert_eq!(e.arrivals(t, 0, slow_id)[0], Some(t + 60_000));
+        assert_eq!(e.arrivals(t, 0, fast_id)[0], Some(t + 10_000));
+        assert_eq!(e.arrivals(t + 1_000_000_000, 0, slow_id)[0], Some(t + 1_000_000_000 + 10_000));
+    }
+
+    #[test]
+    fn pareto_spikes_and_loss_bursts() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let m = LinkModel {
+            spike_probability: 1.0,
+            spike_us: 100.0,
+            spike_shape: SpikeShape::Pareto,
+            spike_alpha: 1.5,
+            ..LinkModel::UNIFORM
+        };
+        let v: Vec<u64> = (0..100_000).map(|_| m.sample_ns(&mut rng)).collect();
+        // P(spike > 400 µs) = 4^-1.5 = 1/8 (hop ≤ 50 µs on top).
+        let over = v.iter().filter(|&&x| x > 450_000).count() as f64 / v.len() as f64;
+        assert!((0.10..0.14).contains(&over), "{over}");
+        assert!(*v.iter().max().unwrap() <= 10_050_000, "capped at 100 × spike_us");
+        let m = LinkModel { loss_burst_probability: 0.001, loss_burst_len: 20, ..LinkModel::UNIFORM };
+        let mut e = LinkEmulator::new(m, rand_chacha::ChaCha12Rng::seed_from_u64(2), 2);
+        let lost: Vec<bool> = (0..200_000).map(|i| e.arrivals(i * 1_000, 0, 1)[0].is_none()).collect();
+        let n_lost = lost.iter().filter(|&&l| l).count();
+        assert_eq!(n_lost as u64, e.burst_lost);
+        assert!(n_lost % 20 == 0 || lost[lost.len() - 1], "whole bursts of 20 unless the run ends inside one");
+        assert!((2_000..6_000).contains(&n_lost), "{n_lost}");
+        let bursts = lost.windows(2).filter(|w| !w[0] && w[1]).count();
+        assert!(n_lost / bursts >= 20, "losses come in runs");
     }
 }
 
@@ -388,13 +624,62 @@ pub struct LinkEmulator {
     busy_until: Vec<u64>,
     /// (node, start ns, length ns, extra delay ns)
     pub slow: Option<(u32, u64, u64, u64)>,
+    classes: Vec<HostClass>,
+    /// Per node, a bit per class it belongs to.
+    members: Vec<u16>,
+    /// Per node, packets its current loss burst still loses.
+    burst_left: Vec<u32>,
+    /// Packets lost in bursts.
+    pub burst_lost: u64,
 }
 
 impl LinkEmulator {
     /// Emulates links from `nodes` nodes, drawing from `rng`.
     pub fn new(link: LinkModel, mut rng: rand_chacha::ChaCha12Rng, nodes: usize) -> Self {
         let salt = if link.asymmetric_share > 0.0 { rng.gen() } else { 0 };
-        LinkEmulator { link, rng, salt, busy_until: vec![0; nodes], slow: None }
+        LinkEmulator {
+            link,
+            rng,
+            salt,
+            busy_until: vec![0; nodes],
+            slow: None,
+            classes: Vec::new(),
+            members: Vec::new(),
+            burst_left: vec![0; nodes],
+            burst_lost: 0,
+        }
+    }
+
+    /// Host classes and each node's membership mask (from [`ModelFile::draw_members`]).
+    pub fn with_classes(mut self, classes: &[HostClass], members: Vec<u16>) -> Self {
+        assert!(classes.len() <= CLASSES_MAX, "at most {CLASSES_MAX} classes");
+        self.classes = classes.to_vec();
+        self.members = members;
+        self
+    }
+
+    /// Nodes in class `i`.
+    pub fn class_members(&self, i: usize) -> usize {
+        self.members.iter().filter(|&&m| m & (1 << i) != 0).count()
+    }
+
+    /// (extra ns, body scale) of the classes a hop `from → to` touches at `t`.
+    fn class_effect(&self, t: u64, from: u32, to: u32) -> (u64, f64) {
+        let m = |id: u32| self.members.get(id as usize).copied().unwrap_or(0);
+        let mask = m(from) | m(to);
+        if mask == 0 {
+            return (0, 1.0);
+        }
+        let (mut extra, mut scale) = (0.0, 1.0f64);
+        for (i, c) in self.classes.iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                if let Some((e, s)) = c.effect(t) {
+                    extra += e;
+                    scale = scale.max(s);
+                }
+            }
+        }
+        (extra as u64, scale)
     }
 
     /// The extra floor of the directed link `from → to`, ns.
@@ -428,7 +713,26 @@ impl LinkEmulator {
         if self.link.loss > 0.0 && self.rng.gen_bool(self.link.loss) {
             return [None, None];
         }
-        let mut at = depart + self.link.sample_ns(&mut self.rng) + self.asymmetry_ns(from, to);
+        if self.link.loss_burst_len > 0 {
+            if self.burst_left[f] == 0
+                && self.link.loss_burst_probability > 0.0
+                && self.rng.gen_bool(self.link.loss_burst_probability)
+            {
+                self.burst_left[f] = self.link.loss_burst_len;
+            }
+            if self.burst_left[f] > 0 {
+                self.burst_left[f] -= 1;
+                self.burst_lost += 1;
+                return [None, None];
+            }
+        }
+        let (extra, scale) = self.class_effect(now, from, to);
+        let hop = if scale == 1.0 {
+            self.link.sample_ns(&mut self.rng)
+        } else {
+            self.link.sample_scaled_ns(&mut self.rng, scale)
+        };
+        let mut at = depart + hop + self.asymmetry_ns(from, to) + extra;
         if let Some((node, start, len, extra)) = self.slow {
             if node == from && now >= start && now < start + len {
                 at += extra;

@@ -6,6 +6,8 @@
 //! - [`node`]: the sender, proxy and receiver state machines — first copy wins,
 //!   hold-and-release at the deadline, OWD reports aggregated up the tree, and
 //!   the deadline controller;
+//! - [`tail`]: per-message largest delays carried up the tree in reports,
+//!   and the quantile estimator that sets the deadline from them;
 //! - [`dedup`]: bounded duplicate detection; [`owd`]: the OWD window.
 //!
 //! Nothing here owns a socket or reads a clock: time is an argument and output
@@ -17,3 +19,4 @@ pub mod dedup;
 pub mod node;
 pub mod owd;
 pub mod plan;
+pub mod tail;

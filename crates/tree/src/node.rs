@@ -7,11 +7,15 @@
 //! - The **sender** numbers each market-data packet, stamps its send time and
 //!   deadline = now + OWD_G + margin, and sends one copy to each child.
 //!   OWD_G is the max of the p95 one-way delays reported up the tree; the
-//!   margin is 0 under the paper's rule or set by the [`Controller`].
+//!   margin is 0 under the paper's rule. Under the quantile rule (the
+//!   default controller) the offset is instead the target quantile of each
+//!   message's *last* arrival, which reports carry up the tree as tail
+//!   sections ([`crate::tail`]); the previous late-share controller
+//!   ([`LateShareController`]) stays selectable for comparison.
 //! - A **proxy** keeps the first copy of each packet, forwards it to its
 //!   children and to its hedge targets, and drops later copies. It merges its
-//!   children's reports (max of delays, sum of counts, ignoring stale children)
-//!   and reports to its parent.
+//!   children's reports (max of delays, sum of counts, ignoring stale children;
+//!   per-message largest delays by max) and reports to its parent.
 //! - A **receiver** keeps the first copy, holds it until its deadline and
 //!   releases it then — at once, and counted late, if the deadline has passed.
 //!   It keeps a window of one-way delays and reports its p95 to its parent.
@@ -34,6 +38,7 @@ use fairfeed_wire::overlay::{self, HeaderRepr, Kind, ProbeRepr, ReportRepr};
 use crate::auth::{Auth, AuthStats};
 use crate::dedup::{Dedup, Seen};
 use crate::owd::OwdWindow;
+use crate::tail::{TailConfig, TailEstimator, TailLog, TailStats};
 
 /// Packets a receiver holds at most; beyond it the earliest is released early
 /// (counted) rather than memory growing without bound.
@@ -92,9 +97,52 @@ fn control_packet(
     b
 }
 
-fn report_packet(cfg: &NodeConfig, auth: Option<&Auth>, origin: u32, now: u64, r: &ReportRepr) -> Vec<u8> {
+/// A report: the fixed part `r`, then the tail section `tail`.
+fn report_packet(cfg: &NodeConfig, auth: Option<&Auth>, origin: u32, now: u64, r: &ReportRepr, tail: &[u8]) -> Vec<u8> {
     let h = HeaderRepr { kind: Some(Kind::Report), tree: cfg.tree, origin, send_ns: now, ..HeaderRepr::default() };
-    control_packet(auth, h, overlay::REPORT_LEN, |b| r.emit(b))
+    control_packet(auth, h, overlay::REPORT_LEN + tail.len(), |b| {
+        b[overlay::REPORT_LEN..].copy_from_slice(tail);
+        r.emit(b)
+    })
+}
+
+/// Where a node's reports go: the full report to its parent, and — so a
+/// dead parent does not hide the subtree from the sender — a copy with the
+/// summed counts zeroed (max fields and the tail merge by max, so twice is
+/// harmless) to each node that hedges for it. Returns the reports sent.
+struct ReportTo<'a> {
+    parent: u32,
+    hedge_parents: &'a [u32],
+}
+
+#[allow(clippy::too_many_arguments)]
+fn send_report(
+    cfg: &NodeConfig,
+    auth: Option<&Auth>,
+    origin: u32,
+    now: u64,
+    r: &ReportRepr,
+    tail: &mut TailLog,
+    to: ReportTo,
+    tx: &mut impl Transmit,
+) -> u64 {
+    let mut t = Vec::new();
+    tail.drain_into(&mut t);
+    tx.send(to.parent, &report_packet(cfg, auth, origin, now, r, &t));
+    if to.hedge_parents.is_empty() {
+        return 1;
+    }
+    let side = ReportRepr { messages: 0, late: 0, hold_sum_ns: 0, receivers: 0, clock_unsynced: 0, ..*r };
+    let b = report_packet(cfg, auth, origin, now, &side, &t);
+    for &h in to.hedge_parents {
+        tx.send(h, &b);
+    }
+    1 + to.hedge_parents.len() as u64
+}
+
+/// The tail section after a report's fixed part, if any (malformed: none, counted by the caller).
+fn report_tail(payload: &[u8]) -> Result<Option<overlay::TailView<'_>>, fairfeed_wire::Error> {
+    overlay::TailView::parse(payload.get(overlay::REPORT_LEN..).unwrap_or(&[]))
 }
 
 /// Builds a signed probe packet from `origin`.
@@ -178,33 +226,36 @@ impl ChildReports {
     }
 }
 
-/// How the sender sets the deadline margin on top of OWD_G.
+/// How the sender sets the deadline offset.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum DeadlineRule {
     /// Jasper's rule: deadline = now + OWD_G (max of p95s), plus a fixed margin.
     Paper { margin_ns: i64 },
-    /// Our controller: adjust the margin so that the share of (message,
-    /// receiver) pairs released on time meets `target_on_time`, with as little
-    /// added latency as it allows.
-    Controller { target_on_time: f64 },
+    /// The previous controller: adjust a margin on OWD_G so that the share of
+    /// (message, receiver) pairs released on time meets `target_on_time`.
+    LateShare { target_on_time: f64 },
+    /// The controller (default): the offset is an upper estimate of the
+    /// `target_pf`-quantile of each message's last arrival, so that a share
+    /// `target_pf` of messages reach every receiver by their deadline.
+    Quantile { target_pf: f64 },
 }
 
-/// The deadline controller (beyond the paper). Each report interval it looks at
+/// The previous deadline controller (kept for comparison). Each report interval it looks at
 /// the late share the tree reported: above the allowance it raises the margin
 /// by a step sized from how late the latest message was; well below it, it
 /// lowers the margin slowly. The margin may go below zero — OWD_G, a max of
 /// p95s, can be more than the target needs.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Controller {
+pub struct LateShareController {
     pub target_on_time: f64,
     pub margin_ns: i64,
     pub adjustments: u64,
 }
 
-impl Controller {
+impl LateShareController {
     pub fn new(target_on_time: f64) -> Self {
         assert!((0.0..1.0).contains(&target_on_time), "target must be in [0, 1)");
-        Controller { target_on_time, margin_ns: 0, adjustments: 0 }
+        LateShareController { target_on_time, margin_ns: 0, adjustments: 0 }
     }
 
     /// Folds one interval's totals in; `owd_g` bounds how far the margin may fall.
@@ -242,6 +293,10 @@ pub struct SenderStats {
     pub clock_bound_ns: u64,
     /// Receivers whose clock bound is above their limit (at the last update).
     pub clock_unsynced: u64,
+    /// Malformed tail sections in reports (the fixed part still counts).
+    pub bad_tails: u64,
+    /// The quantile controller's state (zeros under other rules).
+    pub tail: TailStats,
     pub auth: AuthStats,
 }
 
@@ -253,7 +308,10 @@ pub struct Sender {
     seq: u64,
     reports: ChildReports,
     rule: DeadlineRule,
-    controller: Option<Controller>,
+    controller: Option<LateShareController>,
+    tail: Option<TailEstimator>,
+    /// The quantile controller's offset, once it has enough samples.
+    tail_offset_ns: Option<u64>,
     owd_g_ns: Option<u64>,
     next_update_ns: u64,
     buf: Vec<u8>,
@@ -267,8 +325,14 @@ pub struct Sender {
 impl Sender {
     pub fn new(id: u32, children: Vec<u32>, cfg: NodeConfig, rule: DeadlineRule) -> Self {
         let controller = match rule {
-            DeadlineRule::Controller { target_on_time } => Some(Controller::new(target_on_time)),
-            DeadlineRule::Paper { .. } => None,
+            DeadlineRule::LateShare { target_on_time } => Some(LateShareController::new(target_on_time)),
+            _ => None,
+        };
+        let tail = match rule {
+            DeadlineRule::Quantile { target_pf } => {
+                Some(TailEstimator::new(TailConfig::new(target_pf, cfg.report_interval_ns)))
+            }
+            _ => None,
         };
         Sender {
             id,
@@ -278,6 +342,8 @@ impl Sender {
             reports: ChildReports::default(),
             rule,
             controller,
+            tail,
+            tail_offset_ns: None,
             owd_g_ns: None,
             next_update_ns: 0,
             buf: Vec::with_capacity(2048),
@@ -300,9 +366,13 @@ impl Sender {
         self
     }
 
-    /// The deadline offset in force: OWD_G plus the margin, plus the
-    /// receivers' largest clock bound (a release may be that early or late).
+    /// The deadline offset in force: OWD_G plus the margin (or the quantile
+    /// controller's estimate, once it has one), plus the receivers' largest
+    /// clock bound (a release may be that early or late).
     pub fn deadline_offset_ns(&self) -> u64 {
+        if let Some(q) = self.tail_offset_ns {
+            return q + self.clock_bound_ns;
+        }
         let owd = self.owd_g_ns.unwrap_or(self.cfg.initial_owd_ns) as i64;
         let margin = match (self.rule, &self.controller) {
             (DeadlineRule::Paper { margin_ns }, _) => margin_ns,
@@ -336,6 +406,9 @@ impl Sender {
         for &c in &self.children {
             tx.send(c, &self.buf);
         }
+        if let Some(t) = &mut self.tail {
+            t.sent(self.seq, now);
+        }
         self.stats.packets += 1;
         self.seq
     }
@@ -351,6 +424,11 @@ impl Sender {
                 let Ok(r) = ReportRepr::parse(p) else { return };
                 self.reports.record(h.origin, r, now);
                 self.stats.reports += 1;
+                match (report_tail(p), &mut self.tail) {
+                    (Ok(Some(t)), Some(est)) => est.merge(&t),
+                    (Err(_), _) => self.stats.bad_tails += 1,
+                    _ => {}
+                }
             }
             Some(Kind::Probe) => sync_probe(&mut self.sync, now, &h, p),
             _ => {}
@@ -384,6 +462,10 @@ impl Sender {
                 c.update(&r, self.owd_g_ns.unwrap_or(0));
             }
         }
+        if let Some(t) = &mut self.tail {
+            self.tail_offset_ns = t.update(now);
+            self.stats.tail = t.stats;
+        }
         self.stats.owd_g_ns = self.owd_g_ns.unwrap_or(0);
         self.stats.clock_bound_ns = self.clock_bound_ns;
         self.stats.children_silent = self.reports.silent;
@@ -404,6 +486,8 @@ pub struct ProxyStats {
     pub reports_out: u64,
     /// Children that reported before and have gone silent (at the last report).
     pub children_silent: u64,
+    /// Malformed tail sections in children's reports.
+    pub bad_tails: u64,
     pub auth: AuthStats,
 }
 
@@ -412,9 +496,11 @@ pub struct Proxy {
     pub id: u32,
     cfg: NodeConfig,
     parent: u32,
+    hedge_parents: Vec<u32>,
     targets: Vec<u32>,
     dedup: Dedup,
     reports: ChildReports,
+    tail: TailLog,
     next_report_ns: u64,
     auth: Option<Auth>,
     pub sync: ClockSync,
@@ -429,9 +515,11 @@ impl Proxy {
             id,
             cfg,
             parent,
+            hedge_parents: Vec::new(),
             targets,
             dedup: Dedup::default(),
             reports: ChildReports::default(),
+            tail: TailLog::default(),
             next_report_ns: cfg.report_interval_ns,
             auth: None,
             sync: ClockSync::off(id),
@@ -448,6 +536,12 @@ impl Proxy {
     /// Synchronizes its clock with `sync`.
     pub fn with_sync(mut self, sync: ClockSync) -> Self {
         self.sync = sync;
+        self
+    }
+
+    /// Also reports (max fields and tail only) to these nodes, which hedge for it.
+    pub fn with_hedge_parents(mut self, hedge_parents: Vec<u32>) -> Self {
+        self.hedge_parents = hedge_parents;
         self
     }
 
@@ -482,6 +576,11 @@ impl Proxy {
                 if let Ok(r) = ReportRepr::parse(payload) {
                     self.reports.record(h.origin, r, now);
                     self.stats.reports_in += 1;
+                    match report_tail(payload) {
+                        Ok(Some(t)) => self.tail.merge(&t),
+                        Ok(None) => {}
+                        Err(_) => self.stats.bad_tails += 1,
+                    }
                 }
             }
             Some(Kind::Probe) => sync_probe(&mut self.sync, now, &h, payload),
@@ -506,8 +605,9 @@ impl Proxy {
         let merged = self.reports.merge(now, stale);
         self.stats.children_silent = self.reports.silent;
         if let Some(r) = merged {
-            tx.send(self.parent, &report_packet(&self.cfg, self.auth.as_ref(), self.id, now, &r));
-            self.stats.reports_out += 1;
+            let to = ReportTo { parent: self.parent, hedge_parents: &self.hedge_parents };
+            self.stats.reports_out +=
+                send_report(&self.cfg, self.auth.as_ref(), self.id, now, &r, &mut self.tail, to, tx);
         }
     }
 }
@@ -559,9 +659,11 @@ pub struct Receiver {
     pub id: u32,
     cfg: NodeConfig,
     parent: u32,
+    hedge_parents: Vec<u32>,
     dedup: Dedup,
     held: BinaryHeap<Reverse<Hold>>,
     owd: OwdWindow,
+    tail: TailLog,
     interval: ReportRepr,
     next_report_ns: u64,
     /// Released messages not yet taken by the application.
@@ -579,9 +681,11 @@ impl Receiver {
             id,
             cfg,
             parent,
+            hedge_parents: Vec::new(),
             dedup: Dedup::default(),
             held: BinaryHeap::new(),
             owd: OwdWindow::default(),
+            tail: TailLog::default(),
             interval: ReportRepr { receivers: 1, ..ReportRepr::default() },
             next_report_ns: cfg.report_interval_ns,
             ready: Default::default(),
@@ -601,6 +705,12 @@ impl Receiver {
     /// Synchronizes its clock with `sync`; deadlines are then met on the synchronized clock.
     pub fn with_sync(mut self, sync: ClockSync) -> Self {
         self.sync = sync;
+        self
+    }
+
+    /// Also reports (max fields and tail only) to these nodes, which hedge for it.
+    pub fn with_hedge_parents(mut self, hedge_parents: Vec<u32>) -> Self {
+        self.hedge_parents = hedge_parents;
         self
     }
 
@@ -637,7 +747,11 @@ impl Receiver {
                 return;
             }
         }
-        self.owd.record(now as i64 - h.send_ns as i64);
+        let owd = now as i64 - h.send_ns as i64;
+        self.owd.record(owd);
+        if self.sync.within_limit(raw) {
+            self.tail.record(h.sequence, owd.max(0) as u64);
+        }
         let hold = Hold {
             deadline_ns: h.deadline_ns,
             sequence: h.sequence,
@@ -715,9 +829,9 @@ impl Receiver {
                 } else {
                     self.interval.clock_unsynced = 1;
                 }
-                let p = report_packet(&self.cfg, self.auth.as_ref(), self.id, now, &self.interval);
-                tx.send(self.parent, &p);
-                self.stats.reports_out += 1;
+                let to = ReportTo { parent: self.parent, hedge_parents: &self.hedge_parents };
+                self.stats.reports_out +=
+                    send_report(&self.cfg, self.auth.as_ref(), self.id, now, &self.interval, &mut self.tail, to, tx);
             }
             self.interval = ReportRepr { receivers: 1, ..ReportRepr::default() };
         }

@@ -366,6 +366,19 @@ pub fn to_dot(t: &Topology, tree: usize) -> String {
     s
 }
 
+/// The nodes that hedge for each node of tree `tree` (send it copies beside its parent).
+pub fn hedge_parents(t: &Topology, tree: usize) -> std::collections::BTreeMap<u32, Vec<u32>> {
+    let mut out: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    if let Some(tr) = t.trees.get(tree) {
+        for n in &tr.nodes {
+            for &h in &n.hedge_targets {
+                out.entry(h).or_default().push(n.id);
+            }
+        }
+    }
+    out
+}
+
 /// The clock-synchronization probe graph of tree `tree`: every node's peers
 /// (its parent, the proxies that hedge for it, `random` random nodes of the
 /// tree; symmetric). A pure function of the topology and `seed`, so every node

@@ -116,17 +116,24 @@ fn run_with(
     let tree = &topo.trees[0];
     let sender_node = tree.nodes.iter().find(|n| n.role == Role::Sender).unwrap();
     let mut sender = Sender::new(sender_node.id, sender_node.children.clone(), cfg, rule).with_auth(key.clone());
+    let hp = fairfeed_tree::plan::hedge_parents(&topo, 0);
+    let hp = |id: u32| hp.get(&id).cloned().unwrap_or_default();
     let mut proxies: HashMap<u32, Proxy> = tree
         .nodes
         .iter()
         .filter(|n| n.role == Role::Proxy)
-        .map(|n| (n.id, Proxy::new(n.id, n.parent.unwrap(), &n.children, &n.hedge_targets, cfg).with_auth(key.clone())))
+        .map(|n| {
+            let p = Proxy::new(n.id, n.parent.unwrap(), &n.children, &n.hedge_targets, cfg);
+            (n.id, p.with_auth(key.clone()).with_hedge_parents(hp(n.id)))
+        })
         .collect();
     let mut rx: HashMap<u32, Receiver> = tree
         .nodes
         .iter()
         .filter(|n| n.role == Role::Receiver)
-        .map(|n| (n.id, Receiver::new(n.id, n.parent.unwrap(), cfg).with_auth(key.clone())))
+        .map(|n| {
+            (n.id, Receiver::new(n.id, n.parent.unwrap(), cfg).with_auth(key.clone()).with_hedge_parents(hp(n.id)))
+        })
         .collect();
     let mut net =
         Net { now: 0, queue: BinaryHeap::new(), order: 0, rng: ChaCha8Rng::seed_from_u64(seed), dead: HashSet::new() };
@@ -264,7 +271,7 @@ fn reports_set_deadlines_and_hold_and_release_aligns_receivers() {
 
 #[test]
 fn controller_hits_its_on_time_target() {
-    let o = run(60, 1, false, DeadlineRule::Controller { target_on_time: 0.999 }, 4);
+    let o = run(60, 1, false, DeadlineRule::Quantile { target_pf: 0.99 }, 4);
     check_once_and_on_time(&o);
     let (mut late, mut total) = (0u64, 0u64);
     for msgs in o.released.values() {
@@ -282,7 +289,7 @@ fn controller_hits_its_on_time_target() {
 fn print_rule_comparison() {
     for (name, rule) in [
         ("paper", DeadlineRule::Paper { margin_ns: 0 }),
-        ("controller 99.9%", DeadlineRule::Controller { target_on_time: 0.999 }),
+        ("controller P(F) 0.99", DeadlineRule::Quantile { target_pf: 0.99 }),
     ] {
         let o = run(60, 1, false, rule, 5);
         let (mut late, mut total, mut lat) = (0u64, 0u64, Vec::new());
@@ -311,7 +318,7 @@ proptest::proptest! {
     #[test]
     fn at_most_once_never_early(seed in proptest::prelude::any::<u64>(), n in 2usize..40, hedge in 0usize..3,
                                 controller in proptest::prelude::any::<bool>()) {
-        let rule = if controller { DeadlineRule::Controller { target_on_time: 0.999 } } else { DeadlineRule::Paper { margin_ns: 0 } };
+        let rule = if controller { DeadlineRule::Quantile { target_pf: 0.99 } } else { DeadlineRule::Paper { margin_ns: 0 } };
         let o = run_n(n, hedge, false, rule, seed, 300);
         check_once_and_on_time(&o);
         for r in &o.receivers {

@@ -148,6 +148,17 @@ pub fn overlay_packet(data: &[u8]) {
             let mut rb = [0u8; crate::overlay::REPORT_LEN];
             r.emit(&mut rb).expect("report length");
             assert_eq!(&rb[..], &payload[..crate::overlay::REPORT_LEN]);
+            if let Ok(Some(t)) = crate::overlay::TailView::parse(&payload[crate::overlay::REPORT_LEN..]) {
+                let mut d = [0u64; crate::overlay::TAIL_MAX];
+                for (slot, v) in d.iter_mut().zip(t.delays()) {
+                    *slot = v;
+                }
+                let mut tb = [0u8; crate::overlay::TAIL_HEADER_LEN + 2 * crate::overlay::TAIL_MAX];
+                let n =
+                    crate::overlay::TailView::emit(t.first_seq, t.stride, &d[..t.len()], &mut tb).expect("tail length");
+                assert_eq!(&tb[..n], &payload[crate::overlay::REPORT_LEN..crate::overlay::REPORT_LEN + n]);
+                assert!(t.entries().all(|(s, v)| s >= t.first_seq && v <= crate::overlay::TAIL_OWD_MAX_NS));
+            }
         }
         if let Ok(p) = crate::overlay::ProbeRepr::parse(payload) {
             let mut pb = [0u8; crate::overlay::PROBE_LEN];

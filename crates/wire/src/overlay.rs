@@ -13,6 +13,9 @@
 //! reporting node for reports), `len` the payload length after the header.
 //! Receivers strip the header and hand applications the MoldUDP64 packet.
 //!
+//! A report may carry a [`TailView`] after its fixed part: per-message
+//! largest one-way delays of the subtree (older readers ignore it).
+//!
 //! Clock-synchronization probes ([`Kind::Probe`], payload [`ProbeRepr`]) travel
 //! between peers over the same sockets; their header's `send time` is the
 //! prober's raw clock, and `sequence` is the probe's pair number.
@@ -195,6 +198,122 @@ impl ReportRepr {
     }
 }
 
+/// Bytes of a tail section's fixed part (after the fixed report).
+pub const TAIL_HEADER_LEN: usize = 12;
+/// Entries a tail section carries at most (a node coarsens beyond it).
+pub const TAIL_MAX: usize = 512;
+/// The largest one-way delay a tail entry can say, ns (≈ 134 ms; larger saturates).
+pub const TAIL_OWD_MAX_NS: u64 = 8191 << 14;
+
+/// The optional tail section of a report: the largest one-way delay the
+/// subtree saw for each message of a sequence range, max-aggregated up the
+/// tree, so the sender sees the distribution of the *last* arrival.
+///
+/// ```text
+///  0            8       10      12
+///  first seq    count   stride  count × u16 delay codes
+/// ```
+///
+/// Entry `i` covers sequences `first + i·stride .. first + (i+1)·stride`
+/// (the max over them: a node coarsens when its range exceeds [`TAIL_MAX`]).
+/// A code is a 16-bit float of nanoseconds ([`owd_code`]), rounded up; 0
+/// means "no message of the group arrived".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailView<'a> {
+    pub first_seq: u64,
+    pub stride: u16,
+    codes: &'a [u8],
+}
+
+/// Encodes a delay in ns as a 16-bit float, rounded up: exact below
+/// 4,096 ns, then 12 bits of mantissa (≤ 0.025 % high); 0 stays for
+/// "none", so a delay of 0 encodes as 1 ns.
+pub fn owd_code(ns: u64) -> u16 {
+    let v = ns.clamp(1, TAIL_OWD_MAX_NS);
+    if v < 4096 {
+        return v as u16;
+    }
+    let mut e = 1u32;
+    while v > 8191u64 << (e - 1) {
+        e += 1;
+    }
+    let q = (v + (1u64 << (e - 1)) - 1) >> (e - 1);
+    (e << 12) as u16 | (q - 4096) as u16
+}
+
+/// The delay a code stands for, ns (`None`: no message).
+pub fn owd_decode(code: u16) -> Option<u64> {
+    let (e, m) = (u64::from(code >> 12), u64::from(code & 0x0FFF));
+    match (e, m) {
+        (0, 0) => None,
+        (0, m) => Some(m),
+        (e, m) => Some((4096 + m) << (e - 1)),
+    }
+}
+
+impl<'a> TailView<'a> {
+    /// Parses the bytes after the fixed report: `Ok(None)` when there is no tail.
+    pub fn parse(b: &'a [u8]) -> Result<Option<TailView<'a>>, Error> {
+        if b.is_empty() {
+            return Ok(None);
+        }
+        check_len(b, TAIL_HEADER_LEN)?;
+        let first_seq = u64::read(&b[0..8]);
+        let count = usize::from(u16::read(&b[8..10]));
+        let stride = u16::read(&b[10..12]);
+        let bad = |reason| Err(Error::Malformed { protocol: Protocol::Overlay, reason });
+        if count > TAIL_MAX {
+            return bad("tail longer than TAIL_MAX");
+        }
+        if stride == 0 {
+            return bad("tail stride 0");
+        }
+        if first_seq.checked_add(count as u64 * u64::from(stride)).is_none() {
+            return bad("tail sequence range overflows");
+        }
+        let end = TAIL_HEADER_LEN + 2 * count;
+        check_len(b, end)?;
+        Ok(Some(TailView { first_seq, stride, codes: &b[TAIL_HEADER_LEN..end] }))
+    }
+
+    pub fn len(&self) -> usize {
+        self.codes.len() / 2
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.codes.is_empty()
+    }
+
+    /// Every entry's delay, ns (0: none), in order.
+    pub fn delays(&self) -> impl Iterator<Item = u64> + 'a {
+        self.codes.chunks_exact(2).map(|c| owd_decode(u16::read(c)).unwrap_or(0))
+    }
+
+    /// (first sequence of the group, largest delay ns) for each group with a message.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, u64)> + 'a {
+        let (first, stride) = (self.first_seq, u64::from(self.stride));
+        self.codes
+            .chunks_exact(2)
+            .enumerate()
+            .filter_map(move |(i, c)| owd_decode(u16::read(c)).map(|v| (first + i as u64 * stride, v)))
+    }
+
+    /// Writes a tail of `delays_ns` (0: none) for groups of `stride` from
+    /// `first_seq`; returns the bytes written.
+    pub fn emit(first_seq: u64, stride: u16, delays_ns: &[u64], b: &mut [u8]) -> Result<usize, Error> {
+        assert!(delays_ns.len() <= TAIL_MAX && stride > 0, "tail of {} entries, stride {stride}", delays_ns.len());
+        let end = TAIL_HEADER_LEN + 2 * delays_ns.len();
+        check_len(b, end)?;
+        first_seq.write(&mut b[0..8]);
+        (delays_ns.len() as u16).write(&mut b[8..10]);
+        stride.write(&mut b[10..12]);
+        for (c, &v) in b[TAIL_HEADER_LEN..end].chunks_exact_mut(2).zip(delays_ns) {
+            (if v == 0 { 0 } else { owd_code(v) }).write(c);
+        }
+        Ok(end)
+    }
+}
+
 /// Probe flag: the prober considers its own clock synchronized.
 pub const PROBE_SYNCED: u8 = 0x01;
 
@@ -270,6 +389,45 @@ impl ProbeRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owd_codes_round_up_and_stay_monotone() {
+        let mut last = 0;
+        for v in (1..20_000u64).chain((20_000..TAIL_OWD_MAX_NS).step_by(997)) {
+            let c = owd_code(v);
+            let d = owd_decode(c).unwrap();
+            assert!(d >= v && (d - v) as f64 <= v as f64 / 4096.0 + 1.0, "{v} -> {d}");
+            assert!(c >= last, "{v}");
+            last = c;
+        }
+        assert_eq!(owd_decode(owd_code(0)), Some(1));
+        assert_eq!(owd_decode(owd_code(u64::MAX)), Some(TAIL_OWD_MAX_NS));
+        assert_eq!(owd_decode(0), None);
+    }
+
+    #[test]
+    fn tail_round_trip_and_errors() {
+        let delays = [0, 5, 4_096, 123_456, 0, 9_999_999];
+        let mut b = vec![0u8; TAIL_HEADER_LEN + 2 * delays.len()];
+        assert_eq!(TailView::emit(100, 2, &delays, &mut b), Ok(b.len()));
+        let t = TailView::parse(&b).unwrap().unwrap();
+        assert_eq!((t.first_seq, t.stride, t.len()), (100, 2, 6));
+        let e: Vec<(u64, u64)> = t.entries().collect();
+        assert_eq!(e.iter().map(|x| x.0).collect::<Vec<_>>(), vec![102, 104, 106, 110]);
+        assert_eq!(e[1].1, 4_096);
+        assert!(e[2].1 >= 123_456 && e[3].1 >= 9_999_999);
+        assert_eq!(TailView::parse(&[]), Ok(None));
+        assert!(matches!(TailView::parse(&b[..b.len() - 1]), Err(Error::Truncated { .. })));
+        let mut bad = b.clone();
+        bad[10..12].copy_from_slice(&0u16.to_be_bytes());
+        assert!(TailView::parse(&bad).is_err(), "stride 0");
+        bad = b.clone();
+        bad[8..10].copy_from_slice(&(TAIL_MAX as u16 + 1).to_be_bytes());
+        assert!(TailView::parse(&bad).is_err(), "too long");
+        bad = b.clone();
+        bad[0..8].copy_from_slice(&u64::MAX.to_be_bytes());
+        assert!(TailView::parse(&bad).is_err(), "overflowing range");
+    }
 
     #[test]
     fn header_round_trip_and_errors() {

@@ -112,6 +112,27 @@ proptest! {
     }
 
     #[test]
+    fn report_tails_round_trip(first in 0u64..u64::MAX / 2, stride in 1u16..300,
+                               delays in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..200_000_000], 0..=512)) {
+        use fairfeed_wire::overlay::{owd_decode, owd_code, TailView, TAIL_HEADER_LEN, TAIL_OWD_MAX_NS};
+        let mut b = vec![0u8; TAIL_HEADER_LEN + 2 * delays.len() + 5];
+        let n = TailView::emit(first, stride, &delays, &mut b).unwrap();
+        prop_assert_eq!(n, TAIL_HEADER_LEN + 2 * delays.len());
+        let t = TailView::parse(&b[..n]).unwrap().unwrap();
+        prop_assert_eq!((t.first_seq, t.stride, t.len()), (first, stride, delays.len()));
+        for (got, &want) in t.delays().zip(&delays) {
+            if want == 0 {
+                prop_assert_eq!(got, 0);
+            } else {
+                // Rounded up, by at most one part in 4096, saturating at the top.
+                let w = want.min(TAIL_OWD_MAX_NS);
+                prop_assert!(got >= w && got - w <= w / 4096 + 1, "{} -> {}", want, got);
+                prop_assert_eq!(owd_decode(owd_code(got)), Some(got));
+            }
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..600)) {
         checks::itch_message(&data);
         checks::moldudp64_packet(&data);

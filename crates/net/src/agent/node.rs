@@ -420,16 +420,20 @@ impl<'c> Agent<'c> {
             let peers = graph.get(&me.id).cloned().unwrap_or_default();
             ClockSync::new(me.id, &peers, me.id == sender, cfg.clock.sync)
         };
+        let hedge_parents = fairfeed_tree::plan::hedge_parents(&cfg.topology, 0).remove(&me.id).unwrap_or_default();
         let live = match (&me.role, &cfg.job) {
             (Role::Sender, Job::Sender(_)) => Live::Sender(Box::new(
                 Sender::new(me.id, me.children.clone(), cfg.node, cfg.rule).with_auth(a).with_sync(sync),
             )),
             (Role::Proxy, Job::Proxy) => Live::Proxy(Box::new(
-                Proxy::new(me.id, parent, &me.children, &me.hedge_targets, cfg.node).with_auth(a).with_sync(sync),
+                Proxy::new(me.id, parent, &me.children, &me.hedge_targets, cfg.node)
+                    .with_auth(a)
+                    .with_sync(sync)
+                    .with_hedge_parents(hedge_parents),
             )),
-            (Role::Receiver, Job::Receiver(_)) => {
-                Live::Receiver(Box::new(Receiver::new(me.id, parent, cfg.node).with_auth(a).with_sync(sync)))
-            }
+            (Role::Receiver, Job::Receiver(_)) => Live::Receiver(Box::new(
+                Receiver::new(me.id, parent, cfg.node).with_auth(a).with_sync(sync).with_hedge_parents(hedge_parents),
+            )),
             (role, _) => {
                 return Err(AgentError::Config(format!(
                     "node {} is a {role:?} in the topology; start it with `fairfeed {}`",
