@@ -51,7 +51,12 @@ if [ "$(id -u)" = "0" ]; then
   export FAIRFEED_REQUIRE_NETNS=1
   # Let sockets ask for the receive buffers bursts need (the kernel's default cap is 208 KiB).
   if [ "$(cat /proc/sys/net/core/rmem_max 2>/dev/null || echo 0)" -lt 8388608 ]; then
-    sysctl -q -w net.core.rmem_max=8388608 2>/dev/null || echo "test.sh: could not raise net.core.rmem_max (continuing)"
+    was=$(cat /proc/sys/net/core/rmem_max 2>/dev/null || echo "?")
+    if sysctl -q -w net.core.rmem_max=8388608 2>/dev/null; then
+      echo "test.sh: raised net.core.rmem_max for this whole host from $was to 8388608 (undo: sysctl -w net.core.rmem_max=$was)"
+    else
+      echo "test.sh: could not raise net.core.rmem_max (continuing)"
+    fi
   fi
 fi
 # The log goes to a temporary file, not target/ (CARGO_TARGET_DIR may put the build elsewhere).

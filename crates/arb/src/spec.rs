@@ -209,6 +209,33 @@ impl SeqSpec {
         Some(PacketInfo { seq, count, kind })
     }
 
+    /// True when `b` is, as far as its structure tells, a packet of this
+    /// protocol: the header parses, a packet-length field (if any) equals the
+    /// payload's length, and a data packet's blocks walk exactly to its end.
+    /// (A capture of another protocol "parses" too — any 16 bytes have a
+    /// sequence number at offset 4 — but does not walk.)
+    pub fn plausible(&self, b: &[u8]) -> bool {
+        let Some(info) = self.parse(b) else { return false };
+        if let Some(pl) = self.packet_len {
+            if pl.read(b) != Some(b.len() as u64) {
+                return false;
+            }
+        }
+        let Some(fr) = self.framing else { return true };
+        if info.kind != Kind::Data {
+            return true;
+        }
+        let mut at = self.header_len;
+        for _ in 0..info.count {
+            let Some(len) = b.get(at..).and_then(|blk| fr.len.read(blk)) else { return false };
+            at += len as usize + fr.extra;
+            if at > b.len() {
+                return false;
+            }
+        }
+        at == b.len()
+    }
+
     /// The session bytes, when the protocol has them.
     pub fn session<'a>(&self, b: &'a [u8]) -> Option<&'a [u8]> {
         self.session.as_ref().and_then(|r| b.get(r.clone()))
@@ -247,6 +274,20 @@ impl SeqSpec {
 mod tests {
     use super::*;
     use fairfeed_wire::moldudp64::{Packet, PacketBuilder, Session};
+
+    #[test]
+    fn plausible_tells_one_protocol_from_another() {
+        let mut buf = [0u8; 100];
+        let mut b = PacketBuilder::new(&mut buf, Session::from_str_padded("FFSESSION1"), 7).unwrap();
+        for m in [&b"abc"[..], b"de"] {
+            b.push(m).unwrap();
+        }
+        let n = b.finish();
+        assert!(SeqSpec::moldudp64().plausible(&buf[..n]));
+        assert!(SeqSpec::xdp().parse(&buf[..n]).is_some(), "any 16 bytes parse");
+        assert!(!SeqSpec::xdp().plausible(&buf[..n]), "but a MoldUDP64 packet is not XDP");
+        assert!(!SeqSpec::moldudp64().plausible(&buf[..n - 1]), "blocks must walk to the end");
+    }
 
     #[test]
     fn moldudp64_header_and_trim() {

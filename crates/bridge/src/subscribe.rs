@@ -142,6 +142,9 @@ fn done(t: &Tally, stop: &StopWhen, started: Instant) -> bool {
     stop.publications.is_some_and(|n| t.report.publications >= n) || stop.after.is_some_and(|d| started.elapsed() >= d)
 }
 
+/// How long a subscriber waits for its server at most (less with a shorter `stop.after`).
+pub const CONNECT_WAIT_MAX: Duration = Duration::from_secs(10);
+
 /// Subscribes and counts until `cfg.stop`; `each` sees every publication and
 /// its latency (µs). Returns the summary and the latency histogram (µs).
 pub async fn subscribe(
@@ -155,6 +158,17 @@ pub async fn subscribe(
         .connect(&cfg.url)
         .await
         .map_err(|e| format!("connecting to {}: {e}", cfg.url))?;
+    // The client retries in the background (the server may start just after
+    // us), but a server that never answers must not keep us waiting for ever.
+    let limit = cfg.stop.after.unwrap_or(CONNECT_WAIT_MAX).min(CONNECT_WAIT_MAX);
+    let connected = async {
+        while client.connection_state() != async_nats::connection::State::Connected {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(limit, connected).await.is_err() {
+        return Err(format!("no NATS server answered at {} within {:.1} s", cfg.url, limit.as_secs_f64()));
+    }
     let mut t = Tally::default();
     let started = Instant::now();
     let wait = cfg.stop.idle.unwrap_or(Duration::from_millis(200)).min(Duration::from_millis(200));

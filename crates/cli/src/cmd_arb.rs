@@ -56,7 +56,7 @@ pub struct Args {
     #[arg(long)]
     retransmit_journal: Option<PathBuf>,
     /// Offline: virtual round trip to the retransmission server, µs.
-    #[arg(long, default_value_t = 100.0)]
+    #[arg(long, default_value_t = 100.0, value_parser = crate::fmt::us)]
     retransmit_rtt_us: f64,
     /// Only datagrams to this UDP port in the captures.
     #[arg(long)]
@@ -90,7 +90,7 @@ pub struct Args {
     #[arg(long)]
     exit_on_end: bool,
     /// Live: exit after this many seconds.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::seconds)]
     max_seconds: Option<f64>,
     /// Live: what to do when no packet is ready: spin (lowest latency, one busy
     /// core), backoff (spin 50 µs, yield to 1 ms, then sleep), park (sleep at once).
@@ -100,7 +100,7 @@ pub struct Args {
     #[arg(long)]
     busy_poll: bool,
     /// Live: print a stats line to stderr this often (seconds).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::seconds)]
     stats_interval_s: Option<f64>,
 
     /// Protocol preset: where the sequence number lives (moldudp64, xdp).
@@ -110,23 +110,23 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "time-count")]
     mode: ModeArg,
     /// Time window: longest a packet is held, µs.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = 1000.0, value_parser = crate::fmt::us)]
     max_hold_us: f64,
     /// Count window: most messages held.
     #[arg(long, default_value_t = 1000)]
     max_count: u64,
     /// Any mode: give up waiting after this long without data, ms.
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = 50.0, value_parser = crate::fmt::ms)]
     idle_flush_ms: f64,
     /// First sequence number (offline default: the lowest seen on any line;
     /// live default: the first packet's).
     #[arg(long)]
     start_seq: Option<u64>,
     /// Ask for a gap after it has been open this long, µs.
-    #[arg(long, default_value_t = 200.0)]
+    #[arg(long, default_value_t = 200.0, value_parser = crate::fmt::us)]
     retransmit_grace_us: f64,
     /// Re-ask after this long without an answer, ms.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, value_parser = crate::fmt::ms)]
     retransmit_timeout_ms: f64,
     /// Asks per range before giving it up.
     #[arg(long, default_value_t = 5)]
@@ -189,6 +189,22 @@ fn offline(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
     let mut lines: Vec<Vec<Datagram>> = vec![read_datagrams(pa, a.port)?.0];
     if let Some(pb) = &a.b_pcap {
         lines.push(read_datagrams(pb, a.port)?.0);
+    }
+    // A capture of another protocol used to give "0 high-reliability packets" and exit 0.
+    let total: usize = lines.iter().map(Vec::len).sum();
+    let parsed = lines.iter().flatten().filter(|d| spec.plausible(&d.payload)).count();
+    if total > 0 && parsed == 0 {
+        anyhow::bail!(
+            "none of the {total} UDP payloads parse as --protocol {} (known: moldudp64, xdp); is the capture of another protocol?",
+            a.protocol
+        );
+    }
+    if parsed < total {
+        eprintln!(
+            "arb: {} of {total} UDP payloads are not --protocol {} packets (passed to the side output, not merged)",
+            total - parsed,
+            a.protocol
+        );
     }
     let start = match a.start_seq {
         Some(s) => Start::Seq(s),
@@ -307,7 +323,7 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = 2000.0)]
     rate_per_s: f64,
     /// Exit after this many seconds.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::seconds)]
     max_seconds: Option<f64>,
 }
 

@@ -29,7 +29,7 @@ pub enum Bench {
         /// Alternating rounds of each.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = 1.0, value_parser = crate::fmt::seconds)]
         round_seconds: f64,
         /// Run the proxy's send side on its own thread (SPSC ring between).
         #[arg(long)]

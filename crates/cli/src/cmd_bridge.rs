@@ -60,11 +60,11 @@ pub enum BridgeCmd {
 #[derive(clap::Args)]
 pub struct MatrixArgs {
     /// Packet rates (seed 001: ≈1,300 mean, ≈10,000 peak).
-    #[arg(long, value_delimiter = ',', default_value = "1300,10000")]
+    #[arg(long, value_delimiter = ',', default_value = "1300,10000", value_parser = crate::fmt::bridge_rate)]
     rates: Vec<f64>,
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,6,8,10")]
     subscribers: Vec<usize>,
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
     seconds: f64,
     #[arg(long)]
     nats: Option<String>,
@@ -83,8 +83,8 @@ pub struct RunArgs {
     granularity: GranularityArg,
     #[arg(long, value_enum, default_value_t = ByArg::Symbol)]
     by: ByArg,
-    /// Subject prefix.
-    #[arg(long, default_value = "ff.itch")]
+    /// Subject prefix (dot-separated tokens, no wildcards or spaces).
+    #[arg(long, default_value = "ff.itch", value_parser = crate::fmt::subject_prefix)]
     prefix: String,
     /// Publish into this JetStream stream (created if missing): acknowledged,
     /// retried through broker restarts, deduplicated; replayable by late joiners.
@@ -97,7 +97,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = OverflowArg::Drop)]
     overflow: OverflowArg,
     /// Stop after this many seconds (default: on SIGINT/SIGTERM).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
     /// Print the counters to stderr this often.
     #[arg(long)]
@@ -116,9 +116,9 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = ByArg::Service)]
     by: ByArg,
     /// Packets per second (seed 001: ≈1,300 mean, ≈10,000 peak).
-    #[arg(long, default_value_t = 1_300.0)]
+    #[arg(long, default_value_t = 1_300.0, value_parser = crate::fmt::bridge_rate)]
     rate: f64,
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = crate::fmt::seconds)]
     seconds: f64,
     /// Use this server (default: start a local nats-server).
     #[arg(long)]
@@ -143,10 +143,10 @@ pub struct SubscribeArgs {
     #[arg(long)]
     count: Option<u64>,
     /// Stop after this many seconds.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
     /// Stop once nothing arrived for this many seconds (after the first).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::seconds)]
     idle_s: Option<f64>,
     /// Print one line per publication.
     #[arg(long)]
@@ -268,6 +268,9 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     eprintln!("bridge: {} → {} ({}), listening", a.listen, a.nats, a.jetstream.as_deref().unwrap_or("core NATS"));
     let t0 = Instant::now();
     let mut last_stats = Instant::now();
+    // How often the loop looks for failed publications to report.
+    const ERROR_CHECK: Duration = Duration::from_secs(1);
+    let (mut last_check, mut reported_errors) = (Instant::now(), 0u64);
     let mut buf = vec![0u8; 65_536];
     while !stop.load(Ordering::Relaxed) && a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
         if let Ok(n) = sock.recv(&mut buf) {
@@ -277,12 +280,23 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
             eprintln!("bridge: {}", serde_json::to_string(&bridge.report())?);
             last_stats = Instant::now();
         }
+        if last_check.elapsed() >= ERROR_CHECK {
+            let errors = bridge.report().publish_errors;
+            if errors > reported_errors {
+                eprintln!("bridge: {} publications failed so far (is the broker up, are the subjects valid?)", errors);
+                reported_errors = errors;
+            }
+            last_check = Instant::now();
+        }
     }
     let r = bridge.finish(Duration::from_secs(30));
     let text = serde_json::to_string_pretty(&r)?;
     match &a.stats_out {
         Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
         None => println!("{text}"),
+    }
+    if r.publish_errors > 0 && r.published == 0 {
+        anyhow::bail!("bridge: all {} publications failed", r.publish_errors);
     }
     Ok(())
 }

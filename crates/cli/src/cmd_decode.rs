@@ -23,7 +23,7 @@ pub struct Args {
     #[arg(long)]
     summary_json: bool,
     /// Print only the summary, as text.
-    #[arg(long, short)]
+    #[arg(long, short, conflicts_with_all = ["json", "summary_json"])]
     quiet: bool,
     /// Stop printing packets after this many (the summary still covers the whole file).
     #[arg(long)]

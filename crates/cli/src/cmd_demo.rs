@@ -18,10 +18,10 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     receivers: usize,
     /// Seconds of feed per configuration.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
     seconds: f64,
     /// Multicast messages (MoldUDP64 packets) per second.
-    #[arg(long, default_value_t = 1_000.0)]
+    #[arg(long, default_value_t = 1_000.0, value_parser = crate::fmt::rate)]
     rate: f64,
     /// Hedging factor.
     #[arg(long, default_value_t = 1)]

@@ -21,7 +21,7 @@ pub struct Args {
     #[arg(long)]
     example_config: bool,
     /// Stop after this many seconds (default: on SIGINT/SIGTERM).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
     /// Write the report (JSON) here at exit (default: stdout).
     #[arg(long)]
@@ -37,19 +37,19 @@ enum Sub {
 #[derive(clap::Args)]
 struct BenchArgs {
     /// Orders per second (seed 002: 10K, 50K, 100K, 250K, 500K).
-    #[arg(long, default_value_t = 10_000.0)]
+    #[arg(long, default_value_t = 10_000.0, value_parser = crate::fmt::order_rate)]
     rate: f64,
     /// Products (symbols) the orders spread over (seed 002: 1, 1, 2, 5, 10).
     #[arg(long, default_value_t = 1)]
     products: usize,
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
     seconds: f64,
     /// Engine threads (symbols sharded over them).
     #[arg(long, default_value_t = 1)]
     engines: usize,
     /// Inbound fairness on: clients stamp their orders, the gateway sequences
     /// them by stamp within this window (µs).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = crate::fmt::us)]
     sequencing_window_us: f64,
     /// Instead: the matching core's throughput on one thread, in process.
     #[arg(long)]
@@ -75,9 +75,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let cfg: ExchangeConfig =
         toml::from_str(&text).with_context(|| format!("{}: not an exchange configuration", path.display()))?;
-    anyhow::ensure!((1..=16).contains(&cfg.engines), "engines must be 1..=16");
-    anyhow::ensure!(!cfg.gateway.symbols.is_empty(), "at least one symbol");
-    anyhow::ensure!(cfg.gateway.symbols.len() <= cfg.limits.symbols, "more symbols than limits.symbols");
+    cfg.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())?;

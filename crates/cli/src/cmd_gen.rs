@@ -35,10 +35,10 @@ pub struct Args {
     #[arg(long, default_value = "feed.pcap")]
     out: PathBuf,
     /// Mean message rate over the session, messages/s (seed 001: ~6,700).
-    #[arg(long, default_value_t = 6_700.0)]
+    #[arg(long, default_value_t = 6_700.0, value_parser = crate::fmt::rate)]
     rate: f64,
     /// Mean messages per MoldUDP64 packet (seed 001: 5.05).
-    #[arg(long, default_value_t = 5.05)]
+    #[arg(long, default_value_t = 5.05, value_parser = crate::fmt::msgs_per_packet)]
     msgs_per_packet: f64,
     /// Largest MoldUDP64 packet in bytes.
     #[arg(long, default_value_t = 1400)]
@@ -58,25 +58,25 @@ pub struct Args {
     /// Also write the B line here.
     #[arg(long)]
     b_out: Option<PathBuf>,
-    #[arg(long, default_value_t = 0.0, help = "A line: fraction of packets lost")]
+    #[arg(long, default_value_t = 0.0, help = "A line: fraction of packets lost", value_parser = crate::fmt::share)]
     loss_a: f64,
-    #[arg(long, default_value_t = 0.0, help = "B line: fraction of packets lost")]
+    #[arg(long, default_value_t = 0.0, help = "B line: fraction of packets lost", value_parser = crate::fmt::share)]
     loss_b: f64,
-    #[arg(long, default_value_t = 0.0, help = "A line: fraction of packets duplicated")]
+    #[arg(long, default_value_t = 0.0, help = "A line: fraction of packets duplicated", value_parser = crate::fmt::share)]
     dup_a: f64,
-    #[arg(long, default_value_t = 0.0, help = "B line: fraction of packets duplicated")]
+    #[arg(long, default_value_t = 0.0, help = "B line: fraction of packets duplicated", value_parser = crate::fmt::share)]
     dup_b: f64,
-    #[arg(long, default_value_t = 0.0, help = "A line: fraction of packets reordered")]
+    #[arg(long, default_value_t = 0.0, help = "A line: fraction of packets reordered", value_parser = crate::fmt::share)]
     reorder_a: f64,
-    #[arg(long, default_value_t = 0.0, help = "B line: fraction of packets reordered")]
+    #[arg(long, default_value_t = 0.0, help = "B line: fraction of packets reordered", value_parser = crate::fmt::share)]
     reorder_b: f64,
-    #[arg(long, default_value_t = 0.0, help = "A line: fixed delay, µs")]
+    #[arg(long, default_value_t = 0.0, help = "A line: fixed delay, µs", value_parser = crate::fmt::us)]
     delay_a_us: f64,
-    #[arg(long, default_value_t = 5.0, help = "B line: fixed delay, µs")]
+    #[arg(long, default_value_t = 5.0, help = "B line: fixed delay, µs", value_parser = crate::fmt::us)]
     delay_b_us: f64,
-    #[arg(long, default_value_t = 2.0, help = "A line: uniform jitter, µs")]
+    #[arg(long, default_value_t = 2.0, help = "A line: uniform jitter, µs", value_parser = crate::fmt::us)]
     jitter_a_us: f64,
-    #[arg(long, default_value_t = 2.0, help = "B line: uniform jitter, µs")]
+    #[arg(long, default_value_t = 2.0, help = "B line: uniform jitter, µs", value_parser = crate::fmt::us)]
     jitter_b_us: f64,
     /// Print a JSON summary of what was written.
     #[arg(long)]

@@ -7,29 +7,29 @@ use fairfeed_tree::plan::{plan, to_dot, CostModel, PlanRequest, Role};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Number of receivers.
-    #[arg(long)]
+    /// Number of receivers (1..=100,000).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     receivers: usize,
-    /// Hedging factor H: each proxy also serves the children of H siblings.
-    #[arg(long, default_value_t = 1)]
+    /// Hedging factor H (0..=64): each proxy also serves the children of H siblings.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=64))]
     hedge: usize,
-    /// Fan-out F (default: Jasper's heuristic F = 10, D = ⌈log10 N⌉).
-    #[arg(long)]
+    /// Fan-out F (1..=100,000; default: Jasper's heuristic F = 10, D = ⌈log10 N⌉).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     fanout: Option<usize>,
-    /// Depth D, counting the receivers' layer.
-    #[arg(long)]
+    /// Depth D, counting the receivers' layer (1..=8).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=8))]
     depth: Option<usize>,
     /// Choose D and F with the linear cost model (per-hop + per-copy cost).
     #[arg(long)]
     cost_model: bool,
-    /// Cost model: latency of one hop, µs (Jasper measured ≈ 30).
-    #[arg(long, default_value_t = 30.0)]
+    /// Cost model: latency of one hop, µs (0..=1,000,000; Jasper measured ≈ 30).
+    #[arg(long, default_value_t = 30.0, value_parser = |s: &str| crate::fmt::f64_in(s, 0.0, 1e6, "µs"))]
     hop_us: f64,
-    /// Cost model: cost of one more copy a proxy sends, µs (Jasper: ≈ 2.7).
-    #[arg(long, default_value_t = 2.7)]
+    /// Cost model: cost of one more copy a proxy sends, µs (0..=1,000,000; Jasper: ≈ 2.7).
+    #[arg(long, default_value_t = 2.7, value_parser = |s: &str| crate::fmt::f64_in(s, 0.0, 1e6, "µs"))]
     copy_us: f64,
-    /// Trees sharing the receivers (symbols sharded by stock locate).
-    #[arg(long, default_value_t = 1)]
+    /// Trees sharing the receivers, symbols sharded by stock locate (1..=64).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     trees: usize,
     /// Write the topology here (.toml, or .json).
     #[arg(long)]

@@ -17,10 +17,10 @@ pub struct Args {
     #[arg(long)]
     port: Option<u16>,
     /// Replay with the capture's pacing, sped up by this factor.
-    #[arg(long, default_value_t = 1.0, conflicts_with_all = ["rate", "max"])]
+    #[arg(long, default_value_t = 1.0, conflicts_with_all = ["rate", "max"], value_parser = crate::fmt::speed)]
     speed: f64,
     /// Replay at a fixed rate, packets per second.
-    #[arg(long, conflicts_with = "max")]
+    #[arg(long, conflicts_with = "max", value_parser = crate::fmt::rate)]
     rate: Option<f64>,
     /// Replay as fast as possible.
     #[arg(long)]
@@ -31,6 +31,10 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Failed sends (e.g. the receiver exited before the capture ended) are
+    /// reported as a warning; the exit status is 0 if at least one send went out.
+    #[arg(long)]
+    keep_going: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -40,14 +44,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let pacing = match (a.max, a.rate) {
         (true, _) => Pacing::Max,
-        (false, Some(pps)) => {
-            anyhow::ensure!(pps > 0.0 && pps.is_finite(), "--rate must be positive");
-            Pacing::Rate { pps }
-        }
-        (false, None) => {
-            anyhow::ensure!(a.speed > 0.0 && a.speed.is_finite(), "--speed must be positive");
-            Pacing::Capture { speed: a.speed }
-        }
+        (false, Some(pps)) => Pacing::Rate { pps },
+        (false, None) => Pacing::Capture { speed: a.speed },
     };
     let pb = crate::fmt::progress(datagrams.len() as u64, "replaying packets");
     let report = replay(&datagrams, a.to, pacing, |n| {
@@ -70,6 +68,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             report.lateness_max_ns,
             report.send_errors
         );
+    }
+    if report.send_errors > 0 {
+        let hint = if report.refused > 0 { format!(" — is anything listening at {}?", a.to) } else { String::new() };
+        let what = format!(
+            "{} of {} sends failed (first: {}){hint}",
+            report.send_errors,
+            report.packets + report.send_errors,
+            report.first_error.as_deref().unwrap_or("?")
+        );
+        if !a.keep_going || report.packets == 0 {
+            anyhow::bail!(what);
+        }
+        eprintln!("fairfeed: warning: {what}");
     }
     Ok(())
 }

@@ -41,6 +41,52 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 }
 
 /// A clap value parser for a finite number in `lo..=hi` (`unit` names it in the error).
+/// A duration in seconds: 0.001..=10,000,000.
+pub fn seconds(s: &str) -> Result<f64, String> {
+    f64_in(s, 0.001, 1e7, "seconds")
+}
+
+/// Microseconds: 0..=10,000,000.
+pub fn us(s: &str) -> Result<f64, String> {
+    f64_in(s, 0.0, 1e7, "µs")
+}
+
+/// A speed-up factor: 0.001..=1,000,000.
+pub fn speed(s: &str) -> Result<f64, String> {
+    f64_in(s, 0.001, 1e6, "×")
+}
+
+/// Milliseconds: 0..=1,000,000.
+pub fn ms(s: &str) -> Result<f64, String> {
+    f64_in(s, 0.0, 1e6, "ms")
+}
+
+/// A share of packets: 0..=0.99.
+pub fn share(s: &str) -> Result<f64, String> {
+    f64_in(s, 0.0, 0.99, "(a share)")
+}
+
+/// Messages or packets per second: 1..=10,000,000.
+pub fn rate(s: &str) -> Result<f64, String> {
+    f64_in(s, 1.0, 1e7, "per second")
+}
+
+/// The bridge bench's packets per second: 1..=200,000 (seed 001's peak is ≈ 10,000; beyond this
+/// machine's broker the publisher's queue would only grow).
+pub fn bridge_rate(s: &str) -> Result<f64, String> {
+    f64_in(s, 1.0, 200_000.0, "packets/s")
+}
+
+/// The exchange bench's orders per second: 1..=2,000,000.
+pub fn order_rate(s: &str) -> Result<f64, String> {
+    f64_in(s, 1.0, 2e6, "orders/s")
+}
+
+/// Mean ITCH messages per MoldUDP64 packet: 1..=100.
+pub fn msgs_per_packet(s: &str) -> Result<f64, String> {
+    f64_in(s, 1.0, 100.0, "messages per packet")
+}
+
 /// A target P(F) (share of messages every receiver has on time): 0.5..=0.99999.
 pub fn target_pf(s: &str) -> Result<f64, String> {
     f64_in(s, 0.5, 0.99999, "(a target share of messages)")
@@ -58,4 +104,23 @@ pub fn f64_in(s: &str, lo: f64, hi: f64, unit: &str) -> Result<f64, String> {
     } else {
         Err(format!("{s} is out of range {lo}..={hi} {unit}"))
     }
+}
+
+/// A NATS subject prefix: dot-separated tokens of printable ASCII without
+/// spaces or the wildcards `*` and `>` (publishers may not use them), no
+/// empty token, at most 200 bytes.
+pub fn subject_prefix(s: &str) -> Result<String, String> {
+    const MAX: usize = 200;
+    if s.is_empty() || s.len() > MAX {
+        return Err(format!("a subject prefix has 1 to {MAX} bytes, not {}", s.len()));
+    }
+    for tok in s.split('.') {
+        if tok.is_empty() {
+            return Err(format!("{s:?} has an empty token (leading, trailing or doubled '.')"));
+        }
+        if let Some(c) = tok.chars().find(|c| !c.is_ascii_graphic() || *c == '*' || *c == '>') {
+            return Err(format!("{s:?} contains {c:?}; subject tokens are printable ASCII without '*', '>' or spaces"));
+        }
+    }
+    Ok(s.to_string())
 }

@@ -68,6 +68,53 @@ enum Command {
     /// End-to-end benchmarks, each with a baseline measured in the same run.
     #[command(subcommand)]
     Bench(cmd_bench::Bench),
+    /// Every subcommand's flags and their value types, as JSON (for the bad-input tests).
+    #[command(hide = true)]
+    CliSpec,
+}
+
+/// One line per flag that takes a value: the subcommand path, the flag and
+/// its value type (`float`, `signed`, `unsigned` or `other`).
+fn cli_spec() -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    use std::any::TypeId;
+    fn walk(c: &clap::Command, path: &mut Vec<String>, out: &mut Vec<serde_json::Value>) {
+        if c.has_subcommands() {
+            for s in c.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+                path.push(s.get_name().to_string());
+                walk(s, path, out);
+                path.pop();
+            }
+            return;
+        }
+        for a in c.get_arguments() {
+            let (Some(long), true) = (a.get_long(), a.get_action().takes_values()) else { continue };
+            let t = a.get_value_parser().type_id();
+            let kind = if t == TypeId::of::<f64>() {
+                "float"
+            } else if t == TypeId::of::<i64>() || t == TypeId::of::<i32>() {
+                "signed"
+            } else if [
+                TypeId::of::<u64>(),
+                TypeId::of::<usize>(),
+                TypeId::of::<u32>(),
+                TypeId::of::<u16>(),
+                TypeId::of::<u8>(),
+            ]
+            .iter()
+            .any(|x| t == *x)
+            {
+                "unsigned"
+            } else {
+                "other"
+            };
+            out.push(serde_json::json!({ "path": path, "flag": format!("--{long}"), "kind": kind }));
+        }
+    }
+    let mut out = Vec::new();
+    walk(&Cli::command(), &mut Vec::new(), &mut out);
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
 }
 
 fn main() {
@@ -91,6 +138,7 @@ fn main() {
         Command::Stat(a) => cmd_node::run_stat(a),
         Command::Demo(a) => cmd_demo::run(*a),
         Command::Sim(s) => cmd_sim::run(s),
+        Command::CliSpec => cli_spec(),
     };
     if let Err(e) = result {
         eprintln!("fairfeed: error: {e:#}");

@@ -154,7 +154,6 @@ fn bad_input_gives_a_clear_error_not_a_panic() {
         vec!["decode", junk.to_str().unwrap()],
         vec!["stats", junk.to_str().unwrap()],
         vec!["gen", "--messages", "5", "--out", d.path().join("x.pcap").to_str().unwrap()],
-        vec!["gen", "--loss-a", "2", "--a-out", "a.pcap", "--out", d.path().join("y.pcap").to_str().unwrap()],
         vec!["decode", "/nonexistent/file.pcap"],
     ] {
         let out = Command::new(bin()).args(&args).output().unwrap();
@@ -163,6 +162,15 @@ fn bad_input_gives_a_clear_error_not_a_panic() {
         assert!(err.starts_with("fairfeed: error:"), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+    // A value out of range is refused while parsing the command line (clap's exit status 2).
+    let y = d.path().join("y.pcap");
+    let out = Command::new(bin())
+        .args(["gen", "--loss-a", "2", "--a-out", "a.pcap", "--out", y.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--loss-a") && err.contains("out of range") && !err.contains("panicked"), "{err}");
 }
 
 #[test]
@@ -533,4 +541,171 @@ fn every_experiment_takes_a_latency_model_and_calibration_meets_its_targets() {
         assert!((0.25..=2.5).contains(&miss), "{r}");
     }
     assert!(out.join("calibration.svg").exists());
+}
+
+/// Runs `fairfeed args…` with a time limit; (exit code, stderr). `None` code: killed at the limit.
+fn run_limited(args: &[String], limit: std::time::Duration) -> (Option<i32>, String) {
+    let mut child = Command::new(bin())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            return (status.code(), err);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (None, String::new());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn every_numeric_flag_refuses_bad_numbers_at_parse_time() {
+    // The flags come from the clap definitions themselves (`fairfeed cli-spec`),
+    // so a new flag is covered the day it is added.
+    let o = Command::new(bin()).arg("cli-spec").output().unwrap();
+    assert!(o.status.success());
+    let spec: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    // Flags whose negative values mean something.
+    let signed_floats = ["--clock-drift-ppm"];
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for e in &spec {
+        let flag = e["flag"].as_str().unwrap();
+        let kind = e["kind"].as_str().unwrap();
+        let bads: &[&str] = match kind {
+            "float" if signed_floats.contains(&flag) => &["NaN", "inf", "1e300", "-1e300"],
+            "float" => &["NaN", "inf", "1e300", "-1"],
+            "unsigned" => &["-1", "NaN", "1e300", "1.5"],
+            "signed" => &["NaN", "1e300", "1.5"],
+            _ => continue,
+        };
+        let path: Vec<String> = e["path"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+        for bad in bads {
+            let mut args = path.clone();
+            args.push(format!("{flag}={bad}"));
+            let (code, err) = run_limited(&args, std::time::Duration::from_secs(10));
+            checked += 1;
+            let first = err.lines().next().unwrap_or("");
+            let ok = code == Some(2) && first.starts_with("error:") && err.contains(flag) && !err.contains("panicked");
+            if !ok {
+                failures.push(format!("{} {flag}={bad}: exit {code:?}: {first}", path.join(" ")));
+            }
+        }
+    }
+    assert!(checked > 200, "only {checked} checks: is cli-spec listing the flags?");
+    assert!(failures.is_empty(), "{} of {checked} bad numbers got through:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn bad_exchange_configs_are_refused_before_anything_starts() {
+    // Each once started a gateway with a panicked engine behind it, or was accepted as is (issue 17).
+    let d = tmp();
+    let o = Command::new(bin()).args(["exchange", "--example-config"]).output().unwrap();
+    let base = String::from_utf8(o.stdout).unwrap();
+    assert!(base.contains("orders = 1048576"));
+    for (from, to, names) in [
+        ("orders = 1048576", "orders = 0", "limits.orders"),
+        ("orders = 1048576", "orders = 4294967295", "limits.orders"),
+        ("levels = 4096", "levels = 0", "limits.levels"),
+        ("engines = 1", "engines = 0", "engines"),
+        ("\"NVDA\"]", "\"AAPL\"]", "appears twice"),
+        ("\"NVDA\"]", "\"SIXTEENCHARSYMBL\"]", "SIXTEENCHARSYMBL"),
+        ("session = \"FFSESSION1\"", "session = \"SEVENTEENCHARNAME\"", "gateway.session"),
+        ("[[\"FF0001\", \"secret\"]]", "[[\"TOOLONGUSER\", \"secret\"]]", "gateway.users"),
+    ] {
+        let p = d.path().join("x.toml");
+        std::fs::write(&p, base.replace(from, to)).unwrap();
+        let (code, err) = run_limited(
+            &["exchange".into(), "--config".into(), p.to_str().unwrap().into(), "--seconds".into(), "1".into()],
+            std::time::Duration::from_secs(10),
+        );
+        assert_eq!(code, Some(1), "{to}: {err}");
+        assert!(err.contains(names) && !err.contains("panicked"), "{to}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+}
+
+#[test]
+fn subscribe_without_a_server_gives_up_with_a_clear_error() {
+    // It once printed nothing and never returned (issue 17).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let t0 = std::time::Instant::now();
+    let (code, err) = run_limited(
+        &["subscribe".into(), "--nats".into(), url.clone(), "--seconds".into(), "1".into()],
+        std::time::Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no NATS server answered") && err.contains(&url), "{err}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn replay_to_nothing_fails_and_says_why_and_decode_flags_do_not_cancel_out() {
+    // Replay once reported "N send errors" and exited 0 (issue 17).
+    let d = tmp();
+    let pcap = gen(d.path(), "r.pcap", &["--messages", "500"]);
+    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let to = format!("127.0.0.1:{port}");
+    let (code, err) = run_limited(
+        &["replay".into(), pcap.to_str().unwrap().into(), "--to".into(), to.clone(), "--rate".into(), "5000".into()],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("sends failed") && err.contains(&to), "{err}");
+    // `decode --quiet --json` once printed nothing at all: now refused.
+    let (code, err) = run_limited(
+        &["decode".into(), pcap.to_str().unwrap().into(), "--quiet".into(), "--json".into()],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    // The summary says when its gap list is cut short.
+    let o = Command::new(bin()).args(["decode", pcap.to_str().unwrap(), "--summary-json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["gap_list_truncated"], false);
+}
+
+#[test]
+fn arb_refuses_a_capture_of_another_protocol() {
+    // It once merged nothing, said "0 high-reliability packets" and exited 0 (issue 17).
+    let d = tmp();
+    let pcap = gen(d.path(), "m.pcap", &["--messages", "500"]);
+    let out = d.path().join("o.pcap");
+    let (code, err) = run_limited(
+        &[
+            "arb".into(),
+            "--a-pcap".into(),
+            pcap.to_str().unwrap().into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+            "--protocol".into(),
+            "xdp".into(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("parse as --protocol xdp"), "{err}");
+}
+
+#[test]
+fn bridge_refuses_subjects_nats_would_refuse() {
+    // `--prefix 'a b.>*'` was accepted, every publish failed silently, exit 0 (issue 17).
+    for bad in ["a b.>*", "ff..itch", ".ff", "ff.*", "ff.>", ""] {
+        let (code, err) = run_limited(
+            &["bridge".into(), "run".into(), "--prefix".into(), bad.into(), "--seconds".into(), "1".into()],
+            Duration::from_secs(10),
+        );
+        assert_eq!(code, Some(2), "{bad:?}: {err}");
+        assert!(err.contains("--prefix") && !err.contains("panicked"), "{bad:?}: {err}");
+    }
 }

@@ -44,6 +44,31 @@ pub struct Limits {
     pub price_max: Price,
 }
 
+impl Limits {
+    /// Levels per side at most.
+    pub const LEVELS_MAX: usize = 1 << 20;
+    /// Symbols at most (stock locates are 16-bit).
+    pub const SYMBOLS_MAX: usize = 65_535;
+
+    /// Checks every bound is one an engine can be built with.
+    pub fn validate(&self) -> Result<(), String> {
+        let orders_max = NIL as usize - 1;
+        if !(1..=orders_max).contains(&self.orders) {
+            return Err(format!("limits.orders must be 1..={orders_max}, got {}", self.orders));
+        }
+        if !(1..=Self::LEVELS_MAX).contains(&self.levels) {
+            return Err(format!("limits.levels must be 1..={}, got {}", Self::LEVELS_MAX, self.levels));
+        }
+        if !(1..=Self::SYMBOLS_MAX).contains(&self.symbols) {
+            return Err(format!("limits.symbols must be 1..={}, got {}", Self::SYMBOLS_MAX, self.symbols));
+        }
+        if self.qty_max == 0 || self.price_max == 0 {
+            return Err("limits.qty_max and limits.price_max must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits { symbols: 1_024, orders: 1 << 20, levels: 4_096, qty_max: 1_000_000, price_max: 2_000_000_000 }

@@ -103,8 +103,10 @@ pub struct Summary {
     /// Decode errors (all kinds).
     pub errors: u64,
     pub error_kinds: BTreeMap<String, u64>,
-    /// The first gaps as [expected, got) ranges.
+    /// The first gaps as [expected, got) ranges (at most [`GAP_LIST_MAX`]).
     pub gap_list: Vec<(u64, u64)>,
+    /// More gaps than `gap_list` holds (`gaps` counts them all).
+    pub gap_list_truncated: bool,
     pub sessions: BTreeMap<String, SessionState>,
 }
 
@@ -188,6 +190,8 @@ impl FeedDecoder {
             self.summary.missing_messages += to - from;
             if self.summary.gap_list.len() < GAP_LIST_MAX {
                 self.summary.gap_list.push((from, to));
+            } else {
+                self.summary.gap_list_truncated = true;
             }
         }
         if p.is_heartbeat() {
@@ -262,5 +266,18 @@ mod tests {
         assert_eq!(s.duplicate_packets, 2); // the second 3, and 1
         assert_eq!(s.missing_messages, 1); // 8 never came
         assert_eq!(s.next_seq, 10);
+        assert!(!s.gap_list_truncated);
+    }
+
+    #[test]
+    fn a_long_gap_list_says_it_is_cut_short() {
+        let mut d = FeedDecoder::new();
+        for i in 0..(GAP_LIST_MAX as u64 + 5) {
+            d.handle(&packet(1 + 2 * i, 1));
+        }
+        let s = d.summary();
+        assert_eq!(s.gaps, GAP_LIST_MAX as u64 + 4);
+        assert_eq!(s.gap_list.len(), GAP_LIST_MAX);
+        assert!(s.gap_list_truncated, "the list holds fewer gaps than `gaps` counts");
     }
 }

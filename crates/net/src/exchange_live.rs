@@ -57,6 +57,51 @@ pub struct ExchangeConfig {
     pub sequencing_window_ns: u64,
 }
 
+impl ExchangeConfig {
+    /// Engine threads at most.
+    pub const ENGINES_MAX: usize = 16;
+
+    /// Checks the configuration before anything starts (a bad one used to
+    /// panic an engine thread while the gateway went on accepting orders).
+    pub fn validate(&self) -> Result<(), String> {
+        self.limits.validate()?;
+        if !(1..=Self::ENGINES_MAX).contains(&self.engines) {
+            return Err(format!("engines must be 1..={}, got {}", Self::ENGINES_MAX, self.engines));
+        }
+        let g = &self.gateway;
+        if g.symbols.is_empty() || g.symbols.len() > self.limits.symbols {
+            return Err(format!(
+                "gateway.symbols: 1..={} symbols (limits.symbols), got {}",
+                self.limits.symbols,
+                g.symbols.len()
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for s in &g.symbols {
+            if s.is_empty() || s.len() > 8 || !s.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!("gateway.symbols: {s:?} is not 1–8 printable ASCII characters (ITCH stock)"));
+            }
+            if !seen.insert(s) {
+                return Err(format!("gateway.symbols: {s:?} appears twice"));
+            }
+        }
+        for (u, p) in &g.users {
+            if u.is_empty() || u.len() > 6 || p.len() > 10 || !u.is_ascii() || !p.is_ascii() {
+                return Err(format!("gateway.users: {u:?} — usernames are 1–6 ASCII characters, passwords up to 10"));
+            }
+        }
+        for (what, s) in [("gateway.session", &g.session), ("itch_session", &self.itch_session)] {
+            if s.is_empty() || s.len() > 10 || !s.is_ascii() {
+                return Err(format!("{what}: {s:?} is not 1–10 ASCII characters"));
+            }
+        }
+        if self.sequencing_window_ns > 1_000_000_000 {
+            return Err(format!("sequencing_window_ns must be at most 1 s, got {}", self.sequencing_window_ns));
+        }
+        Ok(())
+    }
+}
+
 impl Default for ExchangeConfig {
     fn default() -> Self {
         ExchangeConfig {
@@ -590,6 +635,7 @@ pub fn run_exchange(
     stop: &AtomicBool,
     max_seconds: Option<f64>,
 ) -> std::io::Result<ExchangeReport> {
+    cfg.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let x = Exchange::start(cfg)?;
     let t0 = Instant::now();
     while !stop.load(Ordering::Relaxed) && max_seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {

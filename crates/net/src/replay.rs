@@ -32,6 +32,10 @@ pub struct ReplayReport {
     pub packets: u64,
     pub bytes: u64,
     pub send_errors: u64,
+    /// Of those, refused (ICMP port unreachable: nothing listening at the address).
+    pub refused: u64,
+    /// The first send error, if any.
+    pub first_error: Option<String>,
     pub elapsed_s: f64,
     pub achieved_pps: f64,
     /// Send time minus scheduled time, nanoseconds.
@@ -63,7 +67,8 @@ pub fn replay(
     let mut lateness = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
     let first_ts = datagrams.first().map_or(0, |d| d.ts_ns);
     let pacer = Pacer::new(SPIN_NS_DEFAULT);
-    let (mut packets, mut bytes, mut errors) = (0u64, 0u64, 0u64);
+    let (mut packets, mut bytes, mut errors, mut refused) = (0u64, 0u64, 0u64, 0u64);
+    let mut first_error = None;
     for (i, d) in datagrams.iter().enumerate() {
         let deadline = match pacing {
             Pacing::Capture { speed } => (d.ts_ns.saturating_sub(first_ts) as f64 / speed) as u64,
@@ -79,7 +84,11 @@ pub fn replay(
                 packets += 1;
                 bytes += n as u64;
             }
-            Err(_) => errors += 1,
+            Err(e) => {
+                errors += 1;
+                refused += u64::from(e.kind() == std::io::ErrorKind::ConnectionRefused);
+                first_error.get_or_insert_with(|| e.to_string());
+            }
         }
         progress(packets + errors);
     }
@@ -88,6 +97,8 @@ pub fn replay(
         packets,
         bytes,
         send_errors: errors,
+        refused,
+        first_error,
         elapsed_s,
         achieved_pps: if elapsed_s > 0.0 { packets as f64 / elapsed_s } else { 0.0 },
         lateness_p50_ns: lateness.value_at_quantile(0.5),

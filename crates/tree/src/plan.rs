@@ -138,6 +138,18 @@ pub fn shape(req: &PlanRequest) -> Result<(usize, usize), PlanError> {
     if n == 0 || n > RECEIVERS_MAX {
         return err(format!("--receivers must be 1..={RECEIVERS_MAX}, got {n}"));
     }
+    // Checked before any search below: a depth of 0 never reaches N (it once spun for ever).
+    if let Some(d) = req.depth.filter(|&d| d == 0 || d > DEPTH_MAX) {
+        return err(format!("--depth must be 1..={DEPTH_MAX}, got {d}"));
+    }
+    if let Some(f) = req.fanout.filter(|&f| f == 0 || f > FANOUT_MAX) {
+        return err(format!("--fanout must be 1..={FANOUT_MAX}, got {f}"));
+    }
+    if let Some(m) = req.cost_model {
+        if !(m.hop_ns.is_finite() && m.hop_ns >= 0.0 && m.copy_ns.is_finite() && m.copy_ns >= 0.0) {
+            return err(format!("cost model: hop and copy costs must be finite and not negative, got {m:?}"));
+        }
+    }
     let (d, f) = match (req.depth, req.fanout, req.cost_model) {
         (Some(d), Some(f), _) => (d, f),
         (Some(d), None, _) => (d, fanout_for(n, d)),
@@ -466,6 +478,24 @@ mod tests {
         assert!(e.0.contains("fewer than 100"), "{e}");
         assert!(plan(&req(0, 0)).is_err());
         assert!(plan(&PlanRequest { trees: 0, ..req(10, 0) }).is_err());
+        // Depth 0 once spun for ever, with or without a fan-out or the cost model.
+        let cost = Some(CostModel { hop_ns: 30_000.0, copy_ns: 2_700.0 });
+        for r in [
+            PlanRequest { depth: Some(0), ..req(10, 0) },
+            PlanRequest { depth: Some(0), cost_model: cost, ..req(10, 0) },
+            PlanRequest { depth: Some(0), fanout: Some(3), ..req(10, 0) },
+            PlanRequest { depth: Some(DEPTH_MAX + 1), ..req(10, 0) },
+            PlanRequest { fanout: Some(0), ..req(10, 0) },
+        ] {
+            let e = plan(&r).unwrap_err();
+            assert!(e.0.contains("--depth") || e.0.contains("--fanout"), "{e}");
+        }
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            let m = Some(CostModel { hop_ns: bad, copy_ns: 2_700.0 });
+            assert!(plan(&PlanRequest { cost_model: m, ..req(10, 0) }).is_err(), "{bad}");
+            let m = Some(CostModel { hop_ns: 30_000.0, copy_ns: bad });
+            assert!(plan(&PlanRequest { cost_model: m, ..req(10, 0) }).is_err(), "{bad}");
+        }
     }
 
     #[test]
