@@ -15,6 +15,8 @@ use std::collections::VecDeque;
 
 /// Samples kept per direction at most.
 pub const WINDOW_SAMPLES_MAX: usize = 512;
+/// The step check's fit is refreshed at least every this many samples.
+pub const REFIT_EVERY: usize = 16;
 
 /// A sample counts as a step only if it is below the fit by more than the
 /// step threshold plus this slope error (20 ppm) times its distance from the
@@ -57,6 +59,8 @@ pub struct Envelope {
     fit: Option<Line>,
     /// A sample far below the fit, waiting for a second to confirm a step.
     low: Option<(u64, i64)>,
+    /// Samples taken in since the last refit.
+    stale: usize,
 }
 
 impl Envelope {
@@ -120,11 +124,22 @@ impl Envelope {
                 return Offer::Added;
             }
         }
+        let mut under = false;
         if let Some((lx, ly)) = self.low.take() {
             self.insert(lx, ly, window_ns);
+            under = true;
         }
         self.insert(x, y, window_ns);
-        self.refit();
+        // The fit serves the step check only (the edge is fitted from both
+        // directions on demand): refresh it when a sample lands at or under
+        // it, and every REFIT_EVERY samples otherwise (samples leaving the
+        // window, the mean moving). A full refit per sample cost more than
+        // the rest of the simulation.
+        self.stale += 1;
+        under |= self.fit.is_none_or(|f| (y as f64) <= f.at(x));
+        if under || self.stale >= REFIT_EVERY {
+            self.refit();
+        }
         Offer::Added
     }
 
@@ -142,17 +157,111 @@ impl Envelope {
 
     fn refit(&mut self) {
         self.fit = lower_fit(self.samples.make_contiguous());
+        self.stale = 0;
     }
 }
 
 /// The best supporting line of the lower hull at the mean x (see the module doc).
 pub fn lower_fit(pts: &[(u64, i64)]) -> Option<Line> {
-    let first = pts.first()?;
-    let x0 = first.0;
-    let rel: Vec<(i128, i128)> = pts.iter().map(|&(x, y)| (i128::from(x - x0), i128::from(y))).collect();
-    let mut hull: Vec<(i128, i128)> = Vec::with_capacity(rel.len());
-    for &p in &rel {
-        // Among equal x keep the lowest point.
+    let &(x0, base) = pts.first()?;
+    // Relative to the first sample, in floating point.
+    let rel: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| ((x - x0) as f64, (y - base) as f64)).collect();
+    let hull = lower_hull_f64(pts, x0, base);
+    if hull.len() == 1 {
+        return Some(Line { x0, y0: base as f64 + hull[0].1, slope: 0.0 });
+    }
+    let span = rel.last().map_or(0.0, |p| p.0);
+    let mut slope = hull_slope(&hull, &rel);
+    if span >= THIRDS_SPAN_NS as f64 {
+        // Long baseline: detrended by the hull's slope, the line through the
+        // lowest points of the window's first and last thirds. Its slope errs by the
+        // noise over half the span; the hull edge at the mean can be two
+        // close points, whose slope, extrapolated to the window's end, errs
+        // by far more.
+        let r = |p: &(f64, f64)| p.1 - slope * p.0;
+        // First and last third: the baseline is at least a third of the span
+        // (halves' minima can sit side by side at the boundary).
+        let third =
+            |first: bool| rel.iter().filter(move |p| if first { p.0 * 3.0 < span } else { p.0 * 3.0 >= span * 2.0 });
+        let lowest = |first: bool| third(first).min_by(|a, b| r(a).total_cmp(&r(b))).copied();
+        let enough = |first: bool| third(first).count() >= THIRD_SAMPLES;
+        if let (true, true, Some(a), Some(b)) = (enough(true), enough(false), lowest(true), lowest(false)) {
+            if b.0 > a.0 {
+                slope += (r(&b) - r(&a)) / (b.0 - a.0);
+            }
+        }
+    }
+    // The supporting line with that slope: below every point, touching one.
+    let y0 = rel.iter().map(|p| p.1 - slope * p.0).fold(f64::INFINITY, f64::min);
+    Some(Line { x0, y0: base as f64 + y0, slope })
+}
+
+/// One edge fitted from both directions at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EdgeFit {
+    pub x0: u64,
+    /// θ_receiver − θ_sender of the forward direction at `x0`, ns.
+    pub delta0: f64,
+    /// Its slope (relative drift).
+    pub slope: f64,
+    /// The minimum one-way delay (half the minimum round trip), ns.
+    pub delay: f64,
+}
+
+impl EdgeFit {
+    pub fn delta_at(&self, x: u64) -> f64 {
+        self.delta0 + self.slope * (x as f64 - self.x0 as f64)
+    }
+}
+
+/// The edge between a forward and a reverse window, jointly (Huygens'
+/// separating line, in its hard-margin form): forward delays are
+/// `d + δ(x)` plus queueing, reverse ones `d − δ(x)` plus queueing, with
+/// `δ(x) = δ₀ + b·x` and the minimum delay `d` the same both ways. For a slope
+/// `b`, the highest lines under each set are `min(y − b·x)` and `min(y + b·x)`;
+/// their sum (2d) is concave in `b` and largest at the true slope, so we take
+/// the `b` in `±slope_max` that maximizes it — a breakpoint of either lower
+/// hull. Both directions' points over the whole window pin the slope, where
+/// each direction alone can be tilted by one low point at its end.
+pub fn joint_fit(fwd: &Envelope, rev: &Envelope, slope_max: f64) -> Option<EdgeFit> {
+    let x0 = fwd.samples.front()?.0.min(rev.samples.front()?.0);
+    let y0 = fwd.samples.front()?.1;
+    let (f, r) = (lower_hull_f64(&fwd.samples, x0, y0), lower_hull_f64(&rev.samples, x0, y0));
+    let lowest = |h: &[(f64, f64)], b: f64| h.iter().map(|p| p.1 - b * p.0).fold(f64::INFINITY, f64::min);
+    let sum = |b: f64| lowest(&f, b) + lowest(&r, -b);
+    let slopes = |h: &[(f64, f64)], sign: f64| -> Vec<f64> {
+        h.windows(2).map(|w| sign * (w[1].1 - w[0].1) / (w[1].0 - w[0].0)).collect()
+    };
+    let mut best = (f64::NEG_INFINITY, 0.0f64, 0.0f64);
+    for b in slopes(&f, 1.0).into_iter().chain(slopes(&r, -1.0)).chain([-slope_max, slope_max]) {
+        if b.is_nan() || b.abs() > slope_max {
+            continue;
+        }
+        let v = sum(b);
+        // Ties form an interval (the sum is concave): keep its ends, take its middle.
+        if v > best.0 + 1e-6 {
+            best = (v, b, b);
+        } else if (v - best.0).abs() <= 1e-6 {
+            best = (best.0, best.1.min(b), best.2.max(b));
+        }
+    }
+    let b = (best.1 + best.2) / 2.0;
+    let (mf, mr) = (lowest(&f, b), lowest(&r, -b));
+    if !(mf.is_finite() && mr.is_finite()) {
+        return None;
+    }
+    // Heights are relative to y0, which the forward and reverse sets share.
+    Some(EdgeFit { x0, delta0: (mf - mr) / 2.0, slope: b, delay: (mf + mr) / 2.0 + y0 as f64 })
+}
+
+/// The lower convex hull of samples sorted by x, relative to (x0, y0), in
+/// floating point (cross products of near-collinear points may round: such a
+/// point is then kept or dropped, which moves no supporting line by more than
+/// the rounding).
+fn lower_hull_f64<'a>(samples: impl IntoIterator<Item = &'a (u64, i64)>, x0: u64, y0: i64) -> Vec<(f64, f64)> {
+    let mut hull: Vec<(f64, f64)> = Vec::with_capacity(32);
+    for &(x, y) in samples {
+        let p = ((x - x0) as f64, (y - y0) as f64);
         if let Some(last) = hull.last_mut() {
             if last.0 == p.0 {
                 if p.1 < last.1 {
@@ -164,8 +273,7 @@ pub fn lower_fit(pts: &[(u64, i64)]) -> Option<Line> {
         }
         while hull.len() >= 2 {
             let (a, b) = (hull[hull.len() - 2], hull[hull.len() - 1]);
-            let cross = (b.0 - a.0) * (p.1 - a.1) - (b.1 - a.1) * (p.0 - a.0);
-            if cross <= 0 {
+            if (b.0 - a.0) * (p.1 - a.1) - (b.1 - a.1) * (p.0 - a.0) <= 0.0 {
                 hull.pop();
             } else {
                 break;
@@ -173,46 +281,15 @@ pub fn lower_fit(pts: &[(u64, i64)]) -> Option<Line> {
         }
         hull.push(p);
     }
-    if hull.len() == 1 {
-        return Some(Line { x0, y0: hull[0].1 as f64, slope: 0.0 });
-    }
-    let span = rel.last().map_or(0, |p| p.0);
-    let mut slope = hull_slope(&hull, &rel);
-    if span as u64 >= THIRDS_SPAN_NS {
-        // Long baseline: detrended by the hull's slope, the line through the
-        // lowest points of the window's first and last thirds. Its slope errs by the
-        // noise over half the span; the hull edge at the mean can be two
-        // close points, whose slope, extrapolated to the window's end, errs
-        // by far more.
-        let r = |p: &(i128, i128)| p.1 as f64 - slope * p.0 as f64;
-        // First and last third: the baseline is at least a third of the span
-        // (halves' minima can sit side by side at the boundary).
-        let lowest = |first: bool| {
-            rel.iter()
-                .filter(|p| if first { p.0 * 3 < span } else { p.0 * 3 >= span * 2 })
-                .min_by(|a, b| r(a).total_cmp(&r(b)))
-                .copied()
-        };
-        let enough = |first: bool| {
-            rel.iter().filter(|p| if first { p.0 * 3 < span } else { p.0 * 3 >= span * 2 }).count() >= THIRD_SAMPLES
-        };
-        if let (true, true, Some(a), Some(b)) = (enough(true), enough(false), lowest(true), lowest(false)) {
-            if b.0 > a.0 {
-                slope += (r(&b) - r(&a)) / (b.0 - a.0) as f64;
-            }
-        }
-    }
-    // The supporting line with that slope: below every point, touching one.
-    let y0 = rel.iter().map(|p| p.1 as f64 - slope * p.0 as f64).fold(f64::INFINITY, f64::min);
-    Some(Line { x0, y0, slope })
+    hull
 }
 
 /// The slope of the lower hull's edge spanning the mean x (the LP optimum).
-fn hull_slope(hull: &[(i128, i128)], rel: &[(i128, i128)]) -> f64 {
-    let mean = rel.iter().map(|p| p.0 as f64).sum::<f64>() / rel.len() as f64;
-    let i = hull.windows(2).position(|w| (w[1].0 as f64) >= mean).unwrap_or(hull.len() - 2);
+fn hull_slope(hull: &[(f64, f64)], rel: &[(f64, f64)]) -> f64 {
+    let mean = rel.iter().map(|p| p.0).sum::<f64>() / rel.len() as f64;
+    let i = hull.windows(2).position(|w| w[1].0 >= mean).unwrap_or(hull.len() - 2);
     let (a, b) = (hull[i], hull[i + 1]);
-    (b.1 - a.1) as f64 / (b.0 - a.0) as f64
+    (b.1 - a.1) / (b.0 - a.0)
 }
 
 #[cfg(test)]
@@ -255,6 +332,33 @@ mod tests {
         assert_eq!(e.offer(11 * s, -50_000, 5 * s, 10_000, 2), Offer::Added);
         assert!(matches!(e.offer(12 * s, -50_010, 5 * s, 10_000, 2), Offer::Step(b) if b > 50_000));
         assert_eq!(e.len(), 2);
+    }
+
+    #[test]
+    fn joint_fit_recovers_offset_drift_and_delay() {
+        // δ(x) = 3,000 ns + 40 ppm · x, minimum delay 20 µs both ways; every
+        // fifth sample at the floor, the rest queued by up to 30 µs.
+        let (d, a, b) = (20_000.0, 3_000.0, 4e-5);
+        let (mut f, mut r) = (Envelope::default(), Envelope::default());
+        for k in 0..400u64 {
+            let x = 1_000_000_000 + k * 25_000_000;
+            let q = |salt: u64| if (k + salt) % 5 == 0 { 0.0 } else { ((k * 7919 + salt * 104_729) % 30_000) as f64 };
+            let delta = a + b * (x - 1_000_000_000) as f64;
+            f.offer(x, (d + delta + q(0)).round() as i64, u64::MAX, 1_000_000, 2);
+            r.offer(x + 3_000_000, (d - delta - b * 3e6 + q(2)).round() as i64, u64::MAX, 1_000_000, 2);
+        }
+        let e = joint_fit(&f, &r, 1e-3).unwrap();
+        let x = 1_000_000_000 + 399 * 25_000_000;
+        assert!((e.delta_at(x) - (a + b * 399.0 * 25e6)).abs() < 2.0, "{e:?}");
+        assert!((e.slope - b).abs() < 1e-9, "{e:?}");
+        assert!((e.delay - d).abs() < 2.0, "{e:?}");
+        // One direction's newest sample far too low (a stamp gone wrong)
+        // tilts the joint line by less than it tilts that direction alone.
+        let alone = |e: &Envelope| e.fit(2).unwrap().at(x);
+        let before = alone(&f);
+        f.offer(x + 1, (d + a + b * 399.0 * 25e6 - 400.0) as i64, u64::MAX, 1_000_000, 2);
+        let joint = joint_fit(&f, &r, 1e-3).unwrap().delta_at(x) - (a + b * 399.0 * 25e6);
+        assert!(joint.abs() < (alone(&f) - before).abs() / 2.0 + 1.0, "joint error {joint}");
     }
 
     #[test]

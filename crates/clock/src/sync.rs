@@ -8,12 +8,19 @@
 //! - **Coded probes.** Every interval the node sends each peer a pair of
 //!   probes `pair_gap_ns` apart, one peer at a time, spread over the interval. The receiving peer compares the pair's receive
 //!   spacing with its send spacing; a pair that differs by more than
-//!   `purity_ns` met queueing and is discarded. The lower of a pure pair's two
-//!   samples goes into the peer's forward [`Envelope`], and is echoed back in
-//!   the node's next probe so the peer sees both directions too.
-//! - **Per peer**, the lower envelopes of the forward (peer → me) and reverse
-//!   (me → peer) samples are lines `F` and `G`; with symmetric minimum delays
-//!   `θ_me − θ_peer = (F − G) / 2` and its slope is the relative drift.
+//!   `purity_ns` met queueing (counted as impure). Every probe's sample goes
+//!   into the peer's forward [`Envelope`] and is echoed back (a short queue,
+//!   one echo per probe sent) so the peer sees both directions too. With
+//!   `pure_only` (Huygens' filter) only the lower sample of a pure pair does:
+//!   software timestamps only ever add delay, so every probe is a valid upper
+//!   bound for the lower envelope, and on our models the filter threw away
+//!   over 90 % of the samples the envelope needs (docs/RESULTS.md).
+//! - **Per peer**, both directions are fitted at once ([`joint_fit`]): the
+//!   forward delays (peer → me) lie above `d + δ(x)`, the reverse ones above
+//!   `d − δ(x)`, with `δ = θ_me − θ_peer` linear in our raw time and `d` the
+//!   minimum delay, the same both ways; the slope is the one that lifts both
+//!   lower envelopes highest together (Huygens' separating line, hard margin),
+//!   so neither direction's last low point alone can tilt it.
 //! - **Network effect.** Each node advertises its estimate and its level
 //!   (probe hops from the reference) in its probes. Each interval a node
 //!   takes, from every synchronized peer, the candidate `θ_peer + (θ_me −
@@ -28,9 +35,12 @@
 //!   test here showed tens of µs); peers further down, which derive from this
 //!   node, are left out. The residuals `θ_i − θ_j − δ_ij` — what is left of
 //!   the loop sums — are the error estimate, and an edge whose residual
-//!   stands far out from the others (a link with asymmetric minimum delays)
-//!   is flagged and left out until it agrees again. The reference's own
-//!   edges are never flagged: they are what anchors the graph.
+//!   stands far out from the others (a link with asymmetric minimum delays;
+//!   judged by the unweighted median and MAD, since the weights measure
+//!   noise, not asymmetry) is flagged and left out until it agrees again.
+//!   When that outvotes every anchor, at least [`PROMOTE_MIN`] agreeing peers
+//!   of the node's own level anchor it instead, one level further down. The
+//!   reference's own edges are never flagged: they are what anchors the graph.
 //! - **Bound.** `bound_ns` is a statistical bound: a timestamping floor plus
 //!   3 × the combination's standard deviation (widened to the residuals' rms
 //!   when the peers disagree more), plus the drift's uncertainty since the
@@ -43,22 +53,29 @@
 
 use fairfeed_wire::overlay::{ProbeRepr, PROBE_SYNCED};
 
-use crate::envelope::{Envelope, Offer};
+use crate::envelope::{joint_fit, Envelope, Offer};
 
 /// Peers one node probes at most.
 pub const PEERS_MAX: usize = 256;
 /// Samples a direction needs before its fit is used.
 pub const MIN_SAMPLES: usize = 2;
-/// Samples a direction needs before a sample far below its fit counts as a step.
-pub const STEP_SAMPLES: usize = 8;
+/// Samples a direction needs before a sample far below its fit counts as a
+/// step: enough that the window has surely seen the floor (with every probe
+/// in the envelope, 8 could all be queued — 0.7⁸ ≈ 6 % on a link where 30 %
+/// of packets meet no queue — and the first unqueued ones looked like a step).
+pub const STEP_SAMPLES: usize = 32;
 /// An edge's slope (relative drift) is used once both directions' samples span this long.
 pub const SLOPE_SPAN_NS: u64 = 1_000_000_000;
 /// Candidates from peers of the node's own level count this much of their weight.
 pub const SAME_LEVEL_WEIGHT: f64 = 0.5;
 /// Edges are judged for asymmetry only after the node has been synchronized this long.
-pub const FLAG_AFTER_NS: u64 = 3_000_000_000;
+pub const FLAG_AFTER_NS: u64 = 1_000_000_000;
+/// Samples from a peer waiting to be echoed back to it (one rides on each probe we send it).
+pub const ECHO_QUEUE: usize = 4;
 /// Our recent probe send stamps remembered per peer, to check echoes.
 pub const SENT_RING: usize = 128;
+/// Agreeing peers of a node's own level needed to outvote all its anchors.
+pub const PROMOTE_MIN: usize = 2;
 /// Residuals beyond this many robust standard deviations flag an edge as asymmetric.
 pub const ASYM_K: f64 = 5.0;
 /// ... and beyond at least this many ns.
@@ -101,6 +118,11 @@ pub struct SyncConfig {
     pub pair_gap_ns: u64,
     /// A pair whose receive spacing differs from its send spacing by more is impure.
     pub purity_ns: u64,
+    /// Only pure pairs feed the envelopes (Huygens' filter). Off by default:
+    /// with software timestamps, whose errors only ever add delay, every
+    /// probe is an upper bound the lower envelope can use, and the filter
+    /// threw away over 90 % of them (see docs/RESULTS.md).
+    pub pure_only: bool,
     /// Samples older than this leave the envelopes.
     pub window_ns: u64,
     /// A sample this far below the envelope means a clock stepped.
@@ -120,6 +142,7 @@ impl Default for SyncConfig {
             startup_ns: 2_000_000_000,
             pair_gap_ns: 20_000,
             purity_ns: 300,
+            pure_only: false,
             window_ns: 16_000_000_000,
             step_ns: 20_000,
             bound_limit_ns: 1_000,
@@ -227,6 +250,9 @@ pub struct SyncStats {
     /// Edges flagged as asymmetric now, and flaggings so far.
     pub asymmetric_edges: u64,
     pub asymmetric_flagged: u64,
+    /// Updates in which peers of the node's own level outvoted all its anchors
+    /// and anchored it instead (its only upstream edges were asymmetric).
+    pub promotions: u64,
     /// The estimate: our clock minus the reference's, ns, and drift in ppm.
     pub offset_ns: f64,
     pub drift_ppm: f64,
@@ -279,8 +305,8 @@ struct Peer {
     /// Samples peer → me (x = our receive time) and me → peer (x = our send time).
     fwd: Envelope,
     rev: Envelope,
-    /// Our newest pure sample from the peer to echo: (its tx, our rx).
-    echo: Option<(u64, u64)>,
+    /// Samples from the peer to echo, oldest first: (its tx, our rx).
+    echo: std::collections::VecDeque<(u64, u64)>,
     /// Newest echo taken in (its tx stamp, ours).
     last_echo_tx: u64,
     sent: [u64; SENT_RING],
@@ -299,7 +325,7 @@ impl Peer {
             first: None,
             fwd: Envelope::default(),
             rev: Envelope::default(),
-            echo: None,
+            echo: std::collections::VecDeque::with_capacity(ECHO_QUEUE),
             last_echo_tx: 0,
             sent: [0; SENT_RING],
             sent_next: 0,
@@ -312,17 +338,18 @@ impl Peer {
     /// θ_me − θ_peer at `x`, its slope (once both directions span
     /// [`SLOPE_SPAN_NS`]), and half the min round trip.
     fn edge(&self, x: u64) -> Option<(f64, Option<f64>, f64)> {
-        let f = self.fwd.fit(MIN_SAMPLES)?;
-        let g = self.rev.fit(MIN_SAMPLES)?;
-        let (fx, gx) = (f.at(x), g.at(x));
-        let slope = (self.fwd.span().min(self.rev.span()) >= SLOPE_SPAN_NS).then(|| (f.slope - g.slope) / 2.0);
-        Some(((fx - gx) / 2.0, slope, ((fx + gx) / 2.0).max(0.0)))
+        if self.fwd.len() < MIN_SAMPLES || self.rev.len() < MIN_SAMPLES {
+            return None;
+        }
+        let e = joint_fit(&self.fwd, &self.rev, 2.0 * DRIFT_MAX)?;
+        let slope = (self.fwd.span().min(self.rev.span()) >= SLOPE_SPAN_NS).then_some(e.slope);
+        Some((e.delta_at(x), slope, e.delay.max(0.0)))
     }
 
     fn reset(&mut self) {
         self.fwd.clear();
         self.rev.clear();
-        self.echo = None;
+        self.echo.clear();
         self.first = None;
         self.asymmetric = false;
     }
@@ -409,6 +436,11 @@ impl ClockSync {
 
     pub fn is_reference(&self) -> bool {
         self.reference
+    }
+
+    /// Probe hops from the reference (`u16::MAX` while unsynchronized).
+    pub fn level(&self) -> u16 {
+        self.level
     }
 
     /// The peers this node probes.
@@ -528,7 +560,7 @@ impl ClockSync {
     fn send_probe(&mut self, now: u64, p: usize, pair: u64, index: u8, send: &mut dyn FnMut(u32, &ProbeRepr)) {
         let off = self.offset_at(now);
         let peer = &mut self.peers[p];
-        let (echo_tx_ns, echo_rx_ns) = peer.echo.unwrap_or((0, 0));
+        let (echo_tx_ns, echo_rx_ns) = peer.echo.pop_front().unwrap_or((0, 0));
         peer.sent[peer.sent_next % SENT_RING] = now;
         peer.sent_next += 1;
         let finite = |v: f64| if v.is_finite() { v.ceil() as u64 } else { u64::MAX };
@@ -626,7 +658,9 @@ impl ClockSync {
                 stats.bad_echoes += 1;
             }
         }
-        // The pair: peer → me.
+        // The probe: peer → me. Its pair tells whether it met queueing (purity).
+        let y = now as i64 - p.tx_ns as i64;
+        let mut sample: Option<(u64, i64, u64)> = (!cfg.pure_only).then_some((now, y, p.tx_ns));
         match (p.index, peer.first) {
             (0, _) => peer.first = Some((p.pair, p.tx_ns, now)),
             (1, Some((pair, tx0, rx0))) if pair == p.pair => {
@@ -636,16 +670,24 @@ impl ClockSync {
                 let rx_gap = now as i64 - rx0 as i64;
                 if (rx_gap - tx_gap).unsigned_abs() <= cfg.purity_ns && tx_gap > 0 {
                     stats.pure_pairs += 1;
-                    let (y0, y1) = (rx0 as i64 - tx0 as i64, now as i64 - p.tx_ns as i64);
-                    let (x, y, tx) = if y0 <= y1 { (rx0, y0, tx0) } else { (now, y1, p.tx_ns) };
-                    peer.echo = Some((tx, x));
-                    if let Offer::Step(b) = peer.fwd.offer(x, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) {
-                        stepped = true;
-                        stats.last_step = Some((peer.id, true, b));
+                    if cfg.pure_only {
+                        // The pair's lower sample.
+                        let y0 = rx0 as i64 - tx0 as i64;
+                        sample = Some(if y0 <= y { (rx0, y0, tx0) } else { (now, y, p.tx_ns) });
                     }
                 }
             }
             _ => peer.first = None,
+        }
+        if let Some((x, y, tx)) = sample {
+            if peer.echo.len() == ECHO_QUEUE {
+                peer.echo.pop_front();
+            }
+            peer.echo.push_back((tx, x));
+            if let Offer::Step(b) = peer.fwd.offer(x, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) {
+                stepped = true;
+                stats.last_step = Some((peer.id, true, b));
+            }
         }
         if stepped {
             // One of the two clocks jumped: start this edge afresh, probing fast.
@@ -681,18 +723,29 @@ impl ClockSync {
         cands.retain(|c| c.level <= level);
         let settled = self.synced_since.is_some_and(|s| now.saturating_sub(s) >= FLAG_AFTER_NS);
         self.flag_asymmetric(&mut cands, settled);
+        let mut level = level;
+        if !cands.iter().any(|c| c.level < level && !self.peers[c.peer].asymmetric) {
+            let agreeing = cands.iter().filter(|c| c.level == level && !self.peers[c.peer].asymmetric).count();
+            if agreeing >= PROMOTE_MIN {
+                // Every anchor was outvoted by peers of our own level that
+                // agree with each other (our only upstream edge is
+                // asymmetric): they anchor us instead, one level further
+                // down, so nothing they derive from feeds back into us.
+                level += 1;
+                self.stats.promotions += 1;
+            } else {
+                // Too few to outvote it: an outvoted anchor is still an anchor.
+                for c in cands.iter().filter(|c| c.level < level) {
+                    self.peers[c.peer].asymmetric = false;
+                }
+            }
+        }
         // Same-level peers count at a lower weight: each is anchored upstream
         // by its own paths, so they correct one poor upstream edge without
         // letting a loop float free.
         for c in cands.iter_mut() {
             if c.level == level {
                 c.weight *= SAME_LEVEL_WEIGHT;
-            }
-        }
-        if !cands.iter().any(|c| c.level < level && !self.peers[c.peer].asymmetric) {
-            // Every anchor was flagged: an outvoted anchor is still an anchor.
-            for c in cands.iter().filter(|c| c.level < level) {
-                self.peers[c.peer].asymmetric = false;
             }
         }
         let used: Vec<&Candidate> = cands.iter().filter(|c| !self.peers[c.peer].asymmetric).collect();
@@ -768,8 +821,11 @@ impl ClockSync {
             }
             return;
         }
-        let med = weighted_median(cands.iter().map(|c| (c.theta, c.weight)).collect());
-        let mad = weighted_median(cands.iter().map(|c| ((c.theta - med).abs(), c.weight)).collect()) * 1.4826;
+        // Unweighted: the weights measure each edge's noise, not the risk that
+        // its minimum delays differ — one precise anchor must not outvote
+        // several peers that agree with each other.
+        let med = weighted_median(cands.iter().map(|c| (c.theta, 1.0)).collect());
+        let mad = weighted_median(cands.iter().map(|c| ((c.theta - med).abs(), 1.0)).collect()) * 1.4826;
         let thr = (ASYM_K * mad).max(ASYM_MIN_NS);
         for c in cands.iter() {
             let d = (c.theta - med).abs();

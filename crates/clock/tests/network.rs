@@ -270,13 +270,11 @@ proptest! {
         let e = w.errors(20_000_000_000);
         let mut abs: Vec<f64> = e.iter().map(|x| x.abs()).collect();
         abs.sort_by(f64::total_cmp);
-        // Two or more random peers per node, stamp noise up to 150 ns. On
-        // sparser graphs (one random peer) with ~200 ns noise, a quarter of
-        // the nodes can still be off by 0.5–2.5 µs (seed 189, n 21): a known
-        // gap, in docs/RESULTS.md, not hidden here.
-        // Tolerances grow with the timestamp noise (mean of the exponential on every stamp).
-        prop_assert!(abs[abs.len() / 2] < 100.0 + noise, "median {} ns, errors {:?}", abs[abs.len() / 2], e);
-        prop_assert!(abs[abs.len() * 3 / 4] < 300.0 + 2.0 * noise, "p75 {} ns, errors {:?}", abs[abs.len() * 3 / 4], e);
+        // Two or more random peers per node, stamp noise up to 150 ns.
+        // Tolerances grow with the timestamp noise (mean of the exponential on
+        // every stamp); at 150 ns the figures table shows p50 ≈ 20 ns, p99 ≈ 100.
+        prop_assert!(abs[abs.len() / 2] < 20.0 + 0.5 * noise, "median {} ns, errors {:?}", abs[abs.len() / 2], e);
+        prop_assert!(abs[abs.len() - 1] < 100.0 + 2.0 * noise, "max {} ns, errors {:?}", abs[abs.len() - 1], e);
     }
 }
 

@@ -65,8 +65,12 @@ pub struct ClockBenchReport {
     pub samples: usize,
     /// Samples whose node reported itself synchronized.
     pub synced_share: f64,
-    /// Probe packets (sent + received) as a share of all packets, over all nodes.
+    /// Probe packets (sent + received) as a share of all packets, over all
+    /// nodes, during the measured seconds (after the warm-up, whose first
+    /// seconds probe fast).
     pub probe_share: f64,
+    /// The same for the node where it is largest.
+    pub probe_share_max: f64,
     pub pure_fraction: f64,
     pub warmup_s: f64,
     pub seconds: f64,
@@ -141,6 +145,8 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
     let mut errors = Vec::new();
     let (mut synced, mut asked) = (0usize, 0usize);
     let mut last: Vec<serde_json::Value> = Vec::new();
+    // Each node's first snapshot after the warm-up: counters are measured from it.
+    let mut first: std::collections::BTreeMap<u32, serde_json::Value> = Default::default();
     let mut by_node: std::collections::BTreeMap<u32, Vec<f64>> = Default::default();
     while (wall_ns() - start) as f64 / 1e9 < total_s {
         thread::sleep(Duration::from_millis(200));
@@ -150,6 +156,9 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
         last.clear();
         for &(id, ctl) in &controls {
             let Some(v) = ask(&asker, ctl) else { continue };
+            if measuring {
+                first.entry(id).or_insert_with(|| v.clone());
+            }
             let clock = &v["node"]["clock"];
             if measuring && id != reference {
                 if let (Some(est), Some(t)) = (clock["offset_now_ns"].as_f64(), clock["true_ns"].as_u64()) {
@@ -171,7 +180,7 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
             Err(_) => return Err("a node thread panicked".into()),
         }
     }
-    let mut r = summarize(c, n, errors, (synced, asked), &last);
+    let mut r = summarize(c, n, errors, (synced, asked), (&first, &last));
     for (id, mut e) in by_node {
         e.sort_by(f64::total_cmp);
         let snap = last.iter().find(|v| v["id"].as_u64() == Some(u64::from(id)));
@@ -256,7 +265,7 @@ fn summarize(
     n: usize,
     mut errors: Vec<f64>,
     (synced, asked): (usize, usize),
-    last: &[serde_json::Value],
+    (first, last): (&std::collections::BTreeMap<u32, serde_json::Value>, &[serde_json::Value]),
 ) -> ClockBenchReport {
     errors.sort_by(f64::total_cmp);
     let q = |p: f64| {
@@ -266,14 +275,29 @@ fn summarize(
             errors[((errors.len() as f64 * p).ceil() as usize).clamp(1, errors.len()) - 1]
         }
     };
-    let (mut probes, mut packets, mut pairs, mut pure) = (0u64, 0u64, 0u64, 0u64);
-    for v in last {
+    let (mut probes, mut packets, mut pairs, mut pure, mut worst) = (0u64, 0u64, 0u64, 0u64, 0.0f64);
+    let g = |x: &serde_json::Value| x.as_u64().unwrap_or(0);
+    let counts = |v: &serde_json::Value| {
         let st = &v["node"]["clock"]["stats"];
-        let g = |x: &serde_json::Value| x.as_u64().unwrap_or(0);
-        probes += g(&st["probes_sent"]) + g(&st["probes_received"]);
-        packets += g(&v["counters"]["packets_in"]) + g(&v["counters"]["packets_out"]);
-        pairs += g(&st["pairs"]);
-        pure += g(&st["pure_pairs"]);
+        [
+            g(&st["probes_sent"]) + g(&st["probes_received"]),
+            g(&v["counters"]["packets_in"]) + g(&v["counters"]["packets_out"]),
+            g(&st["pairs"]),
+            g(&st["pure_pairs"]),
+        ]
+    };
+    for v in last {
+        let now = counts(v);
+        let id = v["id"].as_u64().and_then(|i| u32::try_from(i).ok());
+        let then = id.and_then(|i| first.get(&i)).map_or([0; 4], counts);
+        let d: Vec<u64> = now.iter().zip(then).map(|(a, b)| a.saturating_sub(b)).collect();
+        probes += d[0];
+        packets += d[1];
+        pairs += d[2];
+        pure += d[3];
+        if d[1] > 0 {
+            worst = worst.max(d[0] as f64 / d[1] as f64);
+        }
     }
     ClockBenchReport {
         nodes: n,
@@ -283,6 +307,7 @@ fn summarize(
         samples: errors.len(),
         synced_share: if asked > 0 { synced as f64 / asked as f64 } else { 0.0 },
         probe_share: if packets > 0 { probes as f64 / packets as f64 } else { 0.0 },
+        probe_share_max: worst,
         pure_fraction: if pairs > 0 { pure as f64 / pairs as f64 } else { 0.0 },
         warmup_s: c.warmup_s,
         seconds: c.seconds,

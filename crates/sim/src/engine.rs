@@ -290,14 +290,27 @@ impl Net {
         }
     }
 
-    /// A software timestamp: the clock read a little late.
-    fn stamp(&mut self, clock: &Clock) -> u64 {
-        let late = if self.noise_ns > 0.0 {
-            Exp::new(1.0 / self.noise_ns).map_or(0.0, |d| d.sample(&mut self.noise_rng))
+    /// One software-stack delay: exponential of mean `noise_ns` (0 without noise).
+    fn stack_delay(&mut self) -> u64 {
+        if self.noise_ns > 0.0 {
+            Exp::new(1.0 / self.noise_ns).map_or(0.0, |d| d.sample(&mut self.noise_rng)) as u64
         } else {
-            0.0
-        };
-        clock.local(self.now) + late as u64
+            0
+        }
+    }
+
+    /// A software receive timestamp: the packet arrived, the clock is read a
+    /// little later (softirq, wake-up, the receive call).
+    fn stamp(&mut self, clock: &Clock) -> u64 {
+        let late = self.stack_delay();
+        clock.local(self.now) + late
+    }
+
+    /// The clock read when a timer fires (or the sender sends): what a node
+    /// then sends leaves a little later than this reading (see `Tx::send`) —
+    /// software send stamps are taken before the send call, never after it.
+    fn stamp_send(&mut self, clock: &Clock) -> u64 {
+        clock.local(self.now)
     }
 }
 
@@ -338,7 +351,9 @@ impl Transmit for Tx<'_> {
             c[0] += u64::from(is_probe(bytes));
             c[1] += 1;
         }
-        for at in n.links.arrivals(n.now, self.from, to).into_iter().flatten() {
+        // The send call: the packet leaves a little after the node read its clock.
+        let leaves = n.now + n.stack_delay();
+        for at in n.links.arrivals(leaves, self.from, to).into_iter().flatten() {
             n.push_delivery(at, to, rc.clone());
         }
     }
@@ -602,7 +617,7 @@ fn send_one(node: &mut SimNode, net: &mut Net, sender_id: u32, sent: u64, msgs: 
     }
     if let SimNode::Sender(s, clock) = node {
         let payload = sent.to_be_bytes();
-        let local = net.stamp(clock);
+        let local = net.stamp_send(clock);
         let mut tx = Tx { net, from: sender_id, last: ShareLast::default() };
         let seq = s.handle_message(local, &payload, &mut tx);
         if let Some(m) = msgs.get_mut(seq as usize) {
@@ -751,17 +766,17 @@ fn fire(nodes: &mut [SimNode], net: &mut Net, id: u32, msgs: &mut [MsgAgg], owd:
     let t = net.now;
     match &mut nodes[id as usize] {
         SimNode::Sender(s, clock) => {
-            let local = net.stamp(clock);
+            let local = net.stamp_send(clock);
             let mut tx = Tx { net, from: id, last: ShareLast::default() };
             s.handle_timeout(local, &mut tx);
         }
         SimNode::Proxy(p, clock) => {
-            let local = net.stamp(clock);
+            let local = net.stamp_send(clock);
             let mut tx = Tx { net, from: id, last: ShareLast::default() };
             p.handle_timeout(local, &mut tx);
         }
         SimNode::Receiver(r, clock) => {
-            let local = net.stamp(clock);
+            let local = net.stamp_send(clock);
             let mut tx = Tx { net, from: id, last: ShareLast::default() };
             r.handle_timeout(local, &mut tx);
             drain(r, (t, local), msgs, owd, warmup);
