@@ -9,7 +9,7 @@ use anyhow::Context;
 use fairfeed_arb::core::{Arbitrator, Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
-use fairfeed_feed::capture::{read_datagrams, CaptureWriter, Datagram};
+use fairfeed_feed::capture::{CaptureWriter, Datagram};
 use fairfeed_net::arb_live::{run_live, run_retransmit_server, IdleStrategy, LiveConfig};
 use fairfeed_net::arb_offline::run_offline;
 
@@ -99,7 +99,11 @@ pub struct Args {
     /// Live: same as --idle spin.
     #[arg(long)]
     busy_poll: bool,
-    /// Live: print a stats line to stderr this often (seconds).
+    /// Live: print a stats line to stderr this often (seconds): packets out on the high-reliability
+    /// (hr) and low-latency (ll) outputs, duplicates dropped, gaps (filled by the other line, by
+    /// retransmission, or given up), messages lost, packets held, and saturation — the slower
+    /// line's p99 lead over the time the count window takes to fill (near or above 1 the count
+    /// window gives up before the slower line arrives: widen it).
     #[arg(long, value_parser = crate::fmt::seconds)]
     stats_interval_s: Option<f64>,
 
@@ -174,7 +178,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
 /// Loads a capture into a retransmission journal.
 fn journal(path: &std::path::Path, port: Option<u16>) -> anyhow::Result<Journal> {
-    let (datagrams, _) = read_datagrams(path, port)?;
+    let datagrams = crate::fmt::read_capture(path, port)?;
     let mut j = Journal::new();
     for d in &datagrams {
         j.append_packet(&d.payload)
@@ -186,9 +190,9 @@ fn journal(path: &std::path::Path, port: Option<u16>) -> anyhow::Result<Journal>
 
 fn offline(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
     let (Some(pa), Some(out)) = (&a.a_pcap, &a.out) else { anyhow::bail!("offline mode needs --a-pcap and --out") };
-    let mut lines: Vec<Vec<Datagram>> = vec![read_datagrams(pa, a.port)?.0];
+    let mut lines: Vec<Vec<Datagram>> = vec![crate::fmt::read_capture(pa, a.port)?];
     if let Some(pb) = &a.b_pcap {
-        lines.push(read_datagrams(pb, a.port)?.0);
+        lines.push(crate::fmt::read_capture(pb, a.port)?);
     }
     // A capture of another protocol used to give "0 high-reliability packets" and exit 0.
     let total: usize = lines.iter().map(Vec::len).sum();

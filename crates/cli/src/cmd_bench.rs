@@ -8,6 +8,7 @@ use fairfeed_net::bench_tree::{proxy_hop, proxy_ladder, proxy_pps};
 pub enum Bench {
     /// Latency one fair-multicast proxy hop adds, beside a bare loopback hop, same run.
     ProxyHop {
+        /// Round trips to measure (each mode).
         #[arg(long, default_value_t = 20_000)]
         samples: usize,
         /// Block in recv instead of spinning (default: spin, as latency-critical hosts do).
@@ -16,11 +17,13 @@ pub enum Bench {
         /// Seed 003's ladder instead: default → pinned → pinned + busy polling.
         #[arg(long)]
         ladder: bool,
+        /// Print the report as JSON on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Copies per second one proxy replicates to F destinations, beside a bare sendmmsg loop, same run.
     ProxyPps {
+        /// Destinations per packet (copies each packet is sent to).
         #[arg(long, default_value_t = 20)]
         fanout: usize,
         /// Bytes per packet (overlay header included).
@@ -29,11 +32,13 @@ pub enum Bench {
         /// Alternating rounds of each.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Seconds per measured round.
         #[arg(long, default_value_t = 1.0, value_parser = crate::fmt::seconds)]
         round_seconds: f64,
         /// Run the proxy's send side on its own thread (SPSC ring between).
         #[arg(long)]
         split: bool,
+        /// Print the report as JSON on stdout.
         #[arg(long)]
         json: bool,
     },

@@ -62,12 +62,16 @@ pub struct MatrixArgs {
     /// Packet rates (seed 001: ≈1,300 mean, ≈10,000 peak).
     #[arg(long, value_delimiter = ',', default_value = "1300,10000", value_parser = crate::fmt::bridge_rate)]
     rates: Vec<f64>,
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,6,8,10")]
+    /// Subscriber counts to run, comma-separated; each 1..=100.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,6,8,10", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
     subscribers: Vec<usize>,
+    /// Seconds per run.
     #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
     seconds: f64,
+    /// Use this NATS server (default: start a private nats-server on a free port for each run).
     #[arg(long)]
     nats: Option<String>,
+    /// Output directory (created): report and plots of the matrix.
     #[arg(long, default_value = "out/bridge-matrix")]
     out: PathBuf,
 }
@@ -77,10 +81,13 @@ pub struct RunArgs {
     /// Where the arbitrated feed arrives.
     #[arg(long)]
     listen: SocketAddr,
+    /// NATS server URL.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     nats: String,
+    /// What one publication carries: a whole packet, one message, or the messages of a packet for one subject.
     #[arg(long, value_enum, default_value_t = GranularityArg::Batched)]
     granularity: GranularityArg,
+    /// Subjects per symbol, or per service (message type).
     #[arg(long, value_enum, default_value_t = ByArg::Symbol)]
     by: ByArg,
     /// Subject prefix (dot-separated tokens, no wildcards or spaces).
@@ -109,22 +116,28 @@ pub struct RunArgs {
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    #[arg(long, default_value_t = 1)]
+    /// Subscriber connections; 1..=100.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
     subscribers: usize,
+    /// What one publication carries: a whole packet, one message, or the messages of a packet for one subject.
     #[arg(long, value_enum, default_value_t = GranularityArg::Packet)]
     granularity: GranularityArg,
+    /// Subjects per symbol, or per service (message type).
     #[arg(long, value_enum, default_value_t = ByArg::Service)]
     by: ByArg,
     /// Packets per second (seed 001: ≈1,300 mean, ≈10,000 peak).
     #[arg(long, default_value_t = 1_300.0, value_parser = crate::fmt::bridge_rate)]
     rate: f64,
+    /// Seconds of feed.
     #[arg(long, default_value_t = 10.0, value_parser = crate::fmt::seconds)]
     seconds: f64,
     /// Use this server (default: start a local nats-server).
     #[arg(long)]
     nats: Option<String>,
+    /// Seed of the generated feed (same seed, same feed).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
 }
@@ -134,6 +147,7 @@ pub struct SubscribeArgs {
     /// Subject, NATS wildcards allowed, e.g. 'ff.itch.*.AAPL.>'.
     #[arg(long, default_value = "ff.itch.>")]
     subject: String,
+    /// NATS server URL.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     nats: String,
     /// Read this JetStream stream from its start (a late joiner) instead of live.

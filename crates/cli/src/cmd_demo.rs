@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use fairfeed_feed::capture::read_datagrams;
 use fairfeed_feed::gen::{GenConfig, Generator};
 use fairfeed_net::tree_live::{run_cluster, ClusterConfig, ClusterResult};
 use fairfeed_sim::model::LinkModel;
@@ -26,8 +25,8 @@ pub struct Args {
     /// Hedging factor.
     #[arg(long, default_value_t = 1)]
     hedge: usize,
-    /// Fan-out (default: chosen so the tree has two proxy layers' worth of depth for this N).
-    #[arg(long, default_value_t = 4)]
+    /// Fan-out F of the tree: children per proxy (the depth follows from it and --receivers); 2..=64.
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=64))]
     fanout: usize,
     /// Feed the tree from this capture instead of a generated ITCH feed.
     #[arg(long)]
@@ -35,6 +34,7 @@ pub struct Args {
     /// The controller's target P(F) (0.5..=0.99999).
     #[arg(long, default_value_t = 0.99, value_parser = crate::fmt::target_pf)]
     target_pf: f64,
+    /// Seed of every random draw (link delays, the generated feed).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Where the report goes.
@@ -55,7 +55,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.seconds > 0.0 && a.seconds <= 600.0, "--seconds must be in (0, 600]");
     anyhow::ensure!(a.rate > 0.0 && a.rate <= 50_000.0, "--rate must be in (0, 50,000]");
     let payloads: Vec<Vec<u8>> = match &a.pcap {
-        Some(p) => read_datagrams(p, None)?.0.into_iter().map(|d| d.payload).collect(),
+        Some(p) => crate::fmt::read_capture(p, None)?.into_iter().map(|d| d.payload).collect(),
         None => {
             let messages = ((a.seconds * a.rate) as u64 * 5).max(2_000);
             let g = Generator::new(GenConfig { seed: a.seed, messages, symbols: 100, ..GenConfig::default() })?;

@@ -42,6 +42,7 @@ struct BenchArgs {
     /// Products (symbols) the orders spread over (seed 002: 1, 1, 2, 5, 10).
     #[arg(long, default_value_t = 1)]
     products: usize,
+    /// Seconds of load.
     #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
     seconds: f64,
     /// Engine threads (symbols sharded over them).
@@ -54,6 +55,7 @@ struct BenchArgs {
     /// Instead: the matching core's throughput on one thread, in process.
     #[arg(long)]
     in_process: bool,
+    /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
 }
@@ -80,14 +82,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
+    let itch = match (cfg.itch_a, cfg.itch_b) {
+        (None, None) => "no ITCH feed".to_string(),
+        (Some(a), None) => format!("ITCH to {a}"),
+        (None, Some(b)) => format!("ITCH to {b}"),
+        (Some(a), Some(b)) => format!("ITCH to {a} (A) and {b} (B)"),
+    };
     eprintln!(
-        "exchange: OUCH on {} ({} users, {} symbols, {} engine thread(s)); ITCH to {:?} / {:?}",
+        "exchange: OUCH on {} ({} users, {} symbols, {} engine thread(s)); {itch}",
         cfg.listen,
         cfg.gateway.users.len(),
         cfg.gateway.symbols.len(),
         cfg.engines,
-        cfg.itch_a,
-        cfg.itch_b
     );
     let r = run_exchange(cfg, &stop, a.seconds).context("running the exchange")?;
     let text = serde_json::to_string_pretty(&r)?;

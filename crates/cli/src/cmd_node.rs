@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use fairfeed_feed::capture::read_datagrams;
 use fairfeed_feed::gen::{GenConfig, Generator};
 use fairfeed_net::agent::{run_agent, write_rows, AgentConfig, Job, ReceiverJob, SenderJob, Threading};
 use fairfeed_net::tuning::Tuning;
@@ -48,6 +47,7 @@ pub struct Common {
     /// model), or a model file (TOML, see the simulator).
     #[arg(long, default_value = "none")]
     link: String,
+    /// Seed of the generated feed and the emulated link (same seed, same draws).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// What the node does when idle.
@@ -151,11 +151,11 @@ pub struct SenderArgs {
     /// Send this capture's UDP payloads instead of a generated ITCH feed.
     #[arg(long)]
     pcap: Option<PathBuf>,
-    /// Wait before the first packet, ms (let the tree's processes come up).
-    #[arg(long, default_value_t = 500)]
+    /// Wait before the first packet, ms (let the tree's processes come up); 0..=3,600,000.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     start_delay_ms: u64,
-    /// Keep serving reports and retransmissions after the last packet, ms.
-    #[arg(long, default_value_t = 1_000)]
+    /// Keep serving reports and retransmissions after the last packet, ms; 0..=3,600,000.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     linger_ms: u64,
     /// Serve MoldUDP64 retransmission requests from a journal of the feed here.
     #[arg(long)]
@@ -276,7 +276,7 @@ fn finish(c: &Common, r: &fairfeed_net::agent::AgentReport) -> anyhow::Result<()
 
 fn feed(a: &SenderArgs) -> anyhow::Result<Vec<Vec<u8>>> {
     if let Some(p) = &a.pcap {
-        return Ok(read_datagrams(p, None)?.0.into_iter().map(|d| d.payload).collect());
+        return Ok(crate::fmt::read_capture(p, None)?.into_iter().map(|d| d.payload).collect());
     }
     anyhow::ensure!(a.rate > 0.0 && a.feed_seconds > 0.0, "--rate and --feed-seconds must be positive");
     let packets = (a.rate * a.feed_seconds).ceil() as usize;

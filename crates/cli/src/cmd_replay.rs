@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use fairfeed_feed::capture::read_datagrams;
 use fairfeed_net::replay::{replay, Pacing};
 
 #[derive(clap::Args)]
@@ -38,7 +37,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let (mut datagrams, _) = read_datagrams(&a.file, a.port)?;
+    let mut datagrams = crate::fmt::read_capture(&a.file, a.port)?;
     if let Some(l) = a.limit {
         datagrams.truncate(l);
     }

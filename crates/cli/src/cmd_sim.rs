@@ -27,8 +27,10 @@ pub enum Experiment {
         /// Receivers (1..=20,000).
         #[arg(long, default_value_t = 100, value_parser = receivers_range)]
         receivers: usize,
+        /// Seed of every random draw (same seed, same result, bit for bit).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Output directory (created): summary.json, summary.md and plots.
         #[arg(long)]
         out: PathBuf,
         /// Hedging factor of the hedged schemes (0..=16).
@@ -40,7 +42,7 @@ pub enum Experiment {
         /// Messages per second (1..=1,000,000).
         #[arg(long, default_value_t = 5_000.0, value_parser = rate_range)]
         rate: f64,
-        /// A link/clock model file (TOML; see `fairfeed_sim::model`); default: the calibrated cloud model.
+        /// A link/clock model file (TOML; the format, with examples, in docs/models/); default: the calibrated cloud model.
         #[arg(long)]
         latency_model: Option<PathBuf>,
         /// The controller's target P(F): the share of messages every receiver
@@ -96,8 +98,10 @@ pub enum Experiment {
         /// Receivers (1..=20,000); the tree is F = 10, D = ⌈log10 N⌉ with --hedge.
         #[arg(long, default_value_t = 1_000, value_parser = receivers_range)]
         receivers: usize,
+        /// Seed of every random draw (same seed, same result, bit for bit).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Output directory (created): summary.json, summary.md and plots.
         #[arg(long)]
         out: PathBuf,
         /// Hedging factor (0..=16).
@@ -123,8 +127,10 @@ pub enum Experiment {
         /// Receivers (1..=20,000).
         #[arg(long, default_value_t = 1_000, value_parser = receivers_range)]
         receivers: usize,
+        /// Seed of every random draw (same seed, same result, bit for bit).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Output directory (created): summary.json, summary.md and plots.
         #[arg(long)]
         out: PathBuf,
         /// Messages per second (1..=1,000,000).
@@ -148,8 +154,10 @@ pub enum Experiment {
     },
     /// Jasper's table 1: median OML of plain trees for several ⟨D, F⟩ at N = 10, 100, 1,000.
     Table1 {
+        /// Seed of every random draw (same seed, same result, bit for bit).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Output directory (created): summary.json, summary.md and plots.
         #[arg(long)]
         out: PathBuf,
         /// Multicast messages to simulate (1..=10,000,000).
@@ -168,8 +176,10 @@ pub enum Experiment {
         /// Receivers (1..=20,000).
         #[arg(long, default_value_t = 100, value_parser = receivers_range)]
         receivers: usize,
+        /// Seed of every random draw (same seed, same result, bit for bit).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Output directory (created): summary.json, summary.md and plots.
         #[arg(long)]
         out: PathBuf,
         /// Multicast messages to simulate (1..=10,000,000).
@@ -187,8 +197,10 @@ pub enum Experiment {
         /// Receivers (1..=20,000).
         #[arg(long, default_value_t = 100, value_parser = receivers_range)]
         receivers: usize,
+        /// Seed of every random draw (same seed, same result, bit for bit).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Output directory (created): summary.json, summary.md and plots.
         #[arg(long)]
         out: PathBuf,
         /// Multicast messages to simulate (1..=10,000,000).
@@ -210,8 +222,10 @@ pub enum Experiment {
         /// Hedging factor H (0..=16).
         #[arg(long, default_value_t = 2, value_parser = hedge_range)]
         hedge: usize,
+        /// Seed of every random draw (same seed, same result, bit for bit).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Output directory (created): summary.json, summary.md and plots.
         #[arg(long)]
         out: PathBuf,
         /// Market-data messages (each one an opportunity), warm-up included (1..=10,000,000).
@@ -227,18 +241,23 @@ pub enum Experiment {
     /// Monte Carlo of Jasper's hedging recursion (§5.2, figure 5): latency to a
     /// receiver for depths 1–4 and hedging factors 0–3, uniform hop delays.
     HedgingMc {
+        /// Seed of every random draw (same seed, same result, bit for bit).
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Output directory (created): summary.json, summary.md and plots.
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value_t = 100_000)]
+        /// Monte Carlo draws per point; 1..=10,000,000.
+        #[arg(long, default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
         iterations: usize,
-        #[arg(long, default_value_t = 10)]
+        /// Fan-out F of the tree; 1..=64.
+        #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
         fanout: usize,
-        /// Hop delay ~ U(lo, hi), µs.
-        #[arg(long, default_value_t = 10.0)]
+        /// Hop delay ~ U(lo, hi): the low end, µs.
+        #[arg(long, default_value_t = 10.0, value_parser = crate::fmt::us)]
         lo_us: f64,
-        #[arg(long, default_value_t = 50.0)]
+        /// Hop delay ~ U(lo, hi): the high end, µs (at least lo).
+        #[arg(long, default_value_t = 50.0, value_parser = crate::fmt::us)]
         hi_us: f64,
     },
 }

@@ -124,3 +124,26 @@ pub fn subject_prefix(s: &str) -> Result<String, String> {
     }
     Ok(s.to_string())
 }
+
+/// A capture's UDP datagrams (to `port`, if given), for commands that send
+/// or merge them: a file damaged part-way gives what came before the damage,
+/// with a warning saying where; one with nothing readable is an error.
+pub fn read_capture(
+    path: &std::path::Path,
+    port: Option<u16>,
+) -> anyhow::Result<Vec<fairfeed_feed::capture::Datagram>> {
+    let (datagrams, skipped) = fairfeed_feed::capture::read_datagrams(path, port)?;
+    if let Some((frames, detail)) = &skipped.damaged {
+        anyhow::ensure!(
+            !datagrams.is_empty(),
+            "{}: damaged after {frames} frames ({detail}), and no UDP datagram before that",
+            path.display()
+        );
+        eprintln!(
+            "fairfeed: warning: {}: damaged after {frames} frames ({detail}); using the {} datagrams before it",
+            path.display(),
+            datagrams.len()
+        );
+    }
+    Ok(datagrams)
+}

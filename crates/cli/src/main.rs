@@ -88,7 +88,13 @@ fn cli_spec() -> anyhow::Result<()> {
             return;
         }
         for a in c.get_arguments() {
-            let (Some(long), true) = (a.get_long(), a.get_action().takes_values()) else { continue };
+            let Some(long) = a.get_long() else { continue };
+            let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+            if !a.get_action().takes_values() {
+                let flag = format!("--{long}");
+                out.push(serde_json::json!({ "path": path, "flag": flag, "kind": "switch", "help": help }));
+                continue;
+            }
             let t = a.get_value_parser().type_id();
             let kind = if t == TypeId::of::<f64>() {
                 "float"
@@ -108,7 +114,7 @@ fn cli_spec() -> anyhow::Result<()> {
             } else {
                 "other"
             };
-            out.push(serde_json::json!({ "path": path, "flag": format!("--{long}"), "kind": kind }));
+            out.push(serde_json::json!({ "path": path, "flag": format!("--{long}"), "kind": kind, "help": help }));
         }
     }
     let mut out = Vec::new();
@@ -117,8 +123,24 @@ fn cli_spec() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every option that takes a value accepts one starting with '-' as a number
+/// (`--loss-a -0.5` gets "out of range", not "unexpected argument '-0'").
+fn negatives_are_values(c: clap::Command) -> clap::Command {
+    let c = c.mut_args(|a| {
+        if a.get_action().takes_values() && !a.is_positional() {
+            a.allow_negative_numbers(true)
+        } else {
+            a
+        }
+    });
+    let names: Vec<String> = c.get_subcommands().map(|s| s.get_name().to_string()).collect();
+    names.iter().fold(c, |c, n| c.mut_subcommand(n, negatives_are_values))
+}
+
 fn main() {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = negatives_are_values(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Gen(a) => cmd_gen::run(a),
         Command::Decode(a) => cmd_decode::run(a),

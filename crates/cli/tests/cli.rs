@@ -171,6 +171,26 @@ fn bad_input_gives_a_clear_error_not_a_panic() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--loss-a") && err.contains("out of range") && !err.contains("panicked"), "{err}");
+    // A negative value is a value, not an unknown flag ("unexpected argument '-0' found" before).
+    let out = Command::new(bin()).args(["gen", "--loss-a", "-0.5", "--out", y.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("-0.5 is out of range"), "{err}");
+    // A delay that would overflow once in ns.
+    let out = Command::new(bin())
+        .args(["sender", "--topology", "t.toml", "--id", "0", "--start-delay-ms", "18446744073709551615"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    // An empty file and a missing one: one clear line each, the OS error once.
+    let empty = d.path().join("empty.pcap");
+    std::fs::write(&empty, b"").unwrap();
+    let out = Command::new(bin()).args(["decode", empty.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("0 bytes: too short") && !err.contains("fill whole buffer"), "{err}");
+    let out = Command::new(bin()).args(["decode", "/nonexistent/file.pcap"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
 }
 
 #[test]
@@ -191,6 +211,20 @@ fn truncated_capture_keeps_the_good_packets() {
     assert_eq!(s["packets"].as_u64().unwrap(), full["packets"].as_u64().unwrap() - 1);
     assert_eq!(s["errors"], 0);
     assert!(s["capture_error"].is_string());
+    assert!(err.contains("damaged record") && !err.contains("not a pcap"), "{err}");
+    // Commands that send or merge a capture use what came before the damage and say where
+    // (they once refused the whole file as "not a pcap or pcapng file").
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let to = rx.local_addr().unwrap().to_string();
+    let out = Command::new(bin())
+        .args(["replay", cut.to_str().unwrap(), "--to", &to, "--rate", "50000", "--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("damaged after") && err.contains("truncated"), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["packets"].as_u64().unwrap(), full["packets"].as_u64().unwrap() - 1);
 }
 
 #[test]
@@ -708,4 +742,19 @@ fn bridge_refuses_subjects_nats_would_refuse() {
         assert_eq!(code, Some(2), "{bad:?}: {err}");
         assert!(err.contains("--prefix") && !err.contains("panicked"), "{bad:?}: {err}");
     }
+}
+
+#[test]
+fn every_flag_says_what_it_is() {
+    // 44 flags once had no description at all (`--seed`, `--out`, `--json`, `--nats`, …; issue 17).
+    let o = Command::new(bin()).arg("cli-spec").output().unwrap();
+    let spec: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let bare: Vec<String> = spec
+        .iter()
+        .filter(|f| f["help"].as_str().is_none_or(|h| h.trim().is_empty()))
+        .filter(|f| !["--help", "--version"].contains(&f["flag"].as_str().unwrap_or("")))
+        .map(|f| format!("{} {}", f["path"], f["flag"]))
+        .collect();
+    assert!(spec.len() > 200, "{} flags", spec.len());
+    assert!(bare.is_empty(), "flags without a description: {bare:?}");
 }

@@ -18,10 +18,14 @@ use pcap_file::{DataLink, Endianness, TsResolution};
 /// Errors of the capture shell.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    // Not `source`: the error is part of this message, and a chain would print it twice.
+    #[error("{path}: {err}")]
+    Io { path: String, err: std::io::Error },
     #[error("{path}: not a pcap or pcapng file ({detail})")]
     Format { path: String, detail: String },
+    /// A record after the header is damaged (e.g. the file was cut short).
+    #[error("{path}: damaged record ({detail})")]
+    Damaged { path: String, detail: String },
     #[error("{path}: writing failed: {detail}")]
     Write { path: String, detail: String },
 }
@@ -53,6 +57,10 @@ pub struct SkipCounts {
     pub other_port: u64,
     pub bad_frame: u64,
     pub unknown_link: u64,
+    /// Where reading stopped early because the file is damaged (e.g.
+    /// truncated): after how many frames, and what was wrong. Everything
+    /// before it was read.
+    pub damaged: Option<(u64, String)>,
 }
 
 enum Inner {
@@ -87,10 +95,19 @@ impl CaptureReader {
     /// Opens a capture, telling pcap from pcapng by the magic number.
     pub fn open(path: &Path) -> Result<Self, CaptureError> {
         let p = path.display().to_string();
-        let io = |source| CaptureError::Io { path: p.clone(), source };
+        let io = |err| CaptureError::Io { path: p.clone(), err };
         let mut f = File::open(path).map_err(io)?;
         let mut magic = [0u8; 4];
-        f.read_exact(&mut magic).map_err(io)?;
+        if let Err(err) = f.read_exact(&mut magic) {
+            if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                let len = std::fs::metadata(path).map_or(0, |m| m.len());
+                return Err(CaptureError::Format {
+                    path: p,
+                    detail: format!("{len} bytes: too short for a capture's header"),
+                });
+            }
+            return Err(io(err));
+        }
         let f = File::open(path).map_err(io)?;
         let fmt = |e: pcap_file::PcapError| CaptureError::Format { path: p.clone(), detail: e.to_string() };
         let inner = if magic == [0x0a, 0x0d, 0x0d, 0x0a] {
@@ -105,7 +122,7 @@ impl CaptureReader {
 
     /// The next frame, or `None` at the end of the file.
     pub fn next_frame(&mut self) -> Option<Result<Frame, CaptureError>> {
-        let fmt = |e: pcap_file::PcapError| CaptureError::Format { path: self.path.clone(), detail: e.to_string() };
+        let fmt = |e: pcap_file::PcapError| CaptureError::Damaged { path: self.path.clone(), detail: damage(&e) };
         match &mut self.inner {
             Inner::Pcap(r, link) => {
                 let p = r.next_packet()?;
@@ -179,13 +196,39 @@ pub fn udp_of(frame: &Frame, port: Option<u16>, skipped: &mut SkipCounts) -> Opt
     }
 }
 
-/// Reads every UDP datagram of a capture (to `port`, if given).
+/// What is wrong with a damaged record, in words.
+fn damage(e: &pcap_file::PcapError) -> String {
+    match e {
+        pcap_file::PcapError::IncompleteBuffer => "the file ends inside a record: truncated".into(),
+        pcap_file::PcapError::IoError(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+            "the file ends inside a record: truncated".into()
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Reads every UDP datagram of a capture (to `port`, if given). A file
+/// damaged part-way (truncated, a bad record) gives what came before the
+/// damage, with `SkipCounts::damaged` saying where; a file that is not a
+/// capture at all is an error.
 pub fn read_datagrams(path: &Path, port: Option<u16>) -> Result<(Vec<Datagram>, SkipCounts), CaptureError> {
     let mut skipped = SkipCounts::default();
     let mut out = Vec::new();
+    let mut frames = 0u64;
     for frame in CaptureReader::open(path)? {
-        if let Some(d) = udp_of(&frame?, port, &mut skipped) {
-            out.push(d);
+        match frame {
+            Ok(f) => {
+                frames += 1;
+                if let Some(d) = udp_of(&f, port, &mut skipped) {
+                    out.push(d);
+                }
+            }
+            // A damaged file (truncated, a bad record): keep what came before, say where.
+            Err(CaptureError::Damaged { detail, .. }) => {
+                skipped.damaged = Some((frames, detail));
+                break;
+            }
+            Err(e) => return Err(e),
         }
     }
     Ok((out, skipped))
@@ -206,7 +249,7 @@ impl CaptureWriter {
     /// Creates (truncates) `path`.
     pub fn create(path: &Path) -> Result<Self, CaptureError> {
         let p = path.display().to_string();
-        let f = File::create(path).map_err(|source| CaptureError::Io { path: p.clone(), source })?;
+        let f = File::create(path).map_err(|err| CaptureError::Io { path: p.clone(), err })?;
         let header = PcapHeader {
             version_major: 2,
             version_minor: 4,
@@ -261,6 +304,6 @@ impl CaptureWriter {
     pub fn finish(self) -> Result<(), CaptureError> {
         let path = self.path;
         let mut w = self.writer.into_writer();
-        std::io::Write::flush(&mut w).map_err(|source| CaptureError::Io { path, source })
+        std::io::Write::flush(&mut w).map_err(|err| CaptureError::Io { path, err })
     }
 }

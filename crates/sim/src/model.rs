@@ -243,33 +243,41 @@ impl LinkModel {
         loss_burst_len: 0,
     };
 
-    /// Checks the parameters make sense.
+    /// Checks the parameters make sense; the error names the first field that does not.
     pub fn validate(&self) -> Result<(), String> {
-        let ok = self.median_us > 0.0
-            && self.sigma >= 0.0
-            && self.min_us >= 0.0
-            && self.max_us >= self.min_us
-            && (0.0..=1.0).contains(&self.spike_probability)
-            && self.spike_us >= 0.0
-            && self.copy_us >= 0.0
-            && (0.0..1.0).contains(&self.loss)
-            && (0.0..1.0).contains(&self.dup)
-            && self.floor_us >= 0.0
-            && (self.floor_us == 0.0 || self.kind == LinkKind::Uniform || self.median_us > self.floor_us)
-            && (0.0..=1.0).contains(&self.unqueued)
-            && (0.0..=1.0).contains(&self.asymmetric_share)
-            && self.asymmetric_us >= 0.0
-            && (self.spike_alpha > 0.1 && self.spike_alpha <= 100.0)
-            && (0.0..1.0).contains(&self.loss_burst_probability)
-            && self.loss_burst_len <= 1_000_000
-            && [self.median_us, self.sigma, self.min_us, self.max_us, self.spike_us, self.copy_us, self.floor_us]
-                .iter()
-                .all(|v| v.is_finite());
-        if ok {
-            Ok(())
-        } else {
-            Err(format!("link model out of range: {self:?}"))
+        let finite = |v: f64| v.is_finite();
+        let share = |v: f64| (0.0..=1.0).contains(&v);
+        let below_one = |v: f64| (0.0..1.0).contains(&v);
+        let checks: [(&str, f64, bool, &str); 16] = [
+            ("median_us", self.median_us, finite(self.median_us) && self.median_us > 0.0, "> 0"),
+            ("sigma", self.sigma, finite(self.sigma) && self.sigma >= 0.0, ">= 0"),
+            ("min_us", self.min_us, finite(self.min_us) && self.min_us >= 0.0, ">= 0"),
+            ("max_us", self.max_us, finite(self.max_us) && self.max_us >= self.min_us, ">= min_us"),
+            ("spike_probability", self.spike_probability, share(self.spike_probability), "in 0..=1"),
+            ("spike_us", self.spike_us, finite(self.spike_us) && self.spike_us >= 0.0, ">= 0"),
+            ("copy_us", self.copy_us, finite(self.copy_us) && self.copy_us >= 0.0, ">= 0"),
+            ("loss", self.loss, below_one(self.loss), "in 0..1"),
+            ("dup", self.dup, below_one(self.dup), "in 0..1"),
+            ("floor_us", self.floor_us, finite(self.floor_us) && self.floor_us >= 0.0, ">= 0"),
+            (
+                "floor_us",
+                self.floor_us,
+                self.floor_us == 0.0 || self.kind == LinkKind::Uniform || self.median_us > self.floor_us,
+                "below median_us (lognormal)",
+            ),
+            ("unqueued", self.unqueued, share(self.unqueued), "in 0..=1"),
+            ("asymmetric_share", self.asymmetric_share, share(self.asymmetric_share), "in 0..=1"),
+            ("asymmetric_us", self.asymmetric_us, finite(self.asymmetric_us) && self.asymmetric_us >= 0.0, ">= 0"),
+            ("spike_alpha", self.spike_alpha, self.spike_alpha > 0.1 && self.spike_alpha <= 100.0, "in 0.1..=100"),
+            ("loss_burst_probability", self.loss_burst_probability, below_one(self.loss_burst_probability), "in 0..1"),
+        ];
+        if let Some((name, v, _, want)) = checks.iter().find(|c| !c.2) {
+            return Err(format!("[link] {name} = {v} is out of range (must be {want})"));
         }
+        if self.loss_burst_len > 1_000_000 {
+            return Err(format!("[link] loss_burst_len = {} is out of range (at most 1000000)", self.loss_burst_len));
+        }
+        Ok(())
     }
 
     /// Draws one hop's delay in ns.
@@ -583,6 +591,17 @@ mod tests {
         assert_eq!(e.arrivals(t, 0, slow_id)[0], Some(t + 60_000));
         assert_eq!(e.arrivals(t, 0, fast_id)[0], Some(t + 10_000));
         assert_eq!(e.arrivals(t + 1_000_000_000, 0, slow_id)[0], Some(t + 1_000_000_000 + 10_000));
+    }
+
+    #[test]
+    fn a_bad_link_model_is_named_field_by_field() {
+        // It once printed the whole struct with Debug (issue 17).
+        assert!(LinkModel::CLOUD.validate().is_ok());
+        let e = LinkModel { spike_probability: 2.0, ..LinkModel::CLOUD }.validate().unwrap_err();
+        assert_eq!(e, "[link] spike_probability = 2 is out of range (must be in 0..=1)");
+        let e = LinkModel { median_us: f64::NAN, ..LinkModel::CLOUD }.validate().unwrap_err();
+        assert!(e.starts_with("[link] median_us = NaN"), "{e}");
+        assert!(!e.contains("LinkModel {"));
     }
 
     #[test]
