@@ -17,6 +17,8 @@ use crate::subscribe::{subscribe, LatencyMs, StopWhen, SubscribeConfig, Subscrib
 
 /// Subscribers at most in one run.
 pub const SUBSCRIBERS_MAX: usize = 64;
+/// Packets one run generates at most (they are held in memory: ~0.5 GB here).
+pub const PACKETS_MAX: u64 = 2_000_000;
 
 /// One row of the experiment.
 #[derive(Debug, Clone)]
@@ -100,6 +102,12 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
     }
     if !(cfg.rate_pps > 0.0 && cfg.seconds > 0.0) {
         return Err("rate and seconds must be positive".into());
+    }
+    if cfg.rate_pps * cfg.seconds > PACKETS_MAX as f64 {
+        return Err(format!(
+            "--rate × --seconds is {:.0} packets; the bench holds its feed in memory and takes at most {PACKETS_MAX}",
+            cfg.rate_pps * cfg.seconds
+        ));
     }
     let _server;
     let url = match &cfg.nats {

@@ -37,7 +37,31 @@ fn spawn(port: u16, store: Option<&Path>) -> std::io::Result<Child> {
     if let Some(dir) = store {
         cmd.arg("-js").arg("-sd").arg(dir);
     }
-    cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn()
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    // Its own process group: a Ctrl-C at the terminal stops us, not the
+    // broker under a run that is still going (the run would go on for
+    // minutes against a dead server).
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    // ... and it dies with us, however we die (SIGTERM, SIGKILL, a panic):
+    // no broker left behind. The signal follows the thread that spawned it,
+    // so a LocalServer must not outlive the thread that started it.
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // prctl and getppid, which are async-signal-safe; it allocates nothing.
+    unsafe {
+        let parent = std::process::id();
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl.
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::other("parent exited"));
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
 }
 
 fn wait_ready(child: &mut Child, port: u16, limit: Duration) -> std::io::Result<()> {

@@ -62,8 +62,8 @@ pub struct MatrixArgs {
     /// Packet rates (seed 001: ≈1,300 mean, ≈10,000 peak).
     #[arg(long, value_delimiter = ',', default_value = "1300,10000", value_parser = crate::fmt::bridge_rate)]
     rates: Vec<f64>,
-    /// Subscriber counts to run, comma-separated; each 1..=100.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,6,8,10", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
+    /// Subscriber counts to run, comma-separated; each 1..=64.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,6,8,10", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     subscribers: Vec<usize>,
     /// Seconds per run.
     #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
@@ -116,8 +116,8 @@ pub struct RunArgs {
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Subscriber connections; 1..=100.
-    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
+    /// Subscriber connections; 1..=64.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     subscribers: usize,
     /// What one publication carries: a whole packet, one message, or the messages of a packet for one subject.
     #[arg(long, value_enum, default_value_t = GranularityArg::Packet)]

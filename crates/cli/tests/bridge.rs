@@ -94,3 +94,67 @@ fn replayed_capture_reaches_a_subscriber_through_the_bridge() {
     assert_eq!(s["duplicates"], 0);
     assert_eq!(s["missing"], 0);
 }
+
+/// The nats-server processes whose parent is `pid`.
+fn servers_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        // pid (comm) state ppid ...
+        let Some(close) = stat.rfind(')') else { continue };
+        let comm = stat[stat.find('(').map_or(0, |i| i + 1)..close].to_string();
+        let ppid = stat[close + 2..].split_whitespace().nth(1).and_then(|x| x.parse::<u32>().ok());
+        if comm == "nats-server" && ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+fn gone(pid: u32, within: Duration) -> bool {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < within {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rfind(')').is_some_and(|c| !s[c + 2..].starts_with('Z')));
+        if !alive {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn a_stopped_bench_leaves_no_broker_behind() {
+    // SIGTERM once left the bench's nats-server running, and a Ctrl-C killed
+    // the server while the bench ran on for minutes (issue 17).
+    if !have_server() {
+        return;
+    }
+    for sig in [libc_sig::TERM, libc_sig::INT, libc_sig::KILL] {
+        let mut bench = Command::new(bin())
+            .args(["bridge", "bench", "--seconds", "60", "--rate", "1000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let mut servers = Vec::new();
+        while servers.is_empty() && t0.elapsed() < Duration::from_secs(15) {
+            std::thread::sleep(Duration::from_millis(100));
+            servers = servers_of(bench.id());
+        }
+        assert_eq!(servers.len(), 1, "the bench's server");
+        Command::new("kill").args([sig, &bench.id().to_string()]).status().unwrap();
+        let status = bench.wait().unwrap();
+        assert!(!status.success(), "{sig}: {status}");
+        assert!(gone(servers[0], Duration::from_secs(5)), "{sig}: nats-server {} still running", servers[0]);
+    }
+}
+
+mod libc_sig {
+    pub const TERM: &str = "-TERM";
+    pub const INT: &str = "-INT";
+    pub const KILL: &str = "-KILL";
+}
