@@ -73,8 +73,8 @@ pub enum Bench {
     },
     /// Latency added by the live arbitrator, beside a bare UDP forwarder, on loopback.
     ArbLatency {
-        /// Packets timed per path.
-        #[arg(long, default_value_t = 20_000)]
+        /// Packets timed per path; 100..=10,000,000.
+        #[arg(long, default_value_t = 20_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(100..=10_000_000))]
         samples: usize,
         /// Spin instead of sleeping (sender, receiver, forwarder and arbitrator).
         #[arg(long)]
@@ -208,8 +208,10 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             Ok(())
         }
         Bench::ArbLatency { samples, busy_poll, idle, json } => {
-            anyhow::ensure!((100..=10_000_000).contains(&samples), "--samples must be 100..=10,000,000");
-            let r = arb_latency(samples, busy_poll, idle.strategy())?;
+            let rounds = fairfeed_net::bench::ARB_LATENCY_ROUNDS as u64 + 1;
+            let pb = crate::fmt::progress(rounds, "timing forwarder and arbitrator, alternating rounds");
+            let r = arb_latency(samples, busy_poll, idle.strategy(), |k| pb.set_position(k as u64))?;
+            pb.finish_and_clear();
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {

@@ -131,7 +131,9 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=1_000).contains(&b.products), "--products must be 1..=1,000");
     anyhow::ensure!((1..=16).contains(&b.engines), "--engines must be 1..=16");
     anyhow::ensure!((0.0..=1e6).contains(&b.sequencing_window_us), "--sequencing-window-us must be 0..=1,000,000");
+    let tick = crate::fmt::ticker(b.seconds, "orders through the gateway (tenths of a second)");
     let r = exchange_bench(b.rate, b.products, b.seconds, (b.engines, (b.sequencing_window_us * 1e3) as u64))?;
+    drop(tick);
     if b.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {

@@ -147,3 +147,38 @@ pub fn read_capture(
     }
     Ok(datagrams)
 }
+
+/// A progress bar for work that runs for a known time but reports nothing
+/// while it runs: it follows the clock on its own thread, and clears itself
+/// when dropped.
+pub struct Ticker {
+    pb: indicatif::ProgressBar,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+pub fn ticker(seconds: f64, what: &str) -> Ticker {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let len = (seconds.max(0.1) * 10.0).ceil() as u64;
+    let pb = progress(len, what);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let (pb2, stop2) = (pb.clone(), stop.clone());
+    let thread = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        while !stop2.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            pb2.set_position(((t0.elapsed().as_secs_f64() * 10.0) as u64).min(len));
+        }
+    });
+    Ticker { pb, stop, thread: Some(thread) }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.pb.finish_and_clear();
+    }
+}

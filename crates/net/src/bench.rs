@@ -110,8 +110,17 @@ fn free_addr() -> std::io::Result<SocketAddr> {
     UdpSocket::bind("127.0.0.1:0")?.local_addr()
 }
 
-/// Runs the arbitrator-vs-forwarder latency comparison.
-pub fn arb_latency(samples: usize, busy_poll: bool, idle: IdleStrategy) -> std::io::Result<ArbLatencyReport> {
+/// Measured rounds of `arb_latency` (alternating forwarder and arbitrator).
+pub const ARB_LATENCY_ROUNDS: usize = 10;
+
+/// Runs the arbitrator-vs-forwarder latency comparison; `progress` is told
+/// each round done (of [`ARB_LATENCY_ROUNDS`] + 1, the first a warm-up).
+pub fn arb_latency(
+    samples: usize,
+    busy_poll: bool,
+    idle: IdleStrategy,
+    mut progress: impl FnMut(usize),
+) -> std::io::Result<ArbLatencyReport> {
     let idle = if busy_poll { IdleStrategy::Spin } else { idle };
     let any: SocketAddr = "127.0.0.1:0".parse().expect("valid");
     let tx = UdpSocket::bind(any)?;
@@ -154,7 +163,7 @@ pub fn arb_latency(samples: usize, busy_poll: bool, idle: IdleStrategy) -> std::
 
     // Alternate rounds so drift on a shared host hits both paths alike; the
     // first round of each is warm-up and not recorded.
-    const ROUNDS: usize = 10;
+    const ROUNDS: usize = ARB_LATENCY_ROUNDS;
     let per = (samples / ROUNDS).max(1);
     let mut base = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).expect("valid bounds");
     let mut h = base.clone();
@@ -170,6 +179,7 @@ pub fn arb_latency(samples: usize, busy_poll: bool, idle: IdleStrategy) -> std::
         let _ = rx.set_nonblocking(true);
         let mut buf = [0u8; 2048];
         while rx.recv(&mut buf).is_ok() {}
+        progress(round + 1);
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = forwarder.join();
