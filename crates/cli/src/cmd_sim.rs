@@ -90,6 +90,9 @@ pub enum Experiment {
         /// Feed messages per second.
         #[arg(long, default_value_t = 1_000.0, value_parser = rate_range)]
         rate: f64,
+        /// Random probe peers per node, besides its parents (more: a better network solve, more probes); 0..=16.
+        #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=16))]
+        clock_peers: usize,
     },
     /// The deadline rules against their targets: the new controller, the
     /// previous one, the paper's rule and tree + hedging, at each rate and
@@ -423,7 +426,7 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             let label = latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string());
             calibration_cmd(&CalibrationConfig { base, rates, targets }, &out, &label)
         }
-        Sim::Experiment(Experiment::Clock { receivers, seed, out, latency_model, seconds, rate }) => {
+        Sim::Experiment(Experiment::Clock { receivers, seed, out, latency_model, seconds, rate, clock_peers }) => {
             let mut c = ClockConfig {
                 receivers: receivers as usize,
                 seed,
@@ -431,6 +434,7 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
                 rate_per_s: rate,
                 ..ClockConfig::default()
             };
+            c.sync.random_peers = clock_peers;
             if let Some(p) = &latency_model {
                 c.model = read_model(p)?;
             }
@@ -697,7 +701,7 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         "# Clock synchronization, N = {} receivers ({} nodes), seed {}\n\n\
          Raw clocks: ±{} µs offsets, ±{} ppm drift, {} ns mean timestamp noise; links: floor {} µs \
          ({:.0} % unqueued), {:.1} % of directed links {} µs longer one way. Sync warm-up {} s, then \
-         {} s of feed at {} msg/s (Jasper + controller).\n\n\
+         {} s of feed at {} msg/s (Jasper + controller). Each node probes its parents and {} random peers.\n\n\
          | measure | value |\n|---|---|\n\
          | sync error p50 (ns) | {:.0} |\n| sync error p99 (ns) | {:.0} |\n| sync error max (ns) | {:.0} |\n\
          | converged (s) | {} |\n| bound covers the true error | {:.1} % |\n\
@@ -720,6 +724,7 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         r.warmup_s,
         r.feed_seconds,
         c.rate_per_s,
+        c.sync.random_peers,
         k.sync_error_p50_ns,
         k.sync_error_p99_ns,
         k.sync_error_max_ns,
