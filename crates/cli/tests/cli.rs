@@ -758,3 +758,61 @@ fn every_flag_says_what_it_is() {
     assert!(spec.len() > 200, "{} flags", spec.len());
     assert!(bare.is_empty(), "flags without a description: {bare:?}");
 }
+
+#[test]
+fn every_file_input_refuses_bad_files_in_one_line() {
+    // The bad-input matrix for files (issue 17): each command that reads a
+    // file, given a missing, an empty, a random and a truncated-header one.
+    let d = tmp();
+    let missing = d.path().join("missing.bin");
+    let empty = d.path().join("empty.bin");
+    std::fs::write(&empty, b"").unwrap();
+    let random = d.path().join("random.bin");
+    std::fs::write(&random, (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect::<Vec<u8>>())
+        .unwrap();
+    let header = d.path().join("header.pcap");
+    std::fs::write(&header, [0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4]).unwrap();
+    let out = d.path().join("o");
+    let o = out.to_str().unwrap();
+    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["decode", "{F}"],
+        vec!["stats", "{F}"],
+        vec!["replay", "{F}", "--to", &port],
+        vec!["arb", "--a-pcap", "{F}", "--out", o],
+        vec!["demo", "--pcap", "{F}", "--seconds", "1", "--out", o],
+        vec!["sender", "--topology", "{F}", "--id", "0"],
+        vec!["receiver", "--topology", "{F}", "--id", "1"],
+        vec!["retransmit-server", "--journal", "{F}", "--listen", "127.0.0.1:0", "--max-seconds", "1"],
+        vec!["exchange", "--config", "{F}", "--seconds", "1"],
+        vec![
+            "sim",
+            "experiment",
+            "fairness",
+            "--receivers",
+            "10",
+            "--messages",
+            "100",
+            "--latency-model",
+            "{F}",
+            "--out",
+            o,
+        ],
+    ];
+    for cmd in &commands {
+        for f in [&missing, &empty, &random, &header] {
+            let args: Vec<String> = cmd
+                .iter()
+                .map(|a| if *a == "{F}" { f.to_str().unwrap().to_string() } else { (*a).to_string() })
+                .collect();
+            let (code, err) = run_limited(&args, Duration::from_secs(20));
+            let what = format!("{args:?}");
+            assert!(code.is_some(), "{what}: no exit within 20 s");
+            assert!(matches!(code, Some(1 | 2)), "{what}: exit {code:?}: {err}");
+            assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "{what}: {err}");
+            let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+            let errors = lines.iter().filter(|l| l.contains("error")).count();
+            assert_eq!(errors, 1, "{what}: one error line, got: {err}");
+        }
+    }
+}

@@ -455,6 +455,11 @@ pub struct ModelFile {
 
 impl ModelFile {
     pub fn from_toml(s: &str) -> Result<Self, String> {
+        let table: toml::Table = toml::from_str(s).map_err(|e| e.to_string())?;
+        if table.is_empty() {
+            // An empty file (or only comments) is almost surely the wrong file.
+            return Err("no [link], [clock] or [[class]] section; for the built-in model give no model file".into());
+        }
         let m: ModelFile = toml::from_str(s).map_err(|e| e.to_string())?;
         m.link.validate()?;
         m.clock.validate()?;
