@@ -438,11 +438,6 @@ impl ClockSync {
         self.reference
     }
 
-    /// Probe hops from the reference (`u16::MAX` while unsynchronized).
-    pub fn level(&self) -> u16 {
-        self.level
-    }
-
     /// The peers this node probes.
     pub fn peer_ids(&self) -> impl Iterator<Item = u32> + '_ {
         self.peers.iter().map(|p| p.id)
