@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds fairfeed and runs its main job on the embedded default: `fairfeed
 # demo` — a generated TotalView-ITCH 5.0 feed through a fair multicast tree
-# (sibling hedging, hold-and-release, emulated cloud links) to 16 receivers on
+# (sibling hedging, hold-and-release, emulated cloud links) to 100 receivers on
 # loopback, beside direct unicast in the same run, with a report in out/demo/.
 # Then a quick look at the feed itself: generate A/B lines, characterize,
 # decode (out/quickstart/). No external service is needed.
@@ -26,8 +26,8 @@ if [ -z "$ff" ] || [ ! -x "$ff" ]; then
   exit 1
 fi
 
-echo "== fairfeed demo: the fair multicast tree on loopback beside direct unicast (~15 s)"
-"$ff" demo --receivers 16 --seconds 5 --out out/demo
+echo "== fairfeed demo: the fair multicast tree to 100 receivers on loopback beside direct unicast (~1 min)"
+"$ff" demo --receivers 100 --seconds 10 --out out/demo
 
 out=out/quickstart
 mkdir -p "$out"

@@ -15,6 +15,7 @@ mod cmd_plan;
 mod cmd_replay;
 mod cmd_sim;
 mod cmd_stats;
+mod demo_report;
 mod fmt;
 
 /// fairfeed: fair, fast market-data dissemination.

@@ -388,28 +388,40 @@ fn sim_clock_writes_the_documented_fields_and_sync_shrinks_the_window() {
 fn demo_runs_a_fair_tree_on_loopback() {
     let d = tmp();
     let out = d.path().join("demo");
-    fairfeed(&[
-        "demo",
-        "--receivers",
-        "8",
-        "--seconds",
-        "1",
-        "--rate",
-        "500",
-        "--trading",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    fairfeed(&["demo", "--receivers", "8", "--seconds", "1", "--out", out.to_str().unwrap()]);
     let s: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
-    for k in ["receivers", "messages", "lost", "oml_p50_us", "dws_p50_us", "pf_1us", "late_fraction", "du_oml_p50_us"] {
+    for k in [
+        "receivers",
+        "messages",
+        "lost",
+        "oml_p50_us",
+        "dws_p50_us",
+        "pf_1us",
+        "pf_paper",
+        "late_fraction",
+        "du_oml_p50_us",
+        "link_oneway_p50_us",
+        "link_model_p50_us",
+        "dilation",
+        "warnings",
+    ] {
         assert!(s.get(k).is_some_and(|v| !v.is_null()), "summary lacks {k}: {s}");
     }
     assert_eq!(s["receivers"], 8);
+    assert!(s["messages"].as_u64().unwrap() >= 500, "at least 1,000 sent, 60 % counted: {s}");
     assert_eq!(s["lost"], 0, "loopback without emulated loss loses nothing");
     assert_eq!(s["du_lost"], 0);
     // Hold-and-release narrows the delivery window far below direct unicast's.
     assert!(s["dws_p50_us"].as_f64().unwrap() < s["du_dws_p50_us"].as_f64().unwrap() / 4.0, "{s}");
-    assert!(std::fs::read_to_string(out.join("report.md")).unwrap().contains("direct unicast"));
+    // The emulated links behave as the model says (loosely: a loaded test machine lags).
+    let (m, model) = (s["link_oneway_p50_us"].as_f64().unwrap(), s["link_model_p50_us"].as_f64().unwrap());
+    assert!(model > 20.0 && m >= model - 0.5 && m < model + 20.0, "link one-way {m} µs against the model's {model} µs");
+    // Every receiver got most messages on time by its own clock.
+    assert!(s["pf_paper"].as_f64().unwrap() > 0.8, "{s}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for needle in ["direct unicast", "What the measures mean", "warm-up", "Time dilation"] {
+        assert!(report.contains(needle), "report lacks {needle}");
+    }
     // Plots as PNG (real images, text drawn with the embedded font) for the HTML report, and SVG.
     for f in ["oml_cdf", "dws_cdf", "hold_cdf"] {
         let png = std::fs::read(out.join(format!("{f}.png"))).unwrap();
@@ -417,8 +429,10 @@ fn demo_runs_a_fair_tree_on_loopback() {
         assert!(png.len() > 10_000, "{f}.png has content");
         assert!(std::fs::read_to_string(out.join(format!("{f}.svg"))).unwrap().contains("<svg"));
     }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<th>") && !html.contains("|---"), "report.html renders its tables");
     assert!(std::fs::read_to_string(out.join("report.html")).unwrap().contains("oml_cdf.png"));
-    // --trading: four traders' profit shares in both schemes, each summing to 1.
+    // The trading experiment (always on): four traders' profit shares in both schemes, each summing to 1.
     for k in ["tree_shares", "du_shares"] {
         let v: Vec<f64> = s["trading"][k].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         assert_eq!(v.len(), 4);

@@ -7,42 +7,66 @@
 //! the deadline by spinning on that clock. What is emulated: the cloud. The
 //! kernel here has no netem, so each copy a node sends waits in a user-space
 //! delay queue for a hop delay drawn from a link model (and for the node's
-//! per-copy serialization cost) before it is handed to the kernel.
+//! per-copy serialization cost) before it is handed to the kernel. Every node
+//! reads its own emulated clock (the model's offset from true time).
+//!
+//! **Time dilation.** One thread plays every host, so the kernel work of all
+//! of them (≈ 3–5 µs per datagram sent and received here) is done one after
+//! the other, where real hosts would do it side by side: 220 copies of one
+//! message through a 100-receiver tree are ≈ 1 ms of one core, against a
+//! ≈ 150 µs journey. Run in real time, the loop's own backlog would be most of
+//! what it measures. So the emulation runs `dilation` times slower than the
+//! cloud it emulates (the method of Gupta et al., "To Infinity and Beyond:
+//! Time-Warped Network Emulation", NSDI '06): every emulated delay, deadline
+//! and message gap lasts `dilation` × as long on the host clock, and every
+//! measure is taken on the emulated clock (host ns ÷ dilation). Each emulated
+//! host then has `dilation` × the CPU it has here. [`calibrate`] measures the
+//! per-datagram cost and picks the factor; the result reports how faithful the
+//! emulation was (copies' measured one-way latency against the model's) and
+//! the host-clock figures undilated.
 //!
 //! The loop spins (busy polling): it owns one core for the run's duration.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::rc::Rc;
 use std::time::Instant;
 
-use fairfeed_sim::model::{LinkEmulator, LinkModel, ShareLast};
-use fairfeed_tree::node::{DeadlineRule, NodeConfig, Proxy, Receiver, Sender, Transmit};
+use fairfeed_sim::model::{Clock, ClockModel, LinkEmulator, LinkModel, ShareLast};
+use fairfeed_tree::node::{DeadlineRule, NodeConfig, Proxy, Receiver, Released, Sender, Transmit};
 use fairfeed_tree::plan::{Role, Topology};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
 
-use std::os::fd::AsFd;
-
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-
 use crate::arb_live::bind_udp;
 
 /// Nodes a loopback cluster may have (each one a socket).
 pub const NODES_MAX: usize = 4_096;
-/// Datagrams read from one socket per loop turn at most.
-const RECV_BATCH_MAX: usize = 32;
-/// A release this close is waited for by spinning rather than by another loop turn.
+/// The largest time dilation (emulated time runs this many times slower at most).
+pub const DILATION_MAX: f64 = 64.0;
+/// Host ns before the next release below which the loop spins to it rather than taking another turn.
 const SPIN_AHEAD_NS: u64 = 50_000;
+/// Emulated clocks start here, so a negative clock offset never reads below zero.
+const EPOCH_NS: u64 = 1_000_000_000;
+/// Share of the emulated journey of one message the loop's work for it may take (see [`calibrate`]).
+const BURST_SHARE: f64 = 0.25;
+/// Share of one core the loop's average work may take.
+const LOAD_SHARE: f64 = 0.3;
+/// A copy whose measured one-way latency exceeds the model's by this much (emulated ns) is "late".
+const LAG_WARN_NS: u64 = 5_000;
 
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
-    pub seconds: f64,
+    /// Multicast messages to send.
+    pub messages: u64,
+    /// Emulated messages per second.
     pub rate_per_s: f64,
     pub link: LinkModel,
+    /// Every node's emulated clock error.
+    pub clock: ClockModel,
     pub node: NodeConfig,
     pub rule: DeadlineRule,
     pub seed: u64,
@@ -50,13 +74,20 @@ pub struct ClusterConfig {
     pub warmup_messages: u64,
     /// Receivers whose every release is recorded (`ClusterResult::tracked`).
     pub track: Vec<u32>,
+    /// Host time per emulated time (≥ 1; see the module docs).
+    pub dilation: f64,
 }
 
-/// The measures of one run on the real data plane.
+/// The measures of one run on the real data plane; times on the emulated
+/// clock unless named `host_…`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClusterResult {
     pub receivers: usize,
     pub messages: u64,
+    pub warmup_messages: u64,
+    pub dilation: f64,
+    /// Host seconds the run took (feed and drain).
+    pub host_seconds: f64,
     /// (message, receiver) deliveries that never happened.
     pub lost: u64,
     pub oml_p50_us: f64,
@@ -64,21 +95,41 @@ pub struct ClusterResult {
     pub dws_p50_us: f64,
     pub dws_p99_us: f64,
     pub pf_1us: f64,
+    /// The paper's P(F): share of messages every receiver got by its deadline
+    /// on its own clock (so released at the deadline, a window of 0 on those clocks).
+    pub pf_paper: f64,
     pub late_fraction: f64,
     pub hold_mean_us: f64,
-    /// Release instant minus deadline, over all on-time releases, ns.
+    /// Release instant minus deadline on the receiver's own clock, over on-time releases, ns.
     pub release_error_p50_ns: u64,
     pub release_error_p99_ns: u64,
+    /// The same on the host clock (undilated), ns.
+    pub host_release_error_p99_ns: u64,
+    /// Delivery window on the host clock, undilated (one thread releases receivers one after another), µs.
+    pub host_dws_p50_us: f64,
+    pub host_dws_p99_us: f64,
     pub packets_sent: u64,
     pub send_errors: u64,
     /// The sender's final deadline offset (OWD_G + margin), µs.
     pub deadline_offset_us: f64,
+    /// Copies between nodes: measured one-way latency (handed to the emulated
+    /// link → read by the next node) against the model's for the same copies
+    /// (per-copy serialization + hop delay), p50 and p99.
+    pub link_oneway_p50_us: f64,
+    pub link_model_p50_us: f64,
+    pub link_oneway_p99_us: f64,
+    pub link_model_p99_us: f64,
+    /// Measured − model per copy, p50 / p99 µs: the emulation's own error.
+    pub link_lag_p50_us: f64,
+    pub link_lag_p99_us: f64,
+    /// Share of copies more than 5 µs (emulated) behind the model.
+    pub link_lag_share: f64,
     /// Copies arriving at receivers by the links they crossed (proxies + 1):
     /// one-way latency p50/p99 and the p50 per link.
     pub paths: Vec<PathLatency>,
     #[serde(skip)]
     pub hold_us: Vec<f64>,
-    /// (receiver, overlay sequence, release ns) at the tracked receivers.
+    /// (receiver, overlay sequence, release ns on the emulated clock) at the tracked receivers.
     #[serde(skip)]
     pub tracked: Vec<(u32, u64, u64)>,
     #[serde(skip)]
@@ -106,11 +157,54 @@ enum Live {
     Receiver(Box<Receiver>),
 }
 
-/// Copies waiting for their emulated hop delay: (due ns, order, from, to, bytes).
-type Delayed = Reverse<(u64, u64, u32, u32, Rc<[u8]>)>;
+/// The host clock, the emulated one and every node's own.
+struct Time {
+    start: Instant,
+    dilation: f64,
+    clocks: Vec<Clock>,
+}
+
+impl Time {
+    fn host(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+    /// True emulated time at host time `h`.
+    fn emu(&self, h: u64) -> u64 {
+        EPOCH_NS + (h as f64 / self.dilation) as u64
+    }
+    /// Host time at true emulated time `e`.
+    fn host_at(&self, e: u64) -> u64 {
+        (e.saturating_sub(EPOCH_NS) as f64 * self.dilation).ceil() as u64
+    }
+    /// Node `id`'s own clock at true emulated time `e`.
+    fn local(&self, id: u32, e: u64) -> u64 {
+        self.clocks[id as usize].local(e)
+    }
+    /// Host time at which node `id`'s clock reads `l`.
+    fn host_at_local(&self, id: u32, l: u64) -> u64 {
+        if l == u64::MAX {
+            return u64::MAX;
+        }
+        self.host_at(self.clocks[id as usize].true_at(l))
+    }
+}
+
+/// A copy in flight: when it is due at its destination (host ns), and what
+/// the next node needs to measure it.
+struct Flight {
+    due_host: u64,
+    /// True emulated time it was handed to the link and the model's one-way latency, ns.
+    sent_emu: u64,
+    model_ns: u64,
+}
+
+/// Copies waiting for their emulated hop delay: (due host ns, order, from, to, bytes, sent emu, model ns).
+type Delayed = Reverse<(u64, u64, u32, u32, Rc<[u8]>, u64, u64)>;
 
 struct Egress {
+    /// True emulated time of the current step.
     now: u64,
+    dilation: f64,
     queue: BinaryHeap<Delayed>,
     order: u64,
     links: LinkEmulator,
@@ -128,7 +222,8 @@ impl Transmit for Tx<'_> {
         let e = &mut *self.e;
         for due in e.links.arrivals(e.now, self.from, to).into_iter().flatten() {
             e.order += 1;
-            e.queue.push(Reverse((due, e.order, self.from, to, rc.clone())));
+            let due_host = (due.saturating_sub(EPOCH_NS) as f64 * e.dilation).ceil() as u64;
+            e.queue.push(Reverse((due_host, e.order, self.from, to, rc.clone(), e.now, due - e.now)));
         }
     }
 }
@@ -146,16 +241,72 @@ fn quantile(v: &mut [u64], q: f64) -> u64 {
     v[((q * v.len() as f64) as usize).min(v.len() - 1)]
 }
 
-/// Per-message release bookkeeping.
+/// Per-message release bookkeeping (index: overlay sequence).
 struct Tally {
     sent_at: Vec<u64>,
+    /// First and last release on the true emulated clock and on the host clock.
     first: Vec<u64>,
     last: Vec<u64>,
+    host_first: Vec<u64>,
+    host_last: Vec<u64>,
     count: Vec<u32>,
+    any_late: Vec<bool>,
     release_err: Vec<u64>,
+    host_release_err: Vec<u64>,
     hold: Vec<u64>,
     track: Vec<bool>,
     tracked: Vec<(u32, u64, u64)>,
+    /// Per copy between nodes: measured and modelled one-way ns.
+    link_measured: Vec<u64>,
+    link_model: Vec<u64>,
+}
+
+impl Tally {
+    fn new(slots: usize, track: &[u32]) -> Self {
+        let mut t = vec![false; NODES_MAX];
+        for &id in track {
+            if let Some(x) = t.get_mut(id as usize) {
+                *x = true;
+            }
+        }
+        Tally {
+            sent_at: vec![0; slots],
+            first: vec![u64::MAX; slots],
+            last: vec![0; slots],
+            host_first: vec![u64::MAX; slots],
+            host_last: vec![0; slots],
+            count: vec![0; slots],
+            any_late: vec![false; slots],
+            release_err: Vec::new(),
+            host_release_err: Vec::new(),
+            hold: Vec::new(),
+            track: t,
+            tracked: Vec::new(),
+            link_measured: Vec::new(),
+            link_model: Vec::new(),
+        }
+    }
+
+    /// Receiver `id` released `m` at host time `h` (true emulated `e`, its own clock `local`).
+    fn release(&mut self, id: u32, m: &Released, (h, e, local): (u64, u64, u64), hold: bool, due_host: u64) {
+        if self.track.get(id as usize).copied().unwrap_or(false) {
+            self.tracked.push((id, m.sequence, e));
+        }
+        let i = m.sequence as usize;
+        if i < self.first.len() {
+            self.first[i] = self.first[i].min(e);
+            self.last[i] = self.last[i].max(e);
+            self.host_first[i] = self.host_first[i].min(h);
+            self.host_last[i] = self.host_last[i].max(h);
+            self.count[i] += 1;
+            self.any_late[i] |= m.late;
+        }
+        if !m.late && hold {
+            self.release_err.push(local.saturating_sub(m.deadline_ns));
+            self.host_release_err.push(h.saturating_sub(due_host));
+            self.hold.push(m.deadline_ns.saturating_sub(m.arrival_ns));
+        }
+    }
 }
 
 /// All nodes of one tree, their sockets and the emulated links.
@@ -166,17 +317,37 @@ struct Cluster {
     sender_id: u32,
     receiver_ids: Vec<u32>,
     egress: Egress,
-    start: Instant,
+    time: Time,
+    /// Per destination: the copies handed to the kernel and not yet read, in order.
+    flights: Vec<VecDeque<Flight>>,
+    /// Destinations with copies to read.
+    pending: Vec<u32>,
     packets_sent: u64,
     send_errors: u64,
     buf: Vec<u8>,
     turn: u64,
+    /// Per node: host time its next timer falls due (refreshed whenever it handles something).
+    due: Vec<u64>,
     /// One-way latency of each copy reaching a receiver, by links crossed.
     path_ns: Vec<Vec<u64>>,
 }
 
+fn live_node(n: &fairfeed_tree::plan::Node, sender_id: u32, hedge_parents: Vec<u32>, cfg: &ClusterConfig) -> Live {
+    let parent = n.parent.unwrap_or(sender_id);
+    match n.role {
+        Role::Sender => Live::Sender(Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule))),
+        Role::Proxy => Live::Proxy(Box::new(
+            Proxy::new(n.id, parent, &n.children, &n.hedge_targets, cfg.node).with_hedge_parents(hedge_parents),
+        )),
+        Role::Receiver => {
+            Live::Receiver(Box::new(Receiver::new(n.id, parent, cfg.node).with_hedge_parents(hedge_parents)))
+        }
+    }
+}
+
 impl Cluster {
     fn new(topo: &Topology, cfg: &ClusterConfig) -> std::io::Result<Self> {
+        assert!((1.0..=DILATION_MAX).contains(&cfg.dilation), "dilation in 1..={DILATION_MAX}");
         let tree = &topo.trees[0];
         let n_ids = tree.nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
         assert!(n_ids <= NODES_MAX, "at most {NODES_MAX} nodes on loopback");
@@ -186,21 +357,13 @@ impl Cluster {
         let sender_id = tree.nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
         let mut hp = fairfeed_tree::plan::hedge_parents(topo, 0);
         for n in &tree.nodes {
-            let hedge_parents = hp.remove(&n.id).unwrap_or_default();
             let s = bind_udp(SocketAddr::V4(SocketAddrV4::new(node_addr(n.id), 0)), 4 << 20)?;
             addrs[n.id as usize] = s.local_addr()?;
             socks[n.id as usize] = Some(s);
-            let parent = n.parent.unwrap_or(sender_id);
-            nodes[n.id as usize] = Some(match n.role {
-                Role::Sender => Live::Sender(Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule))),
-                Role::Proxy => Live::Proxy(Box::new(
-                    Proxy::new(n.id, parent, &n.children, &n.hedge_targets, cfg.node).with_hedge_parents(hedge_parents),
-                )),
-                Role::Receiver => {
-                    Live::Receiver(Box::new(Receiver::new(n.id, parent, cfg.node).with_hedge_parents(hedge_parents)))
-                }
-            });
+            nodes[n.id as usize] = Some(live_node(n, sender_id, hp.remove(&n.id).unwrap_or_default(), cfg));
         }
+        let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed ^ 0xC10C);
+        let clocks = (0..n_ids).map(|_| Clock::draw(&cfg.clock, &mut rng)).collect();
         Ok(Cluster {
             socks,
             addrs,
@@ -208,104 +371,135 @@ impl Cluster {
             sender_id,
             receiver_ids: topo.receiver_ids.clone(),
             egress: Egress {
-                now: 0,
+                now: EPOCH_NS,
+                dilation: cfg.dilation,
                 queue: BinaryHeap::new(),
                 order: 0,
                 links: LinkEmulator::new(cfg.link, ChaCha12Rng::seed_from_u64(cfg.seed), n_ids),
             },
-            start: Instant::now(),
+            time: Time { start: Instant::now(), dilation: cfg.dilation, clocks },
+            flights: (0..n_ids).map(|_| VecDeque::new()).collect(),
+            pending: Vec::new(),
             packets_sent: 0,
             send_errors: 0,
             buf: vec![0u8; 65_536],
             turn: 0,
+            due: vec![0; n_ids],
             path_ns: vec![Vec::new(); PATH_LINKS_MAX + 1],
         })
     }
 
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+    /// Host time now; sets the egress's emulated time to match.
+    fn tick(&mut self) -> u64 {
+        let h = self.time.host();
+        self.egress.now = self.time.emu(h);
+        h
     }
 
-    /// The sender multicasts one payload; returns its overlay sequence number.
-    fn send(&mut self, payload: &[u8]) -> u64 {
-        let t = self.now();
-        self.egress.now = t;
+    /// The sender multicasts one payload; returns its overlay sequence number
+    /// and the true emulated time it left.
+    fn send(&mut self, payload: &[u8]) -> (u64, u64) {
+        self.tick();
+        let e = self.egress.now;
         let from = self.sender_id;
-        let Some(Live::Sender(s)) = &mut self.nodes[from as usize] else { return 0 };
-        let seq = s.handle_message(t, payload, &mut Tx { e: &mut self.egress, from, last: ShareLast::default() });
-        s.update(t);
-        seq
+        let local = self.time.local(from, e);
+        let Some(Live::Sender(s)) = &mut self.nodes[from as usize] else { return (0, e) };
+        let seq = s.handle_message(local, payload, &mut Tx { e: &mut self.egress, from, last: ShareLast::default() });
+        s.update(local);
+        (seq, e)
     }
 
     /// Hands the copies whose emulated delay is over to the kernel.
     fn flush(&mut self) {
-        let t = self.now();
-        while self.egress.queue.peek().is_some_and(|Reverse((due, ..))| *due <= t) {
-            let Some(Reverse((_, _, from, to, bytes))) = self.egress.queue.pop() else { break };
-            if let Some(s) = &self.socks[from as usize] {
-                match s.send_to(&bytes, self.addrs[to as usize]) {
-                    Ok(_) => self.packets_sent += 1,
-                    Err(_) => self.send_errors += 1,
+        let h = self.time.host();
+        while self.egress.queue.peek().is_some_and(|Reverse((due, ..))| *due <= h) {
+            let Some(Reverse((due_host, _, from, to, bytes, sent_emu, model_ns))) = self.egress.queue.pop() else {
+                break;
+            };
+            let Some(s) = &self.socks[from as usize] else { continue };
+            match s.send_to(&bytes, self.addrs[to as usize]) {
+                Ok(_) => {
+                    self.packets_sent += 1;
+                    let f = &mut self.flights[to as usize];
+                    if f.is_empty() {
+                        self.pending.push(to);
+                    }
+                    f.push_back(Flight { due_host, sent_emu, model_ns });
                 }
+                Err(_) => self.send_errors += 1,
             }
         }
     }
 
-    /// Reads the sockets that have something (one poll(2) for all of them).
-    fn receive(&mut self) {
-        let ready: Vec<usize> = {
-            let mut fds: Vec<PollFd> =
-                self.socks.iter().flatten().map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)).collect();
-            let _ = poll(&mut fds, PollTimeout::ZERO);
-            let ids = self.socks.iter().enumerate().filter(|(_, s)| s.is_some()).map(|(i, _)| i);
-            ids.zip(fds.iter())
-                .filter(|(_, f)| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)))
-                .map(|(i, _)| i)
-                .collect()
-        };
-        for id in ready {
-            for _ in 0..RECV_BATCH_MAX {
-                let Some(sock) = &self.socks[id] else { break };
-                let Ok(n) = sock.recv(&mut self.buf) else { break };
-                let t = self.now();
-                self.egress.now = t;
-                let mut tx = Tx { e: &mut self.egress, from: id as u32, last: ShareLast::default() };
-                match &mut self.nodes[id] {
-                    Some(Live::Sender(s)) => s.handle_packet(t, &self.buf[..n]),
-                    Some(Live::Proxy(p)) => p.handle_packet(t, &mut self.buf[..n], &mut tx),
-                    Some(Live::Receiver(r)) => {
-                        if let Ok((h, _)) = fairfeed_wire::overlay::HeaderRepr::parse(&self.buf[..n]) {
-                            let links = (usize::from(h.hop) + 1).min(PATH_LINKS_MAX);
-                            self.path_ns[links].push(t.saturating_sub(h.send_ns));
-                        }
-                        r.handle_packet(t, &self.buf[..n]);
-                    }
-                    None => {}
+    /// Reads the copies just handed to the kernel (loopback delivers them
+    /// within the send call, in order per destination) and feeds each node.
+    fn receive(&mut self, tally: &mut Tally, hold: bool) {
+        let pending = std::mem::take(&mut self.pending);
+        for &id in &pending {
+            while let Some(f) = self.flights[id as usize].pop_front() {
+                let Some(sock) = &self.socks[id as usize] else { break };
+                let Ok(n) = sock.recv(&mut self.buf) else {
+                    // Not there (dropped by the kernel): the loss shows in `lost`.
+                    self.flights[id as usize].clear();
+                    break;
+                };
+                let h = self.tick();
+                let e = self.egress.now;
+                if h >= f.due_host {
+                    tally.link_measured.push(e.saturating_sub(f.sent_emu));
+                    tally.link_model.push(f.model_ns);
                 }
+                self.deliver(id, n, e);
+                self.drain_releases(id, tally, hold, (h, e, self.time.local(id, e)));
+                self.due[id as usize] = self.next_due(id);
             }
         }
+        self.pending = pending;
+        self.pending.clear();
+    }
+
+    /// Node `id` handles the `n` bytes in `buf`, at true emulated time `e`.
+    fn deliver(&mut self, id: u32, n: usize, e: u64) {
+        let local = self.time.local(id, e);
+        let mut tx = Tx { e: &mut self.egress, from: id, last: ShareLast::default() };
+        match &mut self.nodes[id as usize] {
+            Some(Live::Sender(s)) => s.handle_packet(local, &self.buf[..n]),
+            Some(Live::Proxy(p)) => p.handle_packet(local, &mut self.buf[..n], &mut tx),
+            Some(Live::Receiver(r)) => {
+                if let Ok((h, _)) = fairfeed_wire::overlay::HeaderRepr::parse(&self.buf[..n]) {
+                    let links = (usize::from(h.hop) + 1).min(PATH_LINKS_MAX);
+                    self.path_ns[links].push(local.saturating_sub(h.send_ns));
+                }
+                r.handle_packet(local, &self.buf[..n]);
+            }
+            None => {}
+        }
+    }
+
+    /// Host time node `id`'s next timer falls due.
+    fn next_due(&self, id: u32) -> u64 {
+        let local = match &self.nodes[id as usize] {
+            Some(Live::Sender(s)) => s.next_timeout(),
+            Some(Live::Proxy(p)) => p.next_timeout(),
+            Some(Live::Receiver(r)) => r.next_timeout(),
+            None => u64::MAX,
+        };
+        self.time.host_at_local(id, local)
     }
 
     /// Runs due timers and releases. When the earliest release is about to
     /// fall due, spins to it, so every receiver's release runs back to back.
     fn timers(&mut self, tally: &mut Tally, hold: bool) {
-        let next = self
-            .receiver_ids
-            .iter()
-            .filter_map(|&id| match &self.nodes[id as usize] {
-                Some(Live::Receiver(r)) => Some(r.next_timeout()),
-                _ => None,
-            })
-            .min();
-        if let Some(d) = next {
-            let t = self.now();
-            if d > t && d - t < SPIN_AHEAD_NS {
-                while self.now() < d {
-                    std::hint::spin_loop();
-                }
+        let d = self.due.iter().copied().min().unwrap_or(u64::MAX);
+        let h = self.time.host();
+        if d > h {
+            if d - h >= SPIN_AHEAD_NS {
+                return;
+            }
+            while self.time.host() < d {
+                std::hint::spin_loop();
             }
         }
-        let start = self.start;
         // One core cannot release every receiver at once: visit them from a
         // rotating first node, so no receiver is systematically released first
         // (separate hosts would have no such order; the window is still measured).
@@ -314,41 +508,41 @@ impl Cluster {
         let first = (self.turn as usize).wrapping_mul(7919) % n.max(1);
         for k in 0..n {
             let id = (first + k) % n;
-            let node = &mut self.nodes[id];
-            let t = start.elapsed().as_nanos() as u64;
-            self.egress.now = t;
-            let mut tx = Tx { e: &mut self.egress, from: id as u32, last: ShareLast::default() };
-            match node {
-                Some(Live::Proxy(p)) if p.next_timeout() <= t => p.handle_timeout(t, &mut tx),
-                Some(Live::Receiver(r)) => {
-                    if r.next_timeout() <= t {
-                        r.handle_timeout(t, &mut tx);
-                    }
-                    while let Some(m) = r.poll_release() {
-                        if tally.track.get(id).copied().unwrap_or(false) {
-                            tally.tracked.push((id as u32, m.sequence, t));
-                        }
-                        let i = m.sequence as usize;
-                        if i < tally.first.len() {
-                            tally.first[i] = tally.first[i].min(t);
-                            tally.last[i] = tally.last[i].max(t);
-                            tally.count[i] += 1;
-                        }
-                        if !m.late && hold {
-                            tally.release_err.push(t.saturating_sub(m.deadline_ns));
-                            tally.hold.push(m.deadline_ns.saturating_sub(m.arrival_ns));
-                        }
-                    }
-                }
-                _ => {}
+            if self.due[id] <= self.time.host() {
+                self.node_timer(id as u32, tally, hold);
+                self.due[id] = self.next_due(id as u32);
+            }
+        }
+    }
+
+    fn node_timer(&mut self, id: u32, tally: &mut Tally, hold: bool) {
+        let h = self.tick();
+        let e = self.egress.now;
+        let local = self.time.local(id, e);
+        let mut tx = Tx { e: &mut self.egress, from: id, last: ShareLast::default() };
+        match &mut self.nodes[id as usize] {
+            Some(Live::Proxy(p)) if p.next_timeout() <= local => p.handle_timeout(local, &mut tx),
+            Some(Live::Sender(s)) if s.next_timeout() <= local => s.handle_timeout(local, &mut tx),
+            Some(Live::Receiver(r)) if r.next_timeout() <= local => r.handle_timeout(local, &mut tx),
+            _ => {}
+        }
+        self.drain_releases(id, tally, hold, (h, e, local));
+    }
+
+    /// Records what receiver `id` released at (host, true emulated, its own) time `at`.
+    fn drain_releases(&mut self, id: u32, tally: &mut Tally, hold: bool, at: (u64, u64, u64)) {
+        if let Some(Live::Receiver(r)) = &mut self.nodes[id as usize] {
+            while let Some(m) = r.poll_release() {
+                let due_host = self.time.host_at_local(id, m.deadline_ns);
+                tally.release(id, &m, at, hold, due_host);
             }
         }
     }
 }
 
-/// Runs tree 0 of `topo` on loopback for `cfg.seconds`, sending `payloads`
-/// (MoldUDP64 packets, cycled) at `cfg.rate_per_s`. `progress` is told the
-/// elapsed fraction now and then.
+/// Runs tree 0 of `topo` on loopback, sending `cfg.messages` of `payloads`
+/// (MoldUDP64 packets, cycled) at `cfg.rate_per_s` emulated messages per
+/// second. `progress` is told the elapsed fraction now and then.
 pub fn run_cluster(
     topo: &Topology,
     cfg: &ClusterConfig,
@@ -356,56 +550,43 @@ pub fn run_cluster(
     mut progress: impl FnMut(f64),
 ) -> std::io::Result<ClusterResult> {
     assert!(!payloads.is_empty(), "something to send");
+    assert!(cfg.rate_per_s > 0.0, "a positive rate");
     let mut c = Cluster::new(topo, cfg)?;
-    let total = (cfg.seconds * cfg.rate_per_s).max(1.0) as u64;
-    let gap_ns = (1e9 / cfg.rate_per_s) as u64;
-    let slots = total as usize + 1;
-    let mut tally = Tally {
-        sent_at: vec![0; slots],
-        first: vec![u64::MAX; slots],
-        last: vec![0; slots],
-        count: vec![0; slots],
-        release_err: Vec::new(),
-        hold: Vec::new(),
-        track: {
-            let mut v = vec![false; NODES_MAX];
-            for &id in &cfg.track {
-                if let Some(x) = v.get_mut(id as usize) {
-                    *x = true;
-                }
-            }
-            v
-        },
-        tracked: Vec::new(),
-    };
-    let end_ns = (cfg.seconds * 1e9) as u64;
+    let total = cfg.messages.max(1);
+    let gap_emu = 1e9 / cfg.rate_per_s;
+    let mut tally = Tally::new(total as usize + 1, &cfg.track);
+    let end_emu = (total as f64 * gap_emu) as u64;
     // After the last message: long enough for its deadline and the slowest copy.
-    let drain_ns = cfg.node.initial_owd_ns.max(5_000_000) * 4;
+    let drain_emu = cfg.node.initial_owd_ns.max(5_000_000) * 4;
+    let end_host = c.time.host_at(EPOCH_NS + end_emu + drain_emu);
     let (mut sent, mut next_progress) = (0u64, 0u64);
-    c.start = Instant::now();
+    c.time.start = Instant::now();
     loop {
-        let t = c.now();
-        if sent < total && t >= sent * gap_ns {
+        let h = c.time.host();
+        if sent < total && h >= c.time.host_at(EPOCH_NS + (sent as f64 * gap_emu) as u64) {
             let p = &payloads[(sent % payloads.len() as u64) as usize];
-            let seq = c.send(p);
+            let (seq, at) = c.send(p);
             if let Some(x) = tally.sent_at.get_mut(seq as usize) {
-                *x = t;
+                *x = at;
             }
             sent += 1;
         }
         c.flush();
-        c.receive();
+        c.receive(&mut tally, cfg.node.hold_and_release);
         c.timers(&mut tally, cfg.node.hold_and_release);
-        if t * 10 / end_ns.max(1) >= next_progress {
-            progress((t as f64 / end_ns as f64).min(1.0));
+        if h * 20 / end_host.max(1) >= next_progress {
+            progress((h as f64 / end_host as f64).min(1.0));
             next_progress += 1;
         }
-        if sent >= total && t > end_ns + drain_ns && c.egress.queue.is_empty() {
+        if sent >= total && h > end_host && c.egress.queue.is_empty() {
             break;
         }
         std::hint::spin_loop();
     }
-    Ok(summarize(&mut c, cfg, &mut tally, total))
+    let host_seconds = c.time.host() as f64 / 1e9;
+    let mut r = summarize(&mut c, cfg, &mut tally, total);
+    r.host_seconds = host_seconds;
+    Ok(r)
 }
 
 fn paths(c: &mut Cluster) -> Vec<PathLatency> {
@@ -426,17 +607,55 @@ fn paths(c: &mut Cluster) -> Vec<PathLatency> {
     out
 }
 
-fn summarize(c: &mut Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64) -> ClusterResult {
-    let n = c.receiver_ids.len() as u32;
-    let counted = (cfg.warmup_messages as usize + 1)..=(total as usize);
-    let (mut oml, mut dws, mut lost) = (Vec::new(), Vec::new(), 0u64);
-    for i in counted.clone() {
-        lost += u64::from(n.saturating_sub(tally.count[i]));
-        if tally.count[i] >= n {
-            oml.push(tally.last[i] - tally.sent_at[i]);
-            dws.push(tally.last[i] - tally.first[i]);
+/// Per counted message: OML, delivery window on the emulated and the host
+/// clock; deliveries lost; messages every receiver got on time.
+struct MessageMeasures {
+    oml: Vec<u64>,
+    dws: Vec<u64>,
+    host_dws: Vec<u64>,
+    lost: u64,
+    fair_paper: u64,
+    counted: u64,
+}
+
+fn message_measures(tally: &Tally, receivers: u32, warmup: u64, total: u64) -> MessageMeasures {
+    let mut m =
+        MessageMeasures { oml: Vec::new(), dws: Vec::new(), host_dws: Vec::new(), lost: 0, fair_paper: 0, counted: 0 };
+    for i in (warmup as usize + 1)..=(total as usize) {
+        m.counted += 1;
+        m.lost += u64::from(receivers.saturating_sub(tally.count[i]));
+        if tally.count[i] >= receivers {
+            m.oml.push(tally.last[i] - tally.sent_at[i]);
+            m.dws.push(tally.last[i] - tally.first[i]);
+            m.host_dws.push(tally.host_last[i] - tally.host_first[i]);
+            m.fair_paper += u64::from(!tally.any_late[i]);
         }
     }
+    m
+}
+
+/// Link fidelity: (measured p50, model p50, measured p99, model p99, lag p50, lag p99, lag share), µs.
+fn link_fidelity(tally: &mut Tally) -> [f64; 7] {
+    let us = |x: u64| x as f64 / 1e3;
+    let mut lag: Vec<u64> =
+        tally.link_measured.iter().zip(&tally.link_model).map(|(&m, &d)| m.saturating_sub(d)).collect();
+    let late = lag.iter().filter(|&&l| l > LAG_WARN_NS).count();
+    let share = if lag.is_empty() { 0.0 } else { late as f64 / lag.len() as f64 };
+    [
+        us(quantile(&mut tally.link_measured, 0.5)),
+        us(quantile(&mut tally.link_model, 0.5)),
+        us(quantile(&mut tally.link_measured, 0.99)),
+        us(quantile(&mut tally.link_model, 0.99)),
+        us(quantile(&mut lag, 0.5)),
+        us(quantile(&mut lag, 0.99)),
+        share,
+    ]
+}
+
+fn summarize(c: &mut Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64) -> ClusterResult {
+    let n = c.receiver_ids.len() as u32;
+    let warmup = cfg.warmup_messages.min(total.saturating_sub(1));
+    let mut m = message_measures(tally, n, warmup, total);
     let (mut late, mut released, mut hold) = (0u64, 0u64, 0u64);
     let mut deadline_offset_us = 0.0;
     for node in c.nodes.iter().flatten() {
@@ -450,29 +669,165 @@ fn summarize(c: &mut Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64
             Live::Proxy(_) => {}
         }
     }
-    let fair = dws.iter().filter(|&&d| d <= 1_000).count();
-    let oml_us: Vec<f64> = oml.iter().map(|&x| x as f64 / 1e3).collect();
-    let dws_us: Vec<f64> = dws.iter().map(|&x| x as f64 / 1e3).collect();
+    let fair = m.dws.iter().filter(|&&d| d <= 1_000).count();
+    let complete = m.dws.len().max(1) as f64;
+    let us = |v: &mut Vec<u64>, q: f64| quantile(v, q) as f64 / 1e3;
+    let link = link_fidelity(tally);
     ClusterResult {
         receivers: n as usize,
-        messages: counted.count() as u64,
-        lost,
-        oml_p50_us: quantile(&mut oml, 0.5) as f64 / 1e3,
-        oml_p99_us: quantile(&mut oml, 0.99) as f64 / 1e3,
-        dws_p50_us: quantile(&mut dws, 0.5) as f64 / 1e3,
-        dws_p99_us: quantile(&mut dws, 0.99) as f64 / 1e3,
-        pf_1us: if dws.is_empty() { 0.0 } else { fair as f64 / dws.len() as f64 },
+        messages: m.counted,
+        warmup_messages: warmup,
+        dilation: cfg.dilation,
+        host_seconds: 0.0,
+        lost: m.lost,
+        oml_p50_us: us(&mut m.oml, 0.5),
+        oml_p99_us: us(&mut m.oml, 0.99),
+        dws_p50_us: us(&mut m.dws, 0.5),
+        dws_p99_us: us(&mut m.dws, 0.99),
+        pf_1us: if m.dws.is_empty() { 0.0 } else { fair as f64 / complete },
+        pf_paper: if cfg.node.hold_and_release { m.fair_paper as f64 / m.counted.max(1) as f64 } else { 0.0 },
         late_fraction: if released > 0 && cfg.node.hold_and_release { late as f64 / released as f64 } else { 0.0 },
         hold_mean_us: if released > late { hold as f64 / (released - late) as f64 / 1e3 } else { 0.0 },
         release_error_p50_ns: quantile(&mut tally.release_err, 0.5),
         release_error_p99_ns: quantile(&mut tally.release_err, 0.99),
+        host_release_error_p99_ns: quantile(&mut tally.host_release_err, 0.99),
+        host_dws_p50_us: us(&mut m.host_dws, 0.5),
+        host_dws_p99_us: us(&mut m.host_dws, 0.99),
         packets_sent: c.packets_sent,
         send_errors: c.send_errors,
         deadline_offset_us,
+        link_oneway_p50_us: link[0],
+        link_model_p50_us: link[1],
+        link_oneway_p99_us: link[2],
+        link_model_p99_us: link[3],
+        link_lag_p50_us: link[4],
+        link_lag_p99_us: link[5],
+        link_lag_share: link[6],
         paths: paths(c),
         hold_us: tally.hold.iter().map(|&x| x as f64 / 1e3).collect(),
         tracked: std::mem::take(&mut tally.tracked),
-        oml_us,
-        dws_us,
+        oml_us: m.oml.iter().map(|&x| x as f64 / 1e3).collect(),
+        dws_us: m.dws.iter().map(|&x| x as f64 / 1e3).collect(),
+    }
+}
+
+/// What [`calibrate`] measured and chose.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Calibration {
+    /// Host ns to send one datagram over loopback and read it (median of 5 rounds).
+    pub datagram_ns: f64,
+    /// Copies per message in the busiest of the topologies.
+    pub copies_per_message: u64,
+    /// The emulated journey of one message assumed (µs): depth × (hop median + one node's copies).
+    pub journey_us: f64,
+    pub dilation: f64,
+}
+
+/// Copies one message costs in tree 0 of `topo` (sender and proxies, hedges included).
+pub fn copies_per_message(topo: &Topology) -> u64 {
+    topo.trees[0]
+        .nodes
+        .iter()
+        .filter(|n| n.role != Role::Receiver)
+        .map(|n| (n.children.len() + n.hedge_targets.len()) as u64)
+        .sum()
+}
+
+/// Host ns per datagram sent and read over loopback (median of 5 rounds of 2,000).
+pub fn datagram_cost_ns() -> std::io::Result<f64> {
+    let a = bind_udp(SocketAddr::from(([127, 1, 255, 250], 0)), 1 << 20)?;
+    let b = bind_udp(SocketAddr::from(([127, 1, 255, 251], 0)), 1 << 20)?;
+    let to = b.local_addr()?;
+    let (payload, mut buf) = ([7u8; 120], [0u8; 2_048]);
+    let mut rounds = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..2_000 {
+            a.send_to(&payload, to)?;
+            while b.recv(&mut buf).is_err() {
+                std::hint::spin_loop();
+            }
+        }
+        rounds.push(t.elapsed().as_nanos() as f64 / 2_000.0);
+    }
+    rounds.sort_by(f64::total_cmp);
+    Ok(rounds[2])
+}
+
+/// The time dilation for running `topos` at `rate_per_s` on this machine: the
+/// loop's work for one message (copies × the measured datagram cost, plus the
+/// node logic's share, taken as equal) must fit in [`BURST_SHARE`] of the
+/// message's emulated journey, and its average load in [`LOAD_SHARE`] of a core.
+pub fn calibrate(topos: &[&Topology], link: &LinkModel, rate_per_s: f64) -> std::io::Result<Calibration> {
+    let datagram_ns = datagram_cost_ns()?;
+    let mut out = Calibration { datagram_ns, copies_per_message: 0, journey_us: f64::INFINITY, dilation: 1.0 };
+    for t in topos {
+        let copies = copies_per_message(t);
+        let per_node = t.trees[0].nodes.iter().map(|n| n.children.len() + n.hedge_targets.len()).max().unwrap_or(1);
+        let journey_us = t.depth as f64 * (link.median_us + per_node as f64 * link.copy_us);
+        let work_us = copies as f64 * datagram_ns * 2.0 / 1e3;
+        let burst = work_us / (BURST_SHARE * journey_us);
+        let load = work_us * 1e-6 * rate_per_s / LOAD_SHARE;
+        let k = burst.max(load).max(1.0).ceil().min(DILATION_MAX);
+        if k >= out.dilation {
+            out.copies_per_message = copies;
+            out.journey_us = journey_us;
+            out.dilation = k;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fairfeed_tree::plan::{plan, PlanRequest};
+
+    fn topo(receivers: usize, fanout: usize, hedge: usize) -> Topology {
+        plan(&PlanRequest { receivers, fanout: Some(fanout), depth: None, hedge, cost_model: None, trees: 1 }).unwrap()
+    }
+
+    #[test]
+    fn dilated_time_maps_both_ways_and_clocks_keep_their_offsets() {
+        let clocks = vec![Clock { offset_ns: 15.0, drift: 0.0, step: None }, Clock::PERFECT];
+        let t = Time { start: Instant::now(), dilation: 8.0, clocks };
+        assert_eq!(t.emu(8_000), EPOCH_NS + 1_000);
+        assert_eq!(t.host_at(EPOCH_NS + 1_000), 8_000);
+        assert_eq!(t.local(0, EPOCH_NS + 1_000), EPOCH_NS + 1_015);
+        // Node 0's clock reads 1,015 ns past the epoch at true 1,000: 8,000 host ns.
+        assert_eq!(t.host_at_local(0, EPOCH_NS + 1_015), 8_000);
+        assert_eq!(t.host_at_local(1, u64::MAX), u64::MAX, "no timer is never due");
+    }
+
+    #[test]
+    fn copies_per_message_counts_hedges() {
+        // 16 receivers, F = 4: the sender's 4 copies, then 4 proxies × (4 children + 4 hedge targets).
+        assert_eq!(copies_per_message(&topo(16, 4, 1)), 4 + 4 * 8);
+        assert_eq!(copies_per_message(&topo(16, 4, 0)), 4 + 16);
+        assert_eq!(copies_per_message(&topo(10, 10, 0)), 10, "direct unicast: one copy per receiver");
+    }
+
+    #[test]
+    fn a_small_tree_on_loopback_delivers_everything_as_the_model_says() {
+        let t = topo(6, 3, 1);
+        let cfg = ClusterConfig {
+            messages: 200,
+            rate_per_s: 2_000.0,
+            link: LinkModel { spike_probability: 0.0, ..LinkModel::CLOUD },
+            clock: ClockModel::default(),
+            node: NodeConfig { report_interval_ns: 2_000_000, ..NodeConfig::default() },
+            rule: DeadlineRule::Quantile { target_pf: 0.99 },
+            seed: 3,
+            warmup_messages: 50,
+            track: vec![0, 5],
+            dilation: 16.0,
+        };
+        let payloads = vec![vec![1u8; 40], vec![2u8; 60]];
+        let r = run_cluster(&t, &cfg, &payloads, |_| {}).unwrap();
+        assert_eq!((r.receivers, r.messages, r.lost, r.send_errors), (6, 150, 0, 0), "{r:?}");
+        assert!(r.link_model_p50_us > 20.0 && r.link_oneway_p50_us >= r.link_model_p50_us - 0.5, "{r:?}");
+        assert!(r.link_lag_p50_us < 50.0, "the loop keeps up with a 6-receiver tree at 16× dilation: {r:?}");
+        assert!(r.tracked.iter().all(|&(rx, ..)| rx == 0 || rx == 5) && r.tracked.len() >= 2 * 150, "{r:?}");
+        assert!((r.host_seconds - 200.0 / 2_000.0 * 16.0).abs() < 1.0 + 0.1 * 16.0, "{r:?}");
     }
 }

@@ -115,6 +115,66 @@ fn cdf_on<DB: DrawingBackend>(
     legend_and_present(&mut chart, &root, SeriesLabelPosition::LowerRight)
 }
 
+/// As [`cdf_svg`] with a logarithmic x axis, so series an order of magnitude
+/// or more apart are all readable; values below `floor` are drawn at `floor`.
+pub fn cdf_log_svg(
+    path: &std::path::Path,
+    title: &str,
+    x_label: &str,
+    series: &[(String, Vec<f64>)],
+    floor: f64,
+) -> Result<(), String> {
+    assert!(floor > 0.0, "a log axis needs a positive floor");
+    canvas(
+        path,
+        (900, 560),
+        |a| cdf_log_on(a, title, x_label, series, floor),
+        |a| cdf_log_on(a, title, x_label, series, floor),
+    )
+}
+
+fn cdf_log_on<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    title: &str,
+    x_label: &str,
+    series: &[(String, Vec<f64>)],
+    floor: f64,
+) -> Result<(), String> {
+    let all: Vec<f64> =
+        series.iter().flat_map(|(_, v)| v.iter().copied()).filter(|x| x.is_finite()).map(|x| x.max(floor)).collect();
+    if all.is_empty() {
+        return Err("nothing to plot".into());
+    }
+    let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0.0..1.0)
+        .map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc(x_label).y_desc("CDF").draw().map_err(|e| e.to_string())?;
+    for (k, (name, values)) in series.iter().enumerate() {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).map(|x| x.max(floor)).collect();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            continue;
+        }
+        let n = v.len() as f64;
+        let step = (v.len() / 2000).max(1);
+        let pts: Vec<(f64, f64)> = v.iter().enumerate().step_by(step).map(|(i, &x)| (x, (i + 1) as f64 / n)).collect();
+        let c = COLOURS[k % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    legend_and_present(&mut chart, &root, SeriesLabelPosition::LowerRight)
+}
+
 /// Draws line series (x, y) into an SVG or PNG file; y clipped at the `clip`
 /// quantile of all points so a few spikes do not flatten the rest.
 pub fn lines_svg(
