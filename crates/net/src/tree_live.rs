@@ -33,8 +33,9 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::rc::Rc;
 use std::time::Instant;
 
+use fairfeed_clock::ClockSync;
 use fairfeed_sim::model::{Clock, ClockModel, LinkEmulator, LinkModel, ShareLast};
-use fairfeed_tree::node::{DeadlineRule, NodeConfig, Proxy, Receiver, Released, Sender, Transmit};
+use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Outcome, Released, Transmit};
 use fairfeed_tree::plan::{Role, Topology};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
@@ -124,7 +125,7 @@ pub struct ClusterResult {
     pub link_lag_p99_us: f64,
     /// Share of copies more than 5 µs (emulated) behind the model.
     pub link_lag_share: f64,
-    /// Copies arriving at receivers by the links they crossed (proxies + 1):
+    /// First copies at receivers by the links they crossed (proxies + 1):
     /// one-way latency p50/p99 and the p50 per link.
     pub paths: Vec<PathLatency>,
     #[serde(skip)]
@@ -150,12 +151,6 @@ pub struct PathLatency {
 
 /// Path lengths tracked (longer paths are counted with the longest).
 const PATH_LINKS_MAX: usize = 8;
-
-enum Live {
-    Sender(Box<Sender>),
-    Proxy(Box<Proxy>),
-    Receiver(Box<Receiver>),
-}
 
 /// The host clock, the emulated one and every node's own.
 struct Time {
@@ -313,7 +308,7 @@ impl Tally {
 struct Cluster {
     socks: Vec<Option<UdpSocket>>,
     addrs: Vec<SocketAddr>,
-    nodes: Vec<Option<Live>>,
+    nodes: Vec<Option<Node>>,
     sender_id: u32,
     receiver_ids: Vec<u32>,
     egress: Egress,
@@ -332,19 +327,6 @@ struct Cluster {
     path_ns: Vec<Vec<u64>>,
 }
 
-fn live_node(n: &fairfeed_tree::plan::Node, sender_id: u32, hedge_parents: Vec<u32>, cfg: &ClusterConfig) -> Live {
-    let parent = n.parent.unwrap_or(sender_id);
-    match n.role {
-        Role::Sender => Live::Sender(Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule))),
-        Role::Proxy => Live::Proxy(Box::new(
-            Proxy::new(n.id, parent, &n.children, &n.hedge_targets, cfg.node).with_hedge_parents(hedge_parents),
-        )),
-        Role::Receiver => {
-            Live::Receiver(Box::new(Receiver::new(n.id, parent, cfg.node).with_hedge_parents(hedge_parents)))
-        }
-    }
-}
-
 impl Cluster {
     fn new(topo: &Topology, cfg: &ClusterConfig) -> std::io::Result<Self> {
         assert!((1.0..=DILATION_MAX).contains(&cfg.dilation), "dilation in 1..={DILATION_MAX}");
@@ -353,14 +335,16 @@ impl Cluster {
         assert!(n_ids <= NODES_MAX, "at most {NODES_MAX} nodes on loopback");
         let mut socks: Vec<Option<UdpSocket>> = (0..n_ids).map(|_| None).collect();
         let mut addrs: Vec<SocketAddr> = vec![SocketAddr::from(([127, 0, 0, 1], 0)); n_ids];
-        let mut nodes: Vec<Option<Live>> = (0..n_ids).map(|_| None).collect();
+        let mut nodes: Vec<Option<Node>> = (0..n_ids).map(|_| None).collect();
         let sender_id = tree.nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
         let mut hp = fairfeed_tree::plan::hedge_parents(topo, 0);
         for n in &tree.nodes {
             let s = bind_udp(SocketAddr::V4(SocketAddrV4::new(node_addr(n.id), 0)), 4 << 20)?;
             addrs[n.id as usize] = s.local_addr()?;
             socks[n.id as usize] = Some(s);
-            nodes[n.id as usize] = Some(live_node(n, sender_id, hp.remove(&n.id).unwrap_or_default(), cfg));
+            let hedge_parents = hp.remove(&n.id).unwrap_or_default();
+            nodes[n.id as usize] =
+                Some(Node::from_plan(n, sender_id, hedge_parents, cfg.node, cfg.rule, ClockSync::off(n.id)));
         }
         let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed ^ 0xC10C);
         let clocks = (0..n_ids).map(|_| Clock::draw(&cfg.clock, &mut rng)).collect();
@@ -403,7 +387,7 @@ impl Cluster {
         let e = self.egress.now;
         let from = self.sender_id;
         let local = self.time.local(from, e);
-        let Some(Live::Sender(s)) = &mut self.nodes[from as usize] else { return (0, e) };
+        let Some(Node::Sender(s)) = &mut self.nodes[from as usize] else { return (0, e) };
         let seq = s.handle_message(local, payload, &mut Tx { e: &mut self.egress, from, last: ShareLast::default() });
         s.update(local);
         (seq, e)
@@ -462,28 +446,17 @@ impl Cluster {
     fn deliver(&mut self, id: u32, n: usize, e: u64) {
         let local = self.time.local(id, e);
         let mut tx = Tx { e: &mut self.egress, from: id, last: ShareLast::default() };
-        match &mut self.nodes[id as usize] {
-            Some(Live::Sender(s)) => s.handle_packet(local, &self.buf[..n]),
-            Some(Live::Proxy(p)) => p.handle_packet(local, &mut self.buf[..n], &mut tx),
-            Some(Live::Receiver(r)) => {
-                if let Ok((h, _)) = fairfeed_wire::overlay::HeaderRepr::parse(&self.buf[..n]) {
-                    let links = (usize::from(h.hop) + 1).min(PATH_LINKS_MAX);
-                    self.path_ns[links].push(local.saturating_sub(h.send_ns));
-                }
-                r.handle_packet(local, &self.buf[..n]);
-            }
-            None => {}
+        let Some(node) = &mut self.nodes[id as usize] else { return };
+        if let (true, Outcome::New { hops, owd_ns, .. }) =
+            (node.is_receiver(), node.handle_packet(local, &mut self.buf[..n], &mut tx))
+        {
+            self.path_ns[usize::from(hops).min(PATH_LINKS_MAX)].push(owd_ns.max(0) as u64);
         }
     }
 
     /// Host time node `id`'s next timer falls due.
     fn next_due(&self, id: u32) -> u64 {
-        let local = match &self.nodes[id as usize] {
-            Some(Live::Sender(s)) => s.next_timeout(),
-            Some(Live::Proxy(p)) => p.next_timeout(),
-            Some(Live::Receiver(r)) => r.next_timeout(),
-            None => u64::MAX,
-        };
+        let local = self.nodes[id as usize].as_ref().map_or(u64::MAX, Node::next_timeout);
         self.time.host_at_local(id, local)
     }
 
@@ -521,9 +494,7 @@ impl Cluster {
         let local = self.time.local(id, e);
         let mut tx = Tx { e: &mut self.egress, from: id, last: ShareLast::default() };
         match &mut self.nodes[id as usize] {
-            Some(Live::Proxy(p)) if p.next_timeout() <= local => p.handle_timeout(local, &mut tx),
-            Some(Live::Sender(s)) if s.next_timeout() <= local => s.handle_timeout(local, &mut tx),
-            Some(Live::Receiver(r)) if r.next_timeout() <= local => r.handle_timeout(local, &mut tx),
+            Some(node) if node.next_timeout() <= local => node.handle_timeout(local, &mut tx),
             _ => {}
         }
         self.drain_releases(id, tally, hold, (h, e, local));
@@ -531,8 +502,8 @@ impl Cluster {
 
     /// Records what receiver `id` released at (host, true emulated, its own) time `at`.
     fn drain_releases(&mut self, id: u32, tally: &mut Tally, hold: bool, at: (u64, u64, u64)) {
-        if let Some(Live::Receiver(r)) = &mut self.nodes[id as usize] {
-            while let Some(m) = r.poll_release() {
+        if let Some(node) = &mut self.nodes[id as usize] {
+            while let Some(m) = node.poll_release() {
                 let due_host = self.time.host_at_local(id, m.deadline_ns);
                 tally.release(id, &m, at, hold, due_host);
             }
@@ -660,13 +631,13 @@ fn summarize(c: &mut Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64
     let mut deadline_offset_us = 0.0;
     for node in c.nodes.iter().flatten() {
         match node {
-            Live::Receiver(r) => {
+            Node::Receiver(r) => {
                 late += r.stats.late;
                 released += r.stats.released;
                 hold += r.stats.hold_sum_ns;
             }
-            Live::Sender(s) => deadline_offset_us = s.deadline_offset_ns() as f64 / 1e3,
-            Live::Proxy(_) => {}
+            Node::Sender(s) => deadline_offset_us = s.deadline_offset_ns() as f64 / 1e3,
+            Node::Proxy(_) => {}
         }
     }
     let fair = m.dws.iter().filter(|&&d| d <= 1_000).count();

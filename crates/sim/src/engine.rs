@@ -20,7 +20,7 @@ use std::cmp::Reverse;
 use std::rc::Rc;
 
 use fairfeed_clock::{ClockSync, SyncConfig};
-use fairfeed_tree::node::{DeadlineRule, NodeConfig, Proxy, Receiver, Sender, Transmit};
+use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Transmit};
 use fairfeed_tree::plan::{probe_graph, Role, Topology};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
@@ -198,28 +198,25 @@ pub struct RunResult {
     pub sync_stats: Vec<(u32, fairfeed_clock::SyncStats)>,
 }
 
-enum SimNode {
-    Sender(Box<Sender>, Clock),
-    Proxy(Box<Proxy>, Clock),
-    Receiver(Box<Receiver>, Clock),
-    Absent,
+/// A node of the simulated tree (absent once crashed) and its clock.
+struct SimNode {
+    node: Option<Node>,
+    clock: Clock,
 }
 
 impl SimNode {
+    const ABSENT: SimNode = SimNode { node: None, clock: Clock::PERFECT };
+
     fn clock(&self) -> Option<&Clock> {
-        match self {
-            SimNode::Sender(_, c) | SimNode::Proxy(_, c) | SimNode::Receiver(_, c) => Some(c),
-            SimNode::Absent => None,
-        }
+        self.node.as_ref().map(|_| &self.clock)
     }
 
     fn sync(&self) -> Option<&ClockSync> {
-        match self {
-            SimNode::Sender(s, _) => Some(&s.sync),
-            SimNode::Proxy(p, _) => Some(&p.sync),
-            SimNode::Receiver(r, _) => Some(&r.sync),
-            SimNode::Absent => None,
-        }
+        self.node.as_ref().map(Node::sync)
+    }
+
+    fn is_receiver(&self) -> bool {
+        self.node.as_ref().is_some_and(Node::is_receiver)
     }
 }
 
@@ -255,6 +252,8 @@ enum Ev {
 
 struct Net {
     now: u64,
+    /// The copy of a delivered packet the receiving node may change (a proxy bumps its hop count).
+    scratch: Vec<u8>,
     queue: EventQueue,
     order: u64,
     links: LinkEmulator,
@@ -276,6 +275,7 @@ impl Net {
     fn new(cfg: &SimConfig, rng: ChaCha12Rng, n_ids: usize, members: Vec<u16>) -> Net {
         Net {
             now: 0,
+            scratch: Vec::with_capacity(2_048),
             queue: EventQueue::default(),
             order: 0,
             links: LinkEmulator::new(cfg.link, rng, n_ids).with_slow(cfg.slow).with_classes(&cfg.classes, members),
@@ -403,7 +403,7 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
         if let Some((victim, at)) = cfg.crash {
             if !crashed && t >= at {
                 held -= held_at(&nodes[victim as usize]);
-                nodes[victim as usize] = SimNode::Absent;
+                nodes[victim as usize] = SimNode::ABSENT;
                 crashed = true;
             }
         }
@@ -569,7 +569,7 @@ impl Samples {
             if all > 0 {
                 let share = (c[0] + c[2]) as f64 / all as f64;
                 shares.push(share);
-                if matches!(n, SimNode::Receiver(..)) {
+                if n.is_receiver() {
                     r.probe_share_max = r.probe_share_max.max(share);
                 }
             }
@@ -578,7 +578,7 @@ impl Samples {
             sent += c[0];
             r.asymmetric_flagged += sync.stats.asymmetric_flagged;
             r.steps_detected += sync.stats.steps;
-            if let SimNode::Receiver(rx, _) = n {
+            if let Some(Node::Receiver(rx)) = &n.node {
                 r.unsynced_releases += rx.stats.clock_unsynced_releases;
             }
             for peer in sync.peer_ids() {
@@ -615,7 +615,7 @@ fn send_one(node: &mut SimNode, net: &mut Net, sender_id: u32, sent: u64, msgs: 
         net.counts.iter_mut().for_each(|c| *c = [0; 4]);
         net.feed_started = t;
     }
-    if let SimNode::Sender(s, clock) = node {
+    if let SimNode { node: Some(Node::Sender(s)), clock } = node {
         let payload = sent.to_be_bytes();
         let local = net.stamp_send(clock);
         let mut tx = Tx { net, from: sender_id, last: ShareLast::default() };
@@ -648,15 +648,12 @@ fn class_members(topo: &Topology, cfg: &SimConfig, n_ids: usize) -> Vec<u16> {
 
 /// Messages a node holds (receivers only).
 fn held_at(n: &SimNode) -> usize {
-    match n {
-        SimNode::Receiver(r, _) => r.held(),
-        _ => 0,
-    }
+    n.node.as_ref().map_or(0, Node::held)
 }
 
 /// True while some receiver still holds a message.
 fn holding(nodes: &[SimNode]) -> bool {
-    nodes.iter().any(|n| matches!(n, SimNode::Receiver(r, _) if r.held() > 0))
+    nodes.iter().any(|n| held_at(n) > 0)
 }
 
 /// Per-receiver delivery delays being collected, and the releases of tracked receivers.
@@ -698,7 +695,7 @@ fn stalled_until(cfg: &SimConfig, id: u32, t: u64) -> Option<u64> {
 fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<SimNode>, u32) {
     let tree = &topo.trees[0];
     let n_ids = tree.nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
-    let mut nodes: Vec<SimNode> = (0..n_ids).map(|_| SimNode::Absent).collect();
+    let mut nodes: Vec<SimNode> = (0..n_ids).map(|_| SimNode::ABSENT).collect();
     let sender_id = tree.nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
     let graph = cfg.sync.map(|s| probe_graph(topo, 0, s.random_peers, cfg.seed));
     let sync_for = |id: u32| match (&graph, cfg.sync) {
@@ -709,28 +706,8 @@ fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<
     for n in &tree.nodes {
         let clock = Clock::draw(&cfg.clock, rng);
         let hedge_parents = hp.remove(&n.id).unwrap_or_default();
-        nodes[n.id as usize] = match n.role {
-            Role::Sender => SimNode::Sender(
-                Box::new(Sender::new(n.id, n.children.clone(), cfg.node, cfg.rule).with_sync(sync_for(n.id))),
-                clock,
-            ),
-            Role::Proxy => SimNode::Proxy(
-                Box::new(
-                    Proxy::new(n.id, n.parent.unwrap_or(sender_id), &n.children, &n.hedge_targets, cfg.node)
-                        .with_sync(sync_for(n.id))
-                        .with_hedge_parents(hedge_parents),
-                ),
-                clock,
-            ),
-            Role::Receiver => SimNode::Receiver(
-                Box::new(
-                    Receiver::new(n.id, n.parent.unwrap_or(sender_id), cfg.node)
-                        .with_sync(sync_for(n.id))
-                        .with_hedge_parents(hedge_parents),
-                ),
-                clock,
-            ),
-        };
+        let node = Node::from_plan(n, sender_id, hedge_parents, cfg.node, cfg.rule, sync_for(n.id));
+        nodes[n.id as usize] = SimNode { node: Some(node), clock };
     }
     (nodes, sender_id)
 }
@@ -741,56 +718,36 @@ fn deliver(nodes: &mut [SimNode], net: &mut Net, to: u32, buf: &[u8], msgs: &mut
         c[2] += u64::from(is_probe(buf));
         c[3] += 1;
     }
-    match &mut nodes[to as usize] {
-        SimNode::Sender(s, clock) => {
-            let local = net.stamp(clock);
-            s.handle_packet(local, buf);
-        }
-        SimNode::Proxy(p, clock) => {
-            let local = net.stamp(clock);
-            let mut tx = Tx { net, from: to, last: ShareLast::default() };
-            // A proxy forwards the bytes it was given, its hop count bumped: its own copy.
-            let mut own = buf.to_vec();
-            p.handle_packet(local, &mut own, &mut tx);
-        }
-        SimNode::Receiver(r, clock) => {
-            let local = net.stamp(clock);
-            r.handle_packet(local, buf);
-            drain(r, (t, local), msgs, owd, warmup);
-        }
-        SimNode::Absent => {}
+    let SimNode { node: Some(node), clock } = &mut nodes[to as usize] else { return };
+    let local = net.stamp(clock);
+    // A proxy forwards the bytes it was given, its hop count bumped: every node gets its own copy.
+    let mut own = std::mem::take(&mut net.scratch);
+    own.clear();
+    own.extend_from_slice(buf);
+    node.handle_packet(local, &mut own, &mut Tx { net, from: to, last: ShareLast::default() });
+    net.scratch = own;
+    if node.is_receiver() {
+        drain(node, (t, local), msgs, owd, warmup);
     }
 }
 
 fn fire(nodes: &mut [SimNode], net: &mut Net, id: u32, msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
     let t = net.now;
-    match &mut nodes[id as usize] {
-        SimNode::Sender(s, clock) => {
-            let local = net.stamp_send(clock);
-            let mut tx = Tx { net, from: id, last: ShareLast::default() };
-            s.handle_timeout(local, &mut tx);
-        }
-        SimNode::Proxy(p, clock) => {
-            let local = net.stamp_send(clock);
-            let mut tx = Tx { net, from: id, last: ShareLast::default() };
-            p.handle_timeout(local, &mut tx);
-        }
-        SimNode::Receiver(r, clock) => {
-            let local = net.stamp_send(clock);
-            let mut tx = Tx { net, from: id, last: ShareLast::default() };
-            r.handle_timeout(local, &mut tx);
-            drain(r, (t, local), msgs, owd, warmup);
-        }
-        SimNode::Absent => {}
+    let SimNode { node: Some(node), clock } = &mut nodes[id as usize] else { return };
+    let local = net.stamp_send(clock);
+    node.handle_timeout(local, &mut Tx { net, from: id, last: ShareLast::default() });
+    if node.is_receiver() {
+        drain(node, (t, local), msgs, owd, warmup);
     }
 }
 
 /// Records what a receiver released at true time `t` (`local` on its clock).
-fn drain(r: &mut Receiver, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
+fn drain(r: &mut Node, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
+    let id = r.id();
     while let Some(m) = r.poll_release() {
-        if owd.tracked.get(r.id as usize).copied().unwrap_or(false) && owd.releases.len() < TRACKED_MAX {
+        if owd.tracked.get(id as usize).copied().unwrap_or(false) && owd.releases.len() < TRACKED_MAX {
             owd.releases.push(TrackedRelease {
-                receiver: r.id,
+                receiver: id,
                 sequence: m.sequence,
                 true_ns: t,
                 local_ns: local,
@@ -812,7 +769,7 @@ fn drain(r: &mut Receiver, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: Owd
                 } else {
                     owd.hold_sum_ns += m.deadline_ns.saturating_sub(m.arrival_ns);
                 }
-                if let Some(v) = owd.owd.get_mut(r.id as usize) {
+                if let Some(v) = owd.owd.get_mut(id as usize) {
                     v.push(t.saturating_sub(a.send_ns).min(u64::from(u32::MAX)) as u32);
                 }
             }
@@ -822,12 +779,8 @@ fn drain(r: &mut Receiver, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: Owd
 
 /// Puts a node's next timer on the queue (in true time) if it moved earlier.
 fn schedule(nodes: &[SimNode], net: &mut Net, timer_at: &mut [u64], id: u32) {
-    let local_due = match &nodes[id as usize] {
-        SimNode::Sender(s, _) => s.next_timeout(),
-        SimNode::Proxy(p, _) => p.next_timeout(),
-        SimNode::Receiver(r, _) => r.next_timeout(),
-        SimNode::Absent => return,
-    };
+    let Some(node) = &nodes[id as usize].node else { return };
+    let local_due = node.next_timeout();
     if local_due == u64::MAX {
         return;
     }
@@ -886,11 +839,11 @@ fn summarize(
     let mut offset = 0.0;
     let mut controller = fairfeed_tree::tail::TailStats::default();
     for node in nodes {
-        match node {
-            SimNode::Receiver(r, _) if r.stats.released.saturating_sub(cfg.warmup_messages) < expected => {
+        match &node.node {
+            Some(Node::Receiver(r)) if r.stats.released.saturating_sub(cfg.warmup_messages) < expected => {
                 receivers_with_loss += 1;
             }
-            SimNode::Sender(s, _) => {
+            Some(Node::Sender(s)) => {
                 offset = s.deadline_offset_ns() as f64 / 1e3;
                 controller = s.stats.tail;
             }

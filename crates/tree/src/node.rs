@@ -53,6 +53,40 @@ pub trait Transmit {
     fn send(&mut self, to: u32, bytes: &[u8]);
 }
 
+/// What a node did with one packet: the shell learns it here rather than by
+/// diffing counters or parsing the header again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A data copy seen for the first time (forwarded by a proxy, held or
+    /// released by a receiver): its overlay sequence, the links it crossed,
+    /// and its one-way delay on the node's synchronized clock (ns).
+    New {
+        sequence: u64,
+        hops: u8,
+        owd_ns: i64,
+    },
+    /// A later copy of a packet already seen.
+    Duplicate {
+        sequence: u64,
+    },
+    /// A report or a probe, taken in.
+    Control,
+    Refused(Refusal),
+}
+
+/// Why a packet was dropped (each also counted in the node's stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not an overlay packet, or a truncated one.
+    Malformed,
+    /// The key did not check out (or the packet is stale, or replayed).
+    Unauthenticated,
+    /// Older than the duplicate window: cannot tell new from duplicate.
+    TooOld,
+    /// A kind this role does not take (e.g. data at the sender).
+    Unexpected,
+}
+
 /// Per-node settings.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeConfig {
@@ -414,14 +448,14 @@ impl Sender {
     }
 
     /// A packet from below: a report from a layer-0 child, or a probe.
-    pub fn handle_packet(&mut self, now: u64, bytes: &[u8]) {
+    pub fn handle_packet(&mut self, now: u64, bytes: &[u8]) -> Outcome {
         if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, now) {
-            return;
+            return Outcome::Refused(Refusal::Unauthenticated);
         }
-        let Ok((h, p)) = HeaderRepr::parse(bytes) else { return };
-        match h.kind {
+        let Ok((h, p)) = HeaderRepr::parse(bytes) else { return Outcome::Refused(Refusal::Malformed) };
+        let outcome = match h.kind {
             Some(Kind::Report) => {
-                let Ok(r) = ReportRepr::parse(p) else { return };
+                let Ok(r) = ReportRepr::parse(p) else { return Outcome::Refused(Refusal::Malformed) };
                 self.reports.record(h.origin, r, now);
                 self.stats.reports += 1;
                 match (report_tail(p), &mut self.tail) {
@@ -429,13 +463,18 @@ impl Sender {
                     (Err(_), _) => self.stats.bad_tails += 1,
                     _ => {}
                 }
+                Outcome::Control
             }
-            Some(Kind::Probe) => sync_probe(&mut self.sync, now, &h, p),
-            _ => {}
-        }
+            Some(Kind::Probe) => {
+                sync_probe(&mut self.sync, now, &h, p);
+                Outcome::Control
+            }
+            _ => Outcome::Refused(Refusal::Unexpected),
+        };
         if now >= self.next_update_ns {
             self.update(now);
         }
+        outcome
     }
 
     /// When the sender's probes are next due (its reports are handled as they come).
@@ -546,15 +585,15 @@ impl Proxy {
     }
 
     /// A packet arrived (data from above or a report from below).
-    pub fn handle_packet(&mut self, raw: u64, bytes: &mut [u8], tx: &mut impl Transmit) {
+    pub fn handle_packet(&mut self, raw: u64, bytes: &mut [u8], tx: &mut impl Transmit) -> Outcome {
         let Ok((h, payload)) = HeaderRepr::parse(bytes) else {
             self.stats.bad_packets += 1;
-            return;
+            return Outcome::Refused(Refusal::Malformed);
         };
         // Probes carry raw clocks; everything else the synchronized one.
         let now = if h.kind == Some(Kind::Probe) { raw } else { self.sync.now_sync(raw) };
         if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, now) {
-            return;
+            return Outcome::Refused(Refusal::Unauthenticated);
         }
         match h.kind {
             Some(Kind::Data) => {
@@ -567,24 +606,35 @@ impl Proxy {
                         }
                         self.stats.forwarded += 1;
                         self.stats.copies_sent += self.targets.len() as u64;
+                        let owd_ns = now as i64 - h.send_ns as i64;
+                        Outcome::New { sequence: h.sequence, hops: h.hop.saturating_add(1), owd_ns }
                     }
-                    Seen::Duplicate => self.stats.duplicates += 1,
-                    Seen::TooOld => self.stats.too_old += 1,
+                    Seen::Duplicate => {
+                        self.stats.duplicates += 1;
+                        Outcome::Duplicate { sequence: h.sequence }
+                    }
+                    Seen::TooOld => {
+                        self.stats.too_old += 1;
+                        Outcome::Refused(Refusal::TooOld)
+                    }
                 }
             }
             Some(Kind::Report) => {
-                if let Ok(r) = ReportRepr::parse(payload) {
-                    self.reports.record(h.origin, r, now);
-                    self.stats.reports_in += 1;
-                    match report_tail(payload) {
-                        Ok(Some(t)) => self.tail.merge(&t),
-                        Ok(None) => {}
-                        Err(_) => self.stats.bad_tails += 1,
-                    }
+                let Ok(r) = ReportRepr::parse(payload) else { return Outcome::Refused(Refusal::Malformed) };
+                self.reports.record(h.origin, r, now);
+                self.stats.reports_in += 1;
+                match report_tail(payload) {
+                    Ok(Some(t)) => self.tail.merge(&t),
+                    Ok(None) => {}
+                    Err(_) => self.stats.bad_tails += 1,
                 }
+                Outcome::Control
             }
-            Some(Kind::Probe) => sync_probe(&mut self.sync, now, &h, payload),
-            _ => {}
+            Some(Kind::Probe) => {
+                sync_probe(&mut self.sync, now, &h, payload);
+                Outcome::Control
+            }
+            _ => Outcome::Refused(Refusal::Unexpected),
         }
     }
 
@@ -715,39 +765,41 @@ impl Receiver {
     }
 
     /// A packet arrived at raw local time `raw`: data, or a probe.
-    pub fn handle_packet(&mut self, raw: u64, bytes: &[u8]) {
+    pub fn handle_packet(&mut self, raw: u64, bytes: &[u8]) -> Outcome {
         self.last_local = raw;
         let Ok((h, payload)) = HeaderRepr::parse(bytes) else {
             self.stats.bad_packets += 1;
-            return;
+            return Outcome::Refused(Refusal::Malformed);
         };
         if h.kind == Some(Kind::Probe) {
-            if admit(self.auth.as_ref(), &mut self.stats.auth, bytes, raw) {
-                sync_probe(&mut self.sync, raw, &h, payload);
+            if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, raw) {
+                return Outcome::Refused(Refusal::Unauthenticated);
             }
-            return;
+            sync_probe(&mut self.sync, raw, &h, payload);
+            return Outcome::Control;
         }
         // Data carries times on the synchronized clock.
         let now = self.sync.now_sync(raw);
         if !admit(self.auth.as_ref(), &mut self.stats.auth, bytes, now) {
-            return;
+            return Outcome::Refused(Refusal::Unauthenticated);
         }
         if h.kind != Some(Kind::Data) {
-            return;
+            return Outcome::Refused(Refusal::Unexpected);
         }
         self.stats.received += 1;
         match self.dedup.check(h.sequence) {
             Seen::New => {}
             Seen::Duplicate => {
                 self.stats.duplicates += 1;
-                return;
+                return Outcome::Duplicate { sequence: h.sequence };
             }
             Seen::TooOld => {
                 self.stats.too_old += 1;
-                return;
+                return Outcome::Refused(Refusal::TooOld);
             }
         }
         let owd = now as i64 - h.send_ns as i64;
+        let outcome = Outcome::New { sequence: h.sequence, hops: h.hop.saturating_add(1), owd_ns: owd };
         self.owd.record(owd);
         if self.sync.within_limit(raw) {
             self.tail.record(h.sequence, owd.max(0) as u64);
@@ -761,11 +813,11 @@ impl Receiver {
         };
         if !self.cfg.hold_and_release {
             self.release(Hold { deadline_ns: now, ..hold });
-            return;
+            return outcome;
         }
         if now >= h.deadline_ns {
             self.release(hold);
-            return;
+            return outcome;
         }
         if self.held.len() >= HOLD_MAX {
             if let Some(Reverse(early)) = self.held.pop() {
@@ -774,6 +826,7 @@ impl Receiver {
             }
         }
         self.held.push(Reverse(hold));
+        outcome
     }
 
     fn release(&mut self, h: Hold) {
@@ -845,5 +898,158 @@ impl Receiver {
     /// Messages held now.
     pub fn held(&self) -> usize {
         self.held.len()
+    }
+}
+
+/// One node of a planned tree, whatever its role: the one type the
+/// simulator, the demo and the node processes drive.
+pub enum Node {
+    Sender(Box<Sender>),
+    Proxy(Box<Proxy>),
+    Receiver(Box<Receiver>),
+}
+
+impl Node {
+    /// Node `n` of a planned tree whose sender is `sender`, hedged for by
+    /// `hedge_parents` (from [`crate::plan::hedge_parents`]), with clock sync `sync`.
+    pub fn from_plan(
+        n: &crate::plan::Node,
+        sender: u32,
+        hedge_parents: Vec<u32>,
+        cfg: NodeConfig,
+        rule: DeadlineRule,
+        sync: ClockSync,
+    ) -> Node {
+        let parent = n.parent.unwrap_or(sender);
+        match n.role {
+            crate::plan::Role::Sender => {
+                Node::Sender(Box::new(Sender::new(n.id, n.children.clone(), cfg, rule).with_sync(sync)))
+            }
+            crate::plan::Role::Proxy => Node::Proxy(Box::new(
+                Proxy::new(n.id, parent, &n.children, &n.hedge_targets, cfg)
+                    .with_sync(sync)
+                    .with_hedge_parents(hedge_parents),
+            )),
+            crate::plan::Role::Receiver => Node::Receiver(Box::new(
+                Receiver::new(n.id, parent, cfg).with_sync(sync).with_hedge_parents(hedge_parents),
+            )),
+        }
+    }
+
+    /// Checks every packet against `auth` (none: accept all).
+    pub fn with_auth(self, auth: Option<Auth>) -> Node {
+        match self {
+            Node::Sender(s) => Node::Sender(Box::new(s.with_auth(auth))),
+            Node::Proxy(p) => Node::Proxy(Box::new(p.with_auth(auth))),
+            Node::Receiver(r) => Node::Receiver(Box::new(r.with_auth(auth))),
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        match self {
+            Node::Sender(s) => s.id,
+            Node::Proxy(p) => p.id,
+            Node::Receiver(r) => r.id,
+        }
+    }
+
+    /// A packet arrived at raw local time `raw`. A proxy forwards `bytes`
+    /// themselves (its hop count bumped in place) to all its targets.
+    pub fn handle_packet(&mut self, raw: u64, bytes: &mut [u8], tx: &mut impl Transmit) -> Outcome {
+        match self {
+            Node::Sender(s) => s.handle_packet(raw, bytes),
+            Node::Proxy(p) => p.handle_packet(raw, bytes, tx),
+            Node::Receiver(r) => r.handle_packet(raw, bytes),
+        }
+    }
+
+    /// The earliest raw local time something is due (`u64::MAX`: nothing).
+    pub fn next_timeout(&self) -> u64 {
+        match self {
+            Node::Sender(s) => s.next_timeout(),
+            Node::Proxy(p) => p.next_timeout(),
+            Node::Receiver(r) => r.next_timeout(),
+        }
+    }
+
+    /// Does what is due at raw local time `raw`.
+    pub fn handle_timeout(&mut self, raw: u64, tx: &mut impl Transmit) {
+        match self {
+            Node::Sender(s) => s.handle_timeout(raw, tx),
+            Node::Proxy(p) => p.handle_timeout(raw, tx),
+            Node::Receiver(r) => r.handle_timeout(raw, tx),
+        }
+    }
+
+    /// The next released message (receivers only), in release order.
+    pub fn poll_release(&mut self) -> Option<Released> {
+        match self {
+            Node::Receiver(r) => r.poll_release(),
+            _ => None,
+        }
+    }
+
+    /// Messages held now (receivers only).
+    pub fn held(&self) -> usize {
+        match self {
+            Node::Receiver(r) => r.held(),
+            _ => 0,
+        }
+    }
+
+    pub fn sync(&self) -> &ClockSync {
+        match self {
+            Node::Sender(s) => &s.sync,
+            Node::Proxy(p) => &p.sync,
+            Node::Receiver(r) => &r.sync,
+        }
+    }
+
+    pub fn is_receiver(&self) -> bool {
+        matches!(self, Node::Receiver(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Sent(Vec<(u32, Vec<u8>)>);
+
+    impl Transmit for Sent {
+        fn send(&mut self, to: u32, bytes: &[u8]) {
+            self.0.push((to, bytes.to_vec()));
+        }
+    }
+
+    #[test]
+    fn every_packet_says_what_became_of_it() {
+        let cfg = NodeConfig::default();
+        let mut sender = Sender::new(9, vec![5], cfg, DeadlineRule::Paper { margin_ns: 0 });
+        let mut out = Sent::default();
+        let seq = sender.handle_message(1_000, b"hello", &mut out);
+        let (_, mut copy) = out.0.pop().unwrap();
+        // Through a proxy: new (forwarded to both targets), then a duplicate.
+        let mut proxy = Node::Proxy(Box::new(Proxy::new(5, 9, &[1], &[2], cfg)));
+        let mut fwd = Sent::default();
+        assert_eq!(
+            proxy.handle_packet(1_500, &mut copy, &mut fwd),
+            Outcome::New { sequence: seq, hops: 1, owd_ns: 500 }
+        );
+        assert_eq!(fwd.0.iter().map(|(to, _)| *to).collect::<Vec<_>>(), vec![1, 2]);
+        let mut again = fwd.0[0].1.clone();
+        assert_eq!(proxy.handle_packet(1_600, &mut again, &mut fwd), Outcome::Duplicate { sequence: seq });
+        // At a receiver: two links crossed; later copies and garbage say so.
+        let mut rx = Node::Receiver(Box::new(Receiver::new(1, 5, cfg)));
+        let mut b = fwd.0[0].1.clone();
+        assert_eq!(rx.handle_packet(2_000, &mut b, &mut fwd), Outcome::New { sequence: seq, hops: 2, owd_ns: 1_000 });
+        assert_eq!(rx.handle_packet(2_100, &mut b, &mut fwd), Outcome::Duplicate { sequence: seq });
+        assert_eq!(rx.handle_packet(2_200, &mut [1, 2, 3], &mut fwd), Outcome::Refused(Refusal::Malformed));
+        assert_eq!(rx.held(), 1, "held until its deadline");
+        // Data at the sender is not its kind.
+        let mut s = Node::Sender(Box::new(sender));
+        assert_eq!(s.handle_packet(2_300, &mut b, &mut fwd), Outcome::Refused(Refusal::Unexpected));
+        assert_eq!((s.id(), proxy.id(), rx.id()), (9, 5, 1));
     }
 }

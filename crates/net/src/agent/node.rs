@@ -12,8 +12,8 @@ use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
 use fairfeed_clock::ClockSync;
 use fairfeed_sim::model::LinkEmulator;
-use fairfeed_tree::node::{Proxy, Receiver, Released, Sender, Transmit};
-use fairfeed_tree::plan::{probe_graph, Node, Role};
+use fairfeed_tree::node::{Node, Outcome, Released, Transmit};
+use fairfeed_tree::plan::{probe_graph, Node as PlanNode, Role};
 use fairfeed_wire::moldudp64::RequestRepr;
 use hdrhistogram::Histogram;
 use nix::poll::{ppoll, PollFd, PollFlags};
@@ -45,12 +45,6 @@ impl std::fmt::Display for AgentError {
 }
 
 impl std::error::Error for AgentError {}
-
-enum Live {
-    Sender(Box<Sender>),
-    Proxy(Box<Proxy>),
-    Receiver(Box<Receiver>),
-}
 
 /// Copies the node handed out during one call into its state machine.
 struct Pending<'a> {
@@ -248,7 +242,7 @@ struct Agent<'c> {
     addr: SocketAddr,
     sock: UdpSocket,
     addrs: Vec<Option<SocketAddr>>,
-    live: Live,
+    live: Node,
     emu: Option<LinkEmulator>,
     pending: Vec<(SocketAddr, Arc<[u8]>)>,
     outbox: Outbox,
@@ -270,7 +264,7 @@ struct Agent<'c> {
     clock_over_limit: bool,
 }
 
-fn parse_addr(n: &Node) -> Result<Option<SocketAddr>, AgentError> {
+fn parse_addr(n: &PlanNode) -> Result<Option<SocketAddr>, AgentError> {
     match &n.addr {
         None => Ok(None),
         Some(a) => a
@@ -281,7 +275,7 @@ fn parse_addr(n: &Node) -> Result<Option<SocketAddr>, AgentError> {
 }
 
 /// Addresses by node id, and this node's entry; errors name what is missing.
-fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, Node), AgentError> {
+fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode), AgentError> {
     let tree = cfg.topology.trees.first().ok_or_else(|| AgentError::Config("the topology has no tree".into()))?;
     let n_ids = tree.nodes.iter().map(|n| n.id as usize + 1).max().unwrap_or(0);
     let mut addrs = vec![None; n_ids];
@@ -411,7 +405,6 @@ impl<'c> Agent<'c> {
         tuning.extend(cfg.tuning.apply_thread(0));
         tuning.extend(cfg.tuning.apply_socket(&sock));
         let sender = cfg.topology.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
-        let parent = me.parent.unwrap_or(sender);
         let a = cfg.auth.clone();
         let sync = if cfg.clock.sync.mode == fairfeed_clock::SyncMode::Off {
             ClockSync::off(me.id)
@@ -422,18 +415,9 @@ impl<'c> Agent<'c> {
         };
         let hedge_parents = fairfeed_tree::plan::hedge_parents(&cfg.topology, 0).remove(&me.id).unwrap_or_default();
         let live = match (&me.role, &cfg.job) {
-            (Role::Sender, Job::Sender(_)) => Live::Sender(Box::new(
-                Sender::new(me.id, me.children.clone(), cfg.node, cfg.rule).with_auth(a).with_sync(sync),
-            )),
-            (Role::Proxy, Job::Proxy) => Live::Proxy(Box::new(
-                Proxy::new(me.id, parent, &me.children, &me.hedge_targets, cfg.node)
-                    .with_auth(a)
-                    .with_sync(sync)
-                    .with_hedge_parents(hedge_parents),
-            )),
-            (Role::Receiver, Job::Receiver(_)) => Live::Receiver(Box::new(
-                Receiver::new(me.id, parent, cfg.node).with_auth(a).with_sync(sync).with_hedge_parents(hedge_parents),
-            )),
+            (Role::Sender, Job::Sender(_)) | (Role::Proxy, Job::Proxy) | (Role::Receiver, Job::Receiver(_)) => {
+                Node::from_plan(&me, sender, hedge_parents, cfg.node, cfg.rule, sync).with_auth(a)
+            }
             (role, _) => {
                 return Err(AgentError::Config(format!(
                     "node {} is a {role:?} in the topology; start it with `fairfeed {}`",
@@ -529,7 +513,7 @@ impl Agent<'_> {
 
     /// The sender's packets that are due; true if it sent any.
     fn send_feed(&mut self, now: u64) -> bool {
-        let (Some(f), Live::Sender(s)) = (&mut self.feed, &mut self.live) else { return false };
+        let (Some(f), Node::Sender(s)) = (&mut self.feed, &mut self.live) else { return false };
         let mut sent = false;
         let mut budget = 64;
         while f.next < f.job.payloads.len() && now >= f.t0 + f.next as u64 * f.gap_ns && budget > 0 {
@@ -578,18 +562,8 @@ impl Agent<'_> {
             let now = stamp.map_or(now, |t| skew.local(t));
             // A new packet starts a new shared buffer.
             tx.last = None;
-            match live {
-                Live::Sender(s) => s.handle_packet(now, b),
-                Live::Proxy(p) => p.handle_packet(now, b, &mut tx),
-                Live::Receiver(r) => {
-                    let before = r.stats.received - r.stats.duplicates - r.stats.too_old;
-                    r.handle_packet(now, b);
-                    if r.stats.received - r.stats.duplicates - r.stats.too_old > before {
-                        if let Ok((h, _)) = fairfeed_wire::overlay::HeaderRepr::parse(b) {
-                            record(&mut hists.owd, r.sync.now_sync(now).saturating_sub(h.send_ns));
-                        }
-                    }
-                }
+            if let (true, Outcome::New { owd_ns, .. }) = (live.is_receiver(), live.handle_packet(now, b, &mut tx)) {
+                record(&mut hists.owd, owd_ns.max(0) as u64);
             }
         });
         if n > 0 {
@@ -600,11 +574,7 @@ impl Agent<'_> {
     }
 
     fn sync(&self) -> &ClockSync {
-        match &self.live {
-            Live::Sender(s) => &s.sync,
-            Live::Proxy(p) => &p.sync,
-            Live::Receiver(r) => &r.sync,
-        }
+        self.live.sync()
     }
 
     /// Says so, once per change, when the clock's bound goes above its limit or comes back.
@@ -634,18 +604,14 @@ impl Agent<'_> {
     }
 
     fn next_timeout(&self) -> u64 {
-        match &self.live {
-            Live::Sender(s) => s.next_timeout(),
-            Live::Proxy(p) => p.next_timeout(),
-            Live::Receiver(r) => r.next_timeout(),
-        }
+        self.live.next_timeout()
     }
 
     /// Timers and releases. A release about to fall due is spun to.
     fn timers(&mut self, on_release: &mut dyn FnMut(&Released, u64)) {
         let mut now = self.local();
         let due = self.next_timeout();
-        if due > now && due - now < SPIN_AHEAD_NS && matches!(self.live, Live::Receiver(_)) {
+        if due > now && due - now < SPIN_AHEAD_NS && self.live.is_receiver() {
             while now < due {
                 std::hint::spin_loop();
                 now = self.local();
@@ -654,40 +620,32 @@ impl Agent<'_> {
         let skew = self.cfg.clock.skew;
         let mut tx =
             Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
-        match &mut self.live {
-            Live::Sender(s) if s.next_timeout() <= now => s.handle_timeout(now, &mut tx),
-            Live::Sender(_) => {}
-            Live::Proxy(p) if p.next_timeout() <= now => p.handle_timeout(now, &mut tx),
-            Live::Proxy(_) => {}
-            Live::Receiver(r) => {
-                if r.next_timeout() <= now {
-                    r.handle_timeout(now, &mut tx);
-                }
-                while let Some(m) = r.poll_release() {
-                    // True time for the application and the log; the
-                    // synchronized clock for how precisely the deadline was met.
-                    let t = wall_ns();
-                    let t_sync = r.sync.now_sync(skew.local(t));
-                    if !m.late {
-                        record(&mut self.hists.release_error, t_sync.saturating_sub(m.deadline_ns));
-                        record(&mut self.hists.hold, m.deadline_ns.saturating_sub(m.arrival_ns));
-                    }
-                    self.max_released_seq = self.max_released_seq.max(m.sequence);
-                    if let Some(d) = &mut self.delivery {
-                        d.release(t, &m.payload);
-                    }
-                    on_release(&m, t);
-                    if self.cfg.job_keeps_log() && self.rows.len() < LOG_ROWS_MAX {
-                        self.rows.push(ReleaseRow {
-                            sequence: m.sequence,
-                            send_ns: m.send_ns,
-                            deadline_ns: m.deadline_ns,
-                            arrival_ns: m.arrival_ns,
-                            release_ns: t,
-                            late: m.late,
-                        });
-                    }
-                }
+        if self.live.next_timeout() <= now {
+            self.live.handle_timeout(now, &mut tx);
+        }
+        while let Some(m) = self.live.poll_release() {
+            // True time for the application and the log; the
+            // synchronized clock for how precisely the deadline was met.
+            let t = wall_ns();
+            let t_sync = self.live.sync().now_sync(skew.local(t));
+            if !m.late {
+                record(&mut self.hists.release_error, t_sync.saturating_sub(m.deadline_ns));
+                record(&mut self.hists.hold, m.deadline_ns.saturating_sub(m.arrival_ns));
+            }
+            self.max_released_seq = self.max_released_seq.max(m.sequence);
+            if let Some(d) = &mut self.delivery {
+                d.release(t, &m.payload);
+            }
+            on_release(&m, t);
+            if self.cfg.job_keeps_log() && self.rows.len() < LOG_ROWS_MAX {
+                self.rows.push(ReleaseRow {
+                    sequence: m.sequence,
+                    send_ns: m.send_ns,
+                    deadline_ns: m.deadline_ns,
+                    arrival_ns: m.arrival_ns,
+                    release_ns: t,
+                    late: m.late,
+                });
             }
         }
         if let Some(d) = &mut self.delivery {
@@ -777,16 +735,12 @@ impl Agent<'_> {
             "unknown_destination": self.unknown_destination,
         });
         let mut node = match &self.live {
-            Live::Sender(s) => serde_json::to_value(&s.stats),
-            Live::Proxy(p) => serde_json::to_value(&p.stats),
-            Live::Receiver(r) => serde_json::to_value(&r.stats),
+            Node::Sender(s) => serde_json::to_value(&s.stats),
+            Node::Proxy(p) => serde_json::to_value(&p.stats),
+            Node::Receiver(r) => serde_json::to_value(&r.stats),
         }
         .unwrap_or_default();
-        let sync = match &self.live {
-            Live::Sender(s) => &s.sync,
-            Live::Proxy(p) => &p.sync,
-            Live::Receiver(r) => &r.sync,
-        };
+        let sync = self.live.sync();
         if self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
             let skew = self.cfg.clock.skew;
             let t = wall_ns();
@@ -810,7 +764,7 @@ impl Agent<'_> {
             }
         }
         let mut latency = json!({});
-        if let Live::Receiver(r) = &self.live {
+        if let Node::Receiver(r) = &self.live {
             // Sequences never released: the tree lost them (and, when filling
             // is on, the arbitrator below asked for their MoldUDP64 messages).
             counters["overlay_missing"] = self.max_released_seq.saturating_sub(r.stats.released).into();
