@@ -12,8 +12,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fairfeed_arb::core::{Arbitrator, Config, Sink, Source, Start, Stream};
 use fairfeed_arb::spec::SeqSpec;
+use fairfeed_arb::{Arbitrator, Config, Sink, Source, Start, Stream};
 use fairfeed_feed::gen::{GenConfig, GenPacket, Generator};
 use fairfeed_feed::lines::{impair, Impairment};
 use fairfeed_wire::moldudp64::RequestRepr;

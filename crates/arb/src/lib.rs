@@ -12,7 +12,7 @@
 //! [`core::Sink`]. The UDP and file shells live in `fairfeed-net` and the CLI.
 //!
 //! ```
-//! use fairfeed_arb::core::{Arbitrator, Config, Sink, Source, Stream};
+//! use fairfeed_arb::{Arbitrator, Config, Sink, Source, Stream};
 //! use fairfeed_arb::spec::SeqSpec;
 //! # use fairfeed_wire::moldudp64::{PacketBuilder, RequestRepr, Session};
 //! #[derive(Default)]
@@ -31,7 +31,14 @@
 //! assert_eq!(hr.len(), 2);
 //! ```
 
-pub mod core;
+pub mod arbitrator;
 pub mod retransmit;
 pub mod spec;
 pub mod stats;
+pub mod types;
+
+pub use arbitrator::Arbitrator;
+pub use types::{
+    Config, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window, BUFFER_BYTES_DEFAULT_MAX,
+    BUFFER_PACKETS_DEFAULT_MAX, CONTROL_DEDUP_NS, HOLES_MAX, LINES_MAX, REQUESTS_IN_FLIGHT_MAX,
+};

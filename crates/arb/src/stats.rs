@@ -4,7 +4,7 @@
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::core::{Source, Window};
+use crate::types::{Source, Window};
 
 /// Recent sequence numbers remembered for the race between lines.
 const RACE_RING: usize = 1 << 14;

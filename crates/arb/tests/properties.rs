@@ -13,8 +13,8 @@ mod common;
 use common::*;
 use std::collections::BTreeSet;
 
-use fairfeed_arb::core::{Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_arb::retransmit::ServerConfig;
+use fairfeed_arb::{Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_wire::moldudp64::{PacketRepr, Session, COUNT_END_OF_SESSION};
 use proptest::prelude::*;
 

@@ -5,8 +5,8 @@
 
 mod common;
 use common::*;
-use fairfeed_arb::core::{Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_arb::retransmit::ServerConfig;
+use fairfeed_arb::{Config, Mode, RetransmitConfig, Start, Window};
 
 const US: u64 = 1_000;
 

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use fairfeed_arb::core::{Config, Mode, Start, Window};
+use fairfeed_arb::{Config, Mode, Start, Window};
 
 fn cfg(mode: Mode, max_hold_ns: u64, max_count_msgs: u64) -> Config {
     Config {

@@ -4,8 +4,8 @@
 //! including a partly overlapping packet that must be trimmed, and a non-market
 //! packet that must go to the side output.
 
-use fairfeed_arb::core::{Arbitrator, Config, Sink, Source, Start, Stream};
 use fairfeed_arb::spec::SeqSpec;
+use fairfeed_arb::{Arbitrator, Config, Sink, Source, Start, Stream};
 use fairfeed_wire::moldudp64::RequestRepr;
 
 #[derive(Default)]

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use fairfeed_arb::core::{Arbitrator, Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
+use fairfeed_arb::{Arbitrator, Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_feed::capture::{CaptureWriter, Datagram};
 use fairfeed_net::arb_live::{run_live, run_retransmit_server, IdleStrategy, LiveConfig};
 use fairfeed_net::arb_offline::run_offline;

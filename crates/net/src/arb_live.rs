@@ -10,8 +10,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use fairfeed_arb::core::{Arbitrator, Mode, Sink, Source, Stream};
 use fairfeed_arb::stats::Stats;
+use fairfeed_arb::{Arbitrator, Mode, Sink, Source, Stream};
 use fairfeed_wire::moldudp64::RequestRepr;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use socket2::{Domain, Protocol, Socket, Type};

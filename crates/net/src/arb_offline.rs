@@ -10,8 +10,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::SocketAddr;
 
-use fairfeed_arb::core::{Arbitrator, Sink, Source, Stream};
 use fairfeed_arb::retransmit::RetransmitServer;
+use fairfeed_arb::{Arbitrator, Sink, Source, Stream};
 use fairfeed_feed::capture::Datagram;
 use fairfeed_wire::moldudp64::RequestRepr;
 

@@ -14,8 +14,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fairfeed_arb::core::{Arbitrator, Config, Start};
 use fairfeed_arb::spec::SeqSpec;
+use fairfeed_arb::{Arbitrator, Config, Start};
 use fairfeed_wire::moldudp64::{PacketBuilder, PacketRepr, Session, COUNT_END_OF_SESSION};
 use hdrhistogram::Histogram;
 use serde::Serialize;

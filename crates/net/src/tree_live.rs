@@ -34,7 +34,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use fairfeed_clock::ClockSync;
-use fairfeed_sim::model::{Clock, ClockModel, LinkEmulator, LinkModel, ShareLast};
+use fairfeed_model::{Clock, ClockModel, LinkEmulator, LinkModel, ShareLast};
 use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Outcome, Released, Transmit};
 use fairfeed_tree::plan::{Role, Topology};
 use rand::SeedableRng;

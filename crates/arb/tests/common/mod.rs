@@ -6,9 +6,9 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use fairfeed_arb::core::{Arbitrator, Config, Sink, Source, Stream};
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
+use fairfeed_arb::{Arbitrator, Config, Sink, Source, Stream};
 use fairfeed_wire::moldudp64::{Packet, PacketBuilder, RequestRepr, Session};
 
 pub const SESSION: &str = "TESTSESS01";

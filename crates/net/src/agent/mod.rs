@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use fairfeed_sim::model::LinkModel;
+use fairfeed_model::LinkModel;
 use fairfeed_tree::auth::Auth;
 use fairfeed_tree::node::{DeadlineRule, NodeConfig};
 use fairfeed_tree::plan::Topology;

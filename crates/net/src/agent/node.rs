@@ -5,13 +5,11 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use fairfeed_arb::core::{
-    Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window,
-};
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
+use fairfeed_arb::{Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window};
 use fairfeed_clock::ClockSync;
-use fairfeed_sim::model::LinkEmulator;
+use fairfeed_model::LinkEmulator;
 use fairfeed_tree::node::{Node, Outcome, Released, Transmit};
 use fairfeed_tree::plan::{probe_graph, Node as PlanNode, Role};
 use fairfeed_wire::moldudp64::RequestRepr;
