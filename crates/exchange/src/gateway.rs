@@ -395,32 +395,72 @@ impl Gateway {
         self.scratch = buf;
     }
 
+    /// The OUCH symbol of engine symbol `symbol` (1-based).
+    fn ouch_symbol(&self, symbol: u16) -> Alpha<8> {
+        self.names.get(usize::from(symbol).wrapping_sub(1)).copied().unwrap_or_default()
+    }
+
+    /// Order Accepted for an `Event::Accepted`.
+    fn accepted(&self, ts: u64, ev: &Event) -> Option<outbound::MessageRepr> {
+        let Event::Accepted { token, ref_num, symbol, side, price, qty, .. } = *ev else { return None };
+        Some(outbound::MessageRepr::OrderAccepted(outbound::OrderAcceptedRepr {
+            timestamp: ts,
+            user_ref_num: token,
+            side: if side == Side::Buy { b'B' } else { b'S' },
+            quantity: qty,
+            symbol: self.ouch_symbol(symbol),
+            price: OuchPrice(i64::from(price)),
+            time_in_force: b'0',
+            display: b'Y',
+            order_reference_number: ref_num,
+            capacity: b'A',
+            intermarket_sweep_eligibility: b'N',
+            cross_type: b'N',
+            order_state: b'L',
+            cl_ord_id: Alpha::default(),
+            appendage_length: 0,
+            appendage: Appendage::EMPTY,
+        }))
+    }
+
+    /// Order Replaced for an `Event::Replaced`; the order book of live tokens follows the replacement.
+    fn replaced(&mut self, ts: u64, ev: &Event) -> Option<outbound::MessageRepr> {
+        let Event::Replaced { client, old_token, new_token, new_ref, symbol, price, qty, .. } = *ev else {
+            return None;
+        };
+        let side = self.orders.remove(&(client, old_token)).map_or(Side::Buy, |v| v.0);
+        self.orders.insert((client, new_token), (side, symbol));
+        Some(outbound::MessageRepr::OrderReplaced(outbound::OrderReplacedRepr {
+            timestamp: ts,
+            orig_user_ref_num: old_token,
+            user_ref_num: new_token,
+            side: if side == Side::Buy { b'B' } else { b'S' },
+            quantity: qty,
+            symbol: self.ouch_symbol(symbol),
+            price: OuchPrice(i64::from(price)),
+            time_in_force: b'0',
+            display: b'Y',
+            order_reference_number: new_ref,
+            capacity: b'A',
+            intermarket_sweep_eligibility: b'N',
+            cross_type: b'N',
+            order_state: b'L',
+            cl_ord_id: Alpha::default(),
+            appendage_length: 0,
+            appendage: Appendage::EMPTY,
+        }))
+    }
+
     /// An engine event: the OUCH messages it means for each client involved,
     /// journaled, and handed to `deliver(client, bytes)` for online clients.
     pub fn on_event(&mut self, now_ns: u64, ev: &Event, deliver: &mut impl FnMut(u32, &[u8])) {
         let mut send = |g: &mut Gateway, client: u32, m: outbound::MessageRepr| g.send(client, m, deliver);
         let ts = now_ns;
         match *ev {
-            Event::Accepted { client, token, ref_num, symbol, side, price, qty } => {
-                let m = outbound::MessageRepr::OrderAccepted(outbound::OrderAcceptedRepr {
-                    timestamp: ts,
-                    user_ref_num: token,
-                    side: if side == Side::Buy { b'B' } else { b'S' },
-                    quantity: qty,
-                    symbol: self.names.get(usize::from(symbol) - 1).copied().unwrap_or_default(),
-                    price: OuchPrice(i64::from(price)),
-                    time_in_force: b'0',
-                    display: b'Y',
-                    order_reference_number: ref_num,
-                    capacity: b'A',
-                    intermarket_sweep_eligibility: b'N',
-                    cross_type: b'N',
-                    order_state: b'L',
-                    cl_ord_id: Alpha::default(),
-                    appendage_length: 0,
-                    appendage: Appendage::EMPTY,
-                });
-                send(self, client, m);
+            Event::Accepted { client, .. } => {
+                if let Some(m) = self.accepted(ts, ev) {
+                    send(self, client, m);
+                }
             }
             Event::Rejected { client, token, reason } => {
                 self.stats.ouch_rejects += 1;
@@ -465,29 +505,10 @@ impl Gateway {
                 });
                 send(self, client, m);
             }
-            Event::Replaced { client, old_token, new_token, new_ref, symbol, price, qty, .. } => {
-                let side = self.orders.remove(&(client, old_token)).map_or(Side::Buy, |v| v.0);
-                self.orders.insert((client, new_token), (side, symbol));
-                let m = outbound::MessageRepr::OrderReplaced(outbound::OrderReplacedRepr {
-                    timestamp: ts,
-                    orig_user_ref_num: old_token,
-                    user_ref_num: new_token,
-                    side: if side == Side::Buy { b'B' } else { b'S' },
-                    quantity: qty,
-                    symbol: self.names.get(usize::from(symbol) - 1).copied().unwrap_or_default(),
-                    price: OuchPrice(i64::from(price)),
-                    time_in_force: b'0',
-                    display: b'Y',
-                    order_reference_number: new_ref,
-                    capacity: b'A',
-                    intermarket_sweep_eligibility: b'N',
-                    cross_type: b'N',
-                    order_state: b'L',
-                    cl_ord_id: Alpha::default(),
-                    appendage_length: 0,
-                    appendage: Appendage::EMPTY,
-                });
-                send(self, client, m);
+            Event::Replaced { client, .. } => {
+                if let Some(m) = self.replaced(ts, ev) {
+                    send(self, client, m);
+                }
             }
             Event::Booked { .. } => {}
         }

@@ -63,6 +63,25 @@ fn resting(e: &Engine) -> HashMap<u64, u64> {
     m
 }
 
+/// Price-time priority: the makers one order hit are a prefix of the queue it
+/// met (`before`), each fully taken except possibly the last.
+fn check_priority(
+    makers: &[u64],
+    before: &HashMap<(u16, Side), Queue>,
+    taken: &HashMap<u64, u32>,
+) -> Result<(), TestCaseError> {
+    if let Some(&first) = makers.first() {
+        let q = before.values().find(|q| q.iter().any(|o| o.0 == first)).unwrap();
+        for (k, r) in makers.iter().enumerate() {
+            prop_assert_eq!(q[k].0, *r, "priority violated");
+            if k + 1 < makers.len() {
+                prop_assert_eq!(taken[r], q[k].1, "an earlier maker was not taken in full");
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check(cmds: &[Command]) -> Result<(), TestCaseError> {
     let mut e = Engine::new(Limits { symbols: 2, orders: 64, levels: 8, ..Limits::default() }, 0, 1);
     let mut ledger: HashMap<u64, Ledger> = HashMap::new();
@@ -106,7 +125,6 @@ fn check(cmds: &[Command]) -> Result<(), TestCaseError> {
                         order_of_makers.push(maker_ref);
                     }
                     *taken.entry(maker_ref).or_default() += qty;
-                    let _ = symbol;
                 }
                 Event::Canceled { ref_num, qty, .. } => ledger.entry(ref_num).or_default().canceled += u64::from(qty),
                 Event::Replaced { old_ref, new_ref, qty, .. } => {
@@ -117,17 +135,7 @@ fn check(cmds: &[Command]) -> Result<(), TestCaseError> {
                 Event::Booked { .. } | Event::Rejected { .. } => {}
             }
         }
-        // Price-time priority: the makers hit are a prefix of the queue, each
-        // fully taken except possibly the last.
-        if let Some(&first) = order_of_makers.first() {
-            let q = before.values().find(|q| q.iter().any(|o| o.0 == first)).unwrap();
-            for (k, r) in order_of_makers.iter().enumerate() {
-                prop_assert_eq!(q[k].0, *r, "priority violated");
-                if k + 1 < order_of_makers.len() {
-                    prop_assert_eq!(taken[r], q[k].1, "an earlier maker was not taken in full");
-                }
-            }
-        }
+        check_priority(&order_of_makers, &before, &taken)?;
         // Not crossed at rest.
         for sym in 1..=2 {
             if let (Some(b), Some(a)) = e.top(sym) {

@@ -372,90 +372,114 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     assert!(cfg.messages > 0 && cfg.messages <= MESSAGES_MAX, "messages must be 1..={MESSAGES_MAX}");
     assert!(cfg.rate_per_s > 0.0, "rate must be positive");
     let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed);
-    let (mut nodes, sender_id) = build_nodes(topo, cfg, &mut rng);
+    let (nodes, sender_id) = build_nodes(topo, cfg, &mut rng);
     let n_ids = nodes.len();
     let members = class_members(topo, cfg, n_ids);
-    let mut net = Net::new(cfg, rng, n_ids, members);
+    let mut w = World {
+        nodes,
+        net: Net::new(cfg, rng, n_ids, members),
+        timer_at: vec![u64::MAX; n_ids],
+        msgs: vec![MsgAgg::default(); cfg.messages as usize + 1],
+        owd: Logs::new(topo, cfg, n_ids),
+        held: 0,
+    };
     let start_ns = cfg.sync.map_or(0, |s| s.warmup_ns);
     let mut samples = Samples::default();
-    let mut timer_at = vec![u64::MAX; n_ids];
-    let mut msgs = vec![MsgAgg::default(); cfg.messages as usize + 1];
-    let mut owd = Logs::new(topo, cfg, n_ids);
     let gap_ns = (1e9 / cfg.rate_per_s) as u64;
     let mut sent = 0u64;
-    net.queue.push(start_ns, 0, Ev::Send);
+    w.net.queue.push(start_ns, 0, Ev::Send);
     if let Some(s) = cfg.sync {
-        net.order += 1;
-        net.queue.push(s.sample_ns, net.order, Ev::Sample);
+        w.net.order += 1;
+        w.net.queue.push(s.sample_ns, w.net.order, Ev::Sample);
     }
     // Proxies and receivers start their report timers.
     for id in 0..n_ids as u32 {
-        schedule(&nodes, &mut net, &mut timer_at, id);
+        schedule(&w.nodes, &mut w.net, &mut w.timer_at, id);
     }
     let mut events = 0u64;
     let mut crashed = false;
-    // Messages held at receivers, kept up to date per event (not a scan of every node).
-    let mut held = 0usize;
-    while let Some((t, ev)) = net.queue.pop() {
+    while let Some((t, ev)) = w.net.queue.pop() {
         events += 1;
         assert!(events < EVENTS_MAX, "simulation exceeded {EVENTS_MAX} events");
-        net.now = t;
+        w.net.now = t;
         if let Some((victim, at)) = cfg.crash {
             if !crashed && t >= at {
-                held -= held_at(&nodes[victim as usize]);
-                nodes[victim as usize] = SimNode::ABSENT;
+                w.held -= held_at(&w.nodes[victim as usize]);
+                w.nodes[victim as usize] = SimNode::ABSENT;
                 crashed = true;
             }
         }
         match ev {
             Ev::Send => {
-                send_one(&mut nodes[sender_id as usize], &mut net, sender_id, sent, &mut msgs);
+                send_one(&mut w.nodes[sender_id as usize], &mut w.net, sender_id, sent, &mut w.msgs);
                 sent += 1;
                 if sent < cfg.messages {
-                    net.order += 1;
-                    net.queue.push(t + gap_ns, net.order, Ev::Send);
+                    w.net.order += 1;
+                    w.net.queue.push(t + gap_ns, w.net.order, Ev::Send);
                 }
             }
-            Ev::Deliver { to, packet } => {
-                if let Some(resume) = stalled_until(cfg, to, t) {
-                    // The node is paused: the packet waits in its socket buffer.
-                    net.order += 1;
-                    net.queue.push(resume, net.order, Ev::Deliver { to, packet });
-                    continue;
-                }
-                let bytes = net.arena[packet].take().expect("live packet");
-                net.free.push(packet);
-                net.in_flight -= 1;
-                let before = held_at(&nodes[to as usize]);
-                deliver(&mut nodes, &mut net, to, &bytes, &mut msgs, &mut owd, cfg.warmup_messages);
-                held = held + held_at(&nodes[to as usize]) - before;
-                schedule(&nodes, &mut net, &mut timer_at, to);
-            }
-            Ev::Timer { node } => {
-                if timer_at[node as usize] != t {
-                    continue; // moved since
-                }
-                if let Some(resume) = stalled_until(cfg, node, t) {
-                    timer_at[node as usize] = resume;
-                    net.order += 1;
-                    net.queue.push(resume, net.order, Ev::Timer { node });
-                    continue;
-                }
-                timer_at[node as usize] = u64::MAX;
-                let before = held_at(&nodes[node as usize]);
-                fire(&mut nodes, &mut net, node, &mut msgs, &mut owd, cfg.warmup_messages);
-                held = held + held_at(&nodes[node as usize]) - before;
-                schedule(&nodes, &mut net, &mut timer_at, node);
-            }
-            Ev::Sample => samples.take_and_rearm(&nodes, sender_id, &mut net, cfg),
+            Ev::Deliver { to, packet } => w.on_deliver(cfg, to, packet),
+            Ev::Timer { node } => w.on_timer(cfg, node),
+            Ev::Sample => samples.take_and_rearm(&w.nodes, sender_id, &mut w.net, cfg),
         }
         // Stop once everything sent has settled: no sends or deliveries left, only report timers.
-        if sent >= cfg.messages && net.in_flight == 0 && held == 0 {
-            debug_assert!(!holding(&nodes));
+        if sent >= cfg.messages && w.net.in_flight == 0 && w.held == 0 {
+            debug_assert!(!holding(&w.nodes));
             break;
         }
     }
-    finish(topo, cfg, &nodes, &msgs, events, owd, &samples, &net)
+    finish(topo, cfg, &w.nodes, &w.msgs, events, w.owd, &samples, &w.net)
+}
+
+/// Everything one run changes as events happen.
+struct World {
+    nodes: Vec<SimNode>,
+    net: Net,
+    /// Per node: the true time its armed timer fires (`u64::MAX`: none).
+    timer_at: Vec<u64>,
+    msgs: Vec<MsgAgg>,
+    owd: Logs,
+    /// Messages held at receivers, kept up to date per event (not a scan of every node).
+    held: usize,
+}
+
+impl World {
+    /// A copy reaches node `to` (or waits, if the node is stalled).
+    fn on_deliver(&mut self, cfg: &SimConfig, to: u32, packet: usize) {
+        let t = self.net.now;
+        if let Some(resume) = stalled_until(cfg, to, t) {
+            // The node is paused: the packet waits in its socket buffer.
+            self.net.order += 1;
+            self.net.queue.push(resume, self.net.order, Ev::Deliver { to, packet });
+            return;
+        }
+        let bytes = self.net.arena[packet].take().expect("live packet");
+        self.net.free.push(packet);
+        self.net.in_flight -= 1;
+        let before = held_at(&self.nodes[to as usize]);
+        deliver(&mut self.nodes, &mut self.net, to, &bytes, &mut self.msgs, &mut self.owd, cfg.warmup_messages);
+        self.held = self.held + held_at(&self.nodes[to as usize]) - before;
+        schedule(&self.nodes, &mut self.net, &mut self.timer_at, to);
+    }
+
+    /// Node `node`'s timer fires (unless it moved since, or the node is stalled).
+    fn on_timer(&mut self, cfg: &SimConfig, node: u32) {
+        let t = self.net.now;
+        if self.timer_at[node as usize] != t {
+            return; // moved since
+        }
+        if let Some(resume) = stalled_until(cfg, node, t) {
+            self.timer_at[node as usize] = resume;
+            self.net.order += 1;
+            self.net.queue.push(resume, self.net.order, Ev::Timer { node });
+            return;
+        }
+        self.timer_at[node as usize] = u64::MAX;
+        let before = held_at(&self.nodes[node as usize]);
+        fire(&mut self.nodes, &mut self.net, node, &mut self.msgs, &mut self.owd, cfg.warmup_messages);
+        self.held = self.held + held_at(&self.nodes[node as usize]) - before;
+        schedule(&self.nodes, &mut self.net, &mut self.timer_at, node);
+    }
 }
 
 /// The run's measures, with the clock's when synchronization ran.
@@ -800,6 +824,27 @@ fn schedule(nodes: &[SimNode], net: &mut Net, timer_at: &mut [u64], id: u32) {
     }
 }
 
+/// Receivers that released fewer than `expected` messages after warm-up, the
+/// sender's final deadline offset (µs) and its controller's counters.
+fn node_figures(nodes: &[SimNode], warmup: u64, expected: u64) -> (usize, f64, fairfeed_tree::tail::TailStats) {
+    let mut receivers_with_loss = 0;
+    let mut offset = 0.0;
+    let mut controller = fairfeed_tree::tail::TailStats::default();
+    for node in nodes {
+        match &node.node {
+            Some(Node::Receiver(r)) if r.stats.released.saturating_sub(warmup) < expected => {
+                receivers_with_loss += 1;
+            }
+            Some(Node::Sender(s)) => {
+                offset = s.deadline_offset_ns() as f64 / 1e3;
+                controller = s.stats.tail;
+            }
+            _ => {}
+        }
+    }
+    (receivers_with_loss, offset, controller)
+}
+
 fn summarize(
     topo: &Topology,
     cfg: &SimConfig,
@@ -835,21 +880,7 @@ fn summarize(
     let expected = counted.len() as u64;
     // Late and hold, like every other measure, after warm-up.
     let (late, released, hold_sum) = (logs.late, logs.released, logs.hold_sum_ns);
-    let mut receivers_with_loss = 0;
-    let mut offset = 0.0;
-    let mut controller = fairfeed_tree::tail::TailStats::default();
-    for node in nodes {
-        match &node.node {
-            Some(Node::Receiver(r)) if r.stats.released.saturating_sub(cfg.warmup_messages) < expected => {
-                receivers_with_loss += 1;
-            }
-            Some(Node::Sender(s)) => {
-                offset = s.deadline_offset_ns() as f64 / 1e3;
-                controller = s.stats.tail;
-            }
-            _ => {}
-        }
-    }
+    let (receivers_with_loss, offset, controller) = node_figures(nodes, cfg.warmup_messages, expected);
     let on_time = released.saturating_sub(late);
     RunResult {
         receivers: topo.receivers,

@@ -1025,53 +1025,47 @@ pub fn regime(c: &RegimeConfig, mut progress: impl FnMut(usize, usize)) -> Resul
             progress(finished, total);
         },
     );
-    let rows = jobs
-        .iter()
-        .zip(&runs)
-        .map(|(&(scenario, rule), r)| {
-            let fair = |w: &Option<u64>| w.is_some_and(|w| w <= 1_000);
-            let in_span = |a: u64, b: u64| r.window_series.iter().filter(move |(t, _)| *t >= a && *t < b);
-            let pf = |a: u64, b: u64| {
-                let (n, f) = in_span(a, b).fold((0u64, 0u64), |(n, f), (_, w)| (n + 1, f + u64::from(fair(w))));
-                if n > 0 {
-                    f as f64 / n as f64
-                } else {
-                    0.0
-                }
-            };
-            let unfair = |len: u64| in_span(change_ns, change_ns + len).filter(|(_, w)| !fair(w)).count() as u64;
-            let messages_1s = in_span(change_ns, change_ns + 1_000_000_000).count() as u64;
-            // OML p50 per span, from the per-message OML series (same order as the complete messages).
-            let complete: Vec<u64> = r.window_series.iter().filter(|(_, w)| w.is_some()).map(|(t, _)| *t).collect();
-            let oml_p50 = |a: u64, b: u64| {
-                let mut v: Vec<f64> = complete
-                    .iter()
-                    .zip(&r.oml_series_us)
-                    .filter(|(t, _)| **t >= a && **t < b)
-                    .map(|(_, o)| *o)
-                    .collect();
-                v.sort_by(f64::total_cmp);
-                v.get(v.len() / 2).copied().unwrap_or(0.0)
-            };
-            RegimeRow {
-                scenario: scenario.into(),
-                rule: rule.into(),
-                pf_before: pf(0, change_ns),
-                unfair_10ms: unfair(10_000_000),
-                unfair_100ms: unfair(100_000_000),
-                unfair_1s: unfair(1_000_000_000),
-                messages_1s,
-                allowed_1s: (1.0 - c.base.target_pf) * messages_1s as f64,
-                pf_after: pf(change_ns + 1_000_000_000, u64::MAX),
-                oml_p50_before_us: oml_p50(0, change_ns),
-                oml_p50_after_us: oml_p50(change_ns + 1_000_000_000, u64::MAX),
-                surges: r.controller.surges,
-                rises: r.controller.rises,
-                falls: r.controller.falls,
-            }
-        })
-        .collect();
-    Ok(rows)
+    Ok(jobs.iter().zip(&runs).map(|(&(scenario, rule), r)| regime_row(c, scenario, rule, r, change_ns)).collect())
+}
+
+/// One row of the regime table: P(F) before, unfair messages after the change, OML either side.
+fn regime_row(c: &RegimeConfig, scenario: &str, rule: &str, r: &RunResult, change_ns: u64) -> RegimeRow {
+    let fair = |w: &Option<u64>| w.is_some_and(|w| w <= 1_000);
+    let in_span = |a: u64, b: u64| r.window_series.iter().filter(move |(t, _)| *t >= a && *t < b);
+    let pf = |a: u64, b: u64| {
+        let (n, f) = in_span(a, b).fold((0u64, 0u64), |(n, f), (_, w)| (n + 1, f + u64::from(fair(w))));
+        if n > 0 {
+            f as f64 / n as f64
+        } else {
+            0.0
+        }
+    };
+    let unfair = |len: u64| in_span(change_ns, change_ns + len).filter(|(_, w)| !fair(w)).count() as u64;
+    let messages_1s = in_span(change_ns, change_ns + 1_000_000_000).count() as u64;
+    // OML p50 per span, from the per-message OML series (same order as the complete messages).
+    let complete: Vec<u64> = r.window_series.iter().filter(|(_, w)| w.is_some()).map(|(t, _)| *t).collect();
+    let oml_p50 = |a: u64, b: u64| {
+        let mut v: Vec<f64> =
+            complete.iter().zip(&r.oml_series_us).filter(|(t, _)| **t >= a && **t < b).map(|(_, o)| *o).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    RegimeRow {
+        scenario: scenario.into(),
+        rule: rule.into(),
+        pf_before: pf(0, change_ns),
+        unfair_10ms: unfair(10_000_000),
+        unfair_100ms: unfair(100_000_000),
+        unfair_1s: unfair(1_000_000_000),
+        messages_1s,
+        allowed_1s: (1.0 - c.base.target_pf) * messages_1s as f64,
+        pf_after: pf(change_ns + 1_000_000_000, u64::MAX),
+        oml_p50_before_us: oml_p50(0, change_ns),
+        oml_p50_after_us: oml_p50(change_ns + 1_000_000_000, u64::MAX),
+        surges: r.controller.surges,
+        rises: r.controller.rises,
+        falls: r.controller.falls,
+    }
 }
 
 /// The regime rows as a Markdown table.

@@ -1008,6 +1008,15 @@ impl Node {
     pub fn is_receiver(&self) -> bool {
         matches!(self, Node::Receiver(_))
     }
+
+    /// Packets refused by the key check, by reason.
+    pub fn auth_stats(&self) -> AuthStats {
+        match self {
+            Node::Sender(s) => s.stats.auth,
+            Node::Proxy(p) => p.stats.auth,
+            Node::Receiver(r) => r.stats.auth,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -193,6 +193,74 @@ pub fn shape(req: &PlanRequest) -> Result<(usize, usize), PlanError> {
 }
 
 /// Builds the topology.
+/// One tree's nodes: a sender (the next id), proxy layers of `sizes` (ids
+/// from `next_id` on) and the receivers, each child under the parent its
+/// position maps to.
+fn layers(sizes: &[usize], receiver_ids: &[u32], next_id: &mut u32) -> Vec<Node> {
+    let n = receiver_ids.len();
+    let sender = *next_id;
+    *next_id += 1;
+    let mut nodes = vec![Node {
+        id: sender,
+        role: Role::Sender,
+        layer: -1,
+        index: 0,
+        parent: None,
+        children: vec![],
+        hedge_targets: vec![],
+        addr: None,
+    }];
+    // Layer ids: previous layer's ids, to link parents and children.
+    let mut prev: Vec<u32> = vec![sender];
+    let mut prev_node_idx: Vec<usize> = vec![0];
+    for (j, layer_size) in sizes.iter().copied().chain(std::iter::once(n)).enumerate() {
+        let is_receivers = j == sizes.len();
+        let ids: Vec<u32> = if is_receivers {
+            receiver_ids.to_vec()
+        } else {
+            let ids = (*next_id..*next_id + layer_size as u32).collect();
+            *next_id += layer_size as u32;
+            ids
+        };
+        let mut idxs = Vec::with_capacity(ids.len());
+        for (c, &id) in ids.iter().enumerate() {
+            let p = c * prev.len() / layer_size;
+            nodes[prev_node_idx[p]].children.push(id);
+            idxs.push(nodes.len());
+            nodes.push(Node {
+                id,
+                role: if is_receivers { Role::Receiver } else { Role::Proxy },
+                layer: j as i32,
+                index: c as u32,
+                parent: Some(prev[p]),
+                children: vec![],
+                hedge_targets: vec![],
+                addr: None,
+            });
+        }
+        prev = ids;
+        prev_node_idx = idxs;
+    }
+    nodes
+}
+
+/// Sibling hedging, layer by layer over the `proxy_layers` proxy layers (the
+/// sender has no siblings): each proxy also serves the children of its `h` next siblings.
+fn hedge(nodes: &mut [Node], proxy_layers: usize, h: usize) {
+    for layer in 0..proxy_layers as i32 {
+        let members: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].layer == layer).collect();
+        let s = members.len();
+        for (p, &i) in members.iter().enumerate() {
+            let mut targets = Vec::new();
+            for k in 1..=h.min(s.saturating_sub(1)) {
+                let sib = members[(p + k) % s];
+                targets.extend(nodes[sib].children.iter().copied());
+            }
+            nodes[i].hedge_targets = targets;
+        }
+    }
+}
+
 pub fn plan(req: &PlanRequest) -> Result<Topology, PlanError> {
     let (depth, fanout) = shape(req)?;
     let n = req.receivers;
@@ -213,66 +281,8 @@ pub fn plan(req: &PlanRequest) -> Result<Topology, PlanError> {
     let mut next_id = n as u32;
     let mut trees = Vec::with_capacity(req.trees);
     for t in 0..req.trees {
-        let mut nodes = Vec::new();
-        let sender = next_id;
-        next_id += 1;
-        nodes.push(Node {
-            id: sender,
-            role: Role::Sender,
-            layer: -1,
-            index: 0,
-            parent: None,
-            children: vec![],
-            hedge_targets: vec![],
-            addr: None,
-        });
-        // Layer ids: previous layer's ids, to link parents and children.
-        let mut prev: Vec<u32> = vec![sender];
-        let mut prev_node_idx: Vec<usize> = vec![0];
-        let layer_count = sizes.len() + 1;
-        for (j, layer_size) in sizes.iter().copied().chain(std::iter::once(n)).enumerate().take(layer_count) {
-            let is_receivers = j == sizes.len();
-            let ids: Vec<u32> = if is_receivers {
-                receiver_ids.clone()
-            } else {
-                let ids = (next_id..next_id + layer_size as u32).collect();
-                next_id += layer_size as u32;
-                ids
-            };
-            let mut idxs = Vec::with_capacity(ids.len());
-            for (c, &id) in ids.iter().enumerate() {
-                let p = c * prev.len() / layer_size;
-                let parent = prev[p];
-                nodes[prev_node_idx[p]].children.push(id);
-                idxs.push(nodes.len());
-                nodes.push(Node {
-                    id,
-                    role: if is_receivers { Role::Receiver } else { Role::Proxy },
-                    layer: j as i32,
-                    index: c as u32,
-                    parent: Some(parent),
-                    children: vec![],
-                    hedge_targets: vec![],
-                    addr: None,
-                });
-            }
-            prev = ids;
-            prev_node_idx = idxs;
-        }
-        // Sibling hedging, layer by layer (proxies only; the sender has no siblings).
-        let max_layer = sizes.len() as i32;
-        for layer in 0..max_layer {
-            let members: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].layer == layer).collect();
-            let s = members.len();
-            for (p, &i) in members.iter().enumerate() {
-                let mut targets = Vec::new();
-                for k in 1..=req.hedge.min(s.saturating_sub(1)) {
-                    let sib = members[(p + k) % s];
-                    targets.extend(nodes[sib].children.iter().copied());
-                }
-                nodes[i].hedge_targets = targets;
-            }
-        }
+        let mut nodes = layers(&sizes, &receiver_ids, &mut next_id);
+        hedge(&mut nodes, sizes.len(), req.hedge);
         trees.push(Tree { id: t as u16, nodes });
     }
     let topo = Topology {

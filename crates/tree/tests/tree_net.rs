@@ -5,10 +5,11 @@
 //! spikes), the planner's topology, and the node state machines.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
+use fairfeed_clock::ClockSync;
 use fairfeed_tree::auth::{self, Auth, AuthStats};
-use fairfeed_tree::node::{DeadlineRule, NodeConfig, Proxy, Receiver, Released, Sender, Transmit};
+use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Released, Transmit};
 use fairfeed_tree::plan::{plan, PlanRequest, Role};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -114,36 +115,25 @@ fn run_with(
         plan(&PlanRequest { receivers, fanout: Some(5), depth: None, hedge, cost_model: None, trees: 1 }).unwrap();
     let cfg = NodeConfig { report_interval_ns: 2_000_000, initial_owd_ns: 300_000, ..NodeConfig::default() };
     let tree = &topo.trees[0];
-    let sender_node = tree.nodes.iter().find(|n| n.role == Role::Sender).unwrap();
-    let mut sender = Sender::new(sender_node.id, sender_node.children.clone(), cfg, rule).with_auth(key.clone());
-    let hp = fairfeed_tree::plan::hedge_parents(&topo, 0);
-    let hp = |id: u32| hp.get(&id).cloned().unwrap_or_default();
-    let mut proxies: HashMap<u32, Proxy> = tree
+    let sender = tree.nodes.iter().find(|n| n.role == Role::Sender).unwrap().id;
+    let mut hp = fairfeed_tree::plan::hedge_parents(&topo, 0);
+    // The one node type every engine drives, in id order (a deterministic visiting order).
+    let mut nodes: BTreeMap<u32, Node> = tree
         .nodes
         .iter()
-        .filter(|n| n.role == Role::Proxy)
         .map(|n| {
-            let p = Proxy::new(n.id, n.parent.unwrap(), &n.children, &n.hedge_targets, cfg);
-            (n.id, p.with_auth(key.clone()).with_hedge_parents(hp(n.id)))
-        })
-        .collect();
-    let mut rx: HashMap<u32, Receiver> = tree
-        .nodes
-        .iter()
-        .filter(|n| n.role == Role::Receiver)
-        .map(|n| {
-            (n.id, Receiver::new(n.id, n.parent.unwrap(), cfg).with_auth(key.clone()).with_hedge_parents(hp(n.id)))
+            let hedge_parents = hp.remove(&n.id).unwrap_or_default();
+            let node = Node::from_plan(n, sender, hedge_parents, cfg, rule, ClockSync::off(n.id));
+            (n.id, node.with_auth(key.clone()))
         })
         .collect();
     let mut net =
         Net { now: 0, queue: BinaryHeap::new(), order: 0, rng: ChaCha8Rng::seed_from_u64(seed), dead: HashSet::new() };
     if crash_layer0 {
-        let victim = tree.nodes.iter().find(|n| n.layer == 0 && n.role == Role::Proxy).unwrap().id;
-        net.dead.insert(victim);
+        net.dead.insert(tree.nodes.iter().find(|n| n.layer == 0 && n.role == Role::Proxy).unwrap().id);
     }
     let mut released: HashMap<u32, Vec<Released>> = HashMap::new();
-    let mut next_send = 0u64;
-    let mut sent = 0u64;
+    let (mut next_send, mut sent) = (0u64, 0u64);
     let end = messages * 100_000 + 50_000_000;
     while net.now < end {
         // Next event: a delivery, a send, or a node timer (checked every 10 µs).
@@ -151,9 +141,8 @@ fn run_with(
         let t_send = if sent < messages { next_send } else { u64::MAX };
         let t = t_deliver.min(t_send).min(net.now + 10_000);
         net.now = t;
-        if t == t_send {
-            let payload = format!("message {sent}").into_bytes();
-            sender.handle_message(t, &payload, &mut Tx(&mut net));
+        if let (true, Some(Node::Sender(s))) = (t == t_send, nodes.get_mut(&sender)) {
+            s.handle_message(t, format!("message {sent}").as_bytes(), &mut Tx(&mut net));
             sent += 1;
             next_send += 100_000; // 10,000 messages/s
         }
@@ -165,30 +154,21 @@ fn run_with(
             if attacked && order & INJECTED == 0 && history.len() < 1_000_000 {
                 attack(&mut net, to, &bytes, &mut history);
             }
-            if to == sender.id {
-                sender.handle_packet(t, &bytes);
-            } else if let Some(p) = proxies.get_mut(&to) {
-                p.handle_packet(t, &mut bytes, &mut Tx(&mut net));
-            } else if let Some(r) = rx.get_mut(&to) {
-                r.handle_packet(t, &bytes);
+            if let Some(node) = nodes.get_mut(&to) {
+                node.handle_packet(t, &mut bytes, &mut Tx(&mut net));
             }
         }
-        for p in proxies.values_mut() {
-            if p.next_timeout() <= t {
-                p.handle_timeout(t, &mut Tx(&mut net));
+        for (id, node) in &mut nodes {
+            if node.next_timeout() <= t {
+                node.handle_timeout(t, &mut Tx(&mut net));
             }
-        }
-        for r in rx.values_mut() {
-            if r.next_timeout() <= t {
-                r.handle_timeout(t, &mut Tx(&mut net));
-            }
-            while let Some(m) = r.poll_release() {
-                released.entry(r.id).or_default().push(Released { arrival_ns: t, ..m });
+            while let Some(m) = node.poll_release() {
+                released.entry(*id).or_default().push(Released { arrival_ns: t, ..m });
             }
         }
     }
-    let mut refused = sender.stats.auth;
-    for s in proxies.values().map(|p| p.stats.auth).chain(rx.values().map(|r| r.stats.auth)) {
+    let mut refused = AuthStats::default();
+    for s in nodes.values().map(Node::auth_stats) {
         refused.truncated += s.truncated;
         refused.bad_tag += s.bad_tag;
         refused.replayed += s.replayed;
