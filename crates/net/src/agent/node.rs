@@ -91,6 +91,8 @@ struct Hists {
 }
 
 const HIST_MAX_NS: u64 = 10_000_000_000;
+/// How often a spinning node looks at its control socket (a request waits at most this long).
+const CONTROL_POLL_NS: u64 = 1_000_000;
 
 fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid histogram bounds")
@@ -805,10 +807,19 @@ pub fn run_agent(cfg: &AgentConfig, mut on_release: impl FnMut(&Released, u64)) 
         let _ = nix::sys::prctl::set_timerslack(1_000);
     }
     report(&who, &a.tuning);
+    let mut next_control_ns = 0;
     loop {
         let true_now = wall_ns();
-        if a.finished(true_now) || a.control() {
+        if a.finished(true_now) {
             break;
+        }
+        // The control socket costs a system call per look: a spinning node
+        // looks once per CONTROL_POLL_NS, a parked one whenever it wakes.
+        if cfg.idle == IdleStrategy::Park || true_now >= next_control_ns {
+            next_control_ns = true_now + CONTROL_POLL_NS;
+            if a.control() {
+                break;
+            }
         }
         let now = cfg.clock.skew.local(true_now);
         let mut busy = a.send_feed(now);
