@@ -15,8 +15,11 @@ use fairfeed_net::arb_offline::run_offline;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum IdleArg {
+    /// Never sleep: lowest latency, one core busy.
     Spin,
+    /// Spin 50 µs after the last packet, then yield the CPU until 1 ms, then sleep in poll(2).
     Backoff,
+    /// Sleep in poll(2) at once: least CPU, tens of µs to wake.
     Park,
 }
 

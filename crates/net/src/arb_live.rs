@@ -41,24 +41,8 @@ pub struct LiveConfig {
     pub stats_interval: Option<Duration>,
 }
 
-/// What the loop does when no packet is ready (Aeron's idle strategies; seed
-/// 003 shows why polling matters: waking a sleeping thread costs tens of µs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum IdleStrategy {
-    /// Never sleep: lowest latency, one core always busy.
-    Spin,
-    /// Spin for `spin_ns` after the last packet, then yield the CPU until
-    /// `yield_ns`, then sleep in `poll(2)`.
-    Backoff { spin_ns: u64, yield_ns: u64 },
-    /// Sleep in `poll(2)` at once: least CPU, highest wake-up latency.
-    #[default]
-    Park,
-}
-
-impl IdleStrategy {
-    /// Spin 50 µs, yield until 1 ms, then park.
-    pub const BACKOFF_DEFAULT: IdleStrategy = IdleStrategy::Backoff { spin_ns: 50_000, yield_ns: 1_000_000 };
-}
+pub use crate::idle::IdleStrategy;
+use crate::idle::{Idler, Wait};
 
 /// Binds a UDP socket with a large receive buffer, non-blocking.
 pub fn bind_udp(addr: SocketAddr, recv_buffer: usize) -> std::io::Result<UdpSocket> {
@@ -150,7 +134,7 @@ pub fn run_live(
     let mut sink = UdpSink { out: &out, retrans: retrans.as_ref(), cfg, send_errors: 0 };
     let mut buf = vec![0u8; DATAGRAM_MAX];
     let mut next_stats = cfg.stats_interval.map(|d| d.as_nanos() as u64);
-    let mut last_busy = 0u64;
+    let mut idler = Idler::new(cfg.idle);
     loop {
         let mut got = 0;
         for (l, s) in lines.iter().enumerate() {
@@ -186,24 +170,19 @@ pub fn run_live(
             break;
         }
         if got > 0 {
-            last_busy = t;
+            idler.busy();
             continue;
         }
-        let idle_for = t.saturating_sub(last_busy);
-        match cfg.idle {
-            IdleStrategy::Spin => {
+        match idler.wait(t) {
+            Wait::Spin => {
                 std::hint::spin_loop();
                 continue;
             }
-            IdleStrategy::Backoff { spin_ns, .. } if idle_for < spin_ns => {
-                std::hint::spin_loop();
-                continue;
-            }
-            IdleStrategy::Backoff { yield_ns, .. } if idle_for < yield_ns => {
+            Wait::Yield => {
                 std::thread::yield_now();
                 continue;
             }
-            _ => {}
+            Wait::Park => {}
         }
         // Nothing ready: sleep until a packet or the next timer (at most 10 ms).
         let wait_ns = arb.next_timeout().map_or(10_000_000, |d| d.saturating_sub(now())).min(10_000_000);

@@ -24,6 +24,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
+
+use crate::idle::{IdleStrategy, Idler};
 use fairfeed_exchange::engine::{Command, Engine, EngineStats, Event, Limits};
 use fairfeed_exchange::gateway::{Close, Conn, Gateway, GatewayConfig, GatewayStats};
 use fairfeed_exchange::itch_out::ItchWriter;
@@ -179,20 +181,19 @@ impl GatewayWaker {
     }
 }
 
-/// Spins `SPIN` empty turns, then parks until woken (or 1 ms).
-fn idle(spins: &mut u32, sleeping: &AtomicBool, empty: impl Fn() -> bool) {
-    const SPIN: u32 = 2_000;
-    *spins += 1;
-    if *spins < SPIN {
-        std::hint::spin_loop();
-        return;
-    }
-    sleeping.store(true, Ordering::SeqCst);
-    if empty() {
-        thread::park_timeout(Duration::from_millis(1));
-    }
-    sleeping.store(false, Ordering::SeqCst);
-    *spins = 0;
+/// How the exchange's threads wait for work: spin 50 µs, then park until
+/// woken (or 1 ms).
+const IDLE: IdleStrategy = IdleStrategy::Backoff { spin_ns: 50_000, yield_ns: 50_000 };
+
+/// One idle turn at `now`: spins, or parks until woken (or 1 ms) once idle long enough.
+fn idle(idler: &mut Idler, now: u64, sleeping: &AtomicBool, empty: impl Fn() -> bool) {
+    idler.idle(now, || {
+        sleeping.store(true, Ordering::SeqCst);
+        if empty() {
+            thread::park_timeout(Duration::from_millis(1));
+        }
+        sleeping.store(false, Ordering::SeqCst);
+    });
 }
 
 #[derive(Clone, Copy)]
@@ -278,13 +279,13 @@ impl Exchange {
             let h = thread::Builder::new().name(format!("engine-{shard}")).spawn(move || {
                 let mut e = Engine::new(limits, shard as u64, n);
                 let mut batch: Vec<Event> = Vec::with_capacity(64);
-                let mut spins = 0u32;
+                let mut idler = Idler::new(IDLE);
                 while !stop.load(Ordering::Relaxed) {
                     let Ok(c) = crx.pop() else {
-                        idle(&mut spins, &asleep, || crx.is_empty());
+                        idle(&mut idler, ns(start), &asleep, || crx.is_empty());
                         continue;
                     };
-                    spins = 0;
+                    idler.busy();
                     let t1 = ns(start);
                     batch.clear();
                     e.handle(c.cmd, &mut |ev| batch.push(ev));
@@ -402,7 +403,7 @@ fn spawn_publisher(
         w.open(crate::agent::wall_ns());
         send(&mut w, &mut server);
         let (mut buf, mut out) = ([0u8; 2048], vec![0u8; 1400]);
-        let mut spins = 0u32;
+        let mut idler = Idler::new(IDLE);
         while !stop.load(Ordering::Relaxed) {
             let mut any = false;
             let now = crate::agent::wall_ns();
@@ -415,9 +416,9 @@ fn spawn_publisher(
             if any {
                 w.flush();
                 send(&mut w, &mut server);
-                spins = 0;
+                idler.busy();
             } else {
-                idle(&mut spins, &sleeping, || rx.iter().all(|r| r.is_empty()));
+                idle(&mut idler, now, &sleeping, || rx.iter().all(|r| r.is_empty()));
             }
             if let Some(s) = &retrans {
                 while let Ok((n, from)) = s.recv_from(&mut buf) {

@@ -4,8 +4,9 @@
 //! ([`pace`]), capture replay over UDP ([`replay`]), and the line arbitrator
 //! over live UDP ([`arb_live`], with the retransmission server's socket loop)
 //! and over capture files ([`arb_offline`]), and the fair multicast tree on
-//! loopback UDP ([`tree_live`], behind `fairfeed demo`). Everything that owns a socket, a
-//! thread or a clock lives here, never in the cores.
+//! loopback UDP ([`tree_live`], behind `fairfeed demo`). Every loop waits for
+//! work the same way ([`idle`]: spin → yield → park). Everything that owns a
+//! socket, a thread or a clock lives here, never in the cores.
 
 pub mod agent;
 pub mod arb_live;
@@ -16,6 +17,7 @@ pub mod bench_clock;
 pub mod bench_tree;
 pub mod exchange_bench;
 pub mod exchange_live;
+pub mod idle;
 pub mod pace;
 pub mod replay;
 pub mod tree_live;

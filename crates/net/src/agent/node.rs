@@ -22,8 +22,9 @@ use serde_json::json;
 use super::egress::{Copy, Egress, TxCounters};
 use super::{wall_ns, AgentConfig, AgentReport, Job, ReleaseRow, Threading, LOG_ROWS_MAX, RING_CAPACITY};
 use super::{SOCKET_RECV_BUFFER, SPIN_AHEAD_NS};
-use crate::arb_live::{bind_udp, IdleStrategy};
+use crate::arb_live::bind_udp;
 use crate::batch::BatchRecv;
+use crate::idle::{IdleStrategy, Idler};
 use crate::tuning::{report, Applied};
 
 /// Why a node could not start.
@@ -326,21 +327,19 @@ fn start_feed(job: &super::SenderJob, now: u64) -> Result<Feed, AgentError> {
     })
 }
 
-/// The send thread's wait when it found nothing to do.
-fn idle_tx(idle: IdleStrategy, asleep: &AtomicBool, ring: &rtrb::Consumer<Copy>, next_due: Option<u64>, now: u64) {
-    match idle {
-        IdleStrategy::Spin => std::hint::spin_loop(),
-        IdleStrategy::Backoff { .. } => std::thread::yield_now(),
-        IdleStrategy::Park => {
-            asleep.store(true, Ordering::SeqCst);
-            // Re-check after announcing the sleep: a push in between is not missed.
-            if ring.is_empty() {
-                let wait = next_due.map_or(100_000_000, |d| d.saturating_sub(now)).min(100_000_000);
-                std::thread::park_timeout(std::time::Duration::from_nanos(wait));
-            }
-            asleep.store(false, Ordering::SeqCst);
+/// The send thread's wait when it found nothing to do: its park is a thread
+/// park until the node thread pushes (it unparks a sleeping send thread) or the
+/// next copy is due.
+fn idle_tx(idler: &mut Idler, asleep: &AtomicBool, ring: &rtrb::Consumer<Copy>, next_due: Option<u64>, now: u64) {
+    idler.idle(now, || {
+        asleep.store(true, Ordering::SeqCst);
+        // Re-check after announcing the sleep: a push in between is not missed.
+        if ring.is_empty() {
+            let wait = next_due.map_or(100_000_000, |d| d.saturating_sub(now)).min(100_000_000);
+            std::thread::park_timeout(std::time::Duration::from_nanos(wait));
         }
-    }
+        asleep.store(false, Ordering::SeqCst);
+    });
 }
 
 fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Result<Outbox, AgentError> {
@@ -359,9 +358,10 @@ fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Re
                     // Built here: the batch headers hold raw pointers and stay on this thread.
                     let mut egress = Egress::new(send_sock, counters);
                     let applied = tuning.apply_thread(1);
-                    if idle == IdleStrategy::Park {
+                    if idle != IdleStrategy::Spin {
                         let _ = nix::sys::prctl::set_timerslack(1_000);
                     }
+                    let mut idler = Idler::new(idle);
                     loop {
                         let finished = d.load(Ordering::Acquire);
                         let mut got = false;
@@ -374,8 +374,10 @@ fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Re
                         if finished && crx.is_empty() && egress.is_empty() {
                             break;
                         }
-                        if !got {
-                            idle_tx(idle, &asleep, &crx, egress.next_due(), now);
+                        if got {
+                            idler.busy();
+                        } else {
+                            idle_tx(&mut idler, &asleep, &crx, egress.next_due(), now);
                         }
                     }
                     applied
@@ -802,12 +804,13 @@ impl Agent<'_> {
 pub fn run_agent(cfg: &AgentConfig, mut on_release: impl FnMut(&Released, u64)) -> Result<AgentReport, AgentError> {
     let mut a = Agent::new(cfg)?;
     let who = format!("{} {}", format!("{:?}", a.role).to_lowercase(), cfg.id);
-    if cfg.idle == IdleStrategy::Park {
+    if cfg.idle != IdleStrategy::Spin {
         // Wake from ppoll(2) when asked, not up to the default 50 µs later.
         let _ = nix::sys::prctl::set_timerslack(1_000);
     }
     report(&who, &a.tuning);
     let mut next_control_ns = 0;
+    let mut idler = Idler::new(cfg.idle);
     loop {
         let true_now = wall_ns();
         if a.finished(true_now) {
@@ -828,12 +831,10 @@ pub fn run_agent(cfg: &AgentConfig, mut on_release: impl FnMut(&Released, u64)) 
         a.clock_alarm(&who);
         // Emulated links and the egress run on true time.
         a.dispatch(wall_ns());
-        if !busy {
-            match cfg.idle {
-                IdleStrategy::Spin => std::hint::spin_loop(),
-                IdleStrategy::Backoff { .. } => std::thread::yield_now(),
-                IdleStrategy::Park => a.park(a.local()),
-            }
+        if busy {
+            idler.busy();
+        } else {
+            idler.idle(true_now, || a.park(a.local()));
         }
     }
     // Send what is still waiting for its emulated delay, then stop the send thread.
