@@ -1,8 +1,8 @@
 //! `fairfeed bench`: end-to-end measurements with a same-run baseline.
 
+use fairfeed_bench::arb::arb_latency;
+use fairfeed_bench::tree::{proxy_hop, proxy_ladder, proxy_pps};
 use fairfeed_net::agent::Threading;
-use fairfeed_net::bench::arb_latency;
-use fairfeed_net::bench_tree::{proxy_hop, proxy_ladder, proxy_pps};
 
 #[derive(clap::Subcommand)]
 pub enum Bench {
@@ -105,7 +105,7 @@ fn clock_sync_cmd(b: Bench) -> anyhow::Result<()> {
     let Bench::ClockSync { nodes, seconds, warmup, max_offset_ns, max_drift_ppm, rate, seed, json } = b else {
         anyhow::bail!("internal: clock_sync_cmd takes the clock-sync bench");
     };
-    let c = fairfeed_net::bench_clock::ClockBenchConfig {
+    let c = fairfeed_bench::clock::ClockBenchConfig {
         nodes: nodes as usize,
         seconds,
         warmup_s: warmup,
@@ -115,8 +115,8 @@ fn clock_sync_cmd(b: Bench) -> anyhow::Result<()> {
         seed,
     };
     let pb = crate::fmt::progress(((seconds + warmup) * 10.0) as u64, "clock-sync: warming up, then measuring");
-    let r = fairfeed_net::bench_clock::clock_sync(&c, |s| pb.set_position((s * 10.0) as u64))
-        .map_err(anyhow::Error::msg)?;
+    let r =
+        fairfeed_bench::clock::clock_sync(&c, |s| pb.set_position((s * 10.0) as u64)).map_err(anyhow::Error::msg)?;
     pb.finish_and_clear();
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -208,7 +208,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             Ok(())
         }
         Bench::ArbLatency { samples, busy_poll, idle, json } => {
-            let rounds = fairfeed_net::bench::ARB_LATENCY_ROUNDS as u64 + 1;
+            let rounds = fairfeed_bench::arb::ARB_LATENCY_ROUNDS as u64 + 1;
             let pb = crate::fmt::progress(rounds, "timing forwarder and arbitrator, alternating rounds");
             let r = arb_latency(samples, busy_poll, idle.strategy(), |k| pb.set_position(k as u64))?;
             pb.finish_and_clear();

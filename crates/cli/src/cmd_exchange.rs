@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context;
-use fairfeed_net::exchange_bench::{exchange_bench, in_process};
+use fairfeed_bench::exchange::{exchange_bench, in_process};
 use fairfeed_net::exchange_live::{run_exchange, ExchangeConfig};
 
 #[derive(clap::Args)]

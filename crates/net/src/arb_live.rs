@@ -14,7 +14,6 @@ use fairfeed_arb::stats::Stats;
 use fairfeed_arb::{Arbitrator, Mode, Sink, Source, Stream};
 use fairfeed_wire::moldudp64::RequestRepr;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use socket2::{Domain, Protocol, Socket, Type};
 
 /// Receive buffer asked for on each line socket: absorbs bursts while the loop is busy.
 pub const LINE_RECV_BUFFER_BYTES: usize = 8 << 20;
@@ -44,15 +43,7 @@ pub struct LiveConfig {
 pub use crate::idle::IdleStrategy;
 use crate::idle::{Idler, Wait};
 
-/// Binds a UDP socket with a large receive buffer, non-blocking.
-pub fn bind_udp(addr: SocketAddr, recv_buffer: usize) -> std::io::Result<UdpSocket> {
-    let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
-    let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
-    let _ = s.set_recv_buffer_size(recv_buffer);
-    s.bind(&addr.into())?;
-    s.set_nonblocking(true)?;
-    Ok(s.into())
-}
+pub use fairfeed_io::socket::bind_udp;
 
 struct UdpSink<'a> {
     out: &'a UdpSocket,

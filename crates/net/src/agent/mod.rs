@@ -165,10 +165,7 @@ pub struct AgentReport {
     pub rows: Vec<ReleaseRow>,
 }
 
-/// The synchronized clock, ns since the Unix epoch.
-pub fn wall_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-}
+pub use fairfeed_io::clock::wall_ns;
 
 /// Writes a receiver's release rows as CSV.
 pub fn write_rows(path: &std::path::Path, rows: &[ReleaseRow]) -> std::io::Result<()> {

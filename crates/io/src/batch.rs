@@ -223,13 +223,13 @@ mod stamp_tests {
         enable_rx_timestamps(&rx).unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx.local_addr().unwrap();
-        let before = crate::agent::wall_ns();
+        let before = crate::clock::wall_ns();
         tx.send_to(b"a", to).unwrap();
         let t0 = std::time::Instant::now();
         while t0.elapsed() < std::time::Duration::from_micros(300) {}
         tx.send_to(b"b", to).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let read = crate::agent::wall_ns();
+        let read = crate::clock::wall_ns();
         let mut b = BatchRecv::new(true);
         let mut stamps = Vec::new();
         let n = b.recv_stamped(&rx, |_, s| stamps.push(s));

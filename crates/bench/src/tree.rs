@@ -1,5 +1,5 @@
 //! Benchmarks of the tree's data plane as shipped — the node process loop of
-//! [`crate::agent`] running a real proxy — each beside a baseline measured in
+//! [`fairfeed_net::agent`] running a real proxy — each beside a baseline measured in
 //! the same run on the same sockets:
 //! - [`proxy_hop`]: latency one proxy hop adds vs one bare loopback hop;
 //! - [`proxy_ladder`]: the same under seed 003's ladder (default → pinned →
@@ -19,11 +19,11 @@ use fairfeed_wire::overlay::{HeaderRepr, Kind, HEADER_LEN};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::agent::{run_agent, AgentConfig, AgentError, AgentReport, Job, Threading};
-use crate::arb_live::IdleStrategy;
-use crate::batch::BatchSend;
-use crate::bench::{latency, measure, Latency};
-use crate::tuning::Tuning;
+use crate::arb::{latency, measure, Latency};
+use fairfeed_io::batch::BatchSend;
+use fairfeed_io::tuning::Tuning;
+use fairfeed_net::agent::{run_agent, AgentConfig, AgentError, AgentReport, Job, Threading};
+use fairfeed_net::arb_live::IdleStrategy;
 
 /// A proxy node running in a thread of this process.
 struct ProxyUnderTest {
@@ -99,7 +99,7 @@ fn start_proxy(
         max_seconds: Some(600.0),
         job: Job::Proxy,
         stop: stop.clone(),
-        clock: crate::agent::ClockOpts::default(),
+        clock: fairfeed_net::agent::ClockOpts::default(),
     };
     let handle = thread::Builder::new().name("proxy".into()).spawn(move || run_agent(&cfg, |_, _| {}))?;
     thread::sleep(Duration::from_millis(100));
@@ -261,7 +261,8 @@ fn median(v: &[f64]) -> f64 {
 fn feeder(sock: UdpSocket, to: SocketAddr, len: usize, stop: Arc<AtomicBool>, first: u64) -> thread::JoinHandle<u64> {
     thread::spawn(move || {
         let mut bs = BatchSend::default();
-        let mut bufs: Vec<Vec<u8>> = (0..crate::batch::BATCH_MAX as u64).map(|i| data_packet(first + i, len)).collect();
+        let mut bufs: Vec<Vec<u8>> =
+            (0..fairfeed_io::batch::BATCH_MAX as u64).map(|i| data_packet(first + i, len)).collect();
         let mut seq = first;
         while !stop.load(Ordering::Relaxed) {
             for b in &mut bufs {

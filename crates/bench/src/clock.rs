@@ -17,9 +17,9 @@ use fairfeed_tree::plan::{plan, PlanRequest, Role, Topology};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::agent::{run_agent, wall_ns, AgentConfig, ClockOpts, Job, ReceiverJob, SenderJob, Threading};
-use crate::arb_live::IdleStrategy;
-use crate::tuning::Tuning;
+use fairfeed_io::tuning::Tuning;
+use fairfeed_net::agent::{run_agent, wall_ns, AgentConfig, ClockOpts, Job, ReceiverJob, SenderJob, Threading};
+use fairfeed_net::arb_live::IdleStrategy;
 
 /// Nodes a run may start at most (threads on this host).
 pub const NODES_MAX: usize = 128;

@@ -1,0 +1,17 @@
+//! # fairfeed-bench
+//!
+//! Benchmarks on real sockets behind `fairfeed bench` and `fairfeed exchange
+//! bench`. Every figure comes with a baseline measured in the same run
+//! (machines are noisy; ratios travel, absolute numbers do not):
+//!
+//! - [`arb`] — one-way latency through the live arbitrator beside a bare UDP forwarder;
+//! - [`tree`] — a proxy hop (and seed 003's ladder for it) beside a bare
+//!   loopback hop, and a proxy's replication rate beside a bare `sendmmsg` loop;
+//! - [`clock`] — node agents on loopback with injected clock errors, synchronized;
+//! - [`exchange`] — order-to-acknowledgement latency over OUCH/SoupBinTCP beside
+//!   a bare TCP ping-pong, and the matching core's in-process throughput.
+
+pub mod arb;
+pub mod clock;
+pub mod exchange;
+pub mod tree;
