@@ -492,6 +492,141 @@ impl ModelFile {
     }
 }
 
+/// Emulated links from every node: each node's copies leave back to back
+/// (`copy_us` apart), then take a drawn hop delay; some are lost, some
+/// duplicated; one node may be slow for a while. Shared by the simulator and
+/// the loopback data plane, so both emulate the same cloud.
+pub struct LinkEmulator {
+    pub link: LinkModel,
+    rng: rand_chacha::ChaCha12Rng,
+    /// Picks the asymmetric directed links (a hash of the pair with this salt).
+    salt: u64,
+    busy_until: Vec<u64>,
+    /// (node, start ns, length ns, extra delay ns)
+    pub slow: Option<(u32, u64, u64, u64)>,
+    classes: Vec<HostClass>,
+    /// Per node, a bit per class it belongs to.
+    members: Vec<u16>,
+    /// Per node, packets its current loss burst still loses.
+    burst_left: Vec<u32>,
+    /// Packets lost in bursts.
+    pub burst_lost: u64,
+}
+
+impl LinkEmulator {
+    /// Emulates links from `nodes` nodes, drawing from `rng`.
+    pub fn new(link: LinkModel, mut rng: rand_chacha::ChaCha12Rng, nodes: usize) -> Self {
+        let salt = if link.asymmetric_share > 0.0 { rng.gen() } else { 0 };
+        LinkEmulator {
+            link,
+            rng,
+            salt,
+            busy_until: vec![0; nodes],
+            slow: None,
+            classes: Vec::new(),
+            members: Vec::new(),
+            burst_left: vec![0; nodes],
+            burst_lost: 0,
+        }
+    }
+
+    /// Host classes and each node's membership mask (from [`ModelFile::draw_members`]).
+    pub fn with_classes(mut self, classes: &[HostClass], members: Vec<u16>) -> Self {
+        assert!(classes.len() <= CLASSES_MAX, "at most {CLASSES_MAX} classes");
+        self.classes = classes.to_vec();
+        self.members = members;
+        self
+    }
+
+    /// Nodes in class `i`.
+    pub fn class_members(&self, i: usize) -> usize {
+        self.members.iter().filter(|&&m| m & (1 << i) != 0).count()
+    }
+
+    /// (extra ns, body scale) of the classes a hop `from → to` touches at `t`.
+    fn class_effect(&self, t: u64, from: u32, to: u32) -> (u64, f64) {
+        let m = |id: u32| self.members.get(id as usize).copied().unwrap_or(0);
+        let mask = m(from) | m(to);
+        if mask == 0 {
+            return (0, 1.0);
+        }
+        let (mut extra, mut scale) = (0.0, 1.0f64);
+        for (i, c) in self.classes.iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                if let Some((e, s)) = c.effect(t) {
+                    extra += e;
+                    scale = scale.max(s);
+                }
+            }
+        }
+        (extra as u64, scale)
+    }
+
+    /// The extra floor of the directed link `from → to`, ns.
+    pub fn asymmetry_ns(&self, from: u32, to: u32) -> u64 {
+        if self.link.asymmetric_share <= 0.0 {
+            return 0;
+        }
+        let mut z = self.salt ^ (u64::from(from) << 32 | u64::from(to));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        if ((z >> 11) as f64 / (1u64 << 53) as f64) < self.link.asymmetric_share {
+            (self.link.asymmetric_us * 1e3) as u64
+        } else {
+            0
+        }
+    }
+
+    /// Makes `slow` — (node, start ns, length ns, extra ns) — one node's latency spike.
+    pub fn with_slow(mut self, slow: Option<(u32, u64, u64, u64)>) -> Self {
+        self.slow = slow;
+        self
+    }
+
+    /// When a copy node `from` sends to `to` at `now` arrives, and when its
+    /// duplicate does (if any); both `None` if it is lost.
+    pub fn arrivals(&mut self, now: u64, from: u32, to: u32) -> [Option<u64>; 2] {
+        let f = from as usize;
+        let depart = now.max(self.busy_until[f]) + (self.link.copy_us * 1e3) as u64;
+        self.busy_until[f] = depart;
+        if self.link.loss > 0.0 && self.rng.gen_bool(self.link.loss) {
+            return [None, None];
+        }
+        if self.link.loss_burst_len > 0 {
+            if self.burst_left[f] == 0
+                && self.link.loss_burst_probability > 0.0
+                && self.rng.gen_bool(self.link.loss_burst_probability)
+            {
+                self.burst_left[f] = self.link.loss_burst_len;
+            }
+            if self.burst_left[f] > 0 {
+                self.burst_left[f] -= 1;
+                self.burst_lost += 1;
+                return [None, None];
+            }
+        }
+        let (extra, scale) = self.class_effect(now, from, to);
+        let hop = if scale == 1.0 {
+            self.link.sample_ns(&mut self.rng)
+        } else {
+            self.link.sample_scaled_ns(&mut self.rng, scale)
+        };
+        let mut at = depart + hop + self.asymmetry_ns(from, to) + extra;
+        if let Some((node, start, len, extra)) = self.slow {
+            if node == from && now >= start && now < start + len {
+                at += extra;
+            }
+        }
+        let dup = if self.link.dup > 0.0 && self.rng.gen_bool(self.link.dup) {
+            Some(at + self.rng.gen_range(1_000..50_000))
+        } else {
+            None
+        };
+        [Some(at), dup]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -633,162 +768,5 @@ mod tests {
         assert!((2_000..6_000).contains(&n_lost), "{n_lost}");
         let bursts = lost.windows(2).filter(|w| !w[0] && w[1]).count();
         assert!(n_lost / bursts >= 20, "losses come in runs");
-    }
-}
-
-/// Emulated links from every node: each node's copies leave back to back
-/// (`copy_us` apart), then take a drawn hop delay; some are lost, some
-/// duplicated; one node may be slow for a while. Shared by the simulator and
-/// the loopback data plane, so both emulate the same cloud.
-pub struct LinkEmulator {
-    pub link: LinkModel,
-    rng: rand_chacha::ChaCha12Rng,
-    /// Picks the asymmetric directed links (a hash of the pair with this salt).
-    salt: u64,
-    busy_until: Vec<u64>,
-    /// (node, start ns, length ns, extra delay ns)
-    pub slow: Option<(u32, u64, u64, u64)>,
-    classes: Vec<HostClass>,
-    /// Per node, a bit per class it belongs to.
-    members: Vec<u16>,
-    /// Per node, packets its current loss burst still loses.
-    burst_left: Vec<u32>,
-    /// Packets lost in bursts.
-    pub burst_lost: u64,
-}
-
-impl LinkEmulator {
-    /// Emulates links from `nodes` nodes, drawing from `rng`.
-    pub fn new(link: LinkModel, mut rng: rand_chacha::ChaCha12Rng, nodes: usize) -> Self {
-        let salt = if link.asymmetric_share > 0.0 { rng.gen() } else { 0 };
-        LinkEmulator {
-            link,
-            rng,
-            salt,
-            busy_until: vec![0; nodes],
-            slow: None,
-            classes: Vec::new(),
-            members: Vec::new(),
-            burst_left: vec![0; nodes],
-            burst_lost: 0,
-        }
-    }
-
-    /// Host classes and each node's membership mask (from [`ModelFile::draw_members`]).
-    pub fn with_classes(mut self, classes: &[HostClass], members: Vec<u16>) -> Self {
-        assert!(classes.len() <= CLASSES_MAX, "at most {CLASSES_MAX} classes");
-        self.classes = classes.to_vec();
-        self.members = members;
-        self
-    }
-
-    /// Nodes in class `i`.
-    pub fn class_members(&self, i: usize) -> usize {
-        self.members.iter().filter(|&&m| m & (1 << i) != 0).count()
-    }
-
-    /// (extra ns, body scale) of the classes a hop `from → to` touches at `t`.
-    fn class_effect(&self, t: u64, from: u32, to: u32) -> (u64, f64) {
-        let m = |id: u32| self.members.get(id as usize).copied().unwrap_or(0);
-        let mask = m(from) | m(to);
-        if mask == 0 {
-            return (0, 1.0);
-        }
-        let (mut extra, mut scale) = (0.0, 1.0f64);
-        for (i, c) in self.classes.iter().enumerate() {
-            if mask & (1 << i) != 0 {
-                if let Some((e, s)) = c.effect(t) {
-                    extra += e;
-                    scale = scale.max(s);
-                }
-            }
-        }
-        (extra as u64, scale)
-    }
-
-    /// The extra floor of the directed link `from → to`, ns.
-    pub fn asymmetry_ns(&self, from: u32, to: u32) -> u64 {
-        if self.link.asymmetric_share <= 0.0 {
-            return 0;
-        }
-        let mut z = self.salt ^ (u64::from(from) << 32 | u64::from(to));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        if ((z >> 11) as f64 / (1u64 << 53) as f64) < self.link.asymmetric_share {
-            (self.link.asymmetric_us * 1e3) as u64
-        } else {
-            0
-        }
-    }
-
-    /// Makes `slow` — (node, start ns, length ns, extra ns) — one node's latency spike.
-    pub fn with_slow(mut self, slow: Option<(u32, u64, u64, u64)>) -> Self {
-        self.slow = slow;
-        self
-    }
-
-    /// When a copy node `from` sends to `to` at `now` arrives, and when its
-    /// duplicate does (if any); both `None` if it is lost.
-    pub fn arrivals(&mut self, now: u64, from: u32, to: u32) -> [Option<u64>; 2] {
-        let f = from as usize;
-        let depart = now.max(self.busy_until[f]) + (self.link.copy_us * 1e3) as u64;
-        self.busy_until[f] = depart;
-        if self.link.loss > 0.0 && self.rng.gen_bool(self.link.loss) {
-            return [None, None];
-        }
-        if self.link.loss_burst_len > 0 {
-            if self.burst_left[f] == 0
-                && self.link.loss_burst_probability > 0.0
-                && self.rng.gen_bool(self.link.loss_burst_probability)
-            {
-                self.burst_left[f] = self.link.loss_burst_len;
-            }
-            if self.burst_left[f] > 0 {
-                self.burst_left[f] -= 1;
-                self.burst_lost += 1;
-                return [None, None];
-            }
-        }
-        let (extra, scale) = self.class_effect(now, from, to);
-        let hop = if scale == 1.0 {
-            self.link.sample_ns(&mut self.rng)
-        } else {
-            self.link.sample_scaled_ns(&mut self.rng, scale)
-        };
-        let mut at = depart + hop + self.asymmetry_ns(from, to) + extra;
-        if let Some((node, start, len, extra)) = self.slow {
-            if node == from && now >= start && now < start + len {
-                at += extra;
-            }
-        }
-        let dup = if self.link.dup > 0.0 && self.rng.gen_bool(self.link.dup) {
-            Some(at + self.rng.gen_range(1_000..50_000))
-        } else {
-            None
-        };
-        [Some(at), dup]
-    }
-}
-
-/// One `Rc` per distinct buffer a node sends to many destinations in a row:
-/// replication without a copy per destination.
-#[derive(Default)]
-pub struct ShareLast {
-    last: Option<(*const u8, usize, std::rc::Rc<[u8]>)>,
-}
-
-impl ShareLast {
-    /// The shared bytes of `bytes` (reused when it is the buffer of the previous call).
-    pub fn share(&mut self, bytes: &[u8]) -> std::rc::Rc<[u8]> {
-        match &self.last {
-            // The pointer alone is not enough: a freed buffer's address comes back.
-            Some((p, n, rc)) if *p == bytes.as_ptr() && *n == bytes.len() && **rc == *bytes => rc.clone(),
-            _ => {
-                let rc: std::rc::Rc<[u8]> = std::rc::Rc::from(bytes);
-                self.last = Some((bytes.as_ptr(), bytes.len(), rc.clone()));
-                rc
-            }
-        }
     }
 }

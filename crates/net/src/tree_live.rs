@@ -34,7 +34,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use fairfeed_clock::ClockSync;
-use fairfeed_model::{Clock, ClockModel, LinkEmulator, LinkModel, ShareLast};
+use fairfeed_model::{Clock, ClockModel, LinkEmulator, LinkModel};
 use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Outcome, Released, Transmit};
 use fairfeed_tree::plan::{Role, Topology};
 use rand::SeedableRng;
@@ -208,17 +208,29 @@ struct Egress {
 struct Tx<'a> {
     e: &'a mut Egress,
     from: u32,
-    last: ShareLast,
 }
 
-impl Transmit for Tx<'_> {
-    fn send(&mut self, to: u32, bytes: &[u8]) {
-        let rc = self.last.share(bytes);
+impl Tx<'_> {
+    /// One copy of the shared `rc` to `to`, queued for its emulated arrival.
+    fn copy(&mut self, to: u32, rc: &Rc<[u8]>) {
         let e = &mut *self.e;
         for due in e.links.arrivals(e.now, self.from, to).into_iter().flatten() {
             e.order += 1;
             let due_host = (due.saturating_sub(EPOCH_NS) as f64 * e.dilation).ceil() as u64;
             e.queue.push(Reverse((due_host, e.order, self.from, to, rc.clone(), e.now, due - e.now)));
+        }
+    }
+}
+
+impl Transmit for Tx<'_> {
+    fn send(&mut self, to: u32, bytes: &[u8]) {
+        self.copy(to, &Rc::from(bytes));
+    }
+
+    fn send_all(&mut self, to: &[u32], bytes: &[u8]) {
+        let rc: Rc<[u8]> = Rc::from(bytes);
+        for &t in to {
+            self.copy(t, &rc);
         }
     }
 }
@@ -388,7 +400,7 @@ impl Cluster {
         let from = self.sender_id;
         let local = self.time.local(from, e);
         let Some(Node::Sender(s)) = &mut self.nodes[from as usize] else { return (0, e) };
-        let seq = s.handle_message(local, payload, &mut Tx { e: &mut self.egress, from, last: ShareLast::default() });
+        let seq = s.handle_message(local, payload, &mut Tx { e: &mut self.egress, from });
         s.update(local);
         (seq, e)
     }
@@ -445,7 +457,7 @@ impl Cluster {
     /// Node `id` handles the `n` bytes in `buf`, at true emulated time `e`.
     fn deliver(&mut self, id: u32, n: usize, e: u64) {
         let local = self.time.local(id, e);
-        let mut tx = Tx { e: &mut self.egress, from: id, last: ShareLast::default() };
+        let mut tx = Tx { e: &mut self.egress, from: id };
         let Some(node) = &mut self.nodes[id as usize] else { return };
         if let (true, Outcome::New { hops, owd_ns, .. }) =
             (node.is_receiver(), node.handle_packet(local, &mut self.buf[..n], &mut tx))
@@ -492,7 +504,7 @@ impl Cluster {
         let h = self.tick();
         let e = self.egress.now;
         let local = self.time.local(id, e);
-        let mut tx = Tx { e: &mut self.egress, from: id, last: ShareLast::default() };
+        let mut tx = Tx { e: &mut self.egress, from: id };
         match &mut self.nodes[id as usize] {
             Some(node) if node.next_timeout() <= local => node.handle_timeout(local, &mut tx),
             _ => {}

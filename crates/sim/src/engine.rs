@@ -27,7 +27,7 @@ use rand_chacha::ChaCha12Rng;
 use rand_distr::{Distribution, Exp};
 use serde::Serialize;
 
-use crate::model::{ClassRoles, Clock, ClockModel, HostClass, LinkEmulator, LinkModel, ModelFile, ShareLast};
+use crate::model::{ClassRoles, Clock, ClockModel, HostClass, LinkEmulator, LinkModel, ModelFile};
 
 /// Messages a run may simulate at most (memory: ~40 bytes each).
 pub const MESSAGES_MAX: u64 = 10_000_000;
@@ -335,7 +335,6 @@ impl Net {
 struct Tx<'a> {
     net: &'a mut Net,
     from: u32,
-    last: ShareLast,
 }
 
 /// True when `bytes` is an overlay probe.
@@ -343,9 +342,9 @@ fn is_probe(bytes: &[u8]) -> bool {
     bytes.get(3) == Some(&(fairfeed_wire::overlay::Kind::Probe as u8))
 }
 
-impl Transmit for Tx<'_> {
-    fn send(&mut self, to: u32, bytes: &[u8]) {
-        let rc = self.last.share(bytes);
+impl Tx<'_> {
+    /// One copy of the shared `rc` (which holds `bytes`) to `to`.
+    fn copy(&mut self, to: u32, bytes: &[u8], rc: &Rc<[u8]>) {
         let n = &mut *self.net;
         if let Some(c) = n.counts.get_mut(self.from as usize) {
             c[0] += u64::from(is_probe(bytes));
@@ -355,6 +354,20 @@ impl Transmit for Tx<'_> {
         let leaves = n.now + n.stack_delay();
         for at in n.links.arrivals(leaves, self.from, to).into_iter().flatten() {
             n.push_delivery(at, to, rc.clone());
+        }
+    }
+}
+
+impl Transmit for Tx<'_> {
+    fn send(&mut self, to: u32, bytes: &[u8]) {
+        self.copy(to, bytes, &Rc::from(bytes));
+    }
+
+    /// The packet arena holds one buffer for all the copies.
+    fn send_all(&mut self, to: &[u32], bytes: &[u8]) {
+        let rc: Rc<[u8]> = Rc::from(bytes);
+        for &t in to {
+            self.copy(t, bytes, &rc);
         }
     }
 }
@@ -642,7 +655,7 @@ fn send_one(node: &mut SimNode, net: &mut Net, sender_id: u32, sent: u64, msgs: 
     if let SimNode { node: Some(Node::Sender(s)), clock } = node {
         let payload = sent.to_be_bytes();
         let local = net.stamp_send(clock);
-        let mut tx = Tx { net, from: sender_id, last: ShareLast::default() };
+        let mut tx = Tx { net, from: sender_id };
         let seq = s.handle_message(local, &payload, &mut tx);
         if let Some(m) = msgs.get_mut(seq as usize) {
             m.send_ns = t;
@@ -748,7 +761,7 @@ fn deliver(nodes: &mut [SimNode], net: &mut Net, to: u32, buf: &[u8], msgs: &mut
     let mut own = std::mem::take(&mut net.scratch);
     own.clear();
     own.extend_from_slice(buf);
-    node.handle_packet(local, &mut own, &mut Tx { net, from: to, last: ShareLast::default() });
+    node.handle_packet(local, &mut own, &mut Tx { net, from: to });
     net.scratch = own;
     if node.is_receiver() {
         drain(node, (t, local), msgs, owd, warmup);
@@ -759,7 +772,7 @@ fn fire(nodes: &mut [SimNode], net: &mut Net, id: u32, msgs: &mut [MsgAgg], owd:
     let t = net.now;
     let SimNode { node: Some(node), clock } = &mut nodes[id as usize] else { return };
     let local = net.stamp_send(clock);
-    node.handle_timeout(local, &mut Tx { net, from: id, last: ShareLast::default() });
+    node.handle_timeout(local, &mut Tx { net, from: id });
     if node.is_receiver() {
         drain(node, (t, local), msgs, owd, warmup);
     }

@@ -48,9 +48,17 @@ pub const STALE_INTERVALS: u64 = 5;
 
 /// Where nodes send packets.
 pub trait Transmit {
-    /// Sends `bytes` to node `to`. The same buffer may be passed for many
-    /// destinations: a shell replicates it without copying.
+    /// Sends `bytes` to node `to`.
     fn send(&mut self, to: u32, bytes: &[u8]);
+
+    /// Sends the same `bytes` to every node in `to` — one buffer, many
+    /// targets, which a shell shares rather than copies per destination (the
+    /// default sends to each in turn).
+    fn send_all(&mut self, to: &[u32], bytes: &[u8]) {
+        for &t in to {
+            self.send(t, bytes);
+        }
+    }
 }
 
 /// What a node did with one packet: the shell learns it here rather than by
@@ -437,9 +445,7 @@ impl Sender {
         if let Some(a) = &self.auth {
             a.seal(&mut self.buf);
         }
-        for &c in &self.children {
-            tx.send(c, &self.buf);
-        }
+        tx.send_all(&self.children, &self.buf);
         if let Some(t) = &mut self.tail {
             t.sent(self.seq, now);
         }
@@ -601,9 +607,7 @@ impl Proxy {
                 match self.dedup.check(h.sequence) {
                     Seen::New => {
                         overlay::bump_hop(bytes);
-                        for &t in &self.targets {
-                            tx.send(t, bytes);
-                        }
+                        tx.send_all(&self.targets, bytes);
                         self.stats.forwarded += 1;
                         self.stats.copies_sent += self.targets.len() as u64;
                         let owd_ns = now as i64 - h.send_ns as i64;

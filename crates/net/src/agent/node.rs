@@ -49,26 +49,29 @@ impl std::error::Error for AgentError {}
 struct Pending<'a> {
     addrs: &'a [Option<SocketAddr>],
     out: &'a mut Vec<(SocketAddr, Arc<[u8]>)>,
-    last: Option<(*const u8, usize, Arc<[u8]>)>,
     unknown: &'a mut u64,
+}
+
+impl Pending<'_> {
+    fn copy(&mut self, to: u32, shared: &Arc<[u8]>) {
+        match self.addrs.get(to as usize) {
+            Some(Some(addr)) => self.out.push((*addr, shared.clone())),
+            _ => *self.unknown += 1,
+        }
+    }
 }
 
 impl Transmit for Pending<'_> {
     fn send(&mut self, to: u32, bytes: &[u8]) {
-        let Some(Some(addr)) = self.addrs.get(to as usize) else {
-            *self.unknown += 1;
-            return;
-        };
-        let shared = match &self.last {
-            // The pointer alone is not enough: a freed buffer's address comes back.
-            Some((p, n, a)) if *p == bytes.as_ptr() && *n == bytes.len() && **a == *bytes => a.clone(),
-            _ => {
-                let a: Arc<[u8]> = Arc::from(bytes);
-                self.last = Some((bytes.as_ptr(), bytes.len(), a.clone()));
-                a
-            }
-        };
-        self.out.push((*addr, shared));
+        self.copy(to, &Arc::from(bytes));
+    }
+
+    /// One shared buffer for all the copies (the send side's `sendmmsg` points every message at it).
+    fn send_all(&mut self, to: &[u32], bytes: &[u8]) {
+        let shared: Arc<[u8]> = Arc::from(bytes);
+        for &t in to {
+            self.copy(t, &shared);
+        }
     }
 }
 
@@ -520,12 +523,7 @@ impl Agent<'_> {
         let mut budget = 64;
         while f.next < f.job.payloads.len() && now >= f.t0 + f.next as u64 * f.gap_ns && budget > 0 {
             let p = &f.job.payloads[f.next];
-            let mut tx = Pending {
-                addrs: &self.addrs,
-                out: &mut self.pending,
-                last: None,
-                unknown: &mut self.unknown_destination,
-            };
+            let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
             s.handle_message(now, p, &mut tx);
             // As the simulator does: the deadline rule sees fresh reports at once.
             s.update(now);
@@ -555,15 +553,12 @@ impl Agent<'_> {
     /// Reads what is waiting; returns the number of datagrams.
     fn receive(&mut self, now: u64) -> usize {
         let live = &mut self.live;
-        let mut tx =
-            Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
+        let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
         let hists = &mut self.hists;
         let skew = self.cfg.clock.skew;
         let n = self.recv.recv_stamped(&self.sock, |b, stamp| {
             // The kernel's arrival time where it gave one (clock sync asks for it).
             let now = stamp.map_or(now, |t| skew.local(t));
-            // A new packet starts a new shared buffer.
-            tx.last = None;
             if let (true, Outcome::New { owd_ns, .. }) = (live.is_receiver(), live.handle_packet(now, b, &mut tx)) {
                 record(&mut hists.owd, owd_ns.max(0) as u64);
             }
@@ -620,8 +615,7 @@ impl Agent<'_> {
             }
         }
         let skew = self.cfg.clock.skew;
-        let mut tx =
-            Pending { addrs: &self.addrs, out: &mut self.pending, last: None, unknown: &mut self.unknown_destination };
+        let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
         if self.live.next_timeout() <= now {
             self.live.handle_timeout(now, &mut tx);
         }
