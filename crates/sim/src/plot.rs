@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -71,6 +72,55 @@ pub fn cdf_svg(
     canvas(path, (900, 560), |a| cdf_on(a, title, x_label, series, clip), |a| cdf_on(a, title, x_label, series, clip))
 }
 
+/// The empirical CDF points of each series (at most ~2,000 per curve), each
+/// value passed through `fix` (clipping, a floor) first.
+fn cdf_points(series: &[(String, Vec<f64>)], fix: impl Fn(f64) -> f64) -> Vec<(String, Vec<(f64, f64)>)> {
+    series
+        .iter()
+        .map(|(name, values)| {
+            let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).map(&fix).collect();
+            v.sort_by(f64::total_cmp);
+            let n = v.len() as f64;
+            let step = (v.len() / 2000).max(1);
+            (name.clone(), v.iter().enumerate().step_by(step).map(|(i, &x)| (x, (i + 1) as f64 / n)).collect())
+        })
+        .collect()
+}
+
+/// Draws CDF curves `curves` on `root` with x coordinates `x` (linear or log).
+fn cdf_chart<DB: DrawingBackend, X>(
+    root: &DrawingArea<DB, Shift>,
+    (title, x_label): (&str, &str),
+    x: X,
+    curves: Vec<(String, Vec<(f64, f64)>)>,
+) -> Result<(), String>
+where
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+{
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(x, 0.0..1.0)
+        .map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc(x_label).y_desc("CDF").draw().map_err(|e| e.to_string())?;
+    for (k, (name, pts)) in curves.into_iter().enumerate() {
+        if pts.is_empty() {
+            continue;
+        }
+        let c = COLOURS[k % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+    }
+    legend_and_present(&mut chart, root, SeriesLabelPosition::LowerRight)
+}
+
 fn cdf_on<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     title: &str,
@@ -85,34 +135,8 @@ fn cdf_on<DB: DrawingBackend>(
     all.sort_by(f64::total_cmp);
     let lo = all[0].min(0.0);
     let hi = all[((clip * all.len() as f64) as usize).min(all.len() - 1)].max(lo + 1e-9) * 1.05;
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(lo..hi, 0.0..1.0)
-        .map_err(|e| e.to_string())?;
-    chart.configure_mesh().x_desc(x_label).y_desc("CDF").draw().map_err(|e| e.to_string())?;
-    for (k, (name, values)) in series.iter().enumerate() {
-        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-        v.sort_by(f64::total_cmp);
-        if v.is_empty() {
-            continue;
-        }
-        let n = v.len() as f64;
-        // At most ~2,000 points per curve.
-        let step = (v.len() / 2000).max(1);
-        let pts: Vec<(f64, f64)> =
-            v.iter().enumerate().step_by(step).map(|(i, &x)| (x.min(hi), (i + 1) as f64 / n)).collect();
-        let c = COLOURS[k % COLOURS.len()];
-        chart
-            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-            .map_err(|e| e.to_string())?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
-    }
-    legend_and_present(&mut chart, &root, SeriesLabelPosition::LowerRight)
+    let curves = cdf_points(series, |x| x.min(hi));
+    cdf_chart(&root, (title, x_label), lo..hi, curves)
 }
 
 /// As [`cdf_svg`] with a logarithmic x axis, so series an order of magnitude
@@ -128,51 +152,25 @@ pub fn cdf_log_svg(
     canvas(
         path,
         (900, 560),
-        |a| cdf_log_on(a, title, x_label, series, floor),
-        |a| cdf_log_on(a, title, x_label, series, floor),
+        |a| cdf_log_on(&a, (title, x_label), series, floor),
+        |a| cdf_log_on(&a, (title, x_label), series, floor),
     )
 }
 
 fn cdf_log_on<DB: DrawingBackend>(
-    root: DrawingArea<DB, Shift>,
-    title: &str,
-    x_label: &str,
+    root: &DrawingArea<DB, Shift>,
+    labels: (&str, &str),
     series: &[(String, Vec<f64>)],
     floor: f64,
 ) -> Result<(), String> {
-    let all: Vec<f64> =
-        series.iter().flat_map(|(_, v)| v.iter().copied()).filter(|x| x.is_finite()).map(|x| x.max(floor)).collect();
-    if all.is_empty() {
+    let curves = cdf_points(series, |x| x.max(floor));
+    let xs = curves.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
+    let (lo, hi) = xs.fold((f64::INFINITY, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    if !lo.is_finite() {
         return Err("nothing to plot".into());
     }
-    let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = all.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0.0..1.0)
-        .map_err(|e| e.to_string())?;
-    chart.configure_mesh().x_desc(x_label).y_desc("CDF").draw().map_err(|e| e.to_string())?;
-    for (k, (name, values)) in series.iter().enumerate() {
-        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).map(|x| x.max(floor)).collect();
-        v.sort_by(f64::total_cmp);
-        if v.is_empty() {
-            continue;
-        }
-        let n = v.len() as f64;
-        let step = (v.len() / 2000).max(1);
-        let pts: Vec<(f64, f64)> = v.iter().enumerate().step_by(step).map(|(i, &x)| (x, (i + 1) as f64 / n)).collect();
-        let c = COLOURS[k % COLOURS.len()];
-        chart
-            .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-            .map_err(|e| e.to_string())?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
-    }
-    legend_and_present(&mut chart, &root, SeriesLabelPosition::LowerRight)
+    let hi = hi.max(lo * 10.0);
+    cdf_chart(root, labels, (lo * 0.8..hi * 1.25).log_scale(), curves)
 }
 
 /// Draws line series (x, y) into an SVG or PNG file; y clipped at the `clip`
