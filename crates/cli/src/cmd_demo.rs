@@ -213,12 +213,19 @@ fn shares(r: &ClusterResult, ids: &[u32], tick: u64, seed: u64) -> ([f64; 4], u6
 /// Why the figures may not be what the model says (empty when they are).
 fn warnings(r: &Run) -> Vec<String> {
     let mut w = Vec::new();
+    // At the largest dilation the loop is not short of emulated time: the
+    // machine is busy (other processes take its cores).
+    let remedy = if r.cal.dilation >= DILATION_MAX {
+        "the dilation is at its largest, so the machine is busy elsewhere: try fewer --receivers or a quieter machine"
+    } else {
+        "try a larger --dilation, or a quieter machine"
+    };
     for (name, x) in [("fair tree", &r.jasper), ("direct unicast", &r.du)] {
         if x.link_lag_p50_us > LAG_P50_WARN_US || x.link_lag_share > LAG_SHARE_WARN {
             w.push(format!(
                 "{name}: the machine could not keep up — copies reached the next node {:.1} µs (p50) / {:.1} µs (p99) \
                  later than the emulated link says, {:.1} % of them more than 5 µs late; latencies include that backlog \
-                 (try a larger --dilation, or a quieter machine)",
+                 ({remedy})",
                 x.link_lag_p50_us,
                 x.link_lag_p99_us,
                 x.link_lag_share * 100.0
@@ -227,7 +234,7 @@ fn warnings(r: &Run) -> Vec<String> {
         if x.release_error_p99_ns > RELEASE_LAG_WARN_NS {
             w.push(format!(
                 "{name}: releases ran up to {:.1} µs (p99) after their deadline: the loop could not release every \
-                 receiver on time (try a larger --dilation, or fewer --receivers)",
+                 receiver on time ({remedy})",
                 x.release_error_p99_ns as f64 / 1e3
             ));
         }
