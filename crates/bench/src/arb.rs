@@ -20,7 +20,7 @@ use fairfeed_wire::moldudp64::{PacketBuilder, PacketRepr, Session, COUNT_END_OF_
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use fairfeed_net::arb_live::{bind_udp, run_live, IdleStrategy, LiveConfig};
+use fairfeed_net::arb::live::{bind_udp, run_live, IdleStrategy, LiveConfig};
 
 /// Latency percentiles of one path, µs.
 #[derive(Debug, Clone, Serialize)]

@@ -18,8 +18,8 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use fairfeed_io::tuning::Tuning;
-use fairfeed_net::agent::{run_agent, wall_ns, AgentConfig, ClockOpts, Job, ReceiverJob, SenderJob, Threading};
-use fairfeed_net::arb_live::IdleStrategy;
+use fairfeed_net::arb::live::IdleStrategy;
+use fairfeed_net::tree::agent::{run_agent, wall_ns, AgentConfig, ClockOpts, Job, ReceiverJob, SenderJob, Threading};
 
 /// Nodes a run may start at most (threads on this host).
 pub const NODES_MAX: usize = 128;

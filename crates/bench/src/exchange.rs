@@ -21,7 +21,7 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use fairfeed_net::exchange_live::{Exchange, ExchangeConfig, Step};
+use fairfeed_net::exchange::live::{Exchange, ExchangeConfig, Step};
 
 /// One row of the matrix.
 #[derive(Debug, Clone, Serialize)]
@@ -164,7 +164,7 @@ fn client(
             // Mostly resting orders a few ticks off the mid; one in five crosses and is immediate-or-cancel.
             let cross = rng.gen_bool(0.2);
             let price = 1_000_000 + if buy == cross { off } else { -off };
-            let stamp = stamped.then(fairfeed_net::agent::wall_ns);
+            let stamp = stamped.then(fairfeed_net::tree::agent::wall_ns);
             let side = if buy { b'B' } else { b'S' };
             client::enter_order(
                 &client::Order { token: token as u32, side, qty: 100, symbol: sym, price, ioc: cross, stamp },

@@ -1,5 +1,5 @@
 //! Benchmarks of the tree's data plane as shipped — the node process loop of
-//! [`fairfeed_net::agent`] running a real proxy — each beside a baseline measured in
+//! [`fairfeed_net::tree::agent`] running a real proxy — each beside a baseline measured in
 //! the same run on the same sockets:
 //! - [`proxy_hop`]: latency one proxy hop adds vs one bare loopback hop;
 //! - [`proxy_ladder`]: the same under seed 003's ladder (default → pinned →
@@ -22,8 +22,8 @@ use serde::Serialize;
 use crate::arb::{latency, measure, Latency};
 use fairfeed_io::batch::BatchSend;
 use fairfeed_io::tuning::Tuning;
-use fairfeed_net::agent::{run_agent, AgentConfig, AgentError, AgentReport, Job, Threading};
-use fairfeed_net::arb_live::IdleStrategy;
+use fairfeed_net::arb::live::IdleStrategy;
+use fairfeed_net::tree::agent::{run_agent, AgentConfig, AgentError, AgentReport, Job, Threading};
 
 /// A proxy node running in a thread of this process.
 struct ProxyUnderTest {
@@ -99,7 +99,7 @@ fn start_proxy(
         max_seconds: Some(600.0),
         job: Job::Proxy,
         stop: stop.clone(),
-        clock: fairfeed_net::agent::ClockOpts::default(),
+        clock: fairfeed_net::tree::agent::ClockOpts::default(),
     };
     let handle = thread::Builder::new().name("proxy".into()).spawn(move || run_agent(&cfg, |_, _| {}))?;
     thread::sleep(Duration::from_millis(100));

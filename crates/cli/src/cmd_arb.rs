@@ -10,8 +10,8 @@ use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
 use fairfeed_arb::{Arbitrator, Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_feed::capture::{CaptureWriter, Datagram};
-use fairfeed_net::arb_live::{run_live, run_retransmit_server, IdleStrategy, LiveConfig};
-use fairfeed_net::arb_offline::run_offline;
+use fairfeed_net::arb::live::{run_live, run_retransmit_server, IdleStrategy, LiveConfig};
+use fairfeed_net::arb::offline::run_offline;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum IdleArg {
@@ -234,7 +234,7 @@ fn offline(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
     let output = run_offline(&mut arb, &lines, server.as_mut(), (a.retransmit_rtt_us * 1e3) as u64);
     let dst = lines[0].first().map_or(SocketAddrV4::new(Ipv4Addr::new(233, 54, 12, 111), 26477), |d| d.dst);
     let src = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 40_000);
-    let write = |path: &PathBuf, packets: &[fairfeed_net::arb_offline::Timed]| -> anyhow::Result<()> {
+    let write = |path: &PathBuf, packets: &[fairfeed_net::arb::offline::Timed]| -> anyhow::Result<()> {
         let mut w = CaptureWriter::create(path)?;
         for p in packets {
             w.write(p.ts_ns, src, dst, &p.payload)?;

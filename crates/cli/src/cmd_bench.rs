@@ -2,7 +2,7 @@
 
 use fairfeed_bench::arb::arb_latency;
 use fairfeed_bench::tree::{proxy_hop, proxy_ladder, proxy_pps};
-use fairfeed_net::agent::Threading;
+use fairfeed_net::tree::agent::Threading;
 
 #[derive(clap::Subcommand)]
 pub enum Bench {

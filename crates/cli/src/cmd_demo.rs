@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use fairfeed_feed::gen::{GenConfig, Generator};
-use fairfeed_net::tree_live::{calibrate, run_cluster, Calibration, ClusterConfig, ClusterResult, DILATION_MAX};
+use fairfeed_net::tree::demo::{calibrate, run_cluster, Calibration, ClusterConfig, ClusterResult, DILATION_MAX};
 use fairfeed_sim::model::{ClockModel, LinkModel};
 use fairfeed_sim::plot::cdf_log_svg;
 use fairfeed_tree::node::{DeadlineRule, NodeConfig};
@@ -267,7 +267,7 @@ fn summary(a: &Args, r: &Run, trading: &serde_json::Value) -> anyhow::Result<ser
     v["seconds"] = a.seconds.into();
     v["rate_per_s"] = a.rate.into();
     v["datagram_us"] = (r.cal.datagram_ns / 1e3).into();
-    v["copies_per_message"] = fairfeed_net::tree_live::copies_per_message(&r.tree).into();
+    v["copies_per_message"] = fairfeed_net::tree::demo::copies_per_message(&r.tree).into();
     v["warnings"] = warnings(r).into();
     Ok(v)
 }
@@ -295,7 +295,7 @@ fn report(a: &Args, r: &Run) -> anyhow::Result<()> {
             target_pf: a.target_pf,
             tick_ns: a.tick_ns,
             cal: r.cal,
-            copies: fairfeed_net::tree_live::copies_per_message(&r.tree),
+            copies: fairfeed_net::tree::demo::copies_per_message(&r.tree),
             traders: traders(&ids),
             shares: [(js, jn, jt), (ds, dn, dt)],
         },

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use fairfeed_bench::exchange::{exchange_bench, in_process};
-use fairfeed_net::exchange_live::{run_exchange, ExchangeConfig};
+use fairfeed_net::exchange::live::{run_exchange, ExchangeConfig};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fairfeed_feed::gen::{GenConfig, Generator};
-use fairfeed_net::agent::{run_agent, write_rows, AgentConfig, Job, ReceiverJob, SenderJob, Threading};
+use fairfeed_net::tree::agent::{run_agent, write_rows, AgentConfig, Job, ReceiverJob, SenderJob, Threading};
 use fairfeed_net::tuning::Tuning;
 use fairfeed_sim::model::{LinkModel, ModelFile};
 use fairfeed_tree::auth::Auth;
@@ -120,20 +120,20 @@ fn ppm_range(s: &str) -> Result<f64, String> {
     crate::fmt::f64_in(s, -1_000.0, 1_000.0, "ppm")
 }
 
-fn clock_opts(c: &Common) -> fairfeed_net::agent::ClockOpts {
+fn clock_opts(c: &Common) -> fairfeed_net::tree::agent::ClockOpts {
     use fairfeed_clock::{SyncConfig, SyncMode};
     let mode = match c.clock {
         ClockArg::System => SyncMode::Off,
         ClockArg::Sync => SyncMode::Sync,
         ClockArg::Measure => SyncMode::MeasureOnly,
     };
-    fairfeed_net::agent::ClockOpts {
+    fairfeed_net::tree::agent::ClockOpts {
         sync: SyncConfig { mode, bound_limit_ns: c.clock_bound_limit_ns, ..SyncConfig::default() },
         random_peers: usize::from(c.clock_peers),
         skew: fairfeed_clock::skew::Skew {
             offset_ns: c.clock_offset_ns,
             drift_ppm: c.clock_drift_ppm,
-            epoch_ns: fairfeed_net::agent::wall_ns(),
+            epoch_ns: fairfeed_net::tree::agent::wall_ns(),
         },
     }
 }
@@ -265,7 +265,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
     })
 }
 
-fn finish(c: &Common, r: &fairfeed_net::agent::AgentReport) -> anyhow::Result<()> {
+fn finish(c: &Common, r: &fairfeed_net::tree::agent::AgentReport) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(r)?;
     match &c.stats_out {
         Some(p) => std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?,

@@ -58,7 +58,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut topo = plan(&req).map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
     for n in topo.trees.iter_mut().flat_map(|t| &mut t.nodes) {
         if let Some(port) = a.loopback_port {
-            n.addr = Some(format!("{}:{port}", fairfeed_net::tree_live::node_addr(n.id)));
+            n.addr = Some(format!("{}:{port}", fairfeed_net::tree::demo::node_addr(n.id)));
         }
         if let Some((_, addr)) = a.address.iter().rev().find(|(id, _)| *id == n.id) {
             n.addr = Some(addr.to_string());

@@ -3,7 +3,7 @@
 //! the emulation was, and what every measure means; HTML from the same text
 //! with a real Markdown renderer.
 
-use fairfeed_net::tree_live::{Calibration, ClusterResult};
+use fairfeed_net::tree::demo::{Calibration, ClusterResult};
 
 /// What the report needs besides the two results.
 pub struct Facts {

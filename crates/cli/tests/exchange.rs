@@ -285,7 +285,7 @@ fn tshark_checks(cap: &std::path::Path, port: u16, itch_port: u16, itch_packets:
 /// Which of two clients gets the one fill when the farther client's order is
 /// stamped 10 ms earlier but arrives 50 ms later, under a sequencing window.
 fn race(window_ns: u64) -> (u32, u32) {
-    use fairfeed_net::exchange_live::{Exchange, ExchangeConfig};
+    use fairfeed_net::exchange::live::{Exchange, ExchangeConfig};
     let cfg = ExchangeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         gateway: fairfeed_exchange::gateway::GatewayConfig {

@@ -113,7 +113,7 @@ fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
     for id in c.ids("receiver") {
         // A filled gap arrives as one burst of held packets: give the
         // application's socket room for it (as a real feed handler would).
-        let sock = fairfeed_net::arb_live::bind_udp("127.0.0.1:0".parse().unwrap(), 4 << 20).unwrap();
+        let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 4 << 20).unwrap();
         sock.set_nonblocking(false).unwrap();
         let deliver = sock.local_addr().unwrap().to_string();
         collectors.push((id, collect(sock, stop.clone())));

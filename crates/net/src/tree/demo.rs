@@ -41,7 +41,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
 
-use crate::arb_live::bind_udp;
+use crate::arb::live::bind_udp;
 
 /// Nodes a loopback cluster may have (each one a socket).
 pub const NODES_MAX: usize = 4_096;

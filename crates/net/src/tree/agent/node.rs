@@ -22,7 +22,7 @@ use serde_json::json;
 use super::egress::{Copy, Egress, TxCounters};
 use super::{wall_ns, AgentConfig, AgentReport, Job, ReleaseRow, Threading, LOG_ROWS_MAX, RING_CAPACITY};
 use super::{SOCKET_RECV_BUFFER, SPIN_AHEAD_NS};
-use crate::arb_live::bind_udp;
+use crate::arb::live::bind_udp;
 use crate::batch::BatchRecv;
 use crate::idle::{IdleStrategy, Idler};
 use crate::tuning::{report, Applied};

@@ -400,13 +400,13 @@ fn spawn_publisher(
                 packets += 1;
             }
         };
-        w.open(crate::agent::wall_ns());
+        w.open(crate::tree::agent::wall_ns());
         send(&mut w, &mut server);
         let (mut buf, mut out) = ([0u8; 2048], vec![0u8; 1400]);
         let mut idler = Idler::new(IDLE);
         while !stop.load(Ordering::Relaxed) {
             let mut any = false;
-            let now = crate::agent::wall_ns();
+            let now = crate::tree::agent::wall_ns();
             for r in &mut rx {
                 while let Ok(ev) = r.pop() {
                     w.on_event(now, &ev);
@@ -430,7 +430,7 @@ fn spawn_publisher(
                 }
             }
         }
-        w.close(crate::agent::wall_ns());
+        w.close(crate::tree::agent::wall_ns());
         send(&mut w, &mut server);
         Part::Publisher(packets, w.messages, answers)
     })
@@ -478,7 +478,7 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
         busy |= read_sessions(&mut g, &mut sessions, &mut buf, &mut cmds, &mut ring_full);
         if !g.seq.is_empty() {
             busy = true;
-            while let Some(c) = g.seq.pop_due(crate::agent::wall_ns()) {
+            while let Some(c) = g.seq.pop_due(crate::tree::agent::wall_ns()) {
                 route(&mut g, c, &mut ring_full);
             }
         }
@@ -488,7 +488,7 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
                 busy = true;
                 let t3 = ns(g.start);
                 let sess = &mut sessions;
-                g.gw.on_event(crate::agent::wall_ns(), &o.ev, &mut |client, bytes| {
+                g.gw.on_event(crate::tree::agent::wall_ns(), &o.ev, &mut |client, bytes| {
                     if let Some(s) = sess.iter_mut().flatten().find(|s| s.conn.user == Some(client)) {
                         s.out.extend_from_slice(bytes);
                     }
@@ -556,7 +556,7 @@ fn read_sessions(
                     if g.seq.window_ns() == 0 {
                         route(g, c, ring_full);
                     } else {
-                        g.seq.push(c, ts, crate::agent::wall_ns());
+                        g.seq.push(c, ts, crate::tree::agent::wall_ns());
                     }
                 }
                 if r.is_err() {

@@ -38,7 +38,7 @@ use fairfeed_tree::node::{DeadlineRule, NodeConfig};
 use fairfeed_tree::plan::Topology;
 use serde::Serialize;
 
-use crate::arb_live::IdleStrategy;
+use crate::arb::live::IdleStrategy;
 use crate::tuning::Tuning;
 
 /// A release this close is waited for by spinning on the clock.
