@@ -78,6 +78,8 @@ pub struct GatewayStats {
     pub timeouts: u64,
     pub replayed: u64,
     pub sequenced_out: u64,
+    /// Orders (or replacements) refused because their token names a live order.
+    pub duplicate_tokens: u64,
 }
 
 /// One connection.
@@ -330,6 +332,12 @@ impl Gateway {
                 let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
                 let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
                 let price = u32::try_from(px).unwrap_or(u32::MAX);
+                if self.orders.contains_key(&(client, o.user_ref_num())) {
+                    // A live order's token: refused here, so no engine sees it
+                    // and the original keeps its routing.
+                    self.stats.duplicate_tokens += 1;
+                    return reject(self, o.user_ref_num(), reject_code(Reject::DuplicateToken), out);
+                }
                 self.orders.insert((client, o.user_ref_num()), (side, symbol));
                 let stamp = crate::sequencer::client_timestamp(o.tail());
                 cmds(
@@ -351,6 +359,10 @@ impl Gateway {
             }
             Ok(inbound::Message::ReplaceOrder(r)) => {
                 let price = u32::try_from(r.price().0).unwrap_or(u32::MAX);
+                if self.orders.contains_key(&(client, r.user_ref_num())) {
+                    self.stats.duplicate_tokens += 1;
+                    return reject(self, r.user_ref_num(), reject_code(Reject::DuplicateToken), out);
+                }
                 if let Some(&v) = self.orders.get(&(client, r.orig_user_ref_num())) {
                     self.orders.insert((client, r.user_ref_num()), v);
                 }
@@ -464,7 +476,10 @@ impl Gateway {
             }
             Event::Rejected { client, token, reason } => {
                 self.stats.ouch_rejects += 1;
-                self.orders.remove(&(client, token));
+                // A duplicate token names someone else's live order: leave its routing alone.
+                if reason != Reject::DuplicateToken {
+                    self.orders.remove(&(client, token));
+                }
                 let m = outbound::MessageRepr::Rejected(outbound::RejectedRepr {
                     timestamp: ts,
                     user_ref_num: token,

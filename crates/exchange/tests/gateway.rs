@@ -163,3 +163,26 @@ fn heartbeats_and_idle_timeout() {
     let mut c2 = Conn::new(0);
     assert_eq!(r.feed(&mut c2, 27_000_000_000, &login("ALICE", "pw1", 0)).0, Ok(()));
 }
+
+#[test]
+fn a_reused_token_is_refused_and_the_original_order_keeps_its_routing() {
+    let mut r = Rig::new();
+    let mut a = Conn::new(0);
+    assert_eq!(r.feed(&mut a, 1, &login("ALICE", "pw1", 0)).0, Ok(()));
+    assert_eq!(r.feed(&mut a, 2, &enter(1, b'S', 100, "AAPL", 1_000_000)).0, Ok(()));
+    assert_eq!(r.g.symbol_of(0, 1), Some(1), "token 1 routes to AAPL's engine");
+    // The same token again, on another symbol and side: refused at the gateway.
+    let (res, out) = r.feed(&mut a, 3, &enter(1, b'B', 10, "MSFT", 2_000_000));
+    assert_eq!(res, Ok(()), "a bad order is not a bad connection");
+    let reply = packets(&out).pop().unwrap().1;
+    let outbound::Message::Rejected(j) = outbound::Message::parse(&reply).unwrap() else { panic!("{reply:?}") };
+    assert_eq!((j.user_ref_num(), j.reason()), (1, 4), "duplicate token");
+    assert_eq!(r.e.stats.accepted, 1, "no engine saw the duplicate");
+    assert_eq!(r.g.stats.duplicate_tokens, 1);
+    // The original is untouched: same routing, and it can still be canceled.
+    assert_eq!(r.g.symbol_of(0, 1), Some(1));
+    let mut cancel = Vec::new();
+    client::cancel_order(1, 0, &mut cancel);
+    assert_eq!(r.feed(&mut a, 4, &cancel).0, Ok(()));
+    assert_eq!(packets(&r.inbox[0]).last().unwrap().1[0], b'C', "canceled, not rejected as unknown");
+}
