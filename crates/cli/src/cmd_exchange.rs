@@ -70,7 +70,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         cfg.itch_a = Some("127.0.0.1:26400".parse()?);
         cfg.itch_b = Some("127.0.0.1:26401".parse()?);
         cfg.retransmit_listen = Some("127.0.0.1:26402".parse()?);
-        print!("{}", toml::to_string(&cfg)?);
+        print!("{}", commented(&toml::to_string(&cfg)?));
         return Ok(());
     }
     let path = a.config.as_ref().context("--config FILE is required (see --example-config)")?;
@@ -158,4 +158,76 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What each key of the exchange's configuration means, its unit and its limit.
+const CONFIG_HELP: &[(&str, &str)] = &[
+    ("listen", "OUCH 5.0 over SoupBinTCP: the address clients connect to"),
+    ("engines", "matching-engine threads, 1..=16; symbols are sharded by stock locate modulo this"),
+    ("itch_a", "the ITCH 5.0 A line (MoldUDP64 over UDP); leave out for none"),
+    ("itch_b", "the B line: the same packets again"),
+    ("retransmit_listen", "answer MoldUDP64 retransmission requests from the ITCH journal here"),
+    ("itch_session", "the MoldUDP64 session name, 1-10 ASCII characters"),
+    ("sequencing_window_ns", "hold orders this long and hand them to engines in client-timestamp order; 0 = off; at most 1 s"),
+    (
+        "out_buffer_max_bytes",
+        "bytes queued for one client at most; a client that stops reading is closed at this limit (counted slow_reader_closes); 4096..=1 GiB, default 4 MiB",
+    ),
+    ("session", "the SoupBinTCP session announced at login, 1-10 characters"),
+    ("users", "[username, password] pairs; usernames up to 6 characters, passwords up to 10"),
+    ("symbols", "tradable symbols, up to 8 characters each; the first is stock locate 1"),
+    ("heartbeat_ns", "a server heartbeat after this much silence towards a logged-in client"),
+    ("idle_timeout_ns", "close a connection that sent nothing (not even a heartbeat) for this long"),
+    (
+        "login_timeout_ns",
+        "close a connection that has not logged in this long after opening, however it trickles; at most 600 s, default 5 s. At most 4 not-yet-logged-in connections per address, 256 connections in all",
+    ),
+    ("orders", "live (resting) orders across all books at most; more are rejected (reason 6)"),
+    ("levels", "price levels per side of one book at most; more are rejected (reason 7)"),
+    ("qty_max", "largest quantity of one order"),
+    ("price_max", "highest price, in ITCH's 4 decimals (2000000000 = 200,000.0000)"),
+];
+
+/// The configuration `toml` with a comment line above each key it explains.
+fn commented(toml: &str) -> String {
+    let mut out = String::from("# fairfeed exchange configuration: every key, what it means and its limit.\n");
+    let mut section = "";
+    for line in toml.lines() {
+        if let Some(s) = line.strip_prefix('[') {
+            section = s.trim_end_matches(']');
+        }
+        let key = line.split(" = ").next().unwrap_or_default();
+        let help = CONFIG_HELP.iter().find(|(k, _)| *k == key && !(key == "symbols" && section == "limits"));
+        match (help, key, section) {
+            (_, "symbols", "limits") => out += "# symbols the engines are sized for (stock locates 1..=symbols)\n",
+            (Some((_, h)), _, _) => out += &format!("# {h}\n"),
+            _ => {}
+        }
+        out += line;
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::commented;
+
+    #[test]
+    fn the_example_configuration_explains_every_key_and_still_parses() {
+        let cfg = fairfeed_net::exchange::live::ExchangeConfig {
+            itch_a: Some("127.0.0.1:26400".parse().unwrap()),
+            ..Default::default()
+        };
+        let text = commented(&toml::to_string(&cfg).unwrap());
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            if l.contains(" = ") && !l.starts_with('#') {
+                assert!(i > 0 && lines[i - 1].starts_with("# "), "no comment above {l:?}");
+            }
+        }
+        let back: fairfeed_net::exchange::live::ExchangeConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back.out_buffer_max_bytes, cfg.out_buffer_max_bytes);
+        assert_eq!(back.gateway.login_timeout_ns, cfg.gateway.login_timeout_ns);
+    }
 }

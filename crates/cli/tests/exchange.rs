@@ -343,3 +343,92 @@ fn a_sequencing_window_lets_an_earlier_stamp_from_farther_away_win() {
     let on = race(300_000_000);
     assert_eq!(on, (0, 100), "a 300 ms window: the earlier stamp fills although it arrived 50 ms later");
 }
+
+/// A TCP connection to `port` from loopback address `from` (another client,
+/// as far as the exchange can tell), with a receive buffer of `rcvbuf` bytes.
+fn connect_from(from: [u8; 4], port: u16, rcvbuf: Option<usize>) -> TcpStream {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    if let Some(n) = rcvbuf {
+        s.set_recv_buffer_size(n).unwrap();
+    }
+    s.bind(&std::net::SocketAddr::from((from, 0)).into()).unwrap();
+    s.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into()).unwrap();
+    s.into()
+}
+
+/// True when the server closed `s` (EOF or reset) within `limit`.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 4096];
+    while t0.elapsed() < limit {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+#[test]
+fn hostile_clients_neither_lock_others_out_nor_make_the_exchange_hold_their_output() {
+    let d = tmp();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let cfg = format!(
+        "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_session = \"FFTEST0001\"\nout_buffer_max_bytes = 65536\n\n\
+         [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"], [\"BOB\", \"pw2\"]]\nsymbols = [\"AAPL\"]\n\
+         heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\nlogin_timeout_ns = 2000000000\n\n\
+         [limits]\nsymbols = 1\norders = 100000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n"
+    );
+    let cfg_path = d.path().join("exchange.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let x = Command::new(bin())
+        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--seconds", "7"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // Ten connections from one address that never log in: four are kept, six refused at once.
+    let mut lurkers: Vec<TcpStream> = (0..10).map(|_| connect_from([127, 0, 0, 9], port, None)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let refused = lurkers.iter_mut().map(|s| closed_within(s, Duration::from_millis(100))).filter(|&c| c).count();
+    assert_eq!(refused, 6, "pre-login connections per address are bounded");
+    // Another client logs in and trades meanwhile.
+    let mut alice = connect_from([127, 0, 0, 2], port, None);
+    let mut b = Vec::new();
+    client::login("ALICE", "pw1", 1, &mut b);
+    alice.write_all(&b).unwrap();
+    alice.write_all(&enter(1, b'S', 100, 1_000_000)).unwrap();
+    assert_eq!(read_messages(&mut alice, 1)[0][0], b'A', "the honest client is served");
+    // The lurkers are cut at the login deadline (2 s).
+    for s in &mut lurkers {
+        assert!(closed_within(s, Duration::from_millis(3_000)), "a connection that never logs in is closed");
+    }
+    // Bob floods orders and never reads: closed at the output limit, not held.
+    let mut bob = connect_from([127, 0, 0, 3], port, Some(4_096));
+    let mut b = Vec::new();
+    client::login("BOB", "pw2", 1, &mut b);
+    bob.write_all(&b).unwrap();
+    bob.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    for i in 0..200_000u32 {
+        let side = if i % 2 == 0 { b'B' } else { b'S' };
+        if bob.write_all(&enter(10 + i, side, 1, 1_000_000)).is_err() {
+            break;
+        }
+    }
+    // Alice is still served.
+    alice.write_all(&enter(2, b'S', 100, 1_000_100)).unwrap();
+    let later = read_messages(&mut alice, 1);
+    assert!(!later.is_empty(), "the honest client is still served after the flood");
+    let out = x.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let g = &report["gateway"];
+    assert_eq!(g["refused_connections"], 6, "{g}");
+    assert_eq!(g["login_timeouts"], 4, "{g}");
+    assert_eq!(g["slow_reader_closes"], 1, "{g}");
+}

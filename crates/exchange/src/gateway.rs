@@ -43,6 +43,18 @@ pub struct GatewayConfig {
     pub symbols: Vec<String>,
     pub heartbeat_ns: u64,
     pub idle_timeout_ns: u64,
+    /// A connection that has not logged in this long after it opened is
+    /// closed (however much it trickles): a slot held without a login is
+    /// freed quickly.
+    #[serde(default = "default_login_timeout_ns")]
+    pub login_timeout_ns: u64,
+}
+
+/// 5 s to log in.
+pub const LOGIN_TIMEOUT_DEFAULT_NS: u64 = 5_000_000_000;
+
+fn default_login_timeout_ns() -> u64 {
+    LOGIN_TIMEOUT_DEFAULT_NS
 }
 
 impl Default for GatewayConfig {
@@ -53,6 +65,7 @@ impl Default for GatewayConfig {
             symbols: vec!["AAPL".into()],
             heartbeat_ns: 1_000_000_000,
             idle_timeout_ns: 15_000_000_000,
+            login_timeout_ns: LOGIN_TIMEOUT_DEFAULT_NS,
         }
     }
 }
@@ -65,6 +78,8 @@ pub enum Close {
     LoginRejected,
     Logout,
     IdleTimeout,
+    /// Not logged in within `login_timeout_ns` of opening.
+    LoginTimeout,
 }
 
 /// Counters.
@@ -80,6 +95,13 @@ pub struct GatewayStats {
     pub sequenced_out: u64,
     /// Orders (or replacements) refused because their token names a live order.
     pub duplicate_tokens: u64,
+    /// Connections closed for not logging in within `login_timeout_ns`.
+    pub login_timeouts: u64,
+    /// Connections the shell refused at accept (no slot, or too many from one
+    /// address not yet logged in).
+    pub refused_connections: u64,
+    /// Connections the shell closed because they would not read what they were sent.
+    pub slow_reader_closes: u64,
 }
 
 /// One connection.
@@ -88,13 +110,14 @@ pub struct Conn {
     /// The user (index) once logged in.
     pub user: Option<u32>,
     inbuf: Vec<u8>,
+    opened_ns: u64,
     last_rx_ns: u64,
     last_tx_ns: u64,
 }
 
 impl Conn {
     pub fn new(now_ns: u64) -> Self {
-        Conn { user: None, inbuf: Vec::with_capacity(4096), last_rx_ns: now_ns, last_tx_ns: now_ns }
+        Conn { user: None, inbuf: Vec::with_capacity(4096), opened_ns: now_ns, last_rx_ns: now_ns, last_tx_ns: now_ns }
     }
 }
 
@@ -237,6 +260,7 @@ impl Gateway {
         match why {
             Close::Protocol(_) => self.stats.protocol_closes += 1,
             Close::IdleTimeout => self.stats.timeouts += 1,
+            Close::LoginTimeout => self.stats.login_timeouts += 1,
             Close::LoginRejected | Close::Logout => {}
         }
         if let Some(u) = conn.user.take() {
@@ -531,6 +555,10 @@ impl Gateway {
 
     /// Heartbeats and the idle timeout: bytes to write, or close.
     pub fn on_tick(&mut self, conn: &mut Conn, now_ns: u64, out: &mut Vec<u8>) -> Result<(), Close> {
+        if conn.user.is_none() && now_ns.saturating_sub(conn.opened_ns) > self.cfg.login_timeout_ns {
+            self.closed(conn, Close::LoginTimeout);
+            return Err(Close::LoginTimeout);
+        }
         if now_ns.saturating_sub(conn.last_rx_ns) > self.cfg.idle_timeout_ns {
             self.closed(conn, Close::IdleTimeout);
             return Err(Close::IdleTimeout);

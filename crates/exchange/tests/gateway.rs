@@ -186,3 +186,25 @@ fn a_reused_token_is_refused_and_the_original_order_keeps_its_routing() {
     assert_eq!(r.feed(&mut a, 4, &cancel).0, Ok(()));
     assert_eq!(packets(&r.inbox[0]).last().unwrap().1[0], b'C', "canceled, not rejected as unknown");
 }
+
+#[test]
+fn a_connection_that_never_logs_in_is_closed_however_it_trickles() {
+    let mut r = Rig::new();
+    let mut lurker = Conn::new(0);
+    let mut good = Conn::new(0);
+    assert_eq!(r.feed(&mut good, 1, &login("ALICE", "pw1", 0)).0, Ok(()));
+    // One byte of a login packet a second: never a whole packet, never idle.
+    let bytes = login("BOB", "pw2", 0);
+    for (i, b) in bytes.iter().take(5).enumerate() {
+        let now = (i as u64 + 1) * 900_000_000;
+        assert_eq!(r.feed(&mut lurker, now, &[*b]).0, Ok(()));
+        assert_eq!(r.g.on_tick(&mut lurker, now, &mut Vec::new()), Ok(()), "within 5 s of opening");
+        assert_eq!(r.g.on_tick(&mut good, now, &mut Vec::new()), Ok(()));
+    }
+    assert_eq!(r.g.on_tick(&mut lurker, 5_000_000_001, &mut Vec::new()), Err(Close::LoginTimeout));
+    assert_eq!(r.g.stats.login_timeouts, 1);
+    // A logged-in session is not subject to it.
+    let hb = packet(PacketRepr::ClientHeartbeat);
+    assert_eq!(r.feed(&mut good, 5_000_000_001, &hb).0, Ok(()));
+    assert_eq!(r.g.on_tick(&mut good, 5_000_000_002, &mut Vec::new()), Ok(()));
+}

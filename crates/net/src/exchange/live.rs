@@ -37,6 +37,12 @@ use serde::Serialize;
 pub const RING_SLOTS: usize = 65_536;
 /// Client connections at most.
 pub const CONNECTIONS_MAX: usize = 256;
+/// Connections not yet logged in from one address at most (more are refused at accept).
+pub const PRELOGIN_PER_ADDRESS_MAX: usize = 4;
+/// Bytes queued for one client by default before it counts as not reading and is closed.
+pub const OUT_BUFFER_DEFAULT_MAX: usize = 4 << 20;
+/// How long a closing session may take to drain what it was sent before it is dropped anyway.
+pub const CLOSE_DRAIN_NS: u64 = 200_000_000;
 
 /// Everything the exchange is configured with.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -57,6 +63,14 @@ pub struct ExchangeConfig {
     /// client-timestamp order (OUCH appendage tag 0xF0); 0 = arrival order (off).
     #[serde(default)]
     pub sequencing_window_ns: u64,
+    /// Bytes queued for one client at most: a client that does not read what
+    /// it is sent is closed at this limit (counted `slow_reader_closes`).
+    #[serde(default = "out_buffer_default_max")]
+    pub out_buffer_max_bytes: usize,
+}
+
+fn out_buffer_default_max() -> usize {
+    OUT_BUFFER_DEFAULT_MAX
 }
 
 impl ExchangeConfig {
@@ -100,6 +114,12 @@ impl ExchangeConfig {
         if self.sequencing_window_ns > 1_000_000_000 {
             return Err(format!("sequencing_window_ns must be at most 1 s, got {}", self.sequencing_window_ns));
         }
+        if !(4_096..=1 << 30).contains(&self.out_buffer_max_bytes) {
+            return Err(format!("out_buffer_max_bytes must be 4096..=1073741824, got {}", self.out_buffer_max_bytes));
+        }
+        if g.login_timeout_ns == 0 || g.login_timeout_ns > 600_000_000_000 {
+            return Err(format!("gateway.login_timeout_ns must be in (0, 600 s], got {}", g.login_timeout_ns));
+        }
         Ok(())
     }
 }
@@ -116,6 +136,7 @@ impl Default for ExchangeConfig {
             retransmit_listen: None,
             itch_session: "FFEXCH0001".into(),
             sequencing_window_ns: 0,
+            out_buffer_max_bytes: OUT_BUFFER_DEFAULT_MAX,
         }
     }
 }
@@ -311,6 +332,7 @@ impl Exchange {
         let gw = Gateway::new(cfg.gateway.clone());
         let engines = cfg.engines;
         let window = cfg.sequencing_window_ns;
+        let out_max = cfg.out_buffer_max_bytes;
         let stop2 = stop.clone();
         threads.push(thread::Builder::new().name("gateway".into()).spawn(move || {
             gateway_loop(GatewayLoop {
@@ -322,6 +344,7 @@ impl Exchange {
                 me: gw_waker,
                 seq: Sequencer::new(window),
                 engines,
+                out_max,
                 start,
                 stop: stop2,
             })
@@ -438,9 +461,17 @@ fn spawn_publisher(
 
 struct Session {
     sock: TcpStream,
+    peer: std::net::IpAddr,
     conn: Conn,
     out: Vec<u8>,
-    closing: bool,
+    /// Since when it is closing (it drains what it was sent, for at most `CLOSE_DRAIN_NS`).
+    closing: Option<u64>,
+}
+
+impl Session {
+    fn close(&mut self, now: u64) {
+        self.closing.get_or_insert(now);
+    }
 }
 
 struct GatewayLoop {
@@ -452,8 +483,58 @@ struct GatewayLoop {
     me: GatewayWaker,
     seq: Sequencer,
     engines: usize,
+    /// Bytes queued for one client at most.
+    out_max: usize,
     start: Instant,
     stop: Arc<AtomicBool>,
+}
+
+/// Takes the connections waiting on the listener: each into a free slot,
+/// unless there is none or its address already holds
+/// `PRELOGIN_PER_ADDRESS_MAX` connections that have not logged in (refused,
+/// counted). Returns whether any came.
+fn accept(g: &mut GatewayLoop, sessions: &mut Vec<Option<Session>>) -> bool {
+    let mut any = false;
+    while let Ok((sock, from)) = g.listener.accept() {
+        any = true;
+        let peer = from.ip();
+        let waiting = sessions.iter().flatten().filter(|s| s.peer == peer && s.conn.user.is_none()).count();
+        let slot = sessions.iter().position(Option::is_none);
+        if waiting >= PRELOGIN_PER_ADDRESS_MAX || (slot.is_none() && sessions.len() >= CONNECTIONS_MAX) {
+            g.gw.stats.refused_connections += 1;
+            continue; // dropped: the client sees the connection closed
+        }
+        let _ = sock.set_nodelay(true);
+        let _ = sock.set_nonblocking(true);
+        let s = Session { sock, peer, conn: Conn::new(ns(g.start)), out: Vec::new(), closing: None };
+        match slot {
+            Some(i) => sessions[i] = Some(s),
+            None => sessions.push(Some(s)),
+        }
+    }
+    any
+}
+
+/// Closes (counted) every session holding more than `out_max` unsent bytes:
+/// a client that does not read must not make the exchange hold its output.
+fn shed_slow_readers(g: &mut GatewayLoop, sessions: &mut [Option<Session>], now: u64) {
+    for s in sessions.iter_mut().flatten() {
+        if s.closing.is_none() && s.out.len() > g.out_max {
+            s.out.clear();
+            g.gw.stats.slow_reader_closes += 1;
+            g.gw.closed(&mut s.conn, Close::Logout);
+            s.close(now);
+        }
+    }
+}
+
+/// Drops the closing sessions that have drained, or have had `CLOSE_DRAIN_NS` to.
+fn drop_closed(sessions: &mut [Option<Session>], now: u64) {
+    for slot in sessions.iter_mut() {
+        if slot.as_ref().and_then(|s| s.closing.map(|t| s.out.is_empty() || now - t > CLOSE_DRAIN_NS)) == Some(true) {
+            *slot = None;
+        }
+    }
 }
 
 fn gateway_loop(mut g: GatewayLoop) -> Part {
@@ -462,19 +543,9 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
     let mut buf = vec![0u8; 65_536];
     let (mut ring_full, mut last_tick) = (0u64, 0u64);
     let mut cmds: Vec<(Command, Option<u64>)> = Vec::new();
-    let mut spins = 0u32;
+    let mut idler = Idler::new(IDLE);
     while !g.stop.load(Ordering::Relaxed) {
-        let mut busy = false;
-        while let Ok((sock, _)) = g.listener.accept() {
-            let _ = sock.set_nodelay(true);
-            let _ = sock.set_nonblocking(true);
-            let s = Session { sock, conn: Conn::new(ns(g.start)), out: Vec::new(), closing: false };
-            match sessions.iter().position(Option::is_none) {
-                Some(i) => sessions[i] = Some(s),
-                None if sessions.len() < CONNECTIONS_MAX => sessions.push(Some(s)),
-                None => {}
-            }
-        }
+        let mut busy = accept(&mut g, &mut sessions);
         busy |= read_sessions(&mut g, &mut sessions, &mut buf, &mut cmds, &mut ring_full);
         if !g.seq.is_empty() {
             busy = true;
@@ -494,7 +565,7 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
                     }
                 });
                 if o.last {
-                    flush_all(&mut sessions);
+                    flush_all(&mut sessions, t3);
                     let t4 = ns(g.start);
                     for (h, v) in hists.iter_mut().zip([o.t1 - o.t0, o.t2 - o.t1, t3 - o.t2, t4 - t3, t4 - o.t0]) {
                         let _ = h.record(v.max(1));
@@ -505,26 +576,20 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
         let now = ns(g.start);
         if now - last_tick > 1_000_000 {
             last_tick = now;
-            for s in sessions.iter_mut().flatten() {
+            // Closing sessions are past their timers (and counted once).
+            for s in sessions.iter_mut().flatten().filter(|s| s.closing.is_none()) {
                 if g.gw.on_tick(&mut s.conn, now, &mut s.out).is_err() {
-                    s.closing = true;
+                    s.close(now);
                 }
             }
         }
-        flush_all(&mut sessions);
-        for slot in sessions.iter_mut() {
-            if slot.as_ref().is_some_and(|s| s.closing && s.out.is_empty()) {
-                *slot = None;
-            }
-        }
+        shed_slow_readers(&mut g, &mut sessions, now);
+        flush_all(&mut sessions, now);
+        drop_closed(&mut sessions, now);
         if busy {
-            spins = 0;
+            idler.busy();
         } else {
-            spins += 1;
-            if spins > 2_000 {
-                gateway_sleep(&g, &sessions);
-                spins = 0;
-            }
+            idler.idle(now, || gateway_sleep(&g, &sessions));
         }
     }
     Part::Gateway(g.gw.stats, Box::new(hists), ring_full, g.seq.stats)
@@ -542,6 +607,9 @@ fn read_sessions(
     let mut busy = false;
     for slot in sessions.iter_mut() {
         let Some(s) = slot else { continue };
+        if s.closing.is_some() {
+            continue; // nothing more is taken from a session being closed
+        }
         match s.sock.read(buf) {
             Ok(0) => {
                 g.gw.closed(&mut s.conn, Close::Logout);
@@ -560,7 +628,7 @@ fn read_sessions(
                     }
                 }
                 if r.is_err() {
-                    s.closing = true;
+                    s.close(ns(g.start));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -612,7 +680,7 @@ fn gateway_sleep(g: &GatewayLoop, sessions: &[Option<Session>]) {
     let _ = g.me.fd.read();
 }
 
-fn flush_all(sessions: &mut [Option<Session>]) {
+fn flush_all(sessions: &mut [Option<Session>], now: u64) {
     for s in sessions.iter_mut().flatten() {
         while !s.out.is_empty() {
             match s.sock.write(&s.out) {
@@ -623,7 +691,7 @@ fn flush_all(sessions: &mut [Option<Session>]) {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(_) => {
                     s.out.clear();
-                    s.closing = true;
+                    s.close(now);
                 }
             }
         }
