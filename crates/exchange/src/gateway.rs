@@ -95,6 +95,8 @@ pub struct GatewayStats {
     pub sequenced_out: u64,
     /// Orders (or replacements) refused because their token names a live order.
     pub duplicate_tokens: u64,
+    /// Cancels of no live order, answered with a Cancel Reject.
+    pub cancel_rejects: u64,
     /// Connections closed for not logging in within `login_timeout_ns`.
     pub login_timeouts: u64,
     /// Connections the shell refused at accept (no slot, or too many from one
@@ -128,6 +130,29 @@ struct User {
     online: bool,
 }
 
+/// What the gateway keeps of a live order: where it routes, what its OUCH
+/// echoes repeat (as the client entered it), and the shares still open (the
+/// entry goes when they reach 0, so the map holds live orders only).
+#[derive(Debug, Clone, Copy)]
+struct LiveOrder {
+    symbol: u16,
+    /// `B`, `S`, `T` (short) or `U` (short exempt), as entered.
+    side: u8,
+    time_in_force: u8,
+    display: u8,
+    capacity: u8,
+    iso: u8,
+    cross_type: u8,
+    cl_ord_id: Alpha<14>,
+    open: u32,
+}
+
+/// Nanoseconds since (UTC) midnight of `wall_ns`, nanoseconds since the Unix
+/// epoch: the clock OUCH timestamps are on.
+pub fn since_midnight(wall_ns: u64) -> u64 {
+    wall_ns % 86_400_000_000_000
+}
+
 /// Users, journals, symbols.
 pub struct Gateway {
     cfg: GatewayConfig,
@@ -135,8 +160,8 @@ pub struct Gateway {
     users: Vec<User>,
     symbols: HashMap<Stock, u16>,
     names: Vec<Stock>,
-    /// (client, token) of live orders → (side, symbol, price) for the OUCH echo.
-    orders: HashMap<(u32, u32), (Side, u16)>,
+    /// (client, token) of live orders → routing and echo fields.
+    orders: HashMap<(u32, u32), LiveOrder>,
     pub stats: GatewayStats,
     /// Bytes for one client's messages, reused across events.
     scratch: Vec<u8>,
@@ -201,7 +226,7 @@ impl Gateway {
 
     /// The symbol of a client's live order (to route a cancel or replace to its engine shard).
     pub fn symbol_of(&self, client: u32, token: u32) -> Option<u16> {
-        self.orders.get(&(client, token)).map(|v| v.1)
+        self.orders.get(&(client, token)).map(|v| v.symbol)
     }
 
     /// Messages journaled for `user`.
@@ -332,77 +357,113 @@ impl Gateway {
         out: &mut Vec<u8>,
     ) {
         self.stats.orders_in += 1;
-        let reject = |g: &mut Gateway, token: u32, code: u16, out: &mut Vec<u8>| {
-            g.stats.ouch_rejects += 1;
+        let ts = since_midnight(now_ns);
+        let r = match inbound::Message::parse(m) {
+            Ok(inbound::Message::EnterOrder(o)) => self.enter_order(client, &o, cmds),
+            Ok(inbound::Message::CancelOrder(c)) => {
+                let token = c.user_ref_num();
+                if !self.orders.contains_key(&(client, token)) {
+                    // No live order by that token: OUCH's Cancel Reject, from here.
+                    self.stats.cancel_rejects += 1;
+                    let m = outbound::MessageRepr::CancelReject(outbound::CancelRejectRepr {
+                        timestamp: ts,
+                        user_ref_num: token,
+                    });
+                    self.sequence(client, m, Some(out));
+                    return;
+                }
+                cmds(Command::Cancel { client, token, leave: c.quantity() }, None);
+                Ok(())
+            }
+            Ok(inbound::Message::ReplaceOrder(r)) => self.replace_order(client, &r, cmds),
+            // Valid OUCH we do not support (modify, account query) or bad bytes: rejected.
+            Ok(_) => Err((0, 11, Alpha::default())),
+            Err(_) => Err((0, 12, Alpha::default())),
+        };
+        if let Err((token, code, cl_ord_id)) = r {
+            self.stats.ouch_rejects += 1;
             let r = outbound::MessageRepr::Rejected(outbound::RejectedRepr {
-                timestamp: now_ns,
+                timestamp: ts,
                 user_ref_num: token,
                 reason: code,
-                cl_ord_id: Alpha::default(),
+                cl_ord_id,
             });
-            g.sequence(client, r, Some(out));
-        };
-        match inbound::Message::parse(m) {
-            Ok(inbound::Message::EnterOrder(o)) => {
-                let side = match o.side() {
-                    b'B' => Side::Buy,
-                    b'S' | b'T' | b'U' => Side::Sell,
-                    _ => return reject(self, o.user_ref_num(), 10, out),
-                };
-                let Some(&symbol) = self.symbols.get(&o.symbol()) else {
-                    return reject(self, o.user_ref_num(), reject_code(Reject::UnknownSymbol), out);
-                };
-                let px = o.price().0;
-                let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
-                let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
-                let price = u32::try_from(px).unwrap_or(u32::MAX);
-                if self.orders.contains_key(&(client, o.user_ref_num())) {
-                    // A live order's token: refused here, so no engine sees it
-                    // and the original keeps its routing.
-                    self.stats.duplicate_tokens += 1;
-                    return reject(self, o.user_ref_num(), reject_code(Reject::DuplicateToken), out);
-                }
-                self.orders.insert((client, o.user_ref_num()), (side, symbol));
-                let stamp = crate::sequencer::client_timestamp(o.tail());
-                cmds(
-                    Command::New(NewOrder {
-                        client,
-                        token: o.user_ref_num(),
-                        symbol,
-                        side,
-                        price: if market { 0 } else { price },
-                        qty: o.quantity(),
-                        tif,
-                        market,
-                    }),
-                    stamp,
-                );
-            }
-            Ok(inbound::Message::CancelOrder(c)) => {
-                cmds(Command::Cancel { client, token: c.user_ref_num(), leave: c.quantity() }, None);
-            }
-            Ok(inbound::Message::ReplaceOrder(r)) => {
-                let price = u32::try_from(r.price().0).unwrap_or(u32::MAX);
-                if self.orders.contains_key(&(client, r.user_ref_num())) {
-                    self.stats.duplicate_tokens += 1;
-                    return reject(self, r.user_ref_num(), reject_code(Reject::DuplicateToken), out);
-                }
-                if let Some(&v) = self.orders.get(&(client, r.orig_user_ref_num())) {
-                    self.orders.insert((client, r.user_ref_num()), v);
-                }
-                let cmd = Command::Replace {
-                    client,
-                    token: r.orig_user_ref_num(),
-                    new_token: r.user_ref_num(),
-                    price,
-                    qty: r.quantity(),
-                };
-                cmds(cmd, crate::sequencer::client_timestamp(r.tail()));
-            }
-            // Valid OUCH we do not support (modify, account query) or bad bytes: rejected.
-            Ok(_) => reject(self, 0, 11, out),
-            Err(_) => reject(self, 0, 12, out),
+            self.sequence(client, r, Some(out));
         }
+    }
+
+    /// An Enter Order: checked, remembered with its echo fields, handed on.
+    /// Err: (token, reject code, ClOrdID) to answer with.
+    fn enter_order(
+        &mut self,
+        client: u32,
+        o: &inbound::EnterOrder,
+        cmds: &mut impl FnMut(Command, Option<u64>),
+    ) -> Result<(), (u32, u16, Alpha<14>)> {
+        let (token, cl) = (o.user_ref_num(), o.cl_ord_id());
+        let side = match o.side() {
+            b'B' => Side::Buy,
+            b'S' | b'T' | b'U' => Side::Sell,
+            _ => return Err((token, 10, cl)),
+        };
+        let Some(&symbol) = self.symbols.get(&o.symbol()) else {
+            return Err((token, reject_code(Reject::UnknownSymbol), cl));
+        };
+        if self.orders.contains_key(&(client, token)) {
+            // A live order's token: refused here, so no engine sees it and
+            // the original keeps its routing.
+            self.stats.duplicate_tokens += 1;
+            return Err((token, reject_code(Reject::DuplicateToken), cl));
+        }
+        let px = o.price().0;
+        let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
+        let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
+        let live = LiveOrder {
+            symbol,
+            side: o.side(),
+            time_in_force: o.time_in_force(),
+            display: o.display(),
+            capacity: o.capacity(),
+            iso: o.intermarket_sweep_eligibility(),
+            cross_type: o.cross_type(),
+            cl_ord_id: cl,
+            open: o.quantity(),
+        };
+        self.orders.insert((client, token), live);
+        let price = if market { 0 } else { u32::try_from(px).unwrap_or(u32::MAX) };
+        let new = NewOrder { client, token, symbol, side, price, qty: o.quantity(), tif, market };
+        cmds(Command::New(new), crate::sequencer::client_timestamp(o.tail()));
+        Ok(())
+    }
+
+    /// A Replace Order: the new token inherits the original's echo fields
+    /// (with the replace's own time in force, display, ISO and ClOrdID).
+    fn replace_order(
+        &mut self,
+        client: u32,
+        r: &inbound::ReplaceOrder,
+        cmds: &mut impl FnMut(Command, Option<u64>),
+    ) -> Result<(), (u32, u16, Alpha<14>)> {
+        let (token, cl) = (r.user_ref_num(), r.cl_ord_id());
+        if self.orders.contains_key(&(client, token)) {
+            self.stats.duplicate_tokens += 1;
+            return Err((token, reject_code(Reject::DuplicateToken), cl));
+        }
+        if let Some(&v) = self.orders.get(&(client, r.orig_user_ref_num())) {
+            let live = LiveOrder {
+                time_in_force: r.time_in_force(),
+                display: r.display(),
+                iso: r.intermarket_sweep_eligibility(),
+                cl_ord_id: cl,
+                open: r.quantity(),
+                ..v
+            };
+            self.orders.insert((client, token), live);
+        }
+        let price = u32::try_from(r.price().0).unwrap_or(u32::MAX);
+        let cmd = Command::Replace { client, token: r.orig_user_ref_num(), new_token: token, price, qty: r.quantity() };
+        cmds(cmd, crate::sequencer::client_timestamp(r.tail()));
+        Ok(())
     }
 
     /// Journals an outbound message for `client`; writes it to `out` (the
@@ -436,62 +497,135 @@ impl Gateway {
         self.names.get(usize::from(symbol).wrapping_sub(1)).copied().unwrap_or_default()
     }
 
-    /// Order Accepted for an `Event::Accepted`.
+    /// What the gateway remembers of a client's order, or what an unknown one echoes.
+    fn live(&self, client: u32, token: u32, symbol: u16, side: Side) -> LiveOrder {
+        self.orders.get(&(client, token)).copied().unwrap_or(LiveOrder {
+            symbol,
+            side: if side == Side::Buy { b'B' } else { b'S' },
+            time_in_force: b'0',
+            display: b'Y',
+            capacity: b'A',
+            iso: b'N',
+            cross_type: b'N',
+            cl_ord_id: Alpha::default(),
+            open: 0,
+        })
+    }
+
+    /// Order Accepted for an `Event::Accepted`: every field as the client entered it.
     fn accepted(&self, ts: u64, ev: &Event) -> Option<outbound::MessageRepr> {
-        let Event::Accepted { token, ref_num, symbol, side, price, qty, .. } = *ev else { return None };
+        let Event::Accepted { client, token, ref_num, symbol, side, price, qty } = *ev else { return None };
+        let o = self.live(client, token, symbol, side);
         Some(outbound::MessageRepr::OrderAccepted(outbound::OrderAcceptedRepr {
             timestamp: ts,
             user_ref_num: token,
-            side: if side == Side::Buy { b'B' } else { b'S' },
+            side: o.side,
             quantity: qty,
             symbol: self.ouch_symbol(symbol),
             price: OuchPrice(i64::from(price)),
-            time_in_force: b'0',
-            display: b'Y',
+            time_in_force: o.time_in_force,
+            display: o.display,
             order_reference_number: ref_num,
-            capacity: b'A',
-            intermarket_sweep_eligibility: b'N',
-            cross_type: b'N',
+            capacity: o.capacity,
+            intermarket_sweep_eligibility: o.iso,
+            cross_type: o.cross_type,
             order_state: b'L',
-            cl_ord_id: Alpha::default(),
+            cl_ord_id: o.cl_ord_id,
             appendage_length: 0,
             appendage: Appendage::EMPTY,
         }))
     }
 
-    /// Order Replaced for an `Event::Replaced`; the order book of live tokens follows the replacement.
+    /// Order Replaced for an `Event::Replaced`: the new token takes the old one's place.
     fn replaced(&mut self, ts: u64, ev: &Event) -> Option<outbound::MessageRepr> {
         let Event::Replaced { client, old_token, new_token, new_ref, symbol, price, qty, .. } = *ev else {
             return None;
         };
-        let side = self.orders.remove(&(client, old_token)).map_or(Side::Buy, |v| v.0);
-        self.orders.insert((client, new_token), (side, symbol));
+        let old = self.orders.remove(&(client, old_token));
+        let o = self.orders.get(&(client, new_token)).copied().or(old).unwrap_or(self.live(
+            client,
+            new_token,
+            symbol,
+            Side::Buy,
+        ));
+        self.orders.insert((client, new_token), LiveOrder { open: qty, ..o });
         Some(outbound::MessageRepr::OrderReplaced(outbound::OrderReplacedRepr {
             timestamp: ts,
             orig_user_ref_num: old_token,
             user_ref_num: new_token,
-            side: if side == Side::Buy { b'B' } else { b'S' },
+            side: o.side,
             quantity: qty,
             symbol: self.ouch_symbol(symbol),
             price: OuchPrice(i64::from(price)),
-            time_in_force: b'0',
-            display: b'Y',
+            time_in_force: o.time_in_force,
+            display: o.display,
             order_reference_number: new_ref,
-            capacity: b'A',
-            intermarket_sweep_eligibility: b'N',
-            cross_type: b'N',
+            capacity: o.capacity,
+            intermarket_sweep_eligibility: o.iso,
+            cross_type: o.cross_type,
             order_state: b'L',
-            cl_ord_id: Alpha::default(),
+            cl_ord_id: o.cl_ord_id,
             appendage_length: 0,
             appendage: Appendage::EMPTY,
         }))
+    }
+
+    /// `qty` of a client's order traded or left; `left`: what stays open, when known.
+    fn reduce(&mut self, client: u32, token: u32, qty: u32, left: Option<u32>) {
+        if let Some(o) = self.orders.get_mut(&(client, token)) {
+            o.open = left.unwrap_or(o.open.saturating_sub(qty));
+            if o.open == 0 {
+                self.orders.remove(&(client, token));
+            }
+        }
+    }
+
+    /// The two Order Executed messages of an `Event::Executed` (maker, then
+    /// taker), after taking the traded shares off both orders.
+    fn executions(&mut self, ts: u64, ev: &Event) -> Vec<(u32, outbound::MessageRepr)> {
+        let Event::Executed {
+            price,
+            qty,
+            match_num,
+            maker_client,
+            maker_token,
+            maker_left,
+            taker_client,
+            taker_token,
+            ..
+        } = *ev
+        else {
+            return Vec::new();
+        };
+        self.reduce(maker_client, maker_token, qty, Some(maker_left));
+        self.reduce(taker_client, taker_token, qty, None);
+        [(maker_client, maker_token, b'A'), (taker_client, taker_token, b'R')]
+            .map(|(client, token, flag)| {
+                let m = outbound::MessageRepr::OrderExecuted(outbound::OrderExecutedRepr {
+                    timestamp: ts,
+                    user_ref_num: token,
+                    quantity: qty,
+                    price: OuchPrice(i64::from(price)),
+                    liquidity_flag: flag,
+                    match_number: match_num,
+                    appendage_length: 0,
+                    appendage: Appendage::EMPTY,
+                });
+                (client, m)
+            })
+            .into()
+    }
+
+    /// Live orders the gateway keeps routing and echo fields for.
+    pub fn live_orders(&self) -> usize {
+        self.orders.len()
     }
 
     /// An engine event: the OUCH messages it means for each client involved,
     /// journaled, and handed to `deliver(client, bytes)` for online clients.
     pub fn on_event(&mut self, now_ns: u64, ev: &Event, deliver: &mut impl FnMut(u32, &[u8])) {
         let mut send = |g: &mut Gateway, client: u32, m: outbound::MessageRepr| g.send(client, m, deliver);
-        let ts = now_ns;
+        let ts = since_midnight(now_ns);
         match *ev {
             Event::Accepted { client, .. } => {
                 if let Some(m) = self.accepted(ts, ev) {
@@ -500,6 +634,7 @@ impl Gateway {
             }
             Event::Rejected { client, token, reason } => {
                 self.stats.ouch_rejects += 1;
+                let cl_ord_id = self.orders.get(&(client, token)).map(|o| o.cl_ord_id).unwrap_or_default();
                 // A duplicate token names someone else's live order: leave its routing alone.
                 if reason != Reject::DuplicateToken {
                     self.orders.remove(&(client, token));
@@ -508,29 +643,17 @@ impl Gateway {
                     timestamp: ts,
                     user_ref_num: token,
                     reason: reject_code(reason),
-                    cl_ord_id: Alpha::default(),
+                    cl_ord_id,
                 });
                 send(self, client, m);
             }
-            Event::Executed { price, qty, match_num, maker_client, maker_token, taker_client, taker_token, .. } => {
-                for (client, token, flag) in [(maker_client, maker_token, b'A'), (taker_client, taker_token, b'R')] {
-                    let m = outbound::MessageRepr::OrderExecuted(outbound::OrderExecutedRepr {
-                        timestamp: ts,
-                        user_ref_num: token,
-                        quantity: qty,
-                        price: OuchPrice(i64::from(price)),
-                        liquidity_flag: flag,
-                        match_number: match_num,
-                        appendage_length: 0,
-                        appendage: Appendage::EMPTY,
-                    });
+            Event::Executed { .. } => {
+                for (client, m) in self.executions(ts, ev) {
                     send(self, client, m);
                 }
             }
             Event::Canceled { client, token, qty, left, reason, .. } => {
-                if left == 0 {
-                    self.orders.remove(&(client, token));
-                }
+                self.reduce(client, token, qty, Some(left));
                 let code = match reason {
                     CancelReason::User => b'U',
                     CancelReason::ImmediateOrCancel => b'I',

@@ -208,3 +208,56 @@ fn a_connection_that_never_logs_in_is_closed_however_it_trickles() {
     assert_eq!(r.feed(&mut good, 5_000_000_001, &hb).0, Ok(()));
     assert_eq!(r.g.on_tick(&mut good, 5_000_000_002, &mut Vec::new()), Ok(()));
 }
+
+/// An Enter Order with every echo field chosen by the test.
+fn enter_full(token: u32, side: u8, qty: u32, price: i64, tif: u8, (display, capacity, iso): (u8, u8, u8)) -> Vec<u8> {
+    use fairfeed_wire::ouch::{inbound, Appendage, OuchPrice};
+    use fairfeed_wire::{Alpha, Stock};
+    let m = inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
+        user_ref_num: token,
+        side,
+        quantity: qty,
+        symbol: Stock::from_str_padded("AAPL"),
+        price: OuchPrice(price),
+        time_in_force: tif,
+        display,
+        capacity,
+        intermarket_sweep_eligibility: iso,
+        cross_type: b'N',
+        cl_ord_id: Alpha::from_str_padded("CLIENT-ID-0042"),
+        appendage_length: 0,
+        appendage: Appendage::EMPTY,
+    });
+    let mut b = [0u8; 256];
+    let n = m.emit(&mut b).unwrap();
+    packet(PacketRepr::UnsequencedData(&b[..n]))
+}
+
+#[test]
+fn echoes_repeat_what_the_client_entered_and_stamps_are_since_midnight() {
+    let mut r = Rig::new();
+    let mut a = Conn::new(0);
+    // A wall clock of 3 days, 1 h and 5 ns since the epoch: OUCH stamps 1 h 5 ns.
+    let now = 3 * 86_400_000_000_000 + 3_600_000_000_005;
+    assert_eq!(r.feed(&mut a, now, &login("ALICE", "pw1", 0)).0, Ok(()));
+    // Short sale, hidden, principal, intermarket sweep: echoed as entered.
+    assert_eq!(r.feed(&mut a, now, &enter_full(1, b'T', 100, 1_000_000, b'0', (b'N', b'P', b'Y'))).0, Ok(()));
+    let acc = packets(&r.inbox[0]).pop().unwrap().1;
+    let outbound::Message::OrderAccepted(x) = outbound::Message::parse(&acc).unwrap() else { panic!("{acc:?}") };
+    assert_eq!(x.timestamp(), 3_600_000_000_005, "nanoseconds since midnight");
+    assert_eq!((x.side(), x.display(), x.capacity(), x.intermarket_sweep_eligibility()), (b'T', b'N', b'P', b'Y'));
+    assert_eq!(x.cl_ord_id(), fairfeed_wire::Alpha::from_str_padded("CLIENT-ID-0042"));
+    // An IOC that trades in full: echoed with time in force 3, and gone from the gateway's map.
+    assert_eq!(r.feed(&mut a, now, &enter_full(2, b'B', 100, 1_000_000, b'3', (b'Y', b'A', b'N'))).0, Ok(()));
+    let acc = packets(&r.inbox[0]).iter().rev().find(|p| p.1[0] == b'A').unwrap().1.clone();
+    let outbound::Message::OrderAccepted(x) = outbound::Message::parse(&acc).unwrap() else { panic!() };
+    assert_eq!((x.user_ref_num(), x.time_in_force()), (2, b'3'));
+    assert_eq!(r.g.live_orders(), 0, "both orders traded in full: nothing left to route");
+    // Cancelling an order that is not live: OUCH's Cancel Reject, from the gateway.
+    let mut cancel = Vec::new();
+    client::cancel_order(1, 0, &mut cancel);
+    let (res, out) = r.feed(&mut a, now, &cancel);
+    assert_eq!(res, Ok(()));
+    assert_eq!(packets(&out).pop().unwrap().1[0], b'I', "Cancel Reject");
+    assert_eq!(r.g.stats.cancel_rejects, 1);
+}

@@ -30,6 +30,7 @@ use fairfeed_exchange::engine::{Command, Engine, EngineStats, Event, Limits};
 use fairfeed_exchange::gateway::{Close, Conn, Gateway, GatewayConfig, GatewayStats};
 use fairfeed_exchange::itch_out::ItchWriter;
 use fairfeed_exchange::sequencer::{Sequencer, SequencerStats};
+use fairfeed_io::clock::wall_ns;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -423,13 +424,13 @@ fn spawn_publisher(
                 packets += 1;
             }
         };
-        w.open(crate::tree::agent::wall_ns());
+        w.open(wall_ns());
         send(&mut w, &mut server);
         let (mut buf, mut out) = ([0u8; 2048], vec![0u8; 1400]);
         let mut idler = Idler::new(IDLE);
         while !stop.load(Ordering::Relaxed) {
             let mut any = false;
-            let now = crate::tree::agent::wall_ns();
+            let now = wall_ns();
             for r in &mut rx {
                 while let Ok(ev) = r.pop() {
                     w.on_event(now, &ev);
@@ -453,7 +454,7 @@ fn spawn_publisher(
                 }
             }
         }
-        w.close(crate::tree::agent::wall_ns());
+        w.close(wall_ns());
         send(&mut w, &mut server);
         Part::Publisher(packets, w.messages, answers)
     })
@@ -506,7 +507,8 @@ fn accept(g: &mut GatewayLoop, sessions: &mut Vec<Option<Session>>) -> bool {
         }
         let _ = sock.set_nodelay(true);
         let _ = sock.set_nonblocking(true);
-        let s = Session { sock, peer, conn: Conn::new(ns(g.start)), out: Vec::new(), closing: None };
+        // The gateway's clock is the wall clock (OUCH stamps nanoseconds since midnight).
+        let s = Session { sock, peer, conn: Conn::new(wall_ns()), out: Vec::new(), closing: None };
         match slot {
             Some(i) => sessions[i] = Some(s),
             None => sessions.push(Some(s)),
@@ -549,7 +551,7 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
         busy |= read_sessions(&mut g, &mut sessions, &mut buf, &mut cmds, &mut ring_full);
         if !g.seq.is_empty() {
             busy = true;
-            while let Some(c) = g.seq.pop_due(crate::tree::agent::wall_ns()) {
+            while let Some(c) = g.seq.pop_due(wall_ns()) {
                 route(&mut g, c, &mut ring_full);
             }
         }
@@ -559,7 +561,7 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
                 busy = true;
                 let t3 = ns(g.start);
                 let sess = &mut sessions;
-                g.gw.on_event(crate::tree::agent::wall_ns(), &o.ev, &mut |client, bytes| {
+                g.gw.on_event(wall_ns(), &o.ev, &mut |client, bytes| {
                     if let Some(s) = sess.iter_mut().flatten().find(|s| s.conn.user == Some(client)) {
                         s.out.extend_from_slice(bytes);
                     }
@@ -577,8 +579,9 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
         if now - last_tick > 1_000_000 {
             last_tick = now;
             // Closing sessions are past their timers (and counted once).
+            let wall = wall_ns();
             for s in sessions.iter_mut().flatten().filter(|s| s.closing.is_none()) {
-                if g.gw.on_tick(&mut s.conn, now, &mut s.out).is_err() {
+                if g.gw.on_tick(&mut s.conn, wall, &mut s.out).is_err() {
                     s.close(now);
                 }
             }
@@ -619,12 +622,12 @@ fn read_sessions(
             Ok(n) => {
                 busy = true;
                 cmds.clear();
-                let r = g.gw.on_bytes(&mut s.conn, ns(g.start), &buf[..n], &mut |c, ts| cmds.push((c, ts)), &mut s.out);
+                let r = g.gw.on_bytes(&mut s.conn, wall_ns(), &buf[..n], &mut |c, ts| cmds.push((c, ts)), &mut s.out);
                 for &(c, ts) in cmds.iter() {
                     if g.seq.window_ns() == 0 {
                         route(g, c, ring_full);
                     } else {
-                        g.seq.push(c, ts, crate::tree::agent::wall_ns());
+                        g.seq.push(c, ts, wall_ns());
                     }
                 }
                 if r.is_err() {
