@@ -173,6 +173,10 @@ const CONFIG_HELP: &[(&str, &str)] = &[
         "out_buffer_max_bytes",
         "bytes queued for one client at most; a client that stops reading is closed at this limit (counted slow_reader_closes); 4096..=1 GiB, default 4 MiB",
     ),
+    (
+        "itch_heartbeat_ns",
+        "a MoldUDP64 heartbeat (no messages, the next sequence number) on each ITCH line after this long without a packet; 1 ms..=60 s, default 1 s",
+    ),
     ("session", "the SoupBinTCP session announced at login, 1-10 characters"),
     ("users", "[username, password] pairs; usernames up to 6 characters, passwords up to 10"),
     ("symbols", "tradable symbols, up to 8 characters each; the first is stock locate 1"),

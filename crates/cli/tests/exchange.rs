@@ -208,7 +208,7 @@ fn trade_and_misbehave(port: u16) {
     let _ = junk.read_to_end(&mut rest);
 }
 
-/// The A line's packets up to the end of session (6 s at most).
+/// The A line's packets up to the end of session (6 s at most), heartbeats included.
 fn collect_itch(line: &UdpSocket) -> Vec<Vec<u8>> {
     let mut itch = Vec::new();
     let mut buf = [0u8; 2048];
@@ -216,8 +216,8 @@ fn collect_itch(line: &UdpSocket) -> Vec<Vec<u8>> {
     while t0.elapsed() < Duration::from_secs(6) {
         if let Ok(n) = line.recv(&mut buf) {
             itch.push(buf[..n].to_vec());
-            if n == 20 {
-                break; // end of session
+            if n == 20 && buf[18..20] == [0xFF, 0xFF] {
+                break; // end of session (a 20-byte packet with count 0 is a heartbeat)
             }
         }
     }
@@ -431,4 +431,46 @@ fn hostile_clients_neither_lock_others_out_nor_make_the_exchange_hold_their_outp
     assert_eq!(g["refused_connections"], 6, "{g}");
     assert_eq!(g["login_timeouts"], 4, "{g}");
     assert_eq!(g["slow_reader_closes"], 1, "{g}");
+}
+
+#[test]
+fn a_quiet_itch_line_carries_heartbeats_with_the_next_sequence_number() {
+    let d = tmp();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let line = UdpSocket::bind("127.0.0.1:0").unwrap();
+    line.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let cfg = format!(
+        "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_a = \"{}\"\nitch_session = \"FFTEST0001\"\n\
+         itch_heartbeat_ns = 100000000\n\n\
+         [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"]]\nsymbols = [\"AAPL\"]\n\
+         heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
+         [limits]\nsymbols = 1\norders = 1000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n",
+        line.local_addr().unwrap()
+    );
+    let cfg_path = d.path().join("exchange.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let out = Command::new(bin())
+        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--seconds", "1.5"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let packets = collect_itch(&line);
+    let out = out.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let parsed: Vec<(u64, u16)> = packets
+        .iter()
+        .map(|p| {
+            let p = fairfeed_wire::moldudp64::Packet::new_checked(&p[..]).unwrap();
+            (p.sequence(), p.count())
+        })
+        .collect();
+    assert_eq!(parsed.last().map(|p| p.1), Some(0xFFFF), "ends with the end of session: {parsed:?}");
+    // The opening messages, then heartbeats at the next sequence number, then the end of session.
+    let opening: u64 = parsed.iter().take_while(|p| p.1 > 0 && p.1 != 0xFFFF).map(|p| u64::from(p.1)).sum();
+    let heartbeats: Vec<&(u64, u16)> = parsed.iter().filter(|p| p.1 == 0).collect();
+    assert!(heartbeats.len() >= 8, "about one per 100 ms over 1.5 s: {parsed:?}");
+    assert!(heartbeats.iter().all(|p| p.0 == 1 + opening), "each names the next sequence number: {parsed:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["itch_heartbeats"].as_u64().unwrap(), heartbeats.len() as u64, "{report}");
 }

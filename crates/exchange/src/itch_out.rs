@@ -160,6 +160,18 @@ impl ItchWriter {
         }
     }
 
+    /// A MoldUDP64 heartbeat: no messages, the sequence number the next one
+    /// will get — so a receiver of a quiet line learns whether it lost the
+    /// last packet before the quiet spell. Not journaled (nothing to retransmit).
+    pub fn heartbeat(&self) -> Vec<u8> {
+        let mut hb = vec![0u8; 20];
+        let r = PacketRepr { session: self.session, sequence: self.next_seq, count: 0 };
+        if r.emit(&mut hb).is_err() {
+            hb.clear();
+        }
+        hb
+    }
+
     /// Adds the messages `ev` calls for.
     pub fn on_event(&mut self, now_ns: u64, ev: &Event) {
         let ts = Self::ts(now_ns);

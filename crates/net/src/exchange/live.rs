@@ -68,6 +68,16 @@ pub struct ExchangeConfig {
     /// it is sent is closed at this limit (counted `slow_reader_closes`).
     #[serde(default = "out_buffer_default_max")]
     pub out_buffer_max_bytes: usize,
+    /// A MoldUDP64 heartbeat on each ITCH line after this long without a packet.
+    #[serde(default = "itch_heartbeat_default_ns")]
+    pub itch_heartbeat_ns: u64,
+}
+
+/// 1 s between ITCH heartbeats on a quiet line.
+pub const ITCH_HEARTBEAT_DEFAULT_NS: u64 = 1_000_000_000;
+
+fn itch_heartbeat_default_ns() -> u64 {
+    ITCH_HEARTBEAT_DEFAULT_NS
 }
 
 fn out_buffer_default_max() -> usize {
@@ -118,6 +128,9 @@ impl ExchangeConfig {
         if !(4_096..=1 << 30).contains(&self.out_buffer_max_bytes) {
             return Err(format!("out_buffer_max_bytes must be 4096..=1073741824, got {}", self.out_buffer_max_bytes));
         }
+        if !(1_000_000..=60_000_000_000).contains(&self.itch_heartbeat_ns) {
+            return Err(format!("itch_heartbeat_ns must be 1 ms..=60 s, got {}", self.itch_heartbeat_ns));
+        }
         if g.login_timeout_ns == 0 || g.login_timeout_ns > 600_000_000_000 {
             return Err(format!("gateway.login_timeout_ns must be in (0, 600 s], got {}", g.login_timeout_ns));
         }
@@ -138,6 +151,7 @@ impl Default for ExchangeConfig {
             itch_session: "FFEXCH0001".into(),
             sequencing_window_ns: 0,
             out_buffer_max_bytes: OUT_BUFFER_DEFAULT_MAX,
+            itch_heartbeat_ns: ITCH_HEARTBEAT_DEFAULT_NS,
         }
     }
 }
@@ -159,6 +173,8 @@ pub struct ExchangeReport {
     pub engines: Vec<EngineStats>,
     pub itch_packets: u64,
     pub itch_messages: u64,
+    /// MoldUDP64 heartbeats sent on the (quiet) ITCH lines.
+    pub itch_heartbeats: u64,
     pub retransmit_answers: u64,
     pub ring_full: u64,
     pub sequencer: SequencerStats,
@@ -256,7 +272,8 @@ pub struct Exchange {
 enum Part {
     Gateway(GatewayStats, Box<[Histogram<u64>; 5]>, u64, SequencerStats),
     Engine(EngineStats),
-    Publisher(u64, u64, u64),
+    /// ITCH packets, messages, retransmission answers, heartbeats.
+    Publisher(u64, u64, u64, u64),
 }
 
 impl Exchange {
@@ -361,6 +378,7 @@ impl Exchange {
             engines: Vec::new(),
             itch_packets: 0,
             itch_messages: 0,
+            itch_heartbeats: 0,
             retransmit_answers: 0,
             ring_full: 0,
             sequencer: SequencerStats::default(),
@@ -382,10 +400,11 @@ impl Exchange {
                     r.steps = names.iter().zip(h.iter()).map(|(n, h)| step(n, h)).collect();
                 }
                 Ok(Part::Engine(s)) => r.engines.push(s),
-                Ok(Part::Publisher(p, m, a)) => {
+                Ok(Part::Publisher(p, m, a, h)) => {
                     r.itch_packets = p;
                     r.itch_messages = m;
                     r.retransmit_answers = a;
+                    r.itch_heartbeats = h;
                 }
                 Err(_) => {}
             }
@@ -410,11 +429,12 @@ fn spawn_publisher(
         None => None,
     };
     let (a, b) = (cfg.itch_a, cfg.itch_b);
+    let heartbeat_ns = cfg.itch_heartbeat_ns;
     let mut w = ItchWriter::new(&cfg.itch_session, &cfg.gateway.symbols);
     let start = Instant::now();
     thread::Builder::new().name("publisher".into()).spawn(move || {
         let mut server = RetransmitServer::new(Journal::new(), ServerConfig::default());
-        let (mut packets, mut answers) = (0u64, 0u64);
+        let (mut packets, mut answers, mut heartbeats) = (0u64, 0u64, 0u64);
         let mut send = |w: &mut ItchWriter, server: &mut RetransmitServer| {
             for p in w.take_packets() {
                 for to in [a, b].into_iter().flatten() {
@@ -428,6 +448,7 @@ fn spawn_publisher(
         send(&mut w, &mut server);
         let (mut buf, mut out) = ([0u8; 2048], vec![0u8; 1400]);
         let mut idler = Idler::new(IDLE);
+        let mut last_sent = wall_ns();
         while !stop.load(Ordering::Relaxed) {
             let mut any = false;
             let now = wall_ns();
@@ -440,7 +461,15 @@ fn spawn_publisher(
             if any {
                 w.flush();
                 send(&mut w, &mut server);
+                last_sent = now;
                 idler.busy();
+            } else if now.saturating_sub(last_sent) >= heartbeat_ns {
+                let hb = w.heartbeat();
+                for to in [a, b].into_iter().flatten() {
+                    let _ = sock.send_to(&hb, to);
+                }
+                heartbeats += 1;
+                last_sent = now;
             } else {
                 idle(&mut idler, now, &sleeping, || rx.iter().all(|r| r.is_empty()));
             }
@@ -456,7 +485,7 @@ fn spawn_publisher(
         }
         w.close(wall_ns());
         send(&mut w, &mut server);
-        Part::Publisher(packets, w.messages, answers)
+        Part::Publisher(packets, w.messages, answers, heartbeats)
     })
 }
 
