@@ -254,6 +254,13 @@ impl Gateway {
         let result = loop {
             match split_packet(&buf[used..]) {
                 Ok(None) => break Ok(()),
+                // A login whose fields do not parse (a 20-digit sequence number,
+                // letters in it) is answered, not dropped silently.
+                Err(_) if conn.user.is_none() && buf.get(used + 2) == Some(&b'L') => {
+                    self.stats.login_rejects += 1;
+                    write(out, PacketRepr::LoginRejected { reason: REJECT_NOT_AUTHORIZED });
+                    break Err(Close::LoginRejected);
+                }
                 Err(_) => break Err(Close::Protocol("malformed SoupBinTCP packet")),
                 Ok(Some((p, n))) => {
                     used += n;
@@ -323,12 +330,17 @@ impl Gateway {
         (username, password, session, sequence): (Alpha<6>, Alpha<10>, Alpha<10>, u64),
         out: &mut Vec<u8>,
     ) -> Result<(), Close> {
-        let Some(u) = self.users.iter().position(|u| u.name == username && u.password == password) else {
+        // SoupBinTCP: username and password are case-insensitive.
+        let same = |a: &[u8], b: &[u8]| a.eq_ignore_ascii_case(b);
+        let Some(u) = self.users.iter().position(|u| same(&u.name.0, &username.0) && same(&u.password.0, &password.0))
+        else {
             self.stats.login_rejects += 1;
             write(out, PacketRepr::LoginRejected { reason: REJECT_NOT_AUTHORIZED });
             return Err(Close::LoginRejected);
         };
-        let wanted_session = session.0.iter().any(|&b| b != b' ') && session != self.session;
+        // Blank asks for the current session; a name may come padded on either side.
+        let wanted_session =
+            session.0.iter().any(|&b| b != b' ') && session.0.trim_ascii() != self.session.0.trim_ascii();
         if wanted_session || self.users[u].online {
             self.stats.login_rejects += 1;
             write(out, PacketRepr::LoginRejected { reason: REJECT_SESSION_NOT_AVAILABLE });

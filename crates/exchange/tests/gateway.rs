@@ -261,3 +261,42 @@ fn echoes_repeat_what_the_client_entered_and_stamps_are_since_midnight() {
     assert_eq!(packets(&out).pop().unwrap().1[0], b'I', "Cancel Reject");
     assert_eq!(r.g.stats.cancel_rejects, 1);
 }
+
+/// A SoupBinTCP Login Request written by hand: fields exactly as given.
+fn raw_login(user: &str, pw: &str, session: &str, seq: &str) -> Vec<u8> {
+    let field = |s: &str, n: usize, left: bool| {
+        if left {
+            format!("{s:<n$}")
+        } else {
+            format!("{s:>n$}")
+        }
+    };
+    let body = format!(
+        "L{}{}{}{}",
+        field(user, 6, true),
+        field(pw, 10, true),
+        field(session, 10, true),
+        field(seq, 20, false)
+    );
+    let mut b = (body.len() as u16).to_be_bytes().to_vec();
+    b.extend_from_slice(body.as_bytes());
+    b
+}
+
+#[test]
+fn logins_follow_soupbintcp_case_padding_and_bad_numbers() {
+    let mut r = Rig::new();
+    // Username and password are case-insensitive; the session may come left-justified.
+    let mut a = Conn::new(0);
+    let (res, out) = r.feed(&mut a, 1, &raw_login("alice", "PW1", "S1", "0"));
+    assert_eq!(res, Ok(()), "{:?}", packets(&out));
+    assert_eq!(packets(&out)[0].0, b'A');
+    // A wrong session is still refused.
+    let mut b = Conn::new(0);
+    assert_eq!(r.feed(&mut b, 1, &raw_login("BOB", "pw2", "OTHER", "0")).0, Err(Close::LoginRejected));
+    // A sequence number that does not fit: a Login Rejected, not a silent close.
+    let mut c = Conn::new(0);
+    let (res, out) = r.feed(&mut c, 1, &raw_login("BOB", "pw2", "", "99999999999999999999"));
+    assert_eq!(res, Err(Close::LoginRejected));
+    assert_eq!(packets(&out), vec![(b'J', vec![])]);
+}
