@@ -184,7 +184,7 @@ const CONFIG_HELP: &[(&str, &str)] = &[
     ("idle_timeout_ns", "close a connection that sent nothing (not even a heartbeat) for this long"),
     (
         "login_timeout_ns",
-        "close a connection that has not logged in this long after opening, however it trickles; at most 600 s, default 5 s. At most 4 not-yet-logged-in connections per address, 256 connections in all",
+        "close a connection that has not logged in this long after opening, however it trickles; at most 600 s, default 5 s. At most 4 not-yet-logged-in connections per address, 256 connections in all, 5 failed logins per address per second (further connections refused for the rest of that second)",
     ),
     ("orders", "live (resting) orders across all books at most; more are rejected (reason 6)"),
     ("levels", "price levels per side of one book at most; more are rejected (reason 7)"),

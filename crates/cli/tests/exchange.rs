@@ -474,3 +474,50 @@ fn a_quiet_itch_line_carries_heartbeats_with_the_next_sequence_number() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["itch_heartbeats"].as_u64().unwrap(), heartbeats.len() as u64, "{report}");
 }
+
+#[test]
+fn password_guessing_from_one_address_is_slowed_to_five_tries_a_second() {
+    let d = tmp();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let cfg = format!(
+        "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_session = \"FFTEST0001\"\n\n\
+         [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"], [\"BOB\", \"pw2\"]]\nsymbols = [\"AAPL\"]\n\
+         heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
+         [limits]\nsymbols = 1\norders = 1000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n"
+    );
+    let cfg_path = d.path().join("exchange.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let x = Command::new(bin())
+        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--seconds", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // Twenty guesses in a row from one address: five answered, the rest cut off unanswered.
+    let mut answered = 0;
+    for i in 0..20 {
+        let mut s = connect_from([127, 0, 0, 5], port, None);
+        let mut b = Vec::new();
+        client::login("ALICE", &format!("guess{i}"), 1, &mut b);
+        let _ = s.write_all(&b);
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        if reply.get(2) == Some(&b'J') {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 5, "five wrong passwords a second from one address are answered");
+    // Another address logs in meanwhile.
+    let mut bob = connect_from([127, 0, 0, 6], port, None);
+    let mut b = Vec::new();
+    client::login("BOB", "pw2", 1, &mut b);
+    bob.write_all(&b).unwrap();
+    let mut head = [0u8; 3];
+    bob.read_exact(&mut head).unwrap();
+    assert_eq!(head[2], b'A', "login accepted");
+    let out = x.wait_with_output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["gateway"]["login_rate_limited"], 15, "{report}");
+}

@@ -104,6 +104,8 @@ pub struct GatewayStats {
     pub refused_connections: u64,
     /// Connections the shell closed because they would not read what they were sent.
     pub slow_reader_closes: u64,
+    /// Connections the shell refused from an address that failed too many logins in the last second.
+    pub login_rate_limited: u64,
 }
 
 /// One connection.

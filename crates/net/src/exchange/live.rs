@@ -44,6 +44,11 @@ pub const PRELOGIN_PER_ADDRESS_MAX: usize = 4;
 pub const OUT_BUFFER_DEFAULT_MAX: usize = 4 << 20;
 /// How long a closing session may take to drain what it was sent before it is dropped anyway.
 pub const CLOSE_DRAIN_NS: u64 = 200_000_000;
+/// Failed logins from one address per second at most; beyond, its new
+/// connections are refused until the second is over (password guessing).
+pub const LOGIN_FAILURES_PER_S_MAX: u32 = 5;
+/// Addresses whose failed logins are tracked at most (stale ones are dropped first).
+const LOGIN_FAILURE_ADDRESSES_MAX: usize = 4_096;
 
 /// Everything the exchange is configured with.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -363,6 +368,7 @@ impl Exchange {
                 seq: Sequencer::new(window),
                 engines,
                 out_max,
+                login_failures: std::collections::HashMap::new(),
                 start,
                 stop: stop2,
             })
@@ -515,6 +521,8 @@ struct GatewayLoop {
     engines: usize,
     /// Bytes queued for one client at most.
     out_max: usize,
+    /// Per address: (start of its current one-second window, failed logins in it).
+    login_failures: std::collections::HashMap<std::net::IpAddr, (u64, u32)>,
     start: Instant,
     stop: Arc<AtomicBool>,
 }
@@ -530,6 +538,15 @@ fn accept(g: &mut GatewayLoop, sessions: &mut Vec<Option<Session>>) -> bool {
         let peer = from.ip();
         let waiting = sessions.iter().flatten().filter(|s| s.peer == peer && s.conn.user.is_none()).count();
         let slot = sessions.iter().position(Option::is_none);
+        let now = ns(g.start);
+        let guessing = g
+            .login_failures
+            .get(&peer)
+            .is_some_and(|&(since, n)| now - since < 1_000_000_000 && n >= LOGIN_FAILURES_PER_S_MAX);
+        if guessing {
+            g.gw.stats.login_rate_limited += 1;
+            continue;
+        }
         if waiting >= PRELOGIN_PER_ADDRESS_MAX || (slot.is_none() && sessions.len() >= CONNECTIONS_MAX) {
             g.gw.stats.refused_connections += 1;
             continue; // dropped: the client sees the connection closed
@@ -544,6 +561,26 @@ fn accept(g: &mut GatewayLoop, sessions: &mut Vec<Option<Session>>) -> bool {
         }
     }
     any
+}
+
+/// Counts a failed login from `peer` in its current one-second window,
+/// keeping the table bounded (stale windows go first, then everything).
+fn note_login_failure(
+    t: &mut std::collections::HashMap<std::net::IpAddr, (u64, u32)>,
+    peer: std::net::IpAddr,
+    now: u64,
+) {
+    if t.len() >= LOGIN_FAILURE_ADDRESSES_MAX && !t.contains_key(&peer) {
+        t.retain(|_, (since, _)| now - *since < 1_000_000_000);
+        if t.len() >= LOGIN_FAILURE_ADDRESSES_MAX {
+            t.clear();
+        }
+    }
+    let e = t.entry(peer).or_insert((now, 0));
+    if now - e.0 >= 1_000_000_000 {
+        *e = (now, 0);
+    }
+    e.1 += 1;
 }
 
 /// Closes (counted) every session holding more than `out_max` unsent bytes:
@@ -660,7 +697,11 @@ fn read_sessions(
                     }
                 }
                 if r.is_err() {
-                    s.close(ns(g.start));
+                    let now = ns(g.start);
+                    if r == Err(Close::LoginRejected) {
+                        note_login_failure(&mut g.login_failures, s.peer, now);
+                    }
+                    s.close(now);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
