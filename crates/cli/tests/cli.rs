@@ -385,6 +385,17 @@ fn sim_clock_writes_the_documented_fields_and_sync_shrinks_the_window() {
 }
 
 #[test]
+fn demo_refuses_a_bad_dilation_at_parse_time() {
+    // `--dilation` takes `auto` or a number, so the generated numeric matrix skips it.
+    for bad in ["-1", "0", "0.5", "NaN", "inf", "1e300", "65", "abc", ""] {
+        let o = Command::new(bin()).args(["demo", "--dilation", bad, "--out", "/nonexistent/x"]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "--dilation {bad:?}: {err}");
+        assert!(err.contains("--dilation") && !err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
 fn demo_runs_a_fair_tree_on_loopback() {
     let d = tmp();
     let out = d.path().join("demo");

@@ -406,6 +406,16 @@ impl Gateway {
         }
     }
 
+    /// Refuses (counted) a token that names one of the client's live orders:
+    /// no engine sees it, and the original keeps its routing.
+    fn token_free(&mut self, client: u32, token: u32, cl: Alpha<14>) -> Result<(), (u32, u16, Alpha<14>)> {
+        if self.orders.contains_key(&(client, token)) {
+            self.stats.duplicate_tokens += 1;
+            return Err((token, reject_code(Reject::DuplicateToken), cl));
+        }
+        Ok(())
+    }
+
     /// An Enter Order: checked, remembered with its echo fields, handed on.
     /// Err: (token, reject code, ClOrdID) to answer with.
     fn enter_order(
@@ -423,12 +433,7 @@ impl Gateway {
         let Some(&symbol) = self.symbols.get(&o.symbol()) else {
             return Err((token, reject_code(Reject::UnknownSymbol), cl));
         };
-        if self.orders.contains_key(&(client, token)) {
-            // A live order's token: refused here, so no engine sees it and
-            // the original keeps its routing.
-            self.stats.duplicate_tokens += 1;
-            return Err((token, reject_code(Reject::DuplicateToken), cl));
-        }
+        self.token_free(client, token, cl)?;
         let px = o.price().0;
         let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
         let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
@@ -459,10 +464,7 @@ impl Gateway {
         cmds: &mut impl FnMut(Command, Option<u64>),
     ) -> Result<(), (u32, u16, Alpha<14>)> {
         let (token, cl) = (r.user_ref_num(), r.cl_ord_id());
-        if self.orders.contains_key(&(client, token)) {
-            self.stats.duplicate_tokens += 1;
-            return Err((token, reject_code(Reject::DuplicateToken), cl));
-        }
+        self.token_free(client, token, cl)?;
         if let Some(&v) = self.orders.get(&(client, r.orig_user_ref_num())) {
             let live = LiveOrder {
                 time_in_force: r.time_in_force(),

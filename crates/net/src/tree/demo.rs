@@ -184,10 +184,8 @@ impl Time {
     }
 }
 
-/// A copy in flight: when it is due at its destination (host ns), and what
-/// the next node needs to measure it.
+/// A copy handed to the kernel and not yet read: what the next node needs to measure it.
 struct Flight {
-    due_host: u64,
     /// True emulated time it was handed to the link and the model's one-way latency, ns.
     sent_emu: u64,
     model_ns: u64,
@@ -409,7 +407,7 @@ impl Cluster {
     fn flush(&mut self) {
         let h = self.time.host();
         while self.egress.queue.peek().is_some_and(|Reverse((due, ..))| *due <= h) {
-            let Some(Reverse((due_host, _, from, to, bytes, sent_emu, model_ns))) = self.egress.queue.pop() else {
+            let Some(Reverse((_, _, from, to, bytes, sent_emu, model_ns))) = self.egress.queue.pop() else {
                 break;
             };
             let Some(s) = &self.socks[from as usize] else { continue };
@@ -420,7 +418,7 @@ impl Cluster {
                     if f.is_empty() {
                         self.pending.push(to);
                     }
-                    f.push_back(Flight { due_host, sent_emu, model_ns });
+                    f.push_back(Flight { sent_emu, model_ns });
                 }
                 Err(_) => self.send_errors += 1,
             }
@@ -441,10 +439,9 @@ impl Cluster {
                 };
                 let h = self.tick();
                 let e = self.egress.now;
-                if h >= f.due_host {
-                    tally.link_measured.push(e.saturating_sub(f.sent_emu));
-                    tally.link_model.push(f.model_ns);
-                }
+                // Sent when due (`flush`), read after: measured one-way against the model's.
+                tally.link_measured.push(e.saturating_sub(f.sent_emu));
+                tally.link_model.push(f.model_ns);
                 self.deliver(id, n, e);
                 self.drain_releases(id, tally, hold, (h, e, self.time.local(id, e)));
                 self.due[id as usize] = self.next_due(id);
