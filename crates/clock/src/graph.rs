@@ -58,6 +58,38 @@ pub fn peers(members: &[Member], random: usize, seed: u64) -> BTreeMap<u32, Vec<
     adj.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect()
 }
 
+/// How often each edge is probed: every node's peers with a stride (probe
+/// every `stride`-th interval). Parent edges (the tree and its hedges, the
+/// anchors of the solve) are probed every interval; an edge to a random peer
+/// every ⌈d ÷ `budget`⌉ intervals, d the larger peer count of its ends that
+/// are leaves (receivers: a node that forwards to children sends and reads
+/// far more data than probes, and its random edges close the loops the
+/// solve needs most). Both ends compute the same stride, so a receiver's
+/// probes sent *and* answered stay near `budget` peers' worth however many
+/// nodes picked it. (Without it a receiver picked by many others probed 8–9
+/// peers, 1.3 % of its packets at 5,000 msg/s against 0.7 % on average.)
+pub fn strides(members: &[Member], graph: &BTreeMap<u32, Vec<u32>>, budget: usize) -> BTreeMap<u32, Vec<(u32, u32)>> {
+    let budget = budget.max(1);
+    let parent_edge: BTreeSet<(u32, u32)> =
+        members.iter().flat_map(|m| m.parents.iter().flat_map(move |&p| [(m.id, p), (p, m.id)])).collect();
+    let forwards: BTreeSet<u32> = members.iter().flat_map(|m| m.parents.iter().copied()).collect();
+    let degree = |id: u32| if forwards.contains(&id) { 0 } else { graph.get(&id).map_or(0, Vec::len) };
+    graph
+        .iter()
+        .map(|(&a, peers)| {
+            let s = peers
+                .iter()
+                .map(|&b| {
+                    let stride =
+                        if parent_edge.contains(&(a, b)) { 1 } else { degree(a).max(degree(b)).div_ceil(budget) };
+                    (b, stride.max(1) as u32)
+                })
+                .collect();
+            (a, s)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,5 +112,31 @@ mod tests {
             }
         }
         assert!(a.values().all(|v| v.len() >= 2));
+    }
+
+    #[test]
+    fn strides_keep_parents_at_full_rate_and_agree_at_both_ends() {
+        // A flat star: node 0 is everyone's parent, the rest of the edges are random.
+        let members: Vec<Member> =
+            (0..400).map(|i| Member { id: i, parents: if i == 0 { vec![] } else { vec![0] } }).collect();
+        let g = peers(&members, 3, 5);
+        let budget = 4;
+        let s = strides(&members, &g, budget);
+        let stride = |a: u32, b: u32| s[&a].iter().find(|x| x.0 == b).unwrap().1;
+        for (&a, peers) in &g {
+            for &b in peers {
+                assert_eq!(stride(a, b), stride(b, a), "{a}–{b}");
+                if a == 0 || b == 0 {
+                    assert_eq!(stride(a, b), 1, "parent edge {a}–{b} at full rate");
+                }
+            }
+            if a != 0 {
+                // Probed peers per interval: the parent, plus each random peer 1/stride.
+                let load: f64 = s[&a].iter().map(|&(_, k)| 1.0 / f64::from(k)).sum();
+                assert!(load <= budget as f64 + 1.0, "node {a}: {load} peers per interval");
+            }
+        }
+        let busiest = (1..400).max_by_key(|i| g[i].len()).unwrap();
+        assert!(g[&busiest].len() > budget + 1, "the graph has a node above the budget to test");
     }
 }

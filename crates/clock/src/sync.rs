@@ -106,6 +106,7 @@ pub enum SyncMode {
 
 /// Settings of one node's synchronization.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct SyncConfig {
     pub mode: SyncMode,
     /// A pair to each peer this often in steady state.
@@ -131,6 +132,11 @@ pub struct SyncConfig {
     pub bound_limit_ns: u64,
     /// Clock differences beyond this are absurd.
     pub max_skew_ns: u64,
+    /// Peers a node probes at full rate in steady state: an edge to a random
+    /// peer whose busier end has more peers is probed only every
+    /// ⌈peers ÷ budget⌉ intervals (see [`crate::graph::strides`]), so probe
+    /// traffic stays a bounded share of a receiver's packets.
+    pub peer_budget: usize,
 }
 
 impl Default for SyncConfig {
@@ -147,6 +153,7 @@ impl Default for SyncConfig {
             step_ns: 20_000,
             bound_limit_ns: 1_000,
             max_skew_ns: 10_000_000_000,
+            peer_budget: 6,
         }
     }
 }
@@ -165,6 +172,7 @@ impl SyncConfig {
             (self.window_ns >= self.interval_ns, "window_ns must be at least interval_ns"),
             (self.step_ns > 0, "step_ns must be > 0"),
             (self.max_skew_ns > 0, "max_skew_ns must be > 0"),
+            (self.peer_budget > 0, "peer_budget must be > 0"),
         ];
         match checks.iter().find(|c| !c.0) {
             Some((_, why)) => Err((*why).to_string()),
@@ -314,12 +322,15 @@ struct Peer {
     advert: Option<Advert>,
     asymmetric: bool,
     residual_ns: f64,
+    /// Probed every `stride`-th interval in steady state.
+    stride: u32,
 }
 
 impl Peer {
     fn new(id: u32) -> Self {
         Peer {
             id,
+            stride: 1,
             next_pair: 1,
             last_rx: None,
             first: None,
@@ -379,6 +390,8 @@ pub struct ClockSync {
     next_round: u64,
     /// The peer the next slot probes.
     next_peer: usize,
+    /// Intervals begun (each peer's turn comes once per interval).
+    round: u64,
     /// Second probes of pairs waiting to go: (due, peer index, pair, first tx).
     seconds: Vec<(u64, usize, u64)>,
     offset_ns: f64,
@@ -411,6 +424,7 @@ impl ClockSync {
             fast_until: 0,
             next_round: 0,
             next_peer: 0,
+            round: 0,
             seconds: Vec::new(),
             offset_ns: 0.0,
             drift: 0.0,
@@ -422,6 +436,17 @@ impl ClockSync {
             synced_since: None,
             level: if reference { 0 } else { u16::MAX },
             stats,
+        }
+    }
+
+    /// Probes peer `id` only every `stride`-th interval in steady state (the
+    /// start-up phase probes every peer every interval); see
+    /// [`crate::graph::strides`]. Unknown peers are ignored.
+    pub fn set_strides(&mut self, strides: &[(u32, u32)]) {
+        for &(id, stride) in strides {
+            if let Some(p) = self.peers.iter_mut().find(|p| p.id == id) {
+                p.stride = stride.max(1);
+            }
         }
     }
 
@@ -541,12 +566,16 @@ impl ClockSync {
             let p = self.next_peer % n;
             self.next_peer = (self.next_peer + 1) % n;
             if p == 0 {
+                self.round += 1;
                 self.update(now);
             }
-            let pair = self.peers[p].next_pair;
-            self.peers[p].next_pair += 1;
-            self.send_probe(now, p, pair, 0, send);
-            self.seconds.push((now + self.cfg.pair_gap_ns, p, pair));
+            let stride = if now < self.fast_until { 1 } else { u64::from(self.peers[p].stride) };
+            if self.round % stride == 0 {
+                let pair = self.peers[p].next_pair;
+                self.peers[p].next_pair += 1;
+                self.send_probe(now, p, pair, 0, send);
+                self.seconds.push((now + self.cfg.pair_gap_ns, p, pair));
+            }
             let slot = (self.interval(now) / n as u64).max(self.cfg.pair_gap_ns * 2);
             self.next_round = now + slot;
         }

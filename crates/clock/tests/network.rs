@@ -58,7 +58,15 @@ impl World {
             (0..n as u32).map(|i| Member { id: i, parents: if i == 0 { vec![] } else { vec![(i - 1) / 4] } }).collect();
         let graph = peers(&members, random, seed);
         let cfg = SyncConfig::default();
-        let nodes = graph.iter().map(|(&id, p)| ClockSync::new(id, p, id == 0, cfg)).collect();
+        let strides = fairfeed_clock::graph::strides(&members, &graph, cfg.peer_budget);
+        let nodes = graph
+            .iter()
+            .map(|(&id, p)| {
+                let mut c = ClockSync::new(id, p, id == 0, cfg);
+                c.set_strides(&strides[&id]);
+                c
+            })
+            .collect();
         let clocks = (0..n)
             .map(|_| TrueClock {
                 offset_ns: rng.gen_range(-spread_ns..=spread_ns),

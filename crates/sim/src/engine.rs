@@ -735,8 +735,16 @@ fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<
     let mut nodes: Vec<SimNode> = (0..n_ids).map(|_| SimNode::ABSENT).collect();
     let sender_id = tree.nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
     let graph = cfg.sync.map(|s| probe_graph(topo, 0, s.random_peers, cfg.seed));
+    let strides = match (&graph, cfg.sync) {
+        (Some(g), Some(s)) => fairfeed_tree::plan::probe_strides(topo, 0, g, s.cfg.peer_budget),
+        _ => Default::default(),
+    };
     let sync_for = |id: u32| match (&graph, cfg.sync) {
-        (Some(g), Some(s)) => ClockSync::new(id, g.get(&id).map_or(&[][..], |v| &v[..]), id == sender_id, s.cfg),
+        (Some(g), Some(s)) => {
+            let mut c = ClockSync::new(id, g.get(&id).map_or(&[][..], |v| &v[..]), id == sender_id, s.cfg);
+            c.set_strides(strides.get(&id).map_or(&[][..], |v| &v[..]));
+            c
+        }
         _ => ClockSync::off(id),
     };
     let mut hp = fairfeed_tree::plan::hedge_parents(topo, 0);

@@ -406,8 +406,22 @@ pub fn hedge_parents(t: &Topology, tree: usize) -> std::collections::BTreeMap<u3
 /// tree; symmetric). A pure function of the topology and `seed`, so every node
 /// process computes the same graph from the topology file.
 pub fn probe_graph(t: &Topology, tree: usize, random: usize, seed: u64) -> std::collections::BTreeMap<u32, Vec<u32>> {
-    use fairfeed_clock::graph::{peers, Member};
-    let Some(tr) = t.trees.get(tree) else { return Default::default() };
+    fairfeed_clock::graph::peers(&probe_members(t, tree), random, seed)
+}
+
+/// Every node's probe peers with how often each edge is probed (see
+/// [`fairfeed_clock::graph::strides`]): what [`fairfeed_clock::ClockSync::set_strides`] takes.
+pub fn probe_strides(
+    t: &Topology,
+    tree: usize,
+    graph: &std::collections::BTreeMap<u32, Vec<u32>>,
+    budget: usize,
+) -> std::collections::BTreeMap<u32, Vec<(u32, u32)>> {
+    fairfeed_clock::graph::strides(&probe_members(t, tree), graph, budget)
+}
+
+fn probe_members(t: &Topology, tree: usize) -> Vec<fairfeed_clock::graph::Member> {
+    let Some(tr) = t.trees.get(tree) else { return Vec::new() };
     let mut parents: std::collections::BTreeMap<u32, Vec<u32>> =
         tr.nodes.iter().map(|n| (n.id, n.parent.into_iter().collect())).collect();
     for n in &tr.nodes {
@@ -415,8 +429,7 @@ pub fn probe_graph(t: &Topology, tree: usize, random: usize, seed: u64) -> std::
             parents.entry(h).or_default().push(n.id);
         }
     }
-    let members: Vec<Member> = parents.into_iter().map(|(id, parents)| Member { id, parents }).collect();
-    peers(&members, random, seed)
+    parents.into_iter().map(|(id, parents)| fairfeed_clock::graph::Member { id, parents }).collect()
 }
 
 #[cfg(test)]
