@@ -228,7 +228,7 @@ fn spawn_nodes(
             Role::Receiver => Job::Receiver(ReceiverJob::default()),
         };
         let cfg = AgentConfig {
-            topology: topo.clone(),
+            topology: Arc::new(topo.clone()),
             id: node.id,
             node: NodeConfig::default(),
             rule: DeadlineRule::Paper { margin_ns: 0 },
@@ -249,6 +249,8 @@ fn spawn_nodes(
                 random_peers: 2,
                 skew: skews[node.id as usize],
             },
+            time: fairfeed_net::tree::agent::TimeBase::WALL,
+            tap: None,
         };
         let h = thread::Builder::new()
             .name(format!("node-{}", node.id))

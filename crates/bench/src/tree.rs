@@ -85,7 +85,7 @@ fn start_proxy(
     };
     let stop = Arc::new(AtomicBool::new(false));
     let cfg = AgentConfig {
-        topology: topo,
+        topology: std::sync::Arc::new(topo),
         id: proxy_id,
         node: NodeConfig::default(),
         rule: DeadlineRule::Paper { margin_ns: 0 },
@@ -100,6 +100,8 @@ fn start_proxy(
         job: Job::Proxy,
         stop: stop.clone(),
         clock: fairfeed_net::tree::agent::ClockOpts::default(),
+        time: fairfeed_net::tree::agent::TimeBase::WALL,
+        tap: None,
     };
     let handle = thread::Builder::new().name("proxy".into()).spawn(move || run_agent(&cfg, |_, _| {}))?;
     thread::sleep(Duration::from_millis(100));

@@ -239,7 +239,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
     }
     anyhow::ensure!(c.report_interval_ms > 0, "--report-interval-ms must be positive");
     Ok(AgentConfig {
-        topology: load_topology(&c.topology)?,
+        topology: Arc::new(load_topology(&c.topology)?),
         id: c.id,
         node: NodeConfig {
             report_interval_ns: c.report_interval_ms * 1_000_000,
@@ -262,6 +262,8 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         job,
         stop,
         clock: clock_opts(c),
+        time: fairfeed_net::tree::agent::TimeBase::WALL,
+        tap: None,
     })
 }
 

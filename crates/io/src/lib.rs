@@ -1,13 +1,15 @@
 //! # fairfeed-io
 //!
 //! The low-level I/O every fairfeed shell is built from, apart from the
-//! shells themselves: UDP sockets ([`socket`]), `recvmmsg`/`sendmmsg`
+//! shells themselves: agents and the runner that places them on threads
+//! ([`agent`]), UDP sockets ([`socket`]), `recvmmsg`/`sendmmsg`
 //! batching with kernel receive stamps ([`batch`]), thread and socket tuning
 //! ([`tuning`]), precise pacing ([`pace`]), how loops wait for work
 //! ([`idle`]) and the wall clock ([`clock`]). Nothing here knows a protocol;
 //! a kernel-bypass back-end (AF_XDP, io_uring) would be one more module beside
 //! [`batch`].
 
+pub mod agent;
 pub mod batch;
 pub mod clock;
 pub mod idle;

@@ -27,28 +27,35 @@
 //!
 //! The loop spins (busy polling): it owns one core for the run's duration.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::cell::RefCell;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
-use fairfeed_clock::ClockSync;
-use fairfeed_model::{Clock, ClockModel, LinkEmulator, LinkModel};
-use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Outcome, Released, Transmit};
+use fairfeed_clock::skew::Skew;
+use fairfeed_io::agent::{run, Agent, RunConfig, RunStats, Turn};
+use fairfeed_model::{Clock, ClockModel, LinkModel};
+use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Released};
 use fairfeed_tree::plan::{Role, Topology};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
 
-use crate::arb::live::bind_udp;
+use super::agent::{wall_ns, AgentConfig, ClockOpts, Job, NodeAgent, ReceiverJob, ReleaseAt, SenderJob};
+use super::agent::{Tap, Threading, TimeBase};
+use crate::arb::live::{bind_udp, IdleStrategy};
+use crate::tuning::Tuning;
 
 /// Nodes a loopback cluster may have (each one a socket).
 pub const NODES_MAX: usize = 4_096;
 /// The largest time dilation (emulated time runs this many times slower at most).
 pub const DILATION_MAX: f64 = 64.0;
-/// Host ns before the next release below which the loop spins to it rather than taking another turn.
+/// Host ns before the next timer below which the runner spins rather than waits.
 const SPIN_AHEAD_NS: u64 = 50_000;
+/// Receive buffer of each node's socket.
+const SOCKET_BUFFER: usize = 4 << 20;
 /// Emulated clocks start here, so a negative clock offset never reads below zero.
 const EPOCH_NS: u64 = 1_000_000_000;
 /// Share of the emulated journey of one message the loop's work for it may take (see [`calibrate`]).
@@ -125,6 +132,8 @@ pub struct ClusterResult {
     pub link_lag_p99_us: f64,
     /// Share of copies more than 5 µs (emulated) behind the model.
     pub link_lag_share: f64,
+    /// What the one thread's runner did (passes, turns, slow turns, host ns of work).
+    pub runner: RunStats,
     /// First copies at receivers by the links they crossed (proxies + 1):
     /// one-way latency p50/p99 and the p50 per link.
     pub paths: Vec<PathLatency>,
@@ -149,90 +158,6 @@ pub struct PathLatency {
     pub per_link_p50_us: f64,
 }
 
-/// Path lengths tracked (longer paths are counted with the longest).
-const PATH_LINKS_MAX: usize = 8;
-
-/// The host clock, the emulated one and every node's own.
-struct Time {
-    start: Instant,
-    dilation: f64,
-    clocks: Vec<Clock>,
-}
-
-impl Time {
-    fn host(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-    /// True emulated time at host time `h`.
-    fn emu(&self, h: u64) -> u64 {
-        EPOCH_NS + (h as f64 / self.dilation) as u64
-    }
-    /// Host time at true emulated time `e`.
-    fn host_at(&self, e: u64) -> u64 {
-        (e.saturating_sub(EPOCH_NS) as f64 * self.dilation).ceil() as u64
-    }
-    /// Node `id`'s own clock at true emulated time `e`.
-    fn local(&self, id: u32, e: u64) -> u64 {
-        self.clocks[id as usize].local(e)
-    }
-    /// Host time at which node `id`'s clock reads `l`.
-    fn host_at_local(&self, id: u32, l: u64) -> u64 {
-        if l == u64::MAX {
-            return u64::MAX;
-        }
-        self.host_at(self.clocks[id as usize].true_at(l))
-    }
-}
-
-/// A copy handed to the kernel and not yet read: what the next node needs to measure it.
-struct Flight {
-    /// True emulated time it was handed to the link and the model's one-way latency, ns.
-    sent_emu: u64,
-    model_ns: u64,
-}
-
-/// Copies waiting for their emulated hop delay: (due host ns, order, from, to, bytes, sent emu, model ns).
-type Delayed = Reverse<(u64, u64, u32, u32, Rc<[u8]>, u64, u64)>;
-
-struct Egress {
-    /// True emulated time of the current step.
-    now: u64,
-    dilation: f64,
-    queue: BinaryHeap<Delayed>,
-    order: u64,
-    links: LinkEmulator,
-}
-
-struct Tx<'a> {
-    e: &'a mut Egress,
-    from: u32,
-}
-
-impl Tx<'_> {
-    /// One copy of the shared `rc` to `to`, queued for its emulated arrival.
-    fn copy(&mut self, to: u32, rc: &Rc<[u8]>) {
-        let e = &mut *self.e;
-        for due in e.links.arrivals(e.now, self.from, to).into_iter().flatten() {
-            e.order += 1;
-            let due_host = (due.saturating_sub(EPOCH_NS) as f64 * e.dilation).ceil() as u64;
-            e.queue.push(Reverse((due_host, e.order, self.from, to, rc.clone(), e.now, due - e.now)));
-        }
-    }
-}
-
-impl Transmit for Tx<'_> {
-    fn send(&mut self, to: u32, bytes: &[u8]) {
-        self.copy(to, &Rc::from(bytes));
-    }
-
-    fn send_all(&mut self, to: &[u32], bytes: &[u8]) {
-        let rc: Rc<[u8]> = Rc::from(bytes);
-        for &t in to {
-            self.copy(t, &rc);
-        }
-    }
-}
-
 /// The loopback address of node `id`: 127.1.(id / 250).(id % 250 + 1).
 pub fn node_addr(id: u32) -> Ipv4Addr {
     Ipv4Addr::new(127, 1, (id / 250) as u8, (id % 250 + 1) as u8)
@@ -248,6 +173,8 @@ fn quantile(v: &mut [u64], q: f64) -> u64 {
 
 /// Per-message release bookkeeping (index: overlay sequence).
 struct Tally {
+    /// The sender's clock (send stamps are read on it).
+    sender: Skew,
     sent_at: Vec<u64>,
     /// First and last release on the true emulated clock and on the host clock.
     first: Vec<u64>,
@@ -267,7 +194,7 @@ struct Tally {
 }
 
 impl Tally {
-    fn new(slots: usize, track: &[u32]) -> Self {
+    fn new(slots: usize, track: &[u32], sender: Skew) -> Self {
         let mut t = vec![false; NODES_MAX];
         for &id in track {
             if let Some(x) = t.get_mut(id as usize) {
@@ -275,6 +202,7 @@ impl Tally {
             }
         }
         Tally {
+            sender,
             sent_at: vec![0; slots],
             first: vec![u64::MAX; slots],
             last: vec![0; slots],
@@ -292,13 +220,16 @@ impl Tally {
         }
     }
 
-    /// Receiver `id` released `m` at host time `h` (true emulated `e`, its own clock `local`).
+    /// Receiver `id` released `m` at wall time `h` (true emulated `e`, its own clock `local`).
     fn release(&mut self, id: u32, m: &Released, (h, e, local): (u64, u64, u64), hold: bool, due_host: u64) {
         if self.track.get(id as usize).copied().unwrap_or(false) {
             self.tracked.push((id, m.sequence, e));
         }
         let i = m.sequence as usize;
         if i < self.first.len() {
+            if self.sent_at[i] == 0 {
+                self.sent_at[i] = self.sender.true_at(m.send_ns);
+            }
             self.first[i] = self.first[i].min(e);
             self.last[i] = self.last[i].max(e);
             self.host_first[i] = self.host_first[i].min(h);
@@ -314,264 +245,195 @@ impl Tally {
     }
 }
 
-/// All nodes of one tree, their sockets and the emulated links.
-struct Cluster {
-    socks: Vec<Option<UdpSocket>>,
-    addrs: Vec<SocketAddr>,
-    nodes: Vec<Option<Node>>,
-    sender_id: u32,
-    receiver_ids: Vec<u32>,
-    egress: Egress,
-    time: Time,
-    /// Per destination: the copies handed to the kernel and not yet read, in order.
-    flights: Vec<VecDeque<Flight>>,
-    /// Destinations with copies to read.
-    pending: Vec<u32>,
-    packets_sent: u64,
-    send_errors: u64,
-    buf: Vec<u8>,
-    turn: u64,
-    /// Per node: host time its next timer falls due (refreshed whenever it handles something).
-    due: Vec<u64>,
-    /// One-way latency of each copy reaching a receiver, by links crossed.
-    path_ns: Vec<Vec<u64>>,
+/// Ends the run and tells the progress callback how far it is: an agent
+/// beside the node agents on the same thread.
+struct Stopwatch<F: FnMut(f64)> {
+    start_wall: u64,
+    end_wall: u64,
+    next_tick: u64,
+    progress: F,
+    stop: Arc<AtomicBool>,
+    done: bool,
 }
 
-impl Cluster {
-    fn new(topo: &Topology, cfg: &ClusterConfig) -> std::io::Result<Self> {
-        assert!((1.0..=DILATION_MAX).contains(&cfg.dilation), "dilation in 1..={DILATION_MAX}");
-        let tree = &topo.trees[0];
-        let n_ids = tree.nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
-        assert!(n_ids <= NODES_MAX, "at most {NODES_MAX} nodes on loopback");
-        let mut socks: Vec<Option<UdpSocket>> = (0..n_ids).map(|_| None).collect();
-        let mut addrs: Vec<SocketAddr> = vec![SocketAddr::from(([127, 0, 0, 1], 0)); n_ids];
-        let mut nodes: Vec<Option<Node>> = (0..n_ids).map(|_| None).collect();
-        let sender_id = tree.nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
-        let mut hp = fairfeed_tree::plan::hedge_parents(topo, 0);
-        for n in &tree.nodes {
-            let s = bind_udp(SocketAddr::V4(SocketAddrV4::new(node_addr(n.id), 0)), 4 << 20)?;
-            addrs[n.id as usize] = s.local_addr()?;
-            socks[n.id as usize] = Some(s);
-            let hedge_parents = hp.remove(&n.id).unwrap_or_default();
-            nodes[n.id as usize] =
-                Some(Node::from_plan(n, sender_id, hedge_parents, cfg.node, cfg.rule, ClockSync::off(n.id)));
+impl<F: FnMut(f64)> Stopwatch<F> {
+    const TICKS: u64 = 20;
+}
+
+impl<F: FnMut(f64)> Agent for Stopwatch<F> {
+    fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
+        if now >= self.next_tick {
+            let span = self.end_wall.saturating_sub(self.start_wall).max(1);
+            (self.progress)((now.saturating_sub(self.start_wall) as f64 / span as f64).min(1.0));
+            self.next_tick += span / Self::TICKS;
         }
-        let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed ^ 0xC10C);
-        let clocks = (0..n_ids).map(|_| Clock::draw(&cfg.clock, &mut rng)).collect();
-        Ok(Cluster {
-            socks,
-            addrs,
-            nodes,
-            sender_id,
-            receiver_ids: topo.receiver_ids.clone(),
-            egress: Egress {
-                now: EPOCH_NS,
-                dilation: cfg.dilation,
-                queue: BinaryHeap::new(),
-                order: 0,
-                links: LinkEmulator::new(cfg.link, ChaCha12Rng::seed_from_u64(cfg.seed), n_ids),
-            },
-            time: Time { start: Instant::now(), dilation: cfg.dilation, clocks },
-            flights: (0..n_ids).map(|_| VecDeque::new()).collect(),
-            pending: Vec::new(),
-            packets_sent: 0,
-            send_errors: 0,
-            buf: vec![0u8; 65_536],
-            turn: 0,
-            due: vec![0; n_ids],
-            path_ns: vec![Vec::new(); PATH_LINKS_MAX + 1],
-        })
-    }
-
-    /// Host time now; sets the egress's emulated time to match.
-    fn tick(&mut self) -> u64 {
-        let h = self.time.host();
-        self.egress.now = self.time.emu(h);
-        h
-    }
-
-    /// The sender multicasts one payload; returns its overlay sequence number
-    /// and the true emulated time it left.
-    fn send(&mut self, payload: &[u8]) -> (u64, u64) {
-        self.tick();
-        let e = self.egress.now;
-        let from = self.sender_id;
-        let local = self.time.local(from, e);
-        let Some(Node::Sender(s)) = &mut self.nodes[from as usize] else { return (0, e) };
-        let seq = s.handle_message(local, payload, &mut Tx { e: &mut self.egress, from });
-        s.update(local);
-        (seq, e)
-    }
-
-    /// Hands the copies whose emulated delay is over to the kernel.
-    fn flush(&mut self) {
-        let h = self.time.host();
-        while self.egress.queue.peek().is_some_and(|Reverse((due, ..))| *due <= h) {
-            let Some(Reverse((_, _, from, to, bytes, sent_emu, model_ns))) = self.egress.queue.pop() else {
-                break;
-            };
-            let Some(s) = &self.socks[from as usize] else { continue };
-            match s.send_to(&bytes, self.addrs[to as usize]) {
-                Ok(_) => {
-                    self.packets_sent += 1;
-                    let f = &mut self.flights[to as usize];
-                    if f.is_empty() {
-                        self.pending.push(to);
-                    }
-                    f.push_back(Flight { sent_emu, model_ns });
-                }
-                Err(_) => self.send_errors += 1,
-            }
+        if now >= self.end_wall {
+            self.stop.store(true, Ordering::Relaxed);
+            self.done = true;
         }
+        0
     }
 
-    /// Reads the copies just handed to the kernel (loopback delivers them
-    /// within the send call, in order per destination) and feeds each node.
-    fn receive(&mut self, tally: &mut Tally, hold: bool) {
-        let pending = std::mem::take(&mut self.pending);
-        for &id in &pending {
-            while let Some(f) = self.flights[id as usize].pop_front() {
-                let Some(sock) = &self.socks[id as usize] else { break };
-                let Ok(n) = sock.recv(&mut self.buf) else {
-                    // Not there (dropped by the kernel): the loss shows in `lost`.
-                    self.flights[id as usize].clear();
-                    break;
-                };
-                let h = self.tick();
-                let e = self.egress.now;
-                // Sent when due (`flush`), read after: measured one-way against the model's.
-                tally.link_measured.push(e.saturating_sub(f.sent_emu));
-                tally.link_model.push(f.model_ns);
-                self.deliver(id, n, e);
-                self.drain_releases(id, tally, hold, (h, e, self.time.local(id, e)));
-                self.due[id as usize] = self.next_due(id);
-            }
-        }
-        self.pending = pending;
-        self.pending.clear();
+    fn next_due(&self) -> u64 {
+        self.next_tick.min(self.end_wall)
     }
 
-    /// Node `id` handles the `n` bytes in `buf`, at true emulated time `e`.
-    fn deliver(&mut self, id: u32, n: usize, e: u64) {
-        let local = self.time.local(id, e);
-        let mut tx = Tx { e: &mut self.egress, from: id };
-        let Some(node) = &mut self.nodes[id as usize] else { return };
-        if let (true, Outcome::New { hops, owd_ns, .. }) =
-            (node.is_receiver(), node.handle_packet(local, &mut self.buf[..n], &mut tx))
-        {
-            self.path_ns[usize::from(hops).min(PATH_LINKS_MAX)].push(owd_ns.max(0) as u64);
-        }
+    fn fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        Vec::new()
     }
 
-    /// Host time node `id`'s next timer falls due.
-    fn next_due(&self, id: u32) -> u64 {
-        let local = self.nodes[id as usize].as_ref().map_or(u64::MAX, Node::next_timeout);
-        self.time.host_at_local(id, local)
+    fn is_done(&self) -> bool {
+        self.done
     }
+}
 
-    /// Runs due timers and releases. When the earliest release is about to
-    /// fall due, spins to it, so every receiver's release runs back to back.
-    fn timers(&mut self, tally: &mut Tally, hold: bool) {
-        let d = self.due.iter().copied().min().unwrap_or(u64::MAX);
-        let h = self.time.host();
-        if d > h {
-            if d - h >= SPIN_AHEAD_NS {
-                return;
-            }
-            while self.time.host() < d {
-                std::hint::spin_loop();
-            }
-        }
-        // One core cannot release every receiver at once: visit them from a
-        // rotating first node, so no receiver is systematically released first
-        // (separate hosts would have no such order; the window is still measured).
-        let n = self.nodes.len();
-        self.turn = self.turn.wrapping_add(1);
-        let first = (self.turn as usize).wrapping_mul(7919) % n.max(1);
-        for k in 0..n {
-            let id = (first + k) % n;
-            if self.due[id] <= self.time.host() {
-                self.node_timer(id as u32, tally, hold);
-                self.due[id] = self.next_due(id as u32);
-            }
-        }
-    }
+/// A model clock as the skew a node agent applies to its time (the model's
+/// clock steps, if any, are not emulated here).
+fn skew_of(c: &Clock) -> Skew {
+    Skew { offset_ns: c.offset_ns.round() as i64, drift_ppm: c.drift * 1e6, epoch_ns: 0 }
+}
 
-    fn node_timer(&mut self, id: u32, tally: &mut Tally, hold: bool) {
-        let h = self.tick();
-        let e = self.egress.now;
-        let local = self.time.local(id, e);
-        let mut tx = Tx { e: &mut self.egress, from: id };
-        match &mut self.nodes[id as usize] {
-            Some(node) if node.next_timeout() <= local => node.handle_timeout(local, &mut tx),
-            _ => {}
-        }
-        self.drain_releases(id, tally, hold, (h, e, local));
+/// One node agent's configuration in the demo: the topology with every
+/// node's loopback address, dilated time, its own clock, emulated links.
+fn node_config(
+    topo: &Arc<Topology>,
+    n: &fairfeed_tree::plan::Node,
+    cfg: &ClusterConfig,
+    shared: &Shared,
+) -> AgentConfig {
+    let job = match n.role {
+        Role::Sender => Job::Sender(SenderJob {
+            payloads: shared.payloads.clone(),
+            rate_per_s: cfg.rate_per_s,
+            start_delay_ns: 0,
+            linger_ns: shared.drain_ns,
+            retransmit_listen: None,
+        }),
+        Role::Proxy => Job::Proxy,
+        Role::Receiver => Job::Receiver(ReceiverJob::default()),
+    };
+    AgentConfig {
+        topology: topo.clone(),
+        id: n.id,
+        node: cfg.node,
+        rule: cfg.rule,
+        auth: None,
+        link: Some(cfg.link),
+        seed: cfg.seed,
+        idle: IdleStrategy::Spin,
+        threads: Threading::One,
+        tuning: Tuning::default(),
+        control: None,
+        max_seconds: None,
+        job,
+        stop: shared.stop.clone(),
+        clock: ClockOpts { skew: shared.skews[n.id as usize], ..ClockOpts::default() },
+        time: shared.time,
+        tap: Some(shared.tap.clone()),
     }
+}
 
-    /// Records what receiver `id` released at (host, true emulated, its own) time `at`.
-    fn drain_releases(&mut self, id: u32, tally: &mut Tally, hold: bool, at: (u64, u64, u64)) {
-        if let Some(node) = &mut self.nodes[id as usize] {
-            while let Some(m) = node.poll_release() {
-                let due_host = self.time.host_at_local(id, m.deadline_ns);
-                tally.release(id, &m, at, hold, due_host);
-            }
-        }
+/// What every node agent of a run shares.
+struct Shared {
+    payloads: Vec<Vec<u8>>,
+    drain_ns: u64,
+    stop: Arc<AtomicBool>,
+    skews: Vec<Skew>,
+    time: TimeBase,
+    tap: Arc<Tap>,
+}
+
+/// Binds every node of tree 0 to its own loopback address and writes the
+/// addresses into the topology the agents read.
+fn bind_all(topo: &Topology) -> std::io::Result<(Topology, Vec<Option<UdpSocket>>)> {
+    let mut topo = topo.clone();
+    let n_ids = topo.trees[0].nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
+    assert!(n_ids <= NODES_MAX, "at most {NODES_MAX} nodes on loopback");
+    let mut socks: Vec<Option<UdpSocket>> = (0..n_ids).map(|_| None).collect();
+    for n in &mut topo.trees[0].nodes {
+        let s = bind_udp(SocketAddr::V4(SocketAddrV4::new(node_addr(n.id), 0)), SOCKET_BUFFER)?;
+        n.addr = Some(s.local_addr()?.to_string());
+        socks[n.id as usize] = Some(s);
     }
+    Ok((topo, socks))
 }
 
 /// Runs tree 0 of `topo` on loopback, sending `cfg.messages` of `payloads`
 /// (MoldUDP64 packets, cycled) at `cfg.rate_per_s` emulated messages per
-/// second. `progress` is told the elapsed fraction now and then.
+/// second: one [`NodeAgent`] per node — the agent `fairfeed sender|proxy|
+/// receiver` runs — all on this thread under one runner, on dilated time.
+/// `progress` is told the elapsed fraction now and then.
 pub fn run_cluster(
     topo: &Topology,
     cfg: &ClusterConfig,
     payloads: &[Vec<u8>],
-    mut progress: impl FnMut(f64),
+    progress: impl FnMut(f64),
 ) -> std::io::Result<ClusterResult> {
     assert!(!payloads.is_empty(), "something to send");
     assert!(cfg.rate_per_s > 0.0, "a positive rate");
-    let mut c = Cluster::new(topo, cfg)?;
+    assert!((1.0..=DILATION_MAX).contains(&cfg.dilation), "dilation in 1..={DILATION_MAX}");
+    let (planned, socks) = bind_all(topo)?;
+    let topo = Arc::new(planned);
     let total = cfg.messages.max(1);
-    let gap_emu = 1e9 / cfg.rate_per_s;
-    let mut tally = Tally::new(total as usize + 1, &cfg.track);
-    let end_emu = (total as f64 * gap_emu) as u64;
-    // After the last message: long enough for its deadline and the slowest copy.
-    let drain_emu = cfg.node.initial_owd_ns.max(5_000_000) * 4;
-    let end_host = c.time.host_at(EPOCH_NS + end_emu + drain_emu);
-    let (mut sent, mut next_progress) = (0u64, 0u64);
-    c.time.start = Instant::now();
-    loop {
-        let h = c.time.host();
-        if sent < total && h >= c.time.host_at(EPOCH_NS + (sent as f64 * gap_emu) as u64) {
-            let p = &payloads[(sent % payloads.len() as u64) as usize];
-            let (seq, at) = c.send(p);
-            if let Some(x) = tally.sent_at.get_mut(seq as usize) {
-                *x = at;
-            }
-            sent += 1;
-        }
-        c.flush();
-        c.receive(&mut tally, cfg.node.hold_and_release);
-        c.timers(&mut tally, cfg.node.hold_and_release);
-        if h * 20 / end_host.max(1) >= next_progress {
-            progress((h as f64 / end_host as f64).min(1.0));
-            next_progress += 1;
-        }
-        if sent >= total && h > end_host && c.egress.queue.is_empty() {
-            break;
-        }
-        std::hint::spin_loop();
+    let n_ids = socks.len();
+    let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed ^ 0xC10C);
+    let clocks: Vec<Clock> = (0..n_ids).map(|_| Clock::draw(&cfg.clock, &mut rng)).collect();
+    // Emulated time stands still until every agent is built, then runs.
+    let setup_ns = 50_000_000 + 200_000 * n_ids as u64;
+    let time = TimeBase { origin_wall_ns: wall_ns() + setup_ns, origin_ns: EPOCH_NS, dilation: cfg.dilation };
+    let shared = Shared {
+        payloads: (0..total).map(|k| payloads[(k % payloads.len() as u64) as usize].clone()).collect(),
+        // After the last message: long enough for its deadline and the slowest copy.
+        drain_ns: cfg.node.initial_owd_ns.max(5_000_000) * 4,
+        stop: Arc::new(AtomicBool::new(false)),
+        skews: clocks.iter().map(skew_of).collect(),
+        time,
+        tap: Arc::new(Tap::default()),
+    };
+    let configs: Vec<AgentConfig> = topo.trees[0].nodes.iter().map(|n| node_config(&topo, n, cfg, &shared)).collect();
+    let sender_id = topo.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
+    let tally = Rc::new(RefCell::new(Tally::new(total as usize + 1, &cfg.track, shared.skews[sender_id as usize])));
+    let mut socks = socks;
+    let mut agents = Vec::with_capacity(configs.len());
+    for c in &configs {
+        let (t, id, skew, hold) = (tally.clone(), c.id, c.clock.skew, cfg.node.hold_and_release);
+        let on_release = move |m: &Released, at: ReleaseAt| {
+            let due_wall = time.wall_at(skew.true_at(m.deadline_ns));
+            t.borrow_mut().release(id, m, (at.wall_ns, at.true_ns, at.local_ns), hold, due_wall);
+        };
+        let a = NodeAgent::new(c, socks[c.id as usize].take(), on_release)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        agents.push(a);
     }
-    let host_seconds = c.time.host() as f64 / 1e9;
-    let mut r = summarize(&mut c, cfg, &mut tally, total);
+    let end_emu = (total as f64 * 1e9 / cfg.rate_per_s) as u64 + shared.drain_ns;
+    let mut watch = Stopwatch {
+        start_wall: time.origin_wall_ns,
+        end_wall: time.wall_at(EPOCH_NS + end_emu),
+        next_tick: time.origin_wall_ns,
+        progress,
+        stop: shared.stop.clone(),
+        done: false,
+    };
+    let rc = RunConfig { idle: IdleStrategy::Spin, spin_ahead_ns: SPIN_AHEAD_NS, park_max_ns: 100_000_000, stop: None };
+    let mut all: Vec<&mut dyn Agent> = agents.iter_mut().map(|a| a as &mut dyn Agent).collect();
+    all.push(&mut watch);
+    let stats = run(&mut all, &rc)?;
+    drop(all);
+    let host_seconds = wall_ns().saturating_sub(time.origin_wall_ns) as f64 / 1e9;
+    let mut tally = tally.borrow_mut();
+    let (link, paths) = shared.tap.take();
+    tally.link_measured = link.iter().map(|l| l.0).collect();
+    tally.link_model = link.iter().map(|l| l.1).collect();
+    let mut r = summarize(&agents, &topo.receiver_ids, cfg, &mut tally, total);
+    r.paths = path_latency(paths);
     r.host_seconds = host_seconds;
+    r.runner = stats;
     Ok(r)
 }
 
-fn paths(c: &mut Cluster) -> Vec<PathLatency> {
+fn path_latency(mut by_links: Vec<Vec<u64>>) -> Vec<PathLatency> {
     let mut out = Vec::new();
-    for (links, v) in c.path_ns.iter_mut().enumerate() {
+    for (links, v) in by_links.iter_mut().enumerate() {
         if v.is_empty() {
             continue;
         }
@@ -632,14 +494,24 @@ fn link_fidelity(tally: &mut Tally) -> [f64; 7] {
     ]
 }
 
-fn summarize(c: &mut Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64) -> ClusterResult {
-    let n = c.receiver_ids.len() as u32;
+fn summarize(
+    agents: &[NodeAgent<'_>],
+    receiver_ids: &[u32],
+    cfg: &ClusterConfig,
+    tally: &mut Tally,
+    total: u64,
+) -> ClusterResult {
+    let n = receiver_ids.len() as u32;
     let warmup = cfg.warmup_messages.min(total.saturating_sub(1));
     let mut m = message_measures(tally, n, warmup, total);
     let (mut late, mut released, mut hold) = (0u64, 0u64, 0u64);
     let mut deadline_offset_us = 0.0;
-    for node in c.nodes.iter().flatten() {
-        match node {
+    let (mut packets_sent, mut send_errors) = (0, 0);
+    for a in agents {
+        let (sent, failed) = a.sent();
+        packets_sent += sent;
+        send_errors += failed;
+        match a.node() {
             Node::Receiver(r) => {
                 late += r.stats.late;
                 released += r.stats.released;
@@ -673,8 +545,8 @@ fn summarize(c: &mut Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64
         host_release_error_p99_ns: quantile(&mut tally.host_release_err, 0.99),
         host_dws_p50_us: us(&mut m.host_dws, 0.5),
         host_dws_p99_us: us(&mut m.host_dws, 0.99),
-        packets_sent: c.packets_sent,
-        send_errors: c.send_errors,
+        packets_sent,
+        send_errors,
         deadline_offset_us,
         link_oneway_p50_us: link[0],
         link_model_p50_us: link[1],
@@ -683,7 +555,8 @@ fn summarize(c: &mut Cluster, cfg: &ClusterConfig, tally: &mut Tally, total: u64
         link_lag_p50_us: link[4],
         link_lag_p99_us: link[5],
         link_lag_share: link[6],
-        paths: paths(c),
+        paths: Vec::new(),
+        runner: RunStats::default(),
         hold_us: tally.hold.iter().map(|&x| x as f64 / 1e3).collect(),
         tracked: std::mem::take(&mut tally.tracked),
         oml_us: m.oml.iter().map(|&x| x as f64 / 1e3).collect(),
@@ -769,14 +642,16 @@ mod tests {
 
     #[test]
     fn dilated_time_maps_both_ways_and_clocks_keep_their_offsets() {
-        let clocks = vec![Clock { offset_ns: 15.0, drift: 0.0, step: None }, Clock::PERFECT];
-        let t = Time { start: Instant::now(), dilation: 8.0, clocks };
-        assert_eq!(t.emu(8_000), EPOCH_NS + 1_000);
-        assert_eq!(t.host_at(EPOCH_NS + 1_000), 8_000);
-        assert_eq!(t.local(0, EPOCH_NS + 1_000), EPOCH_NS + 1_015);
-        // Node 0's clock reads 1,015 ns past the epoch at true 1,000: 8,000 host ns.
-        assert_eq!(t.host_at_local(0, EPOCH_NS + 1_015), 8_000);
-        assert_eq!(t.host_at_local(1, u64::MAX), u64::MAX, "no timer is never due");
+        let t = TimeBase { origin_wall_ns: 5_000, origin_ns: EPOCH_NS, dilation: 8.0 };
+        assert_eq!(t.at(5_000 + 8_000), EPOCH_NS + 1_000);
+        assert_eq!(t.wall_at(EPOCH_NS + 1_000), 5_000 + 8_000);
+        assert_eq!(t.at(0), EPOCH_NS, "emulated time stands still before its origin");
+        let skew = skew_of(&Clock { offset_ns: 15.0, drift: 0.0, step: None });
+        assert_eq!(skew.local(EPOCH_NS + 1_000), EPOCH_NS + 1_015);
+        // The node's clock reads 1,015 ns past the epoch at true 1,000: wall 13,000.
+        assert_eq!(t.wall_at(skew.true_at(EPOCH_NS + 1_015)), 13_000);
+        assert_eq!(t.wall_at(skew.true_at(u64::MAX)), u64::MAX, "no timer is never due");
+        assert_eq!(TimeBase::WALL.at(123), 123);
     }
 
     #[test]

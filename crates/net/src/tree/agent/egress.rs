@@ -1,23 +1,93 @@
 //! The send side of a node: copies wait for their emulated link delay (when
-//! link emulation is on) and go out in `sendmmsg` batches.
+//! link emulation is on) and go out in `sendmmsg` batches — inline in the
+//! node's agent, or as an [`EgressAgent`] on a thread of its own behind a
+//! bounded ring ([`super::Threading::Split`]).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use fairfeed_io::agent::{Agent, Turn};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use super::TimeBase;
 use crate::batch::{BatchSend, Sent};
+use crate::tuning::Applied;
 
 /// Copies waiting in the delay queue at most; beyond it copies are dropped and counted.
 pub const DELAY_QUEUE_MAX: usize = 1 << 20;
 
-/// One copy to send: when, where, what.
+/// One copy to send: when, where, what; when it was handed to its
+/// (emulated) link and the link's modelled delay, ns of the node's true time.
 #[derive(Debug, Clone)]
 pub struct Copy {
     pub due_ns: u64,
     pub to: SocketAddr,
     pub bytes: Arc<[u8]>,
+    pub handed_ns: u64,
+    pub model_ns: u64,
+}
+
+/// Copies in flight per destination a [`Tap`] keeps at most (older ones are dropped).
+pub const TAP_FLIGHTS_MAX: usize = 65_536;
+/// Path lengths a [`Tap`] tells apart (longer paths count as this long).
+pub const TAP_PATH_LINKS_MAX: usize = 8;
+
+/// What a measuring harness (the demo) taps from the node agents it runs:
+/// every copy's measured one-way latency between nodes (handed to its
+/// emulated link → read by the next node) beside the link model's, and
+/// every receiver arrival's one-way delay by the number of links crossed.
+/// Pairing a read with its send relies on loopback delivering each socket's
+/// datagrams in order.
+#[derive(Debug, Default)]
+pub struct Tap {
+    inner: Mutex<TapInner>,
+}
+
+#[derive(Debug, Default)]
+struct TapInner {
+    flights: HashMap<SocketAddr, VecDeque<(u64, u64)>>,
+    /// Per copy: measured and modelled one-way ns.
+    pub link: Vec<(u64, u64)>,
+    /// Receiver arrivals' one-way delay, ns, by links crossed.
+    pub paths: Vec<Vec<u64>>,
+}
+
+impl Tap {
+    fn sent(&self, to: SocketAddr, handed_ns: u64, model_ns: u64) {
+        let mut t = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let q = t.flights.entry(to).or_default();
+        if q.len() >= TAP_FLIGHTS_MAX {
+            q.pop_front();
+        }
+        q.push_back((handed_ns, model_ns));
+    }
+
+    /// A datagram was read at `at` (true ns) on `me`.
+    pub fn read(&self, me: SocketAddr, at: u64) {
+        let mut t = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((handed, model)) = t.flights.get_mut(&me).and_then(VecDeque::pop_front) {
+            t.link.push((at.saturating_sub(handed), model));
+        }
+    }
+
+    /// A receiver took in a new message that crossed `hops` links in `owd_ns`.
+    pub fn arrival(&self, hops: u8, owd_ns: u64) {
+        let mut t = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if t.paths.is_empty() {
+            t.paths = vec![Vec::new(); TAP_PATH_LINKS_MAX + 1];
+        }
+        t.paths[usize::from(hops).min(TAP_PATH_LINKS_MAX)].push(owd_ns);
+    }
+
+    /// Takes what was tapped: per-copy (measured, model) ns, and arrivals' OWD by links crossed.
+    pub fn take(&self) -> (Vec<(u64, u64)>, Vec<Vec<u64>>) {
+        let mut t = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (std::mem::take(&mut t.link), std::mem::take(&mut t.paths))
+    }
 }
 
 /// Counters both threads of a node update.
@@ -47,11 +117,13 @@ pub struct Egress {
     batch: BatchSend,
     due: Vec<Copy>,
     counters: Arc<TxCounters>,
+    tap: Option<Arc<Tap>>,
 }
 
 impl Egress {
-    pub fn new(sock: UdpSocket, counters: Arc<TxCounters>) -> Self {
+    pub fn new(sock: UdpSocket, counters: Arc<TxCounters>, tap: Option<Arc<Tap>>) -> Self {
         Egress {
+            tap,
             sock,
             queue: BinaryHeap::new(),
             slots: Vec::new(),
@@ -106,8 +178,110 @@ impl Egress {
             return 0;
         }
         let s = self.batch.send(&self.sock, self.due.iter().map(|c| (&c.bytes[..], c.to)));
+        if let Some(t) = &self.tap {
+            for c in self.due.iter().take(s.sent as usize) {
+                t.sent(c.to, c.handed_ns, c.model_ns);
+            }
+        }
         self.due.clear();
         self.counters.add(s);
         s.sent
+    }
+}
+
+/// The node's side of a send thread: the ring, the wake-up and the thread.
+pub struct EgressHandle {
+    pub ring: rtrb::Producer<Copy>,
+    pub done: Arc<AtomicBool>,
+    /// The send thread is parked (or about to): wake it after pushing.
+    pub sleeping: Arc<AtomicBool>,
+    pub wake: Arc<EventFd>,
+    pub thread: Option<std::thread::JoinHandle<Vec<Applied>>>,
+}
+
+impl EgressHandle {
+    /// Wakes the send thread if it is parked.
+    pub fn nudge(&self) {
+        if self.sleeping.load(Ordering::SeqCst) {
+            let _ = self.wake.write(1);
+        }
+    }
+}
+
+/// A node's send side as an agent of its own: takes copies from the ring,
+/// holds them for their emulated delay, sends them in batches.
+pub struct EgressAgent {
+    ring: rtrb::Consumer<Copy>,
+    egress: Egress,
+    done: Arc<AtomicBool>,
+    sleeping: Arc<AtomicBool>,
+    wake: Arc<EventFd>,
+    time: TimeBase,
+    /// The thread tuning applied where it runs.
+    pub applied: Vec<Applied>,
+}
+
+/// A ring of `capacity` copies between a node's agent and an [`EgressAgent`]:
+/// the node's handle, and the parts the agent is built from on its thread.
+pub fn egress_ring(capacity: usize) -> std::io::Result<(EgressHandle, EgressParts)> {
+    let (tx, rx) = rtrb::RingBuffer::<Copy>::new(capacity);
+    let wake = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?);
+    let done = Arc::new(AtomicBool::new(false));
+    let sleeping = Arc::new(AtomicBool::new(false));
+    let parts = EgressParts { ring: rx, done: done.clone(), sleeping: sleeping.clone(), wake: wake.clone() };
+    Ok((EgressHandle { ring: tx, done, sleeping, wake, thread: None }, parts))
+}
+
+/// What an [`EgressAgent`] is built from (sent to its thread).
+pub struct EgressParts {
+    ring: rtrb::Consumer<Copy>,
+    done: Arc<AtomicBool>,
+    sleeping: Arc<AtomicBool>,
+    wake: Arc<EventFd>,
+}
+
+impl EgressAgent {
+    pub fn new(parts: EgressParts, egress: Egress, time: TimeBase, applied: Vec<Applied>) -> Self {
+        let EgressParts { ring, done, sleeping, wake } = parts;
+        EgressAgent { ring, egress, done, sleeping, wake, time, applied }
+    }
+}
+
+impl Agent for EgressAgent {
+    fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
+        let _ = self.wake.read();
+        let mut got = 0;
+        while let Ok(c) = self.ring.pop() {
+            self.egress.push(c);
+            got += 1;
+        }
+        got + self.egress.flush(self.time.at(now)) as usize
+    }
+
+    fn next_due(&self) -> u64 {
+        self.egress.next_due().map_or(u64::MAX, |d| self.time.wall_at(d))
+    }
+
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        vec![self.wake.as_fd()]
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire) && self.ring.is_empty() && self.egress.is_empty()
+    }
+
+    fn before_park(&mut self) -> bool {
+        self.sleeping.store(true, Ordering::SeqCst);
+        // Re-check after announcing the sleep: a push in between is not missed.
+        if self.ring.is_empty() {
+            true
+        } else {
+            self.sleeping.store(false, Ordering::SeqCst);
+            false
+        }
+    }
+
+    fn after_park(&mut self) {
+        self.sleeping.store(false, Ordering::SeqCst);
     }
 }

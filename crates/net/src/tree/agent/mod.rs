@@ -4,7 +4,10 @@
 //!
 //! The node is the sans-IO state machine the simulator drives; this shell
 //! owns the socket, the clock (CLOCK_REALTIME, the clock PTP or chrony
-//! synchronizes across hosts), the threads and the timers:
+//! synchronizes across hosts), the threads and the timers. It is an agent
+//! ([`NodeAgent`], `fairfeed_io::agent`): a process runs one on its thread
+//! (and, split, its send side as a second agent on a thread of its own);
+//! `fairfeed demo` runs a whole tree of them on one thread, on dilated time:
 //! - receive in `recvmmsg` batches, send in `sendmmsg` batches (one buffer,
 //!   many destinations, no copy per destination);
 //! - threading as configuration: everything on one thread, or the send side
@@ -25,8 +28,8 @@
 mod egress;
 mod node;
 
-pub use egress::{Copy, TxCounters, DELAY_QUEUE_MAX};
-pub use node::{run_agent, AgentError};
+pub use egress::{Copy, Tap, TxCounters, DELAY_QUEUE_MAX, TAP_PATH_LINKS_MAX};
+pub use node::{run_agent, AgentError, NodeAgent};
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -43,7 +46,7 @@ use crate::tuning::Tuning;
 
 /// A release this close is waited for by spinning on the clock.
 pub const SPIN_AHEAD_NS: u64 = 50_000;
-/// Copies the receive thread may queue for the send thread (split threading).
+/// Copies the node may queue for its send thread (split threading).
 pub const RING_CAPACITY: usize = 16_384;
 /// Release rows a receiver keeps for its log at most.
 pub const LOG_ROWS_MAX: usize = 10_000_000;
@@ -58,6 +61,50 @@ pub enum Threading {
     One,
     /// Receive and decide on one thread, send on another; a bounded SPSC ring between.
     Split,
+}
+
+/// The time a node runs on: the wall clock (CLOCK_REALTIME), or emulated
+/// time `dilation` × slower than it (the demo's time dilation): true time
+/// `origin_ns` at wall time `origin_wall_ns`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimeBase {
+    pub origin_wall_ns: u64,
+    pub origin_ns: u64,
+    pub dilation: f64,
+}
+
+impl TimeBase {
+    /// Wall-clock time itself.
+    pub const WALL: TimeBase = TimeBase { origin_wall_ns: 0, origin_ns: 0, dilation: 1.0 };
+
+    fn is_wall(&self) -> bool {
+        *self == TimeBase::WALL
+    }
+
+    /// True (emulated) time at wall time `wall`.
+    pub fn at(&self, wall: u64) -> u64 {
+        if self.is_wall() {
+            return wall;
+        }
+        self.origin_ns + (wall.saturating_sub(self.origin_wall_ns) as f64 / self.dilation) as u64
+    }
+
+    /// Wall time at true (emulated) time `t` (the first ns at or after it).
+    pub fn wall_at(&self, t: u64) -> u64 {
+        if self.is_wall() || t == u64::MAX {
+            return t;
+        }
+        self.origin_wall_ns + (t.saturating_sub(self.origin_ns) as f64 * self.dilation).ceil() as u64
+    }
+}
+
+/// When a receiver released a message: wall clock, true time (the time
+/// base's; the wall clock unless dilated) and the receiver's own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReleaseAt {
+    pub wall_ns: u64,
+    pub true_ns: u64,
+    pub local_ns: u64,
 }
 
 /// What the sender sends.
@@ -96,7 +143,8 @@ pub enum Job {
 /// Everything a node process is configured with.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    pub topology: Topology,
+    /// Shared: the demo gives every node of a tree the same one.
+    pub topology: Arc<Topology>,
     pub id: u32,
     pub node: NodeConfig,
     pub rule: DeadlineRule,
@@ -115,6 +163,10 @@ pub struct AgentConfig {
     pub stop: Arc<AtomicBool>,
     /// Clock synchronization and (for tests) a deliberately wrong clock.
     pub clock: ClockOpts,
+    /// The clock the node runs on ([`TimeBase::WALL`] but in the demo).
+    pub time: TimeBase,
+    /// Per-copy measures for a harness (the demo); `None` in deployments.
+    pub tap: Option<Arc<Tap>>,
 }
 
 /// How a node treats its clock.

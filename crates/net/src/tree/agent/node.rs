@@ -1,30 +1,30 @@
 //! The node loop.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
 use fairfeed_arb::{Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window};
 use fairfeed_clock::ClockSync;
+use fairfeed_io::agent::{Agent, RunConfig, Turn};
 use fairfeed_model::LinkEmulator;
 use fairfeed_tree::node::{Node, Outcome, Released, Transmit};
-use fairfeed_tree::plan::{probe_graph, Node as PlanNode, Role};
+use fairfeed_tree::plan::{probe_graph, probe_strides, Node as PlanNode, Role};
 use fairfeed_wire::moldudp64::RequestRepr;
 use hdrhistogram::Histogram;
-use nix::poll::{ppoll, PollFd, PollFlags};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde_json::json;
 
-use super::egress::{Copy, Egress, TxCounters};
-use super::{wall_ns, AgentConfig, AgentReport, Job, ReleaseRow, Threading, LOG_ROWS_MAX, RING_CAPACITY};
+use super::egress::{egress_ring, Copy, Egress, EgressAgent, EgressHandle, TxCounters};
+use super::{wall_ns, AgentConfig, AgentReport, Job, ReleaseAt, ReleaseRow, Threading, LOG_ROWS_MAX, RING_CAPACITY};
 use super::{SOCKET_RECV_BUFFER, SPIN_AHEAD_NS};
 use crate::arb::live::bind_udp;
 use crate::batch::BatchRecv;
-use crate::idle::{IdleStrategy, Idler};
+use crate::idle::IdleStrategy;
 use crate::tuning::{report, Applied};
 
 /// Why a node could not start.
@@ -48,14 +48,14 @@ impl std::error::Error for AgentError {}
 /// Copies the node handed out during one call into its state machine.
 struct Pending<'a> {
     addrs: &'a [Option<SocketAddr>],
-    out: &'a mut Vec<(SocketAddr, Arc<[u8]>)>,
+    out: &'a mut Vec<(u32, SocketAddr, Arc<[u8]>)>,
     unknown: &'a mut u64,
 }
 
 impl Pending<'_> {
     fn copy(&mut self, to: u32, shared: &Arc<[u8]>) {
         match self.addrs.get(to as usize) {
-            Some(Some(addr)) => self.out.push((*addr, shared.clone())),
+            Some(Some(addr)) => self.out.push((to, *addr, shared.clone())),
             _ => *self.unknown += 1,
         }
     }
@@ -77,14 +77,7 @@ impl Transmit for Pending<'_> {
 
 enum Outbox {
     Inline(Egress),
-    Ring {
-        tx: rtrb::Producer<Copy>,
-        done: Arc<AtomicBool>,
-        /// The send thread is parked (or about to): wake it after pushing.
-        sleeping: Arc<AtomicBool>,
-        waker: std::thread::Thread,
-        thread: Option<std::thread::JoinHandle<Vec<Applied>>>,
-    },
+    Ring(EgressHandle),
 }
 
 /// Histograms of a receiver, ns.
@@ -97,6 +90,10 @@ struct Hists {
 const HIST_MAX_NS: u64 = 10_000_000_000;
 /// How often a spinning node looks at its control socket (a request waits at most this long).
 const CONTROL_POLL_NS: u64 = 1_000_000;
+/// A parked node wakes at least this often (to see a stop signal).
+const PARK_MAX_NS: u64 = 100_000_000;
+/// Copies still waiting for their emulated delay at exit are sent for at most this long.
+const DRAIN_NS: u64 = 1_000_000_000;
 
 fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid histogram bounds")
@@ -239,34 +236,47 @@ impl Delivery {
     }
 }
 
-/// The node, its socket and everything around it.
-struct Agent<'c> {
+/// One tree node as an agent: its socket, its state machine, its feed (a
+/// sender) or delivery (a receiver), its control socket and, inline or on a
+/// thread of its own, its send side. [`run_agent`] runs one per process;
+/// the demo runs a tree of them on one thread.
+pub struct NodeAgent<'c> {
     cfg: &'c AgentConfig,
+    who: String,
     role: Role,
     addr: SocketAddr,
     sock: UdpSocket,
     addrs: Vec<Option<SocketAddr>>,
     live: Node,
     emu: Option<LinkEmulator>,
-    pending: Vec<(SocketAddr, Arc<[u8]>)>,
+    pending: Vec<(u32, SocketAddr, Arc<[u8]>)>,
     outbox: Outbox,
     tx: Arc<TxCounters>,
     recv: BatchRecv,
     packets_in: u64,
     recv_calls: u64,
     unknown_destination: u64,
-    hists: Hists,
+    /// None when a harness taps the agent (it keeps its own measures, and
+    /// a hundred agents' histograms on one thread cost cache misses per release).
+    hists: Option<Box<Hists>>,
     rows: Vec<ReleaseRow>,
     max_released_seq: u64,
     feed: Option<Feed>,
     delivery: Option<Delivery>,
     ctl: Option<UdpSocket>,
+    next_control_ns: u64,
+    /// Asked to stop on the control socket.
+    stopped: bool,
     started_ns: u64,
     tuning: Vec<Applied>,
     scratch: Vec<u8>,
     /// The clock was over its bound limit at the last look (said once per change).
     clock_over_limit: bool,
+    on_release: OnRelease<'c>,
 }
+
+/// What a node agent calls with each release.
+type OnRelease<'c> = Box<dyn FnMut(&Released, ReleaseAt) + 'c>;
 
 fn parse_addr(n: &PlanNode) -> Result<Option<SocketAddr>, AgentError> {
     match &n.addr {
@@ -330,75 +340,60 @@ fn start_feed(job: &super::SenderJob, now: u64) -> Result<Feed, AgentError> {
     })
 }
 
-/// The send thread's wait when it found nothing to do: its park is a thread
-/// park until the node thread pushes (it unparks a sleeping send thread) or the
-/// next copy is due.
-fn idle_tx(idler: &mut Idler, asleep: &AtomicBool, ring: &rtrb::Consumer<Copy>, next_due: Option<u64>, now: u64) {
-    idler.idle(now, || {
-        asleep.store(true, Ordering::SeqCst);
-        // Re-check after announcing the sleep: a push in between is not missed.
-        if ring.is_empty() {
-            let wait = next_due.map_or(100_000_000, |d| d.saturating_sub(now)).min(100_000_000);
-            std::thread::park_timeout(std::time::Duration::from_nanos(wait));
-        }
-        asleep.store(false, Ordering::SeqCst);
-    });
-}
-
 fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Result<Outbox, AgentError> {
     let send_sock = sock.try_clone().map_err(|e| AgentError::Io("cloning the socket".into(), e))?;
     Ok(match cfg.threads {
-        Threading::One => Outbox::Inline(Egress::new(send_sock, tx.clone())),
+        Threading::One => Outbox::Inline(Egress::new(send_sock, tx.clone(), cfg.tap.clone())),
         Threading::Split => {
-            let (ptx, mut crx) = rtrb::RingBuffer::<Copy>::new(RING_CAPACITY);
-            let done = Arc::new(AtomicBool::new(false));
-            let sleeping = Arc::new(AtomicBool::new(false));
-            let (d, tuning, counters) = (done.clone(), cfg.tuning.clone(), tx.clone());
-            let (asleep, idle) = (sleeping.clone(), cfg.idle);
-            let thread = std::thread::Builder::new()
-                .name("fairfeed-tx".into())
-                .spawn(move || {
-                    // Built here: the batch headers hold raw pointers and stay on this thread.
-                    let mut egress = Egress::new(send_sock, counters);
-                    let applied = tuning.apply_thread(1);
-                    if idle != IdleStrategy::Spin {
-                        let _ = nix::sys::prctl::set_timerslack(1_000);
-                    }
-                    let mut idler = Idler::new(idle);
-                    loop {
-                        let finished = d.load(Ordering::Acquire);
-                        let mut got = false;
-                        while let Ok(c) = crx.pop() {
-                            egress.push(c);
-                            got = true;
-                        }
-                        let now = wall_ns();
-                        egress.flush(now);
-                        if finished && crx.is_empty() && egress.is_empty() {
-                            break;
-                        }
-                        if got {
-                            idler.busy();
-                        } else {
-                            idle_tx(&mut idler, &asleep, &crx, egress.next_due(), now);
-                        }
-                    }
-                    applied
-                })
+            let (mut handle, parts) =
+                egress_ring(RING_CAPACITY).map_err(|e| AgentError::Io("making the send ring".into(), e))?;
+            let (tuning, counters, tap, time, idle) =
+                (cfg.tuning.clone(), tx.clone(), cfg.tap.clone(), cfg.time, cfg.idle);
+            // Built on its thread: the batch headers hold raw pointers and stay there.
+            let make = move || {
+                let applied = tuning.apply_thread(1);
+                if idle != IdleStrategy::Spin {
+                    let _ = nix::sys::prctl::set_timerslack(1_000);
+                }
+                EgressAgent::new(parts, Egress::new(send_sock, counters, tap), time, applied)
+            };
+            let rc = RunConfig { idle, spin_ahead_ns: SPIN_AHEAD_NS, park_max_ns: PARK_MAX_NS, stop: None };
+            let thread = fairfeed_io::agent::spawn("fairfeed-tx", rc, make, |a, _| a.applied)
                 .map_err(|e| AgentError::Io("starting the send thread".into(), e))?;
-            let waker = thread.thread().clone();
-            Outbox::Ring { tx: ptx, done, sleeping, waker, thread: Some(thread) }
+            handle.thread = Some(thread);
+            Outbox::Ring(handle)
         }
     })
 }
 
-impl<'c> Agent<'c> {
-    fn new(cfg: &'c AgentConfig) -> Result<Self, AgentError> {
+fn start_sync(cfg: &AgentConfig, me: &PlanNode, sender: u32) -> ClockSync {
+    if cfg.clock.sync.mode == fairfeed_clock::SyncMode::Off {
+        return ClockSync::off(me.id);
+    }
+    let graph = probe_graph(&cfg.topology, 0, cfg.clock.random_peers, cfg.seed);
+    let peers = graph.get(&me.id).cloned().unwrap_or_default();
+    let mut sync = ClockSync::new(me.id, &peers, me.id == sender, cfg.clock.sync);
+    let strides = probe_strides(&cfg.topology, 0, &graph, cfg.clock.sync.peer_budget);
+    sync.set_strides(strides.get(&me.id).map_or(&[][..], |v| &v[..]));
+    sync
+}
+
+impl<'c> NodeAgent<'c> {
+    /// Node `cfg.id` on `sock` (bound to its address in the topology when
+    /// `None`); each release at a receiver is handed to `on_release`.
+    pub fn new(
+        cfg: &'c AgentConfig,
+        sock: Option<UdpSocket>,
+        on_release: impl FnMut(&Released, ReleaseAt) + 'c,
+    ) -> Result<Self, AgentError> {
         let (addrs, me) = addresses(cfg)?;
         let addr = addrs[me.id as usize].expect("checked by addresses()");
-        let sock = bind_udp(addr, SOCKET_RECV_BUFFER).map_err(|e| {
-            AgentError::Io(format!("node {}: binding {addr} (in use, or not an address of this host?)", me.id), e)
-        })?;
+        let sock = match sock {
+            Some(s) => s,
+            None => bind_udp(addr, SOCKET_RECV_BUFFER).map_err(|e| {
+                AgentError::Io(format!("node {}: binding {addr} (in use, or not an address of this host?)", me.id), e)
+            })?,
+        };
         let stamped = cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off;
         if stamped {
             // Probes need each datagram's own arrival time (two probes read in one
@@ -410,18 +405,11 @@ impl<'c> Agent<'c> {
         tuning.extend(cfg.tuning.apply_thread(0));
         tuning.extend(cfg.tuning.apply_socket(&sock));
         let sender = cfg.topology.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
-        let a = cfg.auth.clone();
-        let sync = if cfg.clock.sync.mode == fairfeed_clock::SyncMode::Off {
-            ClockSync::off(me.id)
-        } else {
-            let graph = probe_graph(&cfg.topology, 0, cfg.clock.random_peers, cfg.seed);
-            let peers = graph.get(&me.id).cloned().unwrap_or_default();
-            ClockSync::new(me.id, &peers, me.id == sender, cfg.clock.sync)
-        };
         let hedge_parents = fairfeed_tree::plan::hedge_parents(&cfg.topology, 0).remove(&me.id).unwrap_or_default();
         let live = match (&me.role, &cfg.job) {
             (Role::Sender, Job::Sender(_)) | (Role::Proxy, Job::Proxy) | (Role::Receiver, Job::Receiver(_)) => {
-                Node::from_plan(&me, sender, hedge_parents, cfg.node, cfg.rule, sync).with_auth(a)
+                Node::from_plan(&me, sender, hedge_parents, cfg.node, cfg.rule, start_sync(cfg, &me, sender))
+                    .with_auth(cfg.auth.clone())
             }
             (role, _) => {
                 return Err(AgentError::Config(format!(
@@ -433,11 +421,11 @@ impl<'c> Agent<'c> {
         };
         let now = wall_ns();
         let feed = match &cfg.job {
-            Job::Sender(j) => Some(start_feed(j, cfg.clock.skew.local(now))?),
+            Job::Sender(j) => Some(start_feed(j, cfg.clock.skew.local(cfg.time.at(now)))?),
             _ => None,
         };
         let delivery = match &cfg.job {
-            Job::Receiver(j) => Some(Delivery::new(j)?),
+            Job::Receiver(j) if j.deliver.is_some() || j.retransmit.is_some() => Some(Delivery::new(j)?),
             _ => None,
         };
         let ctl = match cfg.control {
@@ -451,8 +439,9 @@ impl<'c> Agent<'c> {
         let emu = cfg
             .link
             .map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
-        Ok(Agent {
+        Ok(NodeAgent {
             cfg,
+            who: format!("{} {}", format!("{:?}", me.role).to_lowercase(), me.id),
             role: me.role,
             addr,
             sock,
@@ -466,38 +455,42 @@ impl<'c> Agent<'c> {
             packets_in: 0,
             recv_calls: 0,
             unknown_destination: 0,
-            hists: Hists { owd: hist(), hold: hist(), release_error: hist() },
+            hists: cfg.tap.is_none().then(|| Box::new(Hists { owd: hist(), hold: hist(), release_error: hist() })),
             rows: Vec::new(),
             max_released_seq: 0,
             feed,
             delivery,
             ctl,
+            next_control_ns: 0,
+            stopped: false,
             started_ns: now,
             tuning,
             scratch: vec![0u8; 2048],
             // Unsynchronized at start is expected, not an alarm.
             clock_over_limit: true,
+            on_release: Box::new(on_release),
         })
     }
 }
 
-impl Agent<'_> {
+impl NodeAgent<'_> {
     /// Hands what the state machine sent to the send side, each copy at the
-    /// time its emulated link delivers it (now, without emulation).
-    fn dispatch(&mut self, now: u64) {
+    /// time its emulated link delivers it (now, without emulation); true
+    /// time `now`. Returns the copies sent now.
+    fn dispatch(&mut self, now: u64) -> usize {
         let id = self.cfg.id;
-        for (to, bytes) in self.pending.drain(..) {
+        let handed = self.pending.len();
+        for (to_id, to, bytes) in self.pending.drain(..) {
             let dues = match &mut self.emu {
-                // The destination id is not kept here: asymmetry, if modelled, is per sending node.
-                Some(e) => e.arrivals(now, id, 0),
+                Some(e) => e.arrivals(now, id, to_id),
                 None => [Some(now), None],
             };
             for due_ns in dues.into_iter().flatten() {
-                let c = Copy { due_ns, to, bytes: bytes.clone() };
+                let c = Copy { due_ns, to, bytes: bytes.clone(), handed_ns: now, model_ns: due_ns - now };
                 match &mut self.outbox {
                     Outbox::Inline(e) => e.push(c),
-                    Outbox::Ring { tx, .. } => {
-                        if tx.push(c).is_err() {
+                    Outbox::Ring(h) => {
+                        if h.ring.push(c).is_err() {
                             self.tx.queue_full.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -505,13 +498,12 @@ impl Agent<'_> {
             }
         }
         match &mut self.outbox {
-            Outbox::Inline(e) => {
-                e.flush(now);
-            }
-            Outbox::Ring { sleeping, waker, .. } => {
-                if sleeping.load(Ordering::SeqCst) {
-                    waker.unpark();
+            Outbox::Inline(e) => e.flush(now) as usize,
+            Outbox::Ring(h) => {
+                if handed > 0 {
+                    h.nudge();
                 }
+                0
             }
         }
     }
@@ -555,12 +547,21 @@ impl Agent<'_> {
         let live = &mut self.live;
         let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
         let hists = &mut self.hists;
-        let skew = self.cfg.clock.skew;
+        let (skew, time, tap, me) = (self.cfg.clock.skew, self.cfg.time, self.cfg.tap.as_deref(), self.addr);
         let n = self.recv.recv_stamped(&self.sock, |b, stamp| {
+            if let Some(t) = tap {
+                t.read(me, time.at(wall_ns()));
+            }
             // The kernel's arrival time where it gave one (clock sync asks for it).
-            let now = stamp.map_or(now, |t| skew.local(t));
-            if let (true, Outcome::New { owd_ns, .. }) = (live.is_receiver(), live.handle_packet(now, b, &mut tx)) {
-                record(&mut hists.owd, owd_ns.max(0) as u64);
+            let now = stamp.map_or(now, |w| skew.local(time.at(w)));
+            if let (true, Outcome::New { owd_ns, hops, .. }) = (live.is_receiver(), live.handle_packet(now, b, &mut tx))
+            {
+                if let Some(h) = hists.as_deref_mut() {
+                    record(&mut h.owd, owd_ns.max(0) as u64);
+                }
+                if let Some(t) = tap {
+                    t.arrival(hops, owd_ns.max(0) as u64);
+                }
             }
         });
         if n > 0 {
@@ -575,10 +576,11 @@ impl Agent<'_> {
     }
 
     /// Says so, once per change, when the clock's bound goes above its limit or comes back.
-    fn clock_alarm(&mut self, who: &str) {
+    fn clock_alarm(&mut self) {
         let (over, bound) = (self.sync().stats.over_limit, self.sync().stats.bound_ns);
         if over != self.clock_over_limit && self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
             self.clock_over_limit = over;
+            let who = &self.who;
             if over {
                 let b = if bound == u64::MAX { "unknown".to_string() } else { format!("{bound} ns") };
                 eprintln!(
@@ -595,44 +597,31 @@ impl Agent<'_> {
         }
     }
 
-    /// This node's clock (CLOCK_REALTIME, skewed in tests).
-    fn local(&self) -> u64 {
-        self.cfg.clock.skew.local(wall_ns())
-    }
-
-    fn next_timeout(&self) -> u64 {
-        self.live.next_timeout()
-    }
-
-    /// Timers and releases. A release about to fall due is spun to.
-    fn timers(&mut self, on_release: &mut dyn FnMut(&Released, u64)) {
-        let mut now = self.local();
-        let due = self.next_timeout();
-        if due > now && due - now < SPIN_AHEAD_NS && self.live.is_receiver() {
-            while now < due {
-                std::hint::spin_loop();
-                now = self.local();
-            }
-        }
-        let skew = self.cfg.clock.skew;
+    /// Timers and releases at `now` on this node's clock; returns what it did.
+    fn timers(&mut self, now: u64) -> usize {
+        let (skew, time) = (self.cfg.clock.skew, self.cfg.time);
+        let mut work = 0;
         let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
         if self.live.next_timeout() <= now {
             self.live.handle_timeout(now, &mut tx);
+            work += 1;
         }
         while let Some(m) = self.live.poll_release() {
             // True time for the application and the log; the
             // synchronized clock for how precisely the deadline was met.
-            let t = wall_ns();
-            let t_sync = self.live.sync().now_sync(skew.local(t));
-            if !m.late {
-                record(&mut self.hists.release_error, t_sync.saturating_sub(m.deadline_ns));
-                record(&mut self.hists.hold, m.deadline_ns.saturating_sub(m.arrival_ns));
+            let wall = wall_ns();
+            let t = time.at(wall);
+            let local = skew.local(t);
+            let t_sync = self.live.sync().now_sync(local);
+            if let (false, Some(h)) = (m.late, self.hists.as_deref_mut()) {
+                record(&mut h.release_error, t_sync.saturating_sub(m.deadline_ns));
+                record(&mut h.hold, m.deadline_ns.saturating_sub(m.arrival_ns));
             }
             self.max_released_seq = self.max_released_seq.max(m.sequence);
             if let Some(d) = &mut self.delivery {
                 d.release(t, &m.payload);
             }
-            on_release(&m, t);
+            (self.on_release)(&m, ReleaseAt { wall_ns: wall, true_ns: t, local_ns: local });
             if self.cfg.job_keeps_log() && self.rows.len() < LOG_ROWS_MAX {
                 self.rows.push(ReleaseRow {
                     sequence: m.sequence,
@@ -643,10 +632,12 @@ impl Agent<'_> {
                     late: m.late,
                 });
             }
+            work += 1;
         }
         if let Some(d) = &mut self.delivery {
             d.service(now, &mut self.scratch);
         }
+        work
     }
 
     /// Answers control requests; true if asked to stop.
@@ -668,45 +659,129 @@ impl Agent<'_> {
         stop
     }
 
-    fn finished(&self, now: u64) -> bool {
-        if self.cfg.stop.load(Ordering::Relaxed) {
-            return true;
-        }
-        if self.cfg.max_seconds.is_some_and(|s| now.saturating_sub(self.started_ns) as f64 / 1e9 >= s) {
-            return true;
-        }
-        self.feed
-            .as_ref()
-            .is_some_and(|f| f.next >= f.job.payloads.len() && now.saturating_sub(f.last_sent_ns) >= f.job.linger_ns)
+    /// This node's clock at wall time `wall`.
+    fn local_at(&self, wall: u64) -> u64 {
+        self.cfg.clock.skew.local(self.cfg.time.at(wall))
     }
 
-    /// Sleeps in poll(2) until a packet or shortly before the next timer.
-    fn park(&self, now: u64) {
-        let mut wake = self.next_timeout();
-        if let Some(f) = &self.feed {
-            if f.next < f.job.payloads.len() {
-                wake = wake.min(f.t0 + f.next as u64 * f.gap_ns);
+    /// Wall time at which this node's clock reads `local`.
+    fn wall_at_local(&self, local: u64) -> u64 {
+        self.cfg.time.wall_at(self.cfg.clock.skew.true_at(local))
+    }
+
+    fn feed_done(&self, local: u64) -> bool {
+        self.feed
+            .as_ref()
+            .is_some_and(|f| f.next >= f.job.payloads.len() && local.saturating_sub(f.last_sent_ns) >= f.job.linger_ns)
+    }
+
+    /// Sends what is still waiting, stops the send thread, and reports.
+    pub fn finish(mut self) -> AgentReport {
+        let deadline = wall_ns() + DRAIN_NS;
+        match &mut self.outbox {
+            Outbox::Inline(e) => {
+                while !e.is_empty() && wall_ns() < deadline {
+                    e.flush(self.cfg.time.at(wall_ns()));
+                }
+            }
+            Outbox::Ring(h) => {
+                h.done.store(true, Ordering::Release);
+                let _ = h.wake.write(1);
+                if let Some(t) = h.thread.take() {
+                    if let Ok(applied) = t.join() {
+                        report(&self.who, &applied);
+                        self.tuning.extend(applied);
+                    }
+                }
             }
         }
+        let mut r = self.snapshot();
+        r.rows = std::mem::take(&mut self.rows);
+        r
+    }
+
+    /// The node's state machine.
+    pub fn node(&self) -> &Node {
+        &self.live
+    }
+
+    /// Copies sent and send calls that failed so far.
+    pub fn sent(&self) -> (u64, u64) {
+        (self.tx.packets_out.load(Ordering::Relaxed), self.tx.send_failed.load(Ordering::Relaxed))
+    }
+}
+
+impl Agent for NodeAgent<'_> {
+    fn do_work(&mut self, now: u64, turn: Turn) -> usize {
+        // The control socket costs a system call per look: a spinning node
+        // looks once per CONTROL_POLL_NS, a parked one whenever it wakes.
+        if turn == Turn::All && (self.cfg.idle == IdleStrategy::Park || now >= self.next_control_ns) {
+            self.next_control_ns = now + CONTROL_POLL_NS;
+            self.stopped |= self.control();
+        }
+        let local = self.local_at(now);
+        let mut work = usize::from(self.send_feed(local));
+        let mut now = now;
+        if turn == Turn::All {
+            let got = self.receive(local);
+            if got > 0 {
+                work += got;
+                now = wall_ns();
+            }
+        }
+        work += self.timers(self.local_at(now));
+        self.clock_alarm();
+        // Emulated links and the send side run on true time.
+        let t = if self.pending.is_empty() { now } else { wall_ns() };
+        work + self.dispatch(self.cfg.time.at(t))
+    }
+
+    fn next_due(&self) -> u64 {
+        let mut due = self.wall_at_local(self.live.next_timeout());
+        if let Some(f) = &self.feed {
+            let l = if f.next < f.job.payloads.len() {
+                f.t0 + f.next as u64 * f.gap_ns
+            } else {
+                f.last_sent_ns.saturating_add(f.job.linger_ns)
+            };
+            due = due.min(self.wall_at_local(l));
+        }
         if let Outbox::Inline(e) = &self.outbox {
-            wake = wake.min(e.next_due().unwrap_or(u64::MAX));
+            due = due.min(e.next_due().map_or(u64::MAX, |d| self.cfg.time.wall_at(d)));
         }
-        let wait_ns = wake.saturating_sub(now).saturating_sub(SPIN_AHEAD_NS).min(100_000_000);
-        if wait_ns < 10_000 {
-            return;
+        if let Some(arb) = self.delivery.as_ref().and_then(|d| d.fill.as_ref()).and_then(|f| f.0.next_timeout()) {
+            due = due.min(self.wall_at_local(arb));
         }
-        let mut fds = vec![PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+        if let Some(s) = self.cfg.max_seconds {
+            due = due.min(self.started_ns.saturating_add((s * 1e9) as u64));
+        }
+        due
+    }
+
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        let mut fds = vec![self.sock.as_fd()];
         if let Some(c) = &self.ctl {
-            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+            fds.push(c.as_fd());
         }
         if let Some(j) = self.feed.as_ref().and_then(|f| f.journal.as_ref()) {
-            fds.push(PollFd::new(j.sock.as_fd(), PollFlags::POLLIN));
+            fds.push(j.sock.as_fd());
         }
         if let Some((_, s, _)) = self.delivery.as_ref().and_then(|d| d.fill.as_ref()) {
-            fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+            fds.push(s.as_fd());
         }
-        let ts = nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(wait_ns));
-        let _ = ppoll(&mut fds, Some(ts), None);
+        fds
+    }
+
+    fn is_done(&self) -> bool {
+        if self.stopped || self.cfg.stop.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self.cfg.max_seconds.is_none() && self.feed.is_none() {
+            return false;
+        }
+        let now = wall_ns();
+        self.cfg.max_seconds.is_some_and(|s| now.saturating_sub(self.started_ns) as f64 / 1e9 >= s)
+            || self.feed_done(self.local_at(now))
     }
 }
 
@@ -716,7 +791,7 @@ impl AgentConfig {
     }
 }
 
-impl Agent<'_> {
+impl NodeAgent<'_> {
     fn snapshot(&self) -> AgentReport {
         let now = wall_ns();
         let tx = &self.tx;
@@ -739,7 +814,7 @@ impl Agent<'_> {
         let sync = self.live.sync();
         if self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
             let skew = self.cfg.clock.skew;
-            let t = wall_ns();
+            let t = self.cfg.time.at(wall_ns());
             let local = skew.local(t);
             node["clock"] = json!({
                 "true_ns": t,
@@ -764,11 +839,13 @@ impl Agent<'_> {
             // Sequences never released: the tree lost them (and, when filling
             // is on, the arbitrator below asked for their MoldUDP64 messages).
             counters["overlay_missing"] = self.max_released_seq.saturating_sub(r.stats.released).into();
-            latency = json!({
-                "owd": summary(&self.hists.owd),
-                "hold": summary(&self.hists.hold),
-                "release_error": summary(&self.hists.release_error),
-            });
+            if let Some(h) = &self.hists {
+                latency = json!({
+                    "owd": summary(&h.owd),
+                    "hold": summary(&h.hold),
+                    "release_error": summary(&h.release_error),
+                });
+            }
         }
         if let Some(d) = &self.delivery {
             counters["delivered"] = d.counts.delivered.into();
@@ -793,64 +870,22 @@ impl Agent<'_> {
 }
 
 /// Runs node `cfg.id` until it is told to stop, its time is up, or (a
-/// sender) its feed is sent and the linger is over. Each release at a
-/// receiver is also handed to `on_release` with its release instant.
-pub fn run_agent(cfg: &AgentConfig, mut on_release: impl FnMut(&Released, u64)) -> Result<AgentReport, AgentError> {
-    let mut a = Agent::new(cfg)?;
-    let who = format!("{} {}", format!("{:?}", a.role).to_lowercase(), cfg.id);
+/// sender) its feed is sent and the linger is over: the node's agent on this
+/// thread and, split, its send side on a thread of its own. Each release at
+/// a receiver is also handed to `on_release`.
+pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)) -> Result<AgentReport, AgentError> {
+    let mut a = NodeAgent::new(cfg, None, on_release)?;
     if cfg.idle != IdleStrategy::Spin {
         // Wake from ppoll(2) when asked, not up to the default 50 µs later.
         let _ = nix::sys::prctl::set_timerslack(1_000);
     }
-    report(&who, &a.tuning);
-    let mut next_control_ns = 0;
-    let mut idler = Idler::new(cfg.idle);
-    loop {
-        let true_now = wall_ns();
-        if a.finished(true_now) {
-            break;
-        }
-        // The control socket costs a system call per look: a spinning node
-        // looks once per CONTROL_POLL_NS, a parked one whenever it wakes.
-        if cfg.idle == IdleStrategy::Park || true_now >= next_control_ns {
-            next_control_ns = true_now + CONTROL_POLL_NS;
-            if a.control() {
-                break;
-            }
-        }
-        let now = cfg.clock.skew.local(true_now);
-        let mut busy = a.send_feed(now);
-        busy |= a.receive(now) > 0;
-        a.timers(&mut on_release);
-        a.clock_alarm(&who);
-        // Emulated links and the egress run on true time.
-        a.dispatch(wall_ns());
-        if busy {
-            idler.busy();
-        } else {
-            idler.idle(true_now, || a.park(a.local()));
-        }
-    }
-    // Send what is still waiting for its emulated delay, then stop the send thread.
-    let deadline = wall_ns() + 1_000_000_000;
-    match &mut a.outbox {
-        Outbox::Inline(e) => {
-            while !e.is_empty() && wall_ns() < deadline {
-                e.flush(wall_ns());
-            }
-        }
-        Outbox::Ring { done, thread, waker, .. } => {
-            done.store(true, Ordering::Release);
-            waker.unpark();
-            if let Some(t) = thread.take() {
-                if let Ok(applied) = t.join() {
-                    report(&who, &applied);
-                    a.tuning.extend(applied);
-                }
-            }
-        }
-    }
-    let mut r = a.snapshot();
-    r.rows = std::mem::take(&mut a.rows);
-    Ok(r)
+    report(&a.who, &a.tuning);
+    let rc = RunConfig {
+        idle: cfg.idle,
+        spin_ahead_ns: SPIN_AHEAD_NS,
+        park_max_ns: PARK_MAX_NS,
+        stop: Some(cfg.stop.clone()),
+    };
+    fairfeed_io::agent::run(&mut [&mut a], &rc).map_err(|e| AgentError::Io(format!("{}: the node loop", a.who), e))?;
+    Ok(a.finish())
 }
