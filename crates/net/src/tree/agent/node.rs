@@ -724,15 +724,17 @@ impl Agent for NodeAgent<'_> {
         let mut now = now;
         if turn == Turn::All {
             let got = self.receive(local);
-            if got > 0 {
-                work += got;
+            work += got;
+            // A receiver's releases are timed on the clock after the read.
+            if got > 0 && self.live.is_receiver() {
                 now = wall_ns();
             }
         }
         work += self.timers(self.local_at(now));
         self.clock_alarm();
-        // Emulated links and the send side run on true time.
-        let t = if self.pending.is_empty() { now } else { wall_ns() };
+        // Emulated links and the send side run on true time: an emulated
+        // link starts from the moment the copy is handed over.
+        let t = if self.pending.is_empty() || self.emu.is_none() { now } else { wall_ns() };
         work + self.dispatch(self.cfg.time.at(t))
     }
 
