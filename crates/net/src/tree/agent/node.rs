@@ -603,7 +603,9 @@ impl NodeAgent<'_> {
         let mut work = 0;
         let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
         if self.live.next_timeout() <= now {
-            self.live.handle_timeout(now, &mut tx);
+            // A fresh reading: probes sent now carry it as their send stamp.
+            let fresh = skew.local(time.at(wall_ns()));
+            self.live.handle_timeout(fresh, &mut tx);
             work += 1;
         }
         while let Some(m) = self.live.poll_release() {
