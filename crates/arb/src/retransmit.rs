@@ -8,7 +8,7 @@
 //! wrong size, another session, a count of 0, a range the journal does not
 //! hold — gets no answer and a counter, never a crash.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 
 use fairfeed_wire::moldudp64::{Packet, PacketBuilder, Request, Session, COUNT_END_OF_SESSION};
@@ -19,16 +19,31 @@ pub const REQUESTERS_MAX: usize = 4_096;
 /// A requester idle this long is forgotten.
 const REQUESTER_IDLE_NS: u64 = 10_000_000_000;
 
-/// Every message of one session, by sequence number.
+/// Bytes of messages a journal keeps by default (the oldest are dropped beyond it).
+pub const JOURNAL_BYTES_DEFAULT: usize = 256 << 20;
+/// Dead bytes at the front of a journal's buffer before it is compacted.
+const COMPACT_MIN_BYTES: usize = 1 << 16;
+
+/// The messages of one session, by sequence number — the newest
+/// `limit_bytes` of them: beyond the limit the oldest messages are dropped
+/// (counted in [`Journal::evicted`]) and requests for them go unanswered as
+/// out of range, so a long session's journal cannot grow without bound.
 #[derive(Debug, Clone)]
 pub struct Journal {
     session: Option<Session>,
+    /// Sequence number of the oldest message held.
     first_seq: u64,
+    /// `bytes[0]` is byte `base` of everything ever journaled.
     bytes: Vec<u8>,
-    /// Offsets of each message in `bytes`; message `first_seq + i` is `ends[i-1]..ends[i]`.
-    ends: Vec<usize>,
+    base: u64,
+    /// Where the oldest held message starts, and where each held message ends
+    /// (offsets into everything ever journaled).
+    first_start: u64,
+    ends: VecDeque<u64>,
     /// First sequence number of each journaled packet, ascending.
-    packet_starts: Vec<u64>,
+    packet_starts: VecDeque<u64>,
+    limit_bytes: usize,
+    evicted: u64,
 }
 
 /// Why a packet could not be journaled.
@@ -51,8 +66,25 @@ impl Default for Journal {
 }
 
 impl Journal {
+    /// A journal that keeps [`JOURNAL_BYTES_DEFAULT`] bytes of messages.
     pub fn new() -> Self {
-        Journal { session: None, first_seq: 1, bytes: Vec::new(), ends: Vec::new(), packet_starts: Vec::new() }
+        Journal::with_limit(JOURNAL_BYTES_DEFAULT)
+    }
+
+    /// A journal that keeps the newest `limit_bytes` of messages (always at
+    /// least the newest message).
+    pub fn with_limit(limit_bytes: usize) -> Self {
+        Journal {
+            session: None,
+            first_seq: 1,
+            bytes: Vec::new(),
+            base: 0,
+            first_start: 0,
+            ends: VecDeque::new(),
+            packet_starts: VecDeque::new(),
+            limit_bytes,
+            evicted: 0,
+        }
     }
 
     /// The session, once a packet was journaled.
@@ -65,13 +97,28 @@ impl Journal {
         self.first_seq + self.ends.len() as u64
     }
 
-    /// Messages journaled.
+    /// Sequence number of the oldest message still held.
+    pub fn first_seq(&self) -> u64 {
+        self.first_seq
+    }
+
+    /// Messages held.
     pub fn len(&self) -> usize {
         self.ends.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
+    }
+
+    /// Bytes of messages held.
+    pub fn held_bytes(&self) -> usize {
+        (self.ends.back().copied().unwrap_or(self.first_start) - self.first_start) as usize
+    }
+
+    /// Messages dropped to stay within the limit.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
     }
 
     /// Appends a sent MoldUDP64 packet. Heartbeats and repeats are accepted and
@@ -94,16 +141,36 @@ impl Journal {
             return Err(JournalError::Gap { expected: next, got: p.sequence() });
         }
         if p.sequence() == next {
-            self.packet_starts.push(next);
+            self.packet_starts.push_back(next);
         }
         for (i, m) in p.messages().enumerate() {
             let m = m.map_err(JournalError::Decode)?;
             if p.sequence() + i as u64 == self.next_seq() {
                 self.bytes.extend_from_slice(m);
-                self.ends.push(self.bytes.len());
+                self.ends.push_back(self.base + self.bytes.len() as u64);
             }
         }
+        self.evict();
         Ok(())
+    }
+
+    /// Drops the oldest messages while more than the limit is held.
+    fn evict(&mut self) {
+        while self.held_bytes() > self.limit_bytes && self.ends.len() > 1 {
+            if let Some(end) = self.ends.pop_front() {
+                self.first_start = end;
+                self.first_seq += 1;
+                self.evicted += 1;
+            }
+        }
+        while self.packet_starts.len() > 1 && self.packet_starts[1] <= self.first_seq {
+            self.packet_starts.pop_front();
+        }
+        let dead = (self.first_start - self.base) as usize;
+        if dead >= COMPACT_MIN_BYTES && dead * 2 >= self.bytes.len() {
+            self.bytes.drain(..dead);
+            self.base = self.first_start;
+        }
     }
 
     /// Sequence number after the last message of the originally sent packet
@@ -113,12 +180,12 @@ impl Journal {
         self.packet_starts.get(i).copied().unwrap_or_else(|| self.next_seq())
     }
 
-    /// Message `seq`, if journaled.
+    /// Message `seq`, if held.
     pub fn get(&self, seq: u64) -> Option<&[u8]> {
         let i = usize::try_from(seq.checked_sub(self.first_seq)?).ok()?;
         let end = *self.ends.get(i)?;
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        Some(&self.bytes[start..end])
+        let start = if i == 0 { self.first_start } else { self.ends[i - 1] };
+        self.bytes.get((start - self.base) as usize..(end - self.base) as usize)
     }
 }
 
@@ -281,6 +348,48 @@ mod tests {
         let mut b = [0u8; 20];
         RequestRepr { session: Session::from_str_padded("S1"), sequence: seq, count }.emit(&mut b).unwrap();
         b
+    }
+
+    #[test]
+    fn a_journal_keeps_the_newest_messages_within_its_limit_and_refuses_the_rest() {
+        // 8-byte messages, two per packet; room for 100 of them.
+        let mut j = Journal::with_limit(800);
+        for seq in (1..=100_000u64).step_by(2) {
+            let mut buf = [0u8; 100];
+            let mut b = PacketBuilder::new(&mut buf, Session::from_str_padded("S1"), seq).unwrap();
+            b.push(&seq.to_be_bytes()).unwrap();
+            b.push(&(seq + 1).to_be_bytes()).unwrap();
+            let len = b.finish();
+            j.append_packet(&buf[..len]).unwrap();
+            assert!(j.held_bytes() <= 800);
+        }
+        assert_eq!((j.len(), j.first_seq(), j.next_seq(), j.evicted()), (100, 99_901, 100_001, 99_900));
+        assert!(j.bytes.len() <= 2 * 800 + COMPACT_MIN_BYTES, "the buffer is compacted: {} bytes", j.bytes.len());
+        for seq in 99_901..=100_000u64 {
+            assert_eq!(j.get(seq), Some(&seq.to_be_bytes()[..]), "message {seq}");
+        }
+        assert_eq!(j.get(99_900), None, "dropped");
+        assert_eq!(j.get(100_001), None, "not yet sent");
+        assert_eq!(j.packet_end(99_901), 99_903, "packet boundaries survive eviction");
+        let mut s = RetransmitServer::new(j, ServerConfig::default());
+        let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut out = [0u8; 1400];
+        assert_eq!(s.handle_request(0, from, &req(5, 10), &mut out), None, "an evicted range is out of range");
+        assert_eq!(s.stats().out_of_range, 1);
+        let n = s.handle_request(0, from, &req(99_991, 10), &mut out).unwrap();
+        let p = Packet::new_checked(&out[..n]).unwrap();
+        assert_eq!((p.sequence(), p.count()), (99_991, 2));
+    }
+
+    #[test]
+    fn one_message_larger_than_the_limit_is_still_kept() {
+        let mut j = Journal::with_limit(4);
+        let mut buf = [0u8; 100];
+        let mut b = PacketBuilder::new(&mut buf, Session::from_str_padded("S1"), 1).unwrap();
+        b.push(&[7u8; 20]).unwrap();
+        let len = b.finish();
+        j.append_packet(&buf[..len]).unwrap();
+        assert_eq!((j.len(), j.get(1).map(<[u8]>::len)), (1, Some(20)));
     }
 
     #[test]

@@ -279,6 +279,7 @@ pub fn in_process(commands: usize, products: usize, runs: usize) -> (f64, u64) {
             qty: 100,
             tif: if cross { Tif::Ioc } else { Tif::Day },
             market: false,
+            hidden: false,
         }));
         if !cross {
             live.push((client, i));

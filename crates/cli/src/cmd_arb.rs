@@ -182,7 +182,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 /// Loads a capture into a retransmission journal.
 fn journal(path: &std::path::Path, port: Option<u16>) -> anyhow::Result<Journal> {
     let datagrams = crate::fmt::read_capture(path, port)?;
-    let mut j = Journal::new();
+    // The whole capture, already in memory, bounds it: no eviction.
+    let mut j = Journal::with_limit(usize::MAX);
     for d in &datagrams {
         j.append_packet(&d.payload)
             .map_err(|e| anyhow::anyhow!("{}: cannot journal a packet: {e:?}", path.display()))?;

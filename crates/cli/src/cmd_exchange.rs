@@ -177,6 +177,10 @@ const CONFIG_HELP: &[(&str, &str)] = &[
         "itch_heartbeat_ns",
         "a MoldUDP64 heartbeat (no messages, the next sequence number) on each ITCH line after this long without a packet; 1 ms..=60 s, default 1 s",
     ),
+    (
+        "itch_journal_max_bytes",
+        "bytes of ITCH messages the retransmission journal keeps; beyond it the oldest are dropped (counted itch_journal_evicted) and requests for them go unanswered; 64 KiB..=64 GiB, default 256 MiB",
+    ),
     ("session", "the SoupBinTCP session announced at login, 1-10 characters"),
     ("users", "[username, password] pairs; usernames up to 6 characters, passwords up to 10"),
     ("symbols", "tradable symbols, up to 8 characters each; the first is stock locate 1"),

@@ -521,3 +521,52 @@ fn password_guessing_from_one_address_is_slowed_to_five_tries_a_second() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["gateway"]["login_rate_limited"], 15, "{report}");
 }
+
+#[test]
+fn the_itch_journal_keeps_its_limit_and_answers_only_what_it_still_holds() {
+    use fairfeed_net::exchange::live::{Exchange, ExchangeConfig};
+    use fairfeed_wire::moldudp64::{Packet, RequestRepr, Session};
+    let free = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let server = free.local_addr().unwrap();
+    drop(free);
+    let cfg = ExchangeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        gateway: fairfeed_exchange::gateway::GatewayConfig {
+            users: vec![("ALICE".into(), "pw1".into())],
+            symbols: vec!["AAPL".into()],
+            ..Default::default()
+        },
+        limits: fairfeed_exchange::engine::Limits { symbols: 1, orders: 10_000, ..Default::default() },
+        retransmit_listen: Some(server),
+        itch_session: "FFTEST0001".into(),
+        itch_journal_max_bytes: 1 << 16,
+        ..ExchangeConfig::default()
+    };
+    let x = Exchange::start(cfg).unwrap();
+    let mut s = TcpStream::connect(x.addr).unwrap();
+    let mut b = Vec::new();
+    client::login("ALICE", "pw1", 0, &mut b);
+    s.write_all(&b).unwrap();
+    // 3,000 resting orders: 3,000 ITCH Add Orders of 36 bytes, 108 KB against a 64 KiB journal.
+    for token in 1..=3_000u32 {
+        s.write_all(&enter(token, b'B', 100, 1_000_000)).unwrap();
+    }
+    assert_eq!(read_messages_for(&mut s, 3_000, Duration::from_secs(10)).len(), 3_000, "every order accepted");
+    std::thread::sleep(Duration::from_millis(200));
+    let ask = |sequence: u64| -> Option<u64> {
+        let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        let mut req = [0u8; 20];
+        RequestRepr { session: Session::from_str_padded("FFTEST0001"), sequence, count: 5 }.emit(&mut req).unwrap();
+        c.send_to(&req, server).unwrap();
+        let mut buf = [0u8; 2048];
+        let n = c.recv(&mut buf).ok()?;
+        Some(Packet::new_checked(&buf[..n]).unwrap().sequence())
+    };
+    assert_eq!(ask(1), None, "the oldest messages were dropped: no answer");
+    assert_eq!(ask(2_990), Some(2_990), "recent ones are still answered");
+    let r = x.finish();
+    let evicted = r.itch_journal_evicted;
+    assert!(evicted >= 1_000, "108 KB into 64 KiB drops over a thousand 36-byte messages: {evicted}");
+    assert!(r.itch_messages >= 3_000 && evicted < r.itch_messages, "{evicted} of {}", r.itch_messages);
+}

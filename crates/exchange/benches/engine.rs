@@ -28,6 +28,7 @@ fn flow(n: usize) -> Vec<Command> {
                 qty: rng.gen_range(1..=10) * 100,
                 tif,
                 market: false,
+                hidden: false,
             }));
             if tif == Tif::Day {
                 live.push((client, i));

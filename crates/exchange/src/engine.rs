@@ -113,6 +113,10 @@ pub struct NewOrder {
     pub tif: Tif,
     /// Execute at any price, immediate or cancel.
     pub market: bool,
+    /// Not displayed (OUCH Display `N`): it rests and trades like any order,
+    /// but the ITCH feed never shows it — its executions appear as anonymous
+    /// Trade messages.
+    pub hidden: bool,
 }
 
 /// What the engine is asked to do.
@@ -176,13 +180,14 @@ pub enum Event {
         token: u32,
         reason: Reject,
     },
-    /// Shares joined the book (ITCH Add Order).
+    /// Shares joined the book (ITCH Add Order, unless hidden).
     Booked {
         ref_num: u64,
         symbol: u16,
         side: Side,
         price: Price,
         qty: Qty,
+        hidden: bool,
     },
     /// A resting order (maker) traded with an incoming one (taker) at the maker's price.
     Executed {
@@ -199,6 +204,8 @@ pub enum Event {
         taker_client: u32,
         taker_token: u32,
         taker_side: Side,
+        /// The resting order is not displayed (ITCH Trade instead of Order Executed).
+        maker_hidden: bool,
     },
     /// Shares of an order left the book or were never booked (ITCH Cancel
     /// when `left > 0`, Delete when `left == 0` and the order was booked).
@@ -211,6 +218,7 @@ pub enum Event {
         left: Qty,
         booked: bool,
         reason: CancelReason,
+        hidden: bool,
     },
     /// A resting order was replaced in place without trading (ITCH Replace).
     Replaced {
@@ -222,6 +230,7 @@ pub enum Event {
         symbol: u16,
         price: Price,
         qty: Qty,
+        hidden: bool,
     },
 }
 
@@ -234,6 +243,7 @@ struct Order {
     side: Side,
     price: Price,
     qty: Qty,
+    hidden: bool,
     prev: u32,
     next: u32,
 }
@@ -328,6 +338,7 @@ struct Taker {
     side: Side,
     limit: Price,
     qty: Qty,
+    hidden: bool,
 }
 
 impl Engine {
@@ -380,22 +391,34 @@ impl Engine {
 
     /// Every level of one side, best first: (price, shares, orders in time order as (ref, qty)).
     pub fn depth(&self, symbol: u16, side: Side) -> Vec<DepthLevel> {
+        self.depth_where(symbol, side, |_| true)
+    }
+
+    /// The same, displayed orders only (what the ITCH feed shows): levels
+    /// holding only hidden orders are left out.
+    pub fn displayed_depth(&self, symbol: u16, side: Side) -> Vec<DepthLevel> {
+        self.depth_where(symbol, side, |o| !o.hidden)
+    }
+
+    fn depth_where(&self, symbol: u16, side: Side, keep: impl Fn(&Order) -> bool) -> Vec<DepthLevel> {
         let Some(b) = self.books.get(usize::from(symbol)) else { return Vec::new() };
-        b[side_ix(side)]
-            .levels
-            .iter()
-            .rev()
-            .map(|l| {
-                let mut v = Vec::new();
-                let mut i = l.head;
-                while i != NIL {
-                    let o = &self.orders[i as usize];
+        let mut out = Vec::new();
+        for l in b[side_ix(side)].levels.iter().rev() {
+            let (mut v, mut shares) = (Vec::new(), 0u64);
+            let mut i = l.head;
+            while i != NIL {
+                let o = &self.orders[i as usize];
+                if keep(o) {
                     v.push((o.ref_num, o.qty));
-                    i = o.next;
+                    shares += u64::from(o.qty);
                 }
-                (l.price, l.qty, v)
-            })
-            .collect()
+                i = o.next;
+            }
+            if !v.is_empty() {
+                out.push((l.price, shares, v));
+            }
+        }
+        out
     }
 
     /// Runs one command.
@@ -451,7 +474,16 @@ impl Engine {
             price: limit,
             qty: o.qty,
         });
-        let t = Taker { ref_num, client: o.client, token: o.token, symbol: o.symbol, side: o.side, limit, qty: o.qty };
+        let t = Taker {
+            ref_num,
+            client: o.client,
+            token: o.token,
+            symbol: o.symbol,
+            side: o.side,
+            limit,
+            qty: o.qty,
+            hidden: o.hidden,
+        };
         let tif = if o.market { Tif::Ioc } else { o.tif };
         self.execute(t, tif, out);
     }
@@ -466,9 +498,14 @@ impl Engine {
             return self.cancel_rest(&t, out);
         }
         match self.book(&t) {
-            Ok(()) => {
-                out(Event::Booked { ref_num: t.ref_num, symbol: t.symbol, side: t.side, price: t.limit, qty: t.qty })
-            }
+            Ok(()) => out(Event::Booked {
+                ref_num: t.ref_num,
+                symbol: t.symbol,
+                side: t.side,
+                price: t.limit,
+                qty: t.qty,
+                hidden: t.hidden,
+            }),
             Err(_) => {
                 // Accepted and maybe partly executed, but no room to rest
                 // (a limit reached): the rest is canceled, and counted.
@@ -490,6 +527,7 @@ impl Engine {
             left: 0,
             booked: false,
             reason: CancelReason::ImmediateOrCancel,
+            hidden: t.hidden,
         });
     }
 
@@ -525,6 +563,7 @@ impl Engine {
                 taker_client: t.client,
                 taker_token: t.token,
                 taker_side: t.side,
+                maker_hidden: m.hidden,
             });
             if left == 0 {
                 self.unlink(head);
@@ -558,6 +597,7 @@ impl Engine {
             side: t.side,
             price: t.limit,
             qty: t.qty,
+            hidden: t.hidden,
             prev: self.books[sym][s].levels[at].tail,
             next: NIL,
         };
@@ -638,6 +678,7 @@ impl Engine {
             left: leave,
             booked: true,
             reason: CancelReason::User,
+            hidden: o.hidden,
         });
     }
 
@@ -666,7 +707,16 @@ impl Engine {
         self.stats.accepted += 1;
         let opp = self.books[usize::from(o.symbol)][side_ix(o.side.opposite())].best().map(|l| l.price);
         let trades = opp.is_some_and(|p| crosses(o.side, price, p));
-        let t = Taker { ref_num: new_ref, client, token: new_token, symbol: o.symbol, side: o.side, limit: price, qty };
+        let t = Taker {
+            ref_num: new_ref,
+            client,
+            token: new_token,
+            symbol: o.symbol,
+            side: o.side,
+            limit: price,
+            qty,
+            hidden: o.hidden,
+        };
         if !trades && self.book(&t).is_ok() {
             out(Event::Replaced {
                 client,
@@ -677,6 +727,7 @@ impl Engine {
                 symbol: o.symbol,
                 price,
                 qty,
+                hidden: o.hidden,
             });
             return;
         }
@@ -690,6 +741,7 @@ impl Engine {
             left: 0,
             booked: true,
             reason: CancelReason::Replaced,
+            hidden: o.hidden,
         });
         out(Event::Accepted { client, token: new_token, ref_num: new_ref, symbol: o.symbol, side: o.side, price, qty });
         self.execute(t, Tif::Day, out);

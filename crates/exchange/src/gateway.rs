@@ -450,7 +450,9 @@ impl Gateway {
         };
         self.orders.insert((client, token), live);
         let price = if market { 0 } else { u32::try_from(px).unwrap_or(u32::MAX) };
-        let new = NewOrder { client, token, symbol, side, price, qty: o.quantity(), tif, market };
+        // Display `N`: a non-displayed order (kept off the ITCH feed).
+        let hidden = o.display() == b'N';
+        let new = NewOrder { client, token, symbol, side, price, qty: o.quantity(), tif, market, hidden };
         cmds(Command::New(new), crate::sequencer::client_timestamp(o.tail()));
         Ok(())
     }

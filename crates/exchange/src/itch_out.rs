@@ -13,7 +13,7 @@
 
 use fairfeed_wire::itch::{
     AddOrderRepr, MessageRepr, OrderCancelRepr, OrderDeleteRepr, OrderExecutedRepr, OrderReplaceRepr,
-    StockDirectoryRepr, SystemEventRepr, MESSAGE_LEN_MAX,
+    StockDirectoryRepr, SystemEventRepr, TradeRepr, MESSAGE_LEN_MAX,
 };
 use fairfeed_wire::moldudp64::{PacketBuilder, PacketRepr, Session, COUNT_END_OF_SESSION, PACKET_LEN_DEFAULT_MAX};
 use fairfeed_wire::{Alpha, Price4, Stock, Timestamp48};
@@ -176,7 +176,11 @@ impl ItchWriter {
     pub fn on_event(&mut self, now_ns: u64, ev: &Event) {
         let ts = Self::ts(now_ns);
         let m = match *ev {
-            Event::Booked { ref_num, symbol, side, price, qty } => MessageRepr::AddOrder(AddOrderRepr {
+            // A hidden order never appears: not when it rests, changes or leaves.
+            Event::Booked { hidden: true, .. }
+            | Event::Canceled { hidden: true, .. }
+            | Event::Replaced { hidden: true, .. } => return,
+            Event::Booked { ref_num, symbol, side, price, qty, .. } => MessageRepr::AddOrder(AddOrderRepr {
                 stock_locate: symbol,
                 tracking_number: 0,
                 timestamp: ts,
@@ -186,6 +190,21 @@ impl ItchWriter {
                 stock: self.stock(symbol),
                 price: Price4(price),
             }),
+            // Its executions are anonymous Trade messages (order reference 0,
+            // as NASDAQ sends them), the side being the resting order's.
+            Event::Executed { symbol, match_num, qty, price, taker_side, maker_hidden: true, .. } => {
+                MessageRepr::Trade(TradeRepr {
+                    stock_locate: symbol,
+                    tracking_number: 0,
+                    timestamp: ts,
+                    order_ref: 0,
+                    side: if taker_side == Side::Buy { b'S' } else { b'B' },
+                    shares: qty,
+                    stock: self.stock(symbol),
+                    price: Price4(price),
+                    match_number: match_num,
+                })
+            }
             Event::Executed { symbol, match_num, qty, maker_ref, .. } => {
                 MessageRepr::OrderExecuted(OrderExecutedRepr {
                     stock_locate: symbol,

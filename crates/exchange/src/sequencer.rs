@@ -169,6 +169,7 @@ mod tests {
             qty: 1,
             tif: Tif::Day,
             market: false,
+            hidden: false,
         })
     }
 

@@ -4,7 +4,7 @@
 //! the same way.
 
 use fairfeed_exchange::client;
-use fairfeed_exchange::engine::{Engine, Limits};
+use fairfeed_exchange::engine::{Engine, Limits, Side};
 use fairfeed_exchange::gateway::{Close, Conn, Gateway, GatewayConfig};
 use fairfeed_wire::ouch::outbound;
 use fairfeed_wire::soupbintcp::{split_packet, PacketRepr};
@@ -299,4 +299,44 @@ fn logins_follow_soupbintcp_case_padding_and_bad_numbers() {
     let (res, out) = r.feed(&mut c, 1, &raw_login("BOB", "pw2", "", "99999999999999999999"));
     assert_eq!(res, Err(Close::LoginRejected));
     assert_eq!(packets(&out), vec![(b'J', vec![])]);
+}
+
+#[test]
+fn an_order_entered_with_display_n_rests_and_trades_but_never_shows_on_itch() {
+    use fairfeed_exchange::itch_out::ItchWriter;
+    use fairfeed_wire::itch::Message;
+    let mut g = Gateway::new(cfg());
+    let mut e = Engine::new(Limits { symbols: 2, ..Limits::default() }, 0, 1);
+    let mut w = ItchWriter::new("FFTEST0001", &["AAPL".to_string(), "MSFT".to_string()]);
+    let mut a = Conn::new(0);
+    let mut feed = |g: &mut Gateway, e: &mut Engine, w: &mut ItchWriter, bytes: &[u8]| {
+        let (mut cmds, mut out) = (Vec::new(), Vec::new());
+        assert_eq!(g.on_bytes(&mut a, 1, bytes, &mut |cmd, _| cmds.push(cmd), &mut out), Ok(()));
+        for cmd in cmds {
+            e.handle(cmd, &mut |ev| w.on_event(1, &ev));
+        }
+    };
+    feed(&mut g, &mut e, &mut w, &login("ALICE", "pw1", 0));
+    // A hidden sell of 100 at 100.00, then a displayed buy of 40 that trades with it.
+    feed(&mut g, &mut e, &mut w, &enter_full(1, b'S', 100, 1_000_000, b'0', (b'N', b'A', b'N')));
+    assert_eq!(e.depth(1, Side::Sell).len(), 1, "the hidden order rests");
+    assert!(e.displayed_depth(1, Side::Sell).is_empty(), "... and is not displayed");
+    feed(&mut g, &mut e, &mut w, &enter_full(2, b'B', 40, 1_000_000, b'0', (b'Y', b'A', b'N')));
+    w.flush();
+    let mut kinds = Vec::new();
+    for p in w.take_packets() {
+        let p = fairfeed_wire::moldudp64::Packet::new_checked(&p[..]).unwrap();
+        for m in p.messages() {
+            match Message::parse(m.unwrap()).unwrap() {
+                Message::Trade(t) => {
+                    assert_eq!((t.order_ref(), t.shares(), t.side(), t.price().0), (0, 40, b'S', 1_000_000));
+                    kinds.push('P');
+                }
+                Message::AddOrder(_) | Message::OrderExecuted(_) => panic!("the hidden order appeared on ITCH"),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(kinds, ['P'], "one anonymous Trade message");
+    assert_eq!(e.depth(1, Side::Sell)[0].1, 60, "60 hidden shares still rest");
 }

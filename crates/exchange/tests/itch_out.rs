@@ -52,6 +52,7 @@ fn flow(names: &[String]) -> (Engine, Vec<Vec<u8>>) {
                     qty: rng.gen_range(1..=100),
                     tif: if rng.gen_bool(0.1) { Tif::Ioc } else { Tif::Day },
                     market: rng.gen_bool(0.02),
+                    hidden: rng.gen_bool(0.1),
                 })
             }
         };
@@ -64,12 +65,34 @@ fn flow(names: &[String]) -> (Engine, Vec<Vec<u8>>) {
     (e, w.take_packets())
 }
 
+/// A book keyed by order reference: (locate, side, price, shares).
+type Book = BTreeMap<u64, (u16, u8, u32, u32)>;
+
+/// The engine's displayed orders as a [`Book`], and how many hidden ones rest.
+fn displayed_book(e: &Engine) -> (Book, usize) {
+    let mut want = BTreeMap::new();
+    let mut hidden_resting = 0;
+    for sym in 1..=3u16 {
+        for (side, code) in [(Side::Buy, b'B'), (Side::Sell, b'S')] {
+            let all: usize = e.depth(sym, side).iter().map(|l| l.2.len()).sum();
+            let shown: usize = e.displayed_depth(sym, side).iter().map(|l| l.2.len()).sum();
+            hidden_resting += all - shown;
+            for (price, _, orders) in e.displayed_depth(sym, side) {
+                for (r, q) in orders {
+                    want.insert(r, (sym, code, price, q));
+                }
+            }
+        }
+    }
+    (want, hidden_resting)
+}
+
 #[test]
 fn a_book_rebuilt_from_the_itch_feed_equals_the_engines() {
     let names: Vec<String> = ["AAPL", "MSFT", "BRK B"].iter().map(|s| s.to_string()).collect();
     let (e, packets) = flow(&names);
     // Replay the feed into a model book: ref → (locate, side, price, shares).
-    let mut book: BTreeMap<u64, (u16, u8, u32, u32)> = BTreeMap::new();
+    let mut book: Book = BTreeMap::new();
     let (mut next, mut types) = (1u64, BTreeMap::<u8, u64>::new());
     for p in &packets {
         let pk = Packet::new_checked(&p[..]).expect("valid MoldUDP64");
@@ -111,25 +134,23 @@ fn a_book_rebuilt_from_the_itch_feed_equals_the_engines() {
                     let o = book.remove(&u.original_order_ref()).expect("replaced order is on the book");
                     book.insert(u.new_order_ref(), (o.0, o.1, u.price().0, u.shares()));
                 }
+                Message::Trade(t) => {
+                    // A hidden order traded: anonymous, nothing on the book changes.
+                    assert_eq!(t.order_ref(), 0);
+                    assert!(t.shares() > 0);
+                }
                 Message::SystemEvent(_) | Message::StockDirectory(_) => {}
                 other => panic!("unexpected message {other:?}"),
             }
         }
         next = pk.sequence() + u64::from(pk.message_count());
     }
-    // The engine's books, as the same map.
-    let mut want: BTreeMap<u64, (u16, u8, u32, u32)> = BTreeMap::new();
-    for sym in 1..=3u16 {
-        for (side, code) in [(Side::Buy, b'B'), (Side::Sell, b'S')] {
-            for (price, _, orders) in e.depth(sym, side) {
-                for (r, q) in orders {
-                    want.insert(r, (sym, code, price, q));
-                }
-            }
-        }
-    }
-    assert_eq!(book, want, "the feed's book equals the engine's");
-    for t in [b'A', b'E', b'X', b'D', b'U', b'S', b'R'] {
+    // The engine's displayed books, as the same map: no hidden order ever
+    // reached the feed, and every displayed one did.
+    let (want, hidden_resting) = displayed_book(&e);
+    assert_eq!(book, want, "the feed's book equals the engine's displayed book");
+    assert!(hidden_resting > 0, "the flow leaves hidden orders resting");
+    for t in [b'A', b'E', b'X', b'D', b'U', b'S', b'R', b'P'] {
         assert!(types.get(&t).copied().unwrap_or(0) > 0, "the feed has {} messages: {types:?}", t as char);
     }
 }

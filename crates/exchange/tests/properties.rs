@@ -24,6 +24,7 @@ fn command() -> impl Strategy<Value = Command> {
                 qty,
                 tif: if ioc { Tif::Ioc } else { Tif::Day },
                 market: kind == 0,
+                hidden: kind == 1,
             })
         },
     );

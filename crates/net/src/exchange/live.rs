@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
+use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig, JOURNAL_BYTES_DEFAULT};
 
 use crate::idle::{IdleStrategy, Idler};
 use fairfeed_exchange::engine::{Command, Engine, EngineStats, Event, Limits};
@@ -76,6 +76,15 @@ pub struct ExchangeConfig {
     /// A MoldUDP64 heartbeat on each ITCH line after this long without a packet.
     #[serde(default = "itch_heartbeat_default_ns")]
     pub itch_heartbeat_ns: u64,
+    /// Bytes of ITCH messages the retransmission journal keeps; beyond it the
+    /// oldest are dropped (counted `itch_journal_evicted`) and requests for
+    /// them go unanswered.
+    #[serde(default = "itch_journal_default_max")]
+    pub itch_journal_max_bytes: usize,
+}
+
+fn itch_journal_default_max() -> usize {
+    JOURNAL_BYTES_DEFAULT
 }
 
 /// 1 s between ITCH heartbeats on a quiet line.
@@ -136,6 +145,12 @@ impl ExchangeConfig {
         if !(1_000_000..=60_000_000_000).contains(&self.itch_heartbeat_ns) {
             return Err(format!("itch_heartbeat_ns must be 1 ms..=60 s, got {}", self.itch_heartbeat_ns));
         }
+        if !(1 << 16..=1 << 36).contains(&self.itch_journal_max_bytes) {
+            return Err(format!(
+                "itch_journal_max_bytes must be 65536..=68719476736 (64 KiB..=64 GiB), got {}",
+                self.itch_journal_max_bytes
+            ));
+        }
         if g.login_timeout_ns == 0 || g.login_timeout_ns > 600_000_000_000 {
             return Err(format!("gateway.login_timeout_ns must be in (0, 600 s], got {}", g.login_timeout_ns));
         }
@@ -157,6 +172,7 @@ impl Default for ExchangeConfig {
             sequencing_window_ns: 0,
             out_buffer_max_bytes: OUT_BUFFER_DEFAULT_MAX,
             itch_heartbeat_ns: ITCH_HEARTBEAT_DEFAULT_NS,
+            itch_journal_max_bytes: JOURNAL_BYTES_DEFAULT,
         }
     }
 }
@@ -180,6 +196,8 @@ pub struct ExchangeReport {
     pub itch_messages: u64,
     /// MoldUDP64 heartbeats sent on the (quiet) ITCH lines.
     pub itch_heartbeats: u64,
+    /// ITCH messages dropped from the retransmission journal to stay within its limit.
+    pub itch_journal_evicted: u64,
     pub retransmit_answers: u64,
     pub ring_full: u64,
     pub sequencer: SequencerStats,
@@ -277,8 +295,8 @@ pub struct Exchange {
 enum Part {
     Gateway(GatewayStats, Box<[Histogram<u64>; 5]>, u64, SequencerStats),
     Engine(EngineStats),
-    /// ITCH packets, messages, retransmission answers, heartbeats.
-    Publisher(u64, u64, u64, u64),
+    /// ITCH packets, messages, retransmission answers, heartbeats, journal evictions.
+    Publisher(u64, u64, u64, u64, u64),
 }
 
 impl Exchange {
@@ -385,6 +403,7 @@ impl Exchange {
             itch_packets: 0,
             itch_messages: 0,
             itch_heartbeats: 0,
+            itch_journal_evicted: 0,
             retransmit_answers: 0,
             ring_full: 0,
             sequencer: SequencerStats::default(),
@@ -406,11 +425,12 @@ impl Exchange {
                     r.steps = names.iter().zip(h.iter()).map(|(n, h)| step(n, h)).collect();
                 }
                 Ok(Part::Engine(s)) => r.engines.push(s),
-                Ok(Part::Publisher(p, m, a, h)) => {
+                Ok(Part::Publisher(p, m, a, h, e)) => {
                     r.itch_packets = p;
                     r.itch_messages = m;
                     r.retransmit_answers = a;
                     r.itch_heartbeats = h;
+                    r.itch_journal_evicted = e;
                 }
                 Err(_) => {}
             }
@@ -436,10 +456,11 @@ fn spawn_publisher(
     };
     let (a, b) = (cfg.itch_a, cfg.itch_b);
     let heartbeat_ns = cfg.itch_heartbeat_ns;
+    let journal_max = cfg.itch_journal_max_bytes;
     let mut w = ItchWriter::new(&cfg.itch_session, &cfg.gateway.symbols);
     let start = Instant::now();
     thread::Builder::new().name("publisher".into()).spawn(move || {
-        let mut server = RetransmitServer::new(Journal::new(), ServerConfig::default());
+        let mut server = RetransmitServer::new(Journal::with_limit(journal_max), ServerConfig::default());
         let (mut packets, mut answers, mut heartbeats) = (0u64, 0u64, 0u64);
         let mut send = |w: &mut ItchWriter, server: &mut RetransmitServer| {
             for p in w.take_packets() {
@@ -491,7 +512,7 @@ fn spawn_publisher(
         }
         w.close(wall_ns());
         send(&mut w, &mut server);
-        Part::Publisher(packets, w.messages, answers, heartbeats)
+        Part::Publisher(packets, w.messages, answers, heartbeats, server.journal().evicted())
     })
 }
 

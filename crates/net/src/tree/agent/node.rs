@@ -835,6 +835,7 @@ impl NodeAgent<'_> {
             if let Some(j) = &f.journal {
                 counters["retransmit_answers"] = j.answers.into();
                 counters["journal_errors"] = j.journal_errors.into();
+                counters["journal_evicted"] = j.server.journal().evicted().into();
                 counters["retransmit_server"] = serde_json::to_value(j.server.stats()).unwrap_or_default();
             }
         }
