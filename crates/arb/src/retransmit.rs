@@ -332,7 +332,13 @@ mod tests {
     use fairfeed_wire::moldudp64::RequestRepr;
 
     fn journal(n: u64) -> Journal {
-        let mut j = Journal::new();
+        journal_within(n, JOURNAL_BYTES_DEFAULT, |_| {})
+    }
+
+    /// Messages 1..=n (8 bytes each, two per packet) into a journal of
+    /// `limit` bytes, `after` called once per packet.
+    fn journal_within(n: u64, limit: usize, after: impl Fn(&Journal)) -> Journal {
+        let mut j = Journal::with_limit(limit);
         for seq in (1..=n).step_by(2) {
             let mut buf = [0u8; 100];
             let mut b = PacketBuilder::new(&mut buf, Session::from_str_padded("S1"), seq).unwrap();
@@ -340,6 +346,7 @@ mod tests {
             b.push(&(seq + 1).to_be_bytes()).unwrap();
             let len = b.finish();
             j.append_packet(&buf[..len]).unwrap();
+            after(&j);
         }
         j
     }
@@ -353,16 +360,7 @@ mod tests {
     #[test]
     fn a_journal_keeps_the_newest_messages_within_its_limit_and_refuses_the_rest() {
         // 8-byte messages, two per packet; room for 100 of them.
-        let mut j = Journal::with_limit(800);
-        for seq in (1..=100_000u64).step_by(2) {
-            let mut buf = [0u8; 100];
-            let mut b = PacketBuilder::new(&mut buf, Session::from_str_padded("S1"), seq).unwrap();
-            b.push(&seq.to_be_bytes()).unwrap();
-            b.push(&(seq + 1).to_be_bytes()).unwrap();
-            let len = b.finish();
-            j.append_packet(&buf[..len]).unwrap();
-            assert!(j.held_bytes() <= 800);
-        }
+        let j = journal_within(100_000, 800, |j| assert!(j.held_bytes() <= 800));
         assert_eq!((j.len(), j.first_seq(), j.next_seq(), j.evicted()), (100, 99_901, 100_001, 99_900));
         assert!(j.bytes.len() <= 2 * 800 + COMPACT_MIN_BYTES, "the buffer is compacted: {} bytes", j.bytes.len());
         for seq in 99_901..=100_000u64 {
