@@ -166,10 +166,9 @@ fn client(
             let price = 1_000_000 + if buy == cross { off } else { -off };
             let stamp = stamped.then(fairfeed_net::tree::agent::wall_ns);
             let side = if buy { b'B' } else { b'S' };
-            client::enter_order(
-                &client::Order { token: token as u32, side, qty: 100, symbol: sym, price, ioc: cross, stamp },
-                &mut out,
-            );
+            let (token32, qty, hidden) = (token as u32, 100, false);
+            let order = client::Order { token: token32, side, qty, symbol: sym, price, ioc: cross, hidden, stamp };
+            client::enter_order(&order, &mut out);
             sent_at[token].store(now + 1, Ordering::Relaxed);
         }
         s.write_all(&out)?;

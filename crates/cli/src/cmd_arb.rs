@@ -327,8 +327,8 @@ pub struct ServerArgs {
     /// Messages per answer at most.
     #[arg(long, default_value_t = 500)]
     count_max: u16,
-    /// Requests per second per requester (token bucket rate).
-    #[arg(long, default_value_t = 2000.0)]
+    /// Requests per second per requester (token bucket rate; 1..=10,000,000).
+    #[arg(long, default_value_t = 2000.0, value_parser = crate::fmt::rate)]
     rate_per_s: f64,
     /// Exit after this many seconds.
     #[arg(long, value_parser = crate::fmt::seconds)]
@@ -360,7 +360,12 @@ pub fn run_control(a: ControlArgs) -> anyhow::Result<()> {
     sock.set_read_timeout(Some(Duration::from_secs(2)))?;
     sock.send_to(a.command.join(" ").as_bytes(), a.addr)?;
     let mut buf = vec![0u8; 65_536];
-    let n = sock.recv(&mut buf).with_context(|| format!("no reply from {} within 2 s", a.addr))?;
+    let n = sock.recv(&mut buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            anyhow::anyhow!("no reply from {} within 2 s (is an arbitrator's --control there?)", a.addr)
+        }
+        _ => anyhow::anyhow!("no reply from {} (is an arbitrator's --control there?): {e}", a.addr),
+    })?;
     let reply = String::from_utf8_lossy(&buf[..n]);
     println!("{reply}");
     anyhow::ensure!(!reply.starts_with("error"), "the arbitrator refused the command");

@@ -9,7 +9,7 @@ pub enum Bench {
     /// Latency one fair-multicast proxy hop adds, beside a bare loopback hop, same run.
     ProxyHop {
         /// Round trips to measure (each mode).
-        #[arg(long, default_value_t = 20_000)]
+        #[arg(long, default_value_t = 20_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(100..=10_000_000))]
         samples: usize,
         /// Block in recv instead of spinning (default: spin, as latency-critical hosts do).
         #[arg(long)]
@@ -24,13 +24,13 @@ pub enum Bench {
     /// Copies per second one proxy replicates to F destinations, beside a bare sendmmsg loop, same run.
     ProxyPps {
         /// Destinations per packet (copies each packet is sent to).
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000))]
         fanout: usize,
         /// Bytes per packet (overlay header included).
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 200, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(40..=1_472))]
         packet_bytes: usize,
         /// Alternating rounds of each.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
         rounds: usize,
         /// Seconds per measured round.
         #[arg(long, default_value_t = 1.0, value_parser = crate::fmt::seconds)]
@@ -146,7 +146,6 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         b @ Bench::ClockSync { .. } => clock_sync_cmd(b),
         Bench::ProxyHop { samples, ladder: true, json, .. } => {
-            anyhow::ensure!((100..=10_000_000).contains(&samples), "--samples must be 100..=10,000,000");
             let rungs = proxy_ladder(samples)?;
             if json {
                 println!("{}", serde_json::to_string(&rungs)?);
@@ -171,9 +170,6 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             Ok(())
         }
         Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, json } => {
-            anyhow::ensure!((1..=1_000).contains(&fanout), "--fanout must be 1..=1,000");
-            anyhow::ensure!((40..=1_472).contains(&packet_bytes), "--packet-bytes must be 40..=1,472");
-            anyhow::ensure!((1..=100).contains(&rounds) && round_seconds > 0.0, "bad --rounds/--round-seconds");
             let threads = if split { Threading::Split } else { Threading::One };
             let r = proxy_pps(fanout, packet_bytes, (rounds, round_seconds), threads)?;
             if json {
@@ -188,7 +184,6 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             Ok(())
         }
         Bench::ProxyHop { samples, no_busy_poll, json, .. } => {
-            anyhow::ensure!((100..=10_000_000).contains(&samples), "--samples must be 100..=10,000,000");
             let r = proxy_hop(samples, !no_busy_poll)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);

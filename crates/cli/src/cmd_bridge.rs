@@ -98,7 +98,7 @@ pub struct RunArgs {
     #[arg(long)]
     jetstream: Option<String>,
     /// Publications queued for the broker at most.
-    #[arg(long, default_value_t = fairfeed_bridge::publish::BUFFER_DEFAULT)]
+    #[arg(long, default_value_t = fairfeed_bridge::publish::BUFFER_DEFAULT, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
     buffer: usize,
     /// When the queue is full: drop (counted) or block the feed.
     #[arg(long, value_enum, default_value_t = OverflowArg::Drop)]
@@ -106,8 +106,8 @@ pub struct RunArgs {
     /// Stop after this many seconds (default: on SIGINT/SIGTERM).
     #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
-    /// Print the counters to stderr this often.
-    #[arg(long)]
+    /// Print the counters to stderr this often, seconds.
+    #[arg(long, value_parser = crate::fmt::seconds)]
     stats_interval_s: Option<f64>,
     /// Write the final counters here (JSON; default: stdout).
     #[arg(long)]
@@ -263,7 +263,6 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
 }
 
 fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(a.buffer > 0, "--buffer must be positive");
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;

@@ -40,17 +40,17 @@ struct BenchArgs {
     #[arg(long, default_value_t = 10_000.0, value_parser = crate::fmt::order_rate)]
     rate: f64,
     /// Products (symbols) the orders spread over (seed 002: 1, 1, 2, 5, 10).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000))]
     products: usize,
-    /// Seconds of load.
-    #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
+    /// Seconds of load, 0.001..=600.
+    #[arg(long, default_value_t = 5.0, value_parser = bench_seconds)]
     seconds: f64,
     /// Engine threads (symbols sharded over them).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     engines: usize,
     /// Inbound fairness on: clients stamp their orders, the gateway sequences
-    /// them by stamp within this window (µs).
-    #[arg(long, default_value_t = 0.0, value_parser = crate::fmt::us)]
+    /// them by stamp within this window (µs; 0..=1,000,000).
+    #[arg(long, default_value_t = 0.0, value_parser = window_us)]
     sequencing_window_us: f64,
     /// Instead: the matching core's throughput on one thread, in process.
     #[arg(long)]
@@ -75,8 +75,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let path = a.config.as_ref().context("--config FILE is required (see --example-config)")?;
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let cfg: ExchangeConfig =
-        toml::from_str(&text).with_context(|| format!("{}: not an exchange configuration", path.display()))?;
+    let cfg: ExchangeConfig = toml::from_str(&text).map_err(|e| {
+        let line = fairfeed_sim::model::toml_error_line(&text, &e);
+        anyhow::anyhow!("{}: not an exchange configuration: {line}", path.display())
+    })?;
     cfg.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -104,9 +106,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn window_us(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.0, 1e6, "µs")
+}
+
+fn bench_seconds(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.001, 600.0, "seconds")
+}
+
 fn bench(b: BenchArgs) -> anyhow::Result<()> {
     if b.in_process {
-        anyhow::ensure!((1..=1_000).contains(&b.products), "--products must be 1..=1,000");
         let commands = 2_000_000;
         let (rate, events) = in_process(commands, b.products.max(1), 5);
         let v = serde_json::json!({
@@ -126,11 +135,6 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    anyhow::ensure!(b.rate > 0.0 && b.rate <= 2_000_000.0, "--rate must be in (0, 2,000,000]");
-    anyhow::ensure!(b.seconds > 0.0 && b.seconds <= 600.0, "--seconds must be in (0, 600]");
-    anyhow::ensure!((1..=1_000).contains(&b.products), "--products must be 1..=1,000");
-    anyhow::ensure!((1..=16).contains(&b.engines), "--engines must be 1..=16");
-    anyhow::ensure!((0.0..=1e6).contains(&b.sequencing_window_us), "--sequencing-window-us must be 0..=1,000,000");
     let tick = crate::fmt::ticker(b.seconds, "orders through the gateway (tenths of a second)");
     let r = exchange_bench(b.rate, b.products, b.seconds, (b.engines, (b.sequencing_window_us * 1e3) as u64))?;
     drop(tick);

@@ -22,11 +22,12 @@ pub struct Args {
     /// RNG seed: the same seed and options give the same bytes.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Total ITCH messages (session events and stock directory included).
-    #[arg(long, default_value_t = 100_000)]
+    /// Total ITCH messages (session events and stock directory included; 1..=1,000,000,000,
+    /// and at least what the session events and the directory of --symbols take).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     messages: u64,
     /// Number of symbols.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=65_535))]
     symbols: u32,
     /// UDP destination port of the feed.
     #[arg(long, default_value_t = 26_477)]
@@ -41,7 +42,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5.05, value_parser = crate::fmt::msgs_per_packet)]
     msgs_per_packet: f64,
     /// Largest MoldUDP64 packet in bytes.
-    #[arg(long, default_value_t = 1400)]
+    #[arg(long, default_value_t = 1400, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(72..=65_507))]
     packet_max: usize,
     /// MoldUDP64 session name (up to 10 characters).
     #[arg(long, default_value = "FAIRFEED01")]

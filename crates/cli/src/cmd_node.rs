@@ -30,7 +30,7 @@ enum ThreadsArg {
 /// What every node takes.
 #[derive(clap::Args)]
 pub struct Common {
-    /// The planner's topology file (TOML or JSON) with every node's address.
+    /// The planner's topology file (TOML or JSON) with every node's address (keys: docs/FILES.md).
     #[arg(long)]
     topology: PathBuf,
     /// This node's id in the topology.
@@ -40,11 +40,11 @@ pub struct Common {
     /// FAIRFEED_KEY). Without one, packets are not authenticated.
     #[arg(long)]
     key_file: Option<PathBuf>,
-    /// Authentic packets sent longer ago than this are refused as replays (ms).
-    #[arg(long, default_value_t = 2_000)]
+    /// Authentic packets sent longer ago than this are refused as replays (ms; 1..=3,600,000).
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     max_age_ms: u64,
     /// Emulate links on what this node sends: `none`, `cloud` (the calibrated
-    /// model), or a model file (TOML, see the simulator).
+    /// model), or a model file (TOML, format in docs/models/README.md).
     #[arg(long, default_value = "none")]
     link: String,
     /// Seed of the generated feed and the emulated link (same seed, same draws).
@@ -72,13 +72,13 @@ pub struct Common {
     #[arg(long)]
     control: Option<SocketAddr>,
     /// Stop after this many seconds (default: a sender stops when its feed is sent; others run until signalled).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
     /// Write the node's counters and histograms here (JSON) at exit.
     #[arg(long)]
     stats_out: Option<PathBuf>,
     /// Report interval up the tree, ms.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     report_interval_ms: u64,
     /// Deadline offset before the first report, µs.
     #[arg(long, default_value_t = 1_000)]
@@ -143,10 +143,10 @@ pub struct SenderArgs {
     #[command(flatten)]
     common: Common,
     /// Packets per second.
-    #[arg(long, default_value_t = 1_000.0)]
+    #[arg(long, default_value_t = 1_000.0, value_parser = crate::fmt::rate)]
     rate: f64,
     /// Seconds of generated feed (rate × seconds packets).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
     feed_seconds: f64,
     /// Send this capture's UDP payloads instead of a generated ITCH feed.
     #[arg(long)]
@@ -192,10 +192,10 @@ pub struct ReceiverArgs {
 
 #[derive(clap::Args)]
 pub struct StatArgs {
-    /// The node's control address (its --control).
+    /// The node's control address (its --control); the fields are explained in docs/FILES.md.
     addr: SocketAddr,
-    /// Give up after this long, ms.
-    #[arg(long, default_value_t = 1_000)]
+    /// Give up after this long, ms; 1..=600,000.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     timeout_ms: u64,
 }
 
@@ -204,7 +204,9 @@ fn load_topology(p: &Path) -> anyhow::Result<Topology> {
     let t: Topology = if p.extension().is_some_and(|e| e == "json") {
         serde_json::from_str(&text).with_context(|| format!("{}: not a topology", p.display()))?
     } else {
-        toml::from_str(&text).with_context(|| format!("{}: not a topology", p.display()))?
+        toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!("{}: not a topology: {}", p.display(), fairfeed_sim::model::toml_error_line(&text, &e))
+        })?
     };
     anyhow::ensure!(!t.trees.is_empty(), "{}: the topology has no tree", p.display());
     Ok(t)
@@ -237,7 +239,6 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
     }
-    anyhow::ensure!(c.report_interval_ms > 0, "--report-interval-ms must be positive");
     Ok(AgentConfig {
         topology: Arc::new(load_topology(&c.topology)?),
         id: c.id,
@@ -280,7 +281,6 @@ fn feed(a: &SenderArgs) -> anyhow::Result<Vec<Vec<u8>>> {
     if let Some(p) = &a.pcap {
         return Ok(crate::fmt::read_capture(p, None)?.into_iter().map(|d| d.payload).collect());
     }
-    anyhow::ensure!(a.rate > 0.0 && a.feed_seconds > 0.0, "--rate and --feed-seconds must be positive");
     let packets = (a.rate * a.feed_seconds).ceil() as usize;
     anyhow::ensure!(packets <= 10_000_000, "at most 10,000,000 packets per run");
     let g = Generator::new(GenConfig {
@@ -332,7 +332,12 @@ pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
     s.set_read_timeout(Some(Duration::from_millis(a.timeout_ms)))?;
     s.send_to(b"stat", a.addr).with_context(|| format!("asking {}", a.addr))?;
     let mut buf = vec![0u8; 65_536];
-    let n = s.recv(&mut buf).with_context(|| format!("no answer from {} (is a node's --control there?)", a.addr))?;
+    let n = s.recv(&mut buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            anyhow::anyhow!("no answer from {} within {} ms (is a node's --control there?)", a.addr, a.timeout_ms)
+        }
+        _ => anyhow::anyhow!("no answer from {} (is a node's --control there?): {e}", a.addr),
+    })?;
     let v: serde_json::Value = serde_json::from_slice(&buf[..n]).context("the answer is not JSON")?;
     use std::io::Write;
     // A closed pipe (`| head`) is not an error worth a panic.

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use fairfeed_net::replay::{replay, Pacing};
+use fairfeed_net::replay::{replay_lines, Line, Pacing};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,7 +24,14 @@ pub struct Args {
     /// Replay as fast as possible.
     #[arg(long)]
     max: bool,
-    /// Send at most this many packets.
+    /// Also replay this capture (the B line of an A/B pair) on the same clock:
+    /// both captures start together and interleave by capture timestamp.
+    #[arg(long, requires = "and_to")]
+    and: Option<PathBuf>,
+    /// Where the --and capture goes, e.g. 127.0.0.1:26479.
+    #[arg(long, requires = "and")]
+    and_to: Option<SocketAddr>,
+    /// Send at most this many packets (of each capture).
     #[arg(long)]
     limit: Option<usize>,
     /// Print the report as JSON.
@@ -38,16 +45,26 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let mut datagrams = crate::fmt::read_capture(&a.file, a.port)?;
+    let mut second = match &a.and {
+        Some(f) => crate::fmt::read_capture(f, a.port)?,
+        None => Vec::new(),
+    };
     if let Some(l) = a.limit {
         datagrams.truncate(l);
+        second.truncate(l);
     }
     let pacing = match (a.max, a.rate) {
         (true, _) => Pacing::Max,
         (false, Some(pps)) => Pacing::Rate { pps },
         (false, None) => Pacing::Capture { speed: a.speed },
     };
-    let pb = crate::fmt::progress(datagrams.len() as u64, "replaying packets");
-    let report = replay(&datagrams, a.to, pacing, |n| {
+    let mut lines = vec![Line { datagrams: &datagrams, to: a.to }];
+    if let Some(to) = a.and_to {
+        lines.push(Line { datagrams: &second, to });
+    }
+    let total = lines.iter().map(|l| l.datagrams.len() as u64).sum();
+    let pb = crate::fmt::progress(total, "replaying packets");
+    let report = replay_lines(&lines, pacing, |n| {
         if n % 1024 == 0 {
             pb.set_position(n);
         }
@@ -69,7 +86,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     if report.send_errors > 0 {
-        let hint = if report.refused > 0 { format!(" — is anything listening at {}?", a.to) } else { String::new() };
+        let to = match a.and_to {
+            Some(b) => format!("{} and {b}", a.to),
+            None => a.to.to_string(),
+        };
+        let hint = if report.refused > 0 { format!(" — is anything listening at {to}?") } else { String::new() };
         let what = format!(
             "{} of {} sends failed (first: {}){hint}",
             report.send_errors,

@@ -10,7 +10,7 @@ use fairfeed_sim::experiment::{
 };
 use fairfeed_sim::model::ModelFile;
 use fairfeed_sim::montecarlo::hedging_monte_carlo;
-use fairfeed_sim::plot::{cdf_svg, lines_svg};
+use fairfeed_sim::plot::{bars_svg, cdf_svg, lines_svg};
 
 #[derive(clap::Subcommand)]
 pub enum Sim {
@@ -254,7 +254,7 @@ pub enum Experiment {
         #[arg(long, default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
         iterations: usize,
         /// Fan-out F of the tree; 1..=64.
-        #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+        #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=64))]
         fanout: usize,
         /// Hop delay ~ U(lo, hi): the low end, µs.
         #[arg(long, default_value_t = 10.0, value_parser = crate::fmt::us)]
@@ -337,6 +337,15 @@ fn plot(path: &std::path::Path, title: &str, x: &str, series: &[(String, Vec<f64
     }
 }
 
+/// Draws a grouped bar chart into `out`/`name` (after the summary, so the directory exists).
+fn bars(out: &std::path::Path, name: &str, title: &str, y: &str, cats: &[String], series: &[(String, Vec<f64>)]) {
+    let path = out.join(name);
+    match bars_svg(&path, title, y, cats, series) {
+        Ok(()) => eprintln!("sim: drew {}", path.display()),
+        Err(e) => eprintln!("sim: could not draw {}: {e}", path.display()),
+    }
+}
+
 fn write_json(out: &std::path::Path, v: &impl serde::Serialize, md: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(v)?)?;
@@ -362,18 +371,7 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
         Sim::Experiment(Experiment::Crash { receivers, seed, out, messages, rate, latency_model }) => {
             let model = model_or_default(latency_model.as_deref())?;
             let c = FairnessConfig { receivers, seed, messages, rate_per_s: rate, model, ..FairnessConfig::default() };
-            let rows = crash(&c, &[0, 1, 2]).map_err(anyhow::Error::msg)?;
-            let mut md = format!(
-                "# A layer-0 proxy crashes halfway, N = {receivers}, seed {seed}, {messages} messages at {rate} msg/s\n\n\
-                 | H | receivers with loss | deliveries lost | messages incomplete |\n|---|---|---|---|\n"
-            );
-            for r in &rows {
-                md.push_str(&format!(
-                    "| {} | {} | {} | {} |\n",
-                    r.hedge, r.receivers_with_loss, r.lost_deliveries, r.incomplete_messages
-                ));
-            }
-            write_json(&out, &rows, &md)
+            crash_cmd(&c, &out)
         }
         Sim::Experiment(Experiment::Trading { receivers, hedge, seed, out, messages, rate, latency_model }) => {
             let model = model_or_default(latency_model.as_deref())?;
@@ -452,7 +450,7 @@ fn hedging_mc(
     hi_us: f64,
 ) -> anyhow::Result<()> {
     anyhow::ensure!((1..=10_000_000).contains(&iterations), "--iterations must be 1..=10,000,000");
-    anyhow::ensure!((2..=100).contains(&fanout), "--fanout must be 2..=100");
+    anyhow::ensure!((2..=64).contains(&fanout), "--fanout must be 2..=64");
     anyhow::ensure!(0.0 <= lo_us && lo_us <= hi_us, "need 0 <= --lo-us <= --hi-us");
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let rows = hedging_monte_carlo(&[1, 2, 3, 4], &[0, 1, 2, 3], fanout, lo_us, hi_us, iterations, seed);
@@ -591,11 +589,45 @@ fn fairness_entry(e: Experiment) -> anyhow::Result<()> {
 }
 
 /// Runs Jasper's table 1 and writes its rows.
+/// A layer-0 proxy crashes halfway: losses per hedging factor; table and bar chart.
+fn crash_cmd(c: &FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
+    let (receivers, seed, messages, rate) = (c.receivers, c.seed, c.messages, c.rate_per_s);
+    let pb = crate::fmt::progress(3, "simulating hedging factors");
+    let mut rows = Vec::new();
+    for h in [0, 1, 2] {
+        rows.extend(crash(c, &[h]).map_err(anyhow::Error::msg)?);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let mut md = format!(
+        "# A layer-0 proxy crashes halfway, N = {receivers}, seed {seed}, {messages} messages at {rate} msg/s\n\n\
+             | H | receivers with loss | deliveries lost | messages incomplete |\n|---|---|---|---|\n"
+    );
+    for r in &rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            r.hedge, r.receivers_with_loss, r.lost_deliveries, r.incomplete_messages
+        ));
+    }
+    write_json(out, &rows, &md)?;
+    let cats: Vec<String> = rows.iter().map(|r| format!("H = {}", r.hedge)).collect();
+    let lost: Vec<f64> = rows.iter().map(|r| r.lost_deliveries as f64).collect();
+    let title = format!("A layer-0 proxy crashes halfway, N = {receivers}: deliveries lost");
+    bars(out, "losses.svg", &title, "deliveries lost", &cats, &[("deliveries lost".into(), lost)]);
+    Ok(())
+}
+
 fn table1_cmd(c: &FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
     let (seed, messages, rate) = (c.seed, c.messages, c.rate_per_s);
     let shapes =
         [(10, 1, 10), (10, 2, 4), (100, 1, 100), (100, 2, 10), (100, 3, 5), (1000, 2, 32), (1000, 3, 10), (1000, 4, 6)];
-    let rows = table1(c, &shapes).map_err(anyhow::Error::msg)?;
+    let pb = crate::fmt::progress(shapes.len() as u64, "simulating tree shapes");
+    let mut rows = Vec::new();
+    for shape in &shapes {
+        rows.extend(table1(c, std::slice::from_ref(shape)).map_err(anyhow::Error::msg)?);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
     let mut md = format!(
         "# Table 1: median OML of plain trees (no hedging, no holding), seed {seed}, {messages} messages at {rate} msg/s\n\n\
          | N | D | F | OML p50 µs | OML p99 µs | busiest node load |\n|---|---|---|---|---|---|\n"
@@ -612,7 +644,14 @@ fn table1_cmd(c: &FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
             if r.busiest_node_load > 1.0 { " (overloaded)" } else { "" }
         ));
     }
-    write_json(out, &rows, &md)
+    write_json(out, &rows, &md)?;
+    let cats: Vec<String> = rows.iter().map(|r| format!("{}:{}×{}", r.receivers, r.depth, r.fanout)).collect();
+    let series = [
+        ("OML p50".to_string(), rows.iter().map(|r| r.oml_p50_us).collect()),
+        ("OML p99".to_string(), rows.iter().map(|r| r.oml_p99_us).collect()),
+    ];
+    bars(out, "oml.svg", "Plain trees: OML by N:D×F", "OML (µs)", &cats, &series);
+    Ok(())
 }
 
 /// Runs the regime-change experiment; writes its table and rows.
@@ -634,7 +673,14 @@ fn regime_cmd(c: &RegimeConfig, out: &std::path::Path) -> anyhow::Result<()> {
         regime_markdown(&rows),
         t0.elapsed().as_secs_f64()
     );
-    write_json(out, &rows, &md)
+    write_json(out, &rows, &md)?;
+    let cats: Vec<String> = rows.iter().map(|r| format!("{}/{}", r.scenario, r.rule)).collect();
+    let series = [
+        ("P(F@1µs) before, %".to_string(), rows.iter().map(|r| r.pf_before * 100.0).collect()),
+        ("P(F@1µs) from 1 s after, %".to_string(), rows.iter().map(|r| r.pf_after * 100.0).collect()),
+    ];
+    bars(out, "pf.svg", "P(F) before and after the change, per scenario/rule", "P(F@1µs) %", &cats, &series);
+    Ok(())
 }
 
 /// Runs the calibration experiment; writes its table, rows and plot.
@@ -878,5 +924,10 @@ fn trading_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
             r.max_deviation_pp
         ));
     }
-    write_json(out, &rows, &md)
+    write_json(out, &rows, &md)?;
+    let cats: Vec<String> = rows.iter().map(|r| r.scheme.clone()).collect();
+    let series: Vec<(String, Vec<f64>)> =
+        (0..4).map(|k| (format!("P{}", k + 1), rows.iter().map(|r| r.shares[k] * 100.0).collect())).collect();
+    bars(out, "shares.svg", &format!("Share of profit per trader, N = {receivers}"), "share %", &cats, &series);
+    Ok(())
 }

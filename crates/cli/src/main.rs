@@ -11,6 +11,7 @@ mod cmd_demo;
 mod cmd_exchange;
 mod cmd_gen;
 mod cmd_node;
+mod cmd_order;
 mod cmd_plan;
 mod cmd_replay;
 mod cmd_sim;
@@ -61,6 +62,8 @@ enum Command {
     Sim(cmd_sim::Sim),
     /// The exchange: matching engine, OUCH 5.0 gateway on SoupBinTCP, ITCH 5.0 on A/B lines; and its bench.
     Exchange(Box<cmd_exchange::Args>),
+    /// Send an order to an OUCH 5.0 exchange by hand (buy, sell, cancel, replace) and print the answers.
+    Order(Box<cmd_order::Args>),
     /// The arbitrated feed into NATS by service or symbol (seed 001 with a real broker).
     #[command(subcommand)]
     Bridge(cmd_bridge::BridgeCmd),
@@ -74,19 +77,19 @@ enum Command {
     CliSpec,
 }
 
-/// One line per flag that takes a value: the subcommand path, the flag and
-/// its value type (`float`, `signed`, `unsigned` or `other`).
+/// One entry per subcommand (kind `command`) and per flag: the subcommand
+/// path, the flag and its value type (`switch`, `float`, `signed`,
+/// `unsigned` or `other`), and its help line.
 fn cli_spec() -> anyhow::Result<()> {
     use clap::CommandFactory;
     use std::any::TypeId;
     fn walk(c: &clap::Command, path: &mut Vec<String>, out: &mut Vec<serde_json::Value>) {
-        if c.has_subcommands() {
-            for s in c.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
-                path.push(s.get_name().to_string());
-                walk(s, path, out);
-                path.pop();
-            }
-            return;
+        let about = c.get_about().map(|h| h.to_string()).unwrap_or_default();
+        out.push(serde_json::json!({ "path": path, "flag": "", "kind": "command", "help": about }));
+        for s in c.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+            path.push(s.get_name().to_string());
+            walk(s, path, out);
+            path.pop();
         }
         for a in c.get_arguments() {
             let Some(long) = a.get_long() else { continue };
@@ -142,6 +145,11 @@ fn main() {
     use clap::{CommandFactory, FromArgMatches};
     let matches = negatives_are_values(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The README test checks the examples it does not run (minutes-long
+    // benchmarks) this way: every flag and value parsed, nothing run.
+    if std::env::var_os("FAIRFEED_PARSE_ONLY").is_some_and(|v| v == "1") {
+        return;
+    }
     let result = match cli.command {
         Command::Gen(a) => cmd_gen::run(a),
         Command::Decode(a) => cmd_decode::run(a),
@@ -153,6 +161,7 @@ fn main() {
         Command::Bench(b) => cmd_bench::run(b),
         Command::Bridge(c) => cmd_bridge::run(c),
         Command::Exchange(a) => cmd_exchange::run(*a),
+        Command::Order(a) => cmd_order::run(*a),
         Command::Subscribe(a) => cmd_bridge::run_subscribe(a),
         Command::Plan(a) => cmd_plan::run(a),
         Command::Sender(a) => cmd_node::run_sender(*a),

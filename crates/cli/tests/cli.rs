@@ -554,7 +554,7 @@ fn sim_experiments_refuse_bad_numbers_at_parse_time() {
 }
 
 #[test]
-fn every_experiment_takes_a_latency_model_and_calibration_meets_its_targets() {
+fn every_experiment_takes_a_latency_model_draws_plots_and_calibration_meets_its_targets() {
     let d = tmp();
     let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/models");
     let slow = models.join("slow-hosts.toml");
@@ -575,6 +575,10 @@ fn every_experiment_takes_a_latency_model_and_calibration_meets_its_targets() {
             .unwrap();
         assert!(o.status.success(), "{exp}: {}", String::from_utf8_lossy(&o.stderr));
         assert!(out.join("summary.json").exists(), "{exp}");
+        // The README promises plots from every experiment.
+        let svgs =
+            std::fs::read_dir(&out).unwrap().filter(|e| e.as_ref().unwrap().path().extension() == Some("svg".as_ref()));
+        assert!(svgs.count() > 0, "{exp} draws at least one SVG");
     }
     let out = d.path().join("calibration");
     fairfeed(&[
@@ -602,9 +606,16 @@ fn every_experiment_takes_a_latency_model_and_calibration_meets_its_targets() {
     assert!(out.join("calibration.svg").exists());
 }
 
-/// Runs `fairfeed args…` with a time limit; (exit code, stderr). `None` code: killed at the limit.
+/// Address space a command of the bad-input matrix may use (KiB for
+/// `ulimit -v`): beyond it an allocation fails and the command aborts, which
+/// the matrix reports (a bench once grew to 4.7 GB on `--rate 1e12`).
+const MATRIX_MEMORY_KIB: u64 = 4 << 20;
+
+/// Runs `fairfeed args…` with a time limit and [`MATRIX_MEMORY_KIB`]; (exit
+/// code, stderr). `None` code: killed at the limit (or by a signal).
 fn run_limited(args: &[String], limit: std::time::Duration) -> (Option<i32>, String) {
-    let mut child = Command::new(bin())
+    let mut child = Command::new("bash")
+        .args(["-c", &format!("ulimit -v {MATRIX_MEMORY_KIB} && exec \"$0\" \"$@\""), bin()])
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -655,7 +666,12 @@ fn every_numeric_flag_refuses_bad_numbers_at_parse_time() {
             let (code, err) = run_limited(&args, std::time::Duration::from_secs(10));
             checked += 1;
             let first = err.lines().next().unwrap_or("");
-            let ok = code == Some(2) && first.starts_with("error:") && err.contains(flag) && !err.contains("panicked");
+            // The first line names the value (not, say, a missing required argument).
+            let ok = code == Some(2)
+                && first.starts_with("error:")
+                && first.contains(bad)
+                && err.contains(flag)
+                && !err.contains("panicked");
             if !ok {
                 failures.push(format!("{} {flag}={bad}: exit {code:?}: {first}", path.join(" ")));
             }
@@ -777,6 +793,7 @@ fn every_flag_says_what_it_is() {
     let bare: Vec<String> = spec
         .iter()
         .filter(|f| f["help"].as_str().is_none_or(|h| h.trim().is_empty()))
+        .filter(|f| f["kind"] != "command" || f["path"].as_array().is_some_and(|p| !p.is_empty()))
         .filter(|f| !["--help", "--version"].contains(&f["flag"].as_str().unwrap_or("")))
         .map(|f| format!("{} {}", f["path"], f["flag"]))
         .collect();
@@ -787,7 +804,7 @@ fn every_flag_says_what_it_is() {
 #[test]
 fn every_file_input_refuses_bad_files_in_one_line() {
     // The bad-input matrix for files (issue 17): each command that reads a
-    // file, given a missing, an empty, a random and a truncated-header one.
+    // file, given a missing, an empty, a random, a truncated-header pcap and a cut pcapng one.
     let d = tmp();
     let missing = d.path().join("missing.bin");
     let empty = d.path().join("empty.bin");
@@ -797,6 +814,9 @@ fn every_file_input_refuses_bad_files_in_one_line() {
         .unwrap();
     let header = d.path().join("header.pcap");
     std::fs::write(&header, [0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4]).unwrap();
+    // A pcapng section header block cut off after its byte-order magic.
+    let pcapng = d.path().join("cut.pcapng");
+    std::fs::write(&pcapng, [0x0a, 0x0d, 0x0d, 0x0a, 0x1c, 0, 0, 0, 0x4d, 0x3c, 0x2b, 0x1a, 1, 0]).unwrap();
     let out = d.path().join("o");
     let o = out.to_str().unwrap();
     let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
@@ -825,7 +845,7 @@ fn every_file_input_refuses_bad_files_in_one_line() {
         ],
     ];
     for cmd in &commands {
-        for f in [&missing, &empty, &random, &header] {
+        for f in [&missing, &empty, &random, &header, &pcapng] {
             let args: Vec<String> = cmd
                 .iter()
                 .map(|a| if *a == "{F}" { f.to_str().unwrap().to_string() } else { (*a).to_string() })
@@ -840,4 +860,191 @@ fn every_file_input_refuses_bad_files_in_one_line() {
             assert_eq!(errors, 1, "{what}: one error line, got: {err}");
         }
     }
+}
+
+/// The subcommand paths `fairfeed cli-spec` lists (every one, nested ones too).
+fn command_paths() -> Vec<Vec<String>> {
+    let o = Command::new(bin()).arg("cli-spec").output().unwrap();
+    let spec: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    spec.iter()
+        .filter(|e| e["kind"] == "command")
+        .map(|e| e["path"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect())
+        .collect()
+}
+
+#[test]
+fn every_subcommand_refuses_an_unknown_flag_in_one_line() {
+    let paths = command_paths();
+    assert!(paths.len() > 40, "{} commands", paths.len());
+    let mut failures = Vec::new();
+    for path in &paths {
+        let mut args = path.clone();
+        args.push("--no-such-flag=1".into());
+        let (code, err) = run_limited(&args, Duration::from_secs(10));
+        let first = err.lines().next().unwrap_or("");
+        if code != Some(2)
+            || !first.starts_with("error:")
+            || !first.contains("--no-such-flag")
+            || err.contains("panicked")
+        {
+            failures.push(format!("{}: exit {code:?}: {first}", path.join(" ")));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn malformed_configs_are_refused_in_one_line_naming_the_file() {
+    // Syntax errors, wrong types and misspelt keys in every configuration a
+    // command reads (topology TOML and JSON, exchange TOML, link models).
+    let d = tmp();
+    let write = |name: &str, text: &str| {
+        let p = d.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let files = [
+        write("syntax.toml", "receivers = [1, 2\n[tree\n"),
+        write("types.toml", "listen = 5\nengines = \"two\"\nreceivers = \"many\"\n[hop]\nbase_us = \"fast\"\n"),
+        write("keys.toml", "recievers = 3\n[hops]\nbase = 1\n"),
+        write("syntax.json", "{\"nodes\": [1, 2,"),
+        write("types.json", "{\"nodes\": \"none\", \"receivers\": -1}"),
+    ];
+    let out = d.path().join("o");
+    let o = out.to_str().unwrap();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["sender", "--topology", "{F}", "--id", "0"],
+        vec!["proxy", "--topology", "{F}", "--id", "1"],
+        vec!["receiver", "--topology", "{F}", "--id", "1"],
+        vec!["exchange", "--config", "{F}", "--seconds", "1"],
+        vec![
+            "sim",
+            "experiment",
+            "fairness",
+            "--receivers",
+            "10",
+            "--messages",
+            "100",
+            "--latency-model",
+            "{F}",
+            "--out",
+            o,
+        ],
+        vec![
+            "sim",
+            "experiment",
+            "clock",
+            "--receivers",
+            "10",
+            "--seconds",
+            "0.1",
+            "--latency-model",
+            "{F}",
+            "--out",
+            o,
+        ],
+    ];
+    let mut failures = Vec::new();
+    for cmd in &commands {
+        for f in &files {
+            let args: Vec<String> =
+                cmd.iter().map(|a| if *a == "{F}" { f.clone() } else { (*a).to_string() }).collect();
+            let (code, err) = run_limited(&args, Duration::from_secs(20));
+            let name = std::path::Path::new(f).file_name().unwrap().to_str().unwrap();
+            let one_line = err.trim().lines().count() == 1;
+            if !matches!(code, Some(1 | 2)) || !one_line || !err.contains(name) || err.contains("panicked") {
+                failures.push(format!("{args:?}: exit {code:?}: {err}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn unreachable_servers_are_reported_in_one_line_within_their_timeout() {
+    // A port nothing listens on (TCP and UDP): each client gives up in time and says where it tried.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
+        drop(l);
+        a.to_string()
+    };
+    let nats = format!("nats://{closed}");
+    let cases: Vec<(Vec<&str>, u64)> = vec![
+        (vec!["stat", &closed], 5),
+        (vec!["stat", &closed, "--timeout-ms", "200"], 5),
+        (vec!["control", &closed, "stats"], 5),
+        (vec!["order", "--server", &closed, "buy", "AAPL", "1", "@", "1"], 5),
+        (vec!["subscribe", "--nats", &nats, "--seconds", "1"], 5),
+        (vec!["bridge", "run", "--listen", "127.0.0.1:0", "--nats", &nats], 20),
+    ];
+    for (args, limit) in cases {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_string()).collect();
+        let (code, err) = run_limited(&args, Duration::from_secs(limit));
+        assert_eq!(code, Some(1), "{args:?} within {limit} s: {err}");
+        assert!(err.contains(closed.as_str()) && err.trim().lines().count() == 1, "{args:?}: {err}");
+        assert!(!err.contains("(os error 11)"), "{args:?}: a timeout is not 'resource temporarily unavailable': {err}");
+    }
+}
+
+#[test]
+fn zero_for_any_numeric_flag_is_refused_at_parse_time_or_runs_without_panic() {
+    // Zero is where divisions by zero and empty ranges hide (`--messages 0`
+    // and `--rate 0` once panicked). Each numeric flag gets 0 on its own:
+    // either parsing refuses it (exit 2, one line naming the flag and the
+    // value) or the command, run for real for a few seconds, neither panics
+    // nor refuses the flag itself after parsing (ranges belong in the clap
+    // definitions, checked once).
+    let o = Command::new(bin()).arg("cli-spec").output().unwrap();
+    let spec: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let d = tmp();
+    let mut failures = Vec::new();
+    let mut accepted = 0;
+    for e in spec.iter().filter(|e| ["float", "unsigned", "signed"].contains(&e["kind"].as_str().unwrap())) {
+        let flag = e["flag"].as_str().unwrap();
+        let mut args: Vec<String> =
+            e["path"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+        args.push(format!("{flag}=0"));
+        let parsed = Command::new(bin()).args(&args).env("FAIRFEED_PARSE_ONLY", "1").output().unwrap();
+        let err = String::from_utf8_lossy(&parsed.stderr);
+        let first = err.lines().next().unwrap_or("");
+        match parsed.status.code() {
+            Some(0) => {}
+            Some(2)
+                if first.starts_with("error:")
+                    && (first.contains("'0'") || first.contains(" 0 "))
+                    && err.contains(flag) =>
+            {
+                continue;
+            }
+            // Refused for another reason (a required argument missing): nothing more to learn.
+            Some(2) if first.contains("required arguments") || first.contains("requires a subcommand") => continue,
+            c => {
+                failures.push(format!("{}: parse exit {c:?}: {first}", args.join(" ")));
+                continue;
+            }
+        }
+        accepted += 1;
+        let mut child = Command::new(bin())
+            .args(&args)
+            .current_dir(d.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let refused_late = out.status.code() == Some(1) && err.lines().any(|l| l.contains("error") && l.contains(flag));
+        if err.contains("panicked") || refused_late {
+            failures.push(format!("{}: exit {:?}: {}", args.join(" "), out.status.code(), err.trim()));
+        }
+    }
+    assert!(accepted > 10, "only {accepted} zeros accepted: is the matrix running?");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

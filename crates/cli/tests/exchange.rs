@@ -49,7 +49,10 @@ fn soup(p: PacketRepr<'_>) -> Vec<u8> {
 
 fn enter(token: u32, side: u8, qty: u32, price: i64) -> Vec<u8> {
     let mut b = Vec::new();
-    client::enter_order(&client::Order { token, side, qty, symbol: "AAPL", price, ioc: false, stamp: None }, &mut b);
+    client::enter_order(
+        &client::Order { token, side, qty, symbol: "AAPL", price, ioc: false, hidden: false, stamp: None },
+        &mut b,
+    );
     b
 }
 
@@ -309,7 +312,16 @@ fn race(window_ns: u64) -> (u32, u32) {
     let order = |token, side, stamp| {
         let mut b = Vec::new();
         client::enter_order(
-            &client::Order { token, side, qty: 100, symbol: "AAPL", price: 1_000_000, ioc: false, stamp: Some(stamp) },
+            &client::Order {
+                token,
+                side,
+                qty: 100,
+                symbol: "AAPL",
+                price: 1_000_000,
+                ioc: false,
+                hidden: false,
+                stamp: Some(stamp),
+            },
             &mut b,
         );
         b
@@ -569,4 +581,86 @@ fn the_itch_journal_keeps_its_limit_and_answers_only_what_it_still_holds() {
     let evicted = r.itch_journal_evicted;
     assert!(evicted >= 1_000, "108 KB into 64 KiB drops over a thousand 36-byte messages: {evicted}");
     assert!(r.itch_messages >= 3_000 && evicted < r.itch_messages, "{evicted} of {}", r.itch_messages);
+}
+
+/// `fairfeed order …` against `exchange`; (exit code, stdout, stderr).
+fn order(port: u16, args: &[&str]) -> (Option<i32>, String, String) {
+    order_as(port, "pw1", args)
+}
+
+fn order_as(port: u16, password: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let server = format!("127.0.0.1:{port}");
+    let o = Command::new(bin())
+        .args(["order", "--server", &server, "--user", "ALICE", "--password", password, "--wait-ms", "100"])
+        .args(args)
+        .output()
+        .unwrap();
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn orders_by_hand_trade_cancel_replace_and_say_why_when_refused() {
+    let d = tmp();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let cfg = format!(
+        "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_session = \"FFTEST0001\"\n\n\
+         [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"]]\nsymbols = [\"AAPL\", \"MSFT\"]\n\
+         heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
+         [limits]\nsymbols = 2\norders = 1000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n"
+    );
+    let cfg_path = d.path().join("exchange.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut ex = Command::new(bin())
+        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--seconds", "15"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Tokens come from the exchange (OUCH Account Query) when not given.
+    let (rc, out, err) = order(port, &["buy", "AAPL", "100", "@", "185.00"]);
+    assert_eq!(rc, Some(0), "{out}{err}");
+    assert!(out.contains("accepted   token 1 BUY 100 AAPL @ 185.0000") && out.contains("live"), "{out}");
+    let (rc, out, _) = order(port, &["sell", "AAPL", "40", "185", "--ioc", "--json"]);
+    assert_eq!(rc, Some(0), "{out}");
+    let msgs: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let fills: Vec<_> = msgs.iter().filter(|m| m["type"] == "executed").collect();
+    assert_eq!(fills.len(), 2, "both sides of the trade are this user's: {out}");
+    assert!(fills.iter().all(|f| f["qty"] == 40 && f["price"] == "185.0000"), "{out}");
+    let (rc, out, _) = order(port, &["replace", "1", "50", "@", "184.50"]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(out.contains("replaced   token 1 → 3 50 @ 184.5000"), "{out}");
+    let (rc, out, _) = order(port, &["cancel", "3"]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(out.contains("canceled   token 3 50 shares"), "{out}");
+    // Refusals: a non-zero exit, the exchange's reason, one error line.
+    let (rc, out, err) = order(port, &["cancel", "3"]);
+    assert_eq!(rc, Some(1), "{out}{err}");
+    assert!(out.contains("no live order"), "{out}");
+    let (rc, out, err) = order(port, &["buy", "TSLA", "1", "@", "1"]);
+    assert_eq!(rc, Some(1));
+    assert!(out.contains("unknown symbol") && err.lines().count() == 1, "{out}{err}");
+    let (rc, _, err) = order_as(port, "nope", &["buy", "AAPL", "1", "@", "1"]);
+    assert_eq!(rc, Some(1));
+    assert!(err.contains("not authorized") && err.lines().count() == 1, "{err}");
+    let (rc, _, err) = order(port, &["buy", "AAPL", "1", "@", "1.00001"]);
+    assert_eq!(rc, Some(1));
+    assert!(err.contains("\"@1.00001\"") && err.lines().count() == 1, "names the value: {err}");
+    let (rc, out, _) = order(port, &["next-token"]);
+    assert_eq!(rc, Some(0));
+    assert!(out.contains("next token 5"), "tokens 1–4 were used: {out}");
+    // The whole session, from its first message.
+    let (rc, out, _) = order(port, &["history", "--json"]);
+    assert_eq!(rc, Some(0));
+    let kinds: Vec<String> =
+        out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].to_string()).collect();
+    assert!(kinds.iter().filter(|k| k.contains("accepted")).count() == 2, "{kinds:?}");
+    let _ = ex.kill();
+    let _ = ex.wait();
+    let (rc, _, err) = order(port, &["buy", "AAPL", "1", "@", "1"]);
+    assert_eq!(rc, Some(1));
+    assert!(err.contains(&format!("127.0.0.1:{port}")) && err.lines().count() == 1, "{err}");
 }

@@ -37,6 +37,8 @@ pub struct Order<'a> {
     /// 4 implied decimals.
     pub price: i64,
     pub ioc: bool,
+    /// Display `N`: rests and trades, never shown on the ITCH feed.
+    pub hidden: bool,
     /// The sender's timestamp for inbound sequencing (appendage tag 0xF0).
     pub stamp: Option<u64>,
 }
@@ -60,7 +62,7 @@ pub fn enter_order(o: &Order<'_>, out: &mut Vec<u8>) {
             symbol: Stock::from_str_padded(o.symbol),
             price: OuchPrice(o.price),
             time_in_force: if o.ioc { b'3' } else { b'0' },
-            display: b'Y',
+            display: if o.hidden { b'N' } else { b'Y' },
             capacity: b'A',
             intermarket_sweep_eligibility: b'N',
             cross_type: b'N',
@@ -78,4 +80,33 @@ pub fn cancel_order(token: u32, leave: u32, out: &mut Vec<u8>) {
         inbound::MessageRepr::CancelOrder(inbound::CancelOrderRepr { user_ref_num: token, quantity: leave }),
         out,
     );
+}
+
+/// An OUCH 5.0 Replace Order: order `orig` becomes `token` with `qty` shares at `price` (4 implied decimals).
+pub fn replace_order(orig: u32, token: u32, qty: u32, price: i64, out: &mut Vec<u8>) {
+    unsequenced(
+        inbound::MessageRepr::ReplaceOrder(inbound::ReplaceOrderRepr {
+            orig_user_ref_num: orig,
+            user_ref_num: token,
+            quantity: qty,
+            price: OuchPrice(price),
+            time_in_force: b'0',
+            display: b'Y',
+            intermarket_sweep_eligibility: b'N',
+            cl_ord_id: Alpha::default(),
+            appendage_length: 0,
+            appendage: Appendage::EMPTY,
+        }),
+        out,
+    );
+}
+
+/// An OUCH 5.0 Account Query (the answer carries the next free UserRefNum).
+pub fn account_query(out: &mut Vec<u8>) {
+    unsequenced(inbound::MessageRepr::AccountQuery(inbound::AccountQueryRepr {}), out);
+}
+
+/// A SoupBinTCP Logout Request.
+pub fn logout(out: &mut Vec<u8>) {
+    packet(PacketRepr::LogoutRequest, out);
 }

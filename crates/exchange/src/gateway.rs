@@ -130,6 +130,9 @@ struct User {
     password: Alpha<10>,
     journal: Vec<Vec<u8>>,
     online: bool,
+    /// One past the highest UserRefNum this user has sent (OUCH's Account
+    /// Query answers it, so a client that lost track can carry on).
+    next_token: u32,
 }
 
 /// What the gateway keeps of a live order: where it routes, what its OUCH
@@ -206,6 +209,7 @@ impl Gateway {
                 password: Alpha::from_str_padded(p),
                 journal: Vec::new(),
                 online: false,
+                next_token: 1,
             })
             .collect();
         let names: Vec<Stock> = cfg.symbols.iter().map(|s| Stock::from_str_padded(s)).collect();
@@ -372,7 +376,16 @@ impl Gateway {
     ) {
         self.stats.orders_in += 1;
         let ts = since_midnight(now_ns);
-        let r = match inbound::Message::parse(m) {
+        let parsed = inbound::Message::parse(m);
+        let seen = match &parsed {
+            Ok(inbound::Message::EnterOrder(o)) => o.user_ref_num(),
+            Ok(inbound::Message::ReplaceOrder(r)) => r.user_ref_num(),
+            _ => 0,
+        };
+        if let Some(u) = self.users.get_mut(client as usize) {
+            u.next_token = u.next_token.max(seen.saturating_add(1));
+        }
+        let r = match parsed {
             Ok(inbound::Message::EnterOrder(o)) => self.enter_order(client, &o, cmds),
             Ok(inbound::Message::CancelOrder(c)) => {
                 let token = c.user_ref_num();
@@ -390,7 +403,16 @@ impl Gateway {
                 Ok(())
             }
             Ok(inbound::Message::ReplaceOrder(r)) => self.replace_order(client, &r, cmds),
-            // Valid OUCH we do not support (modify, account query) or bad bytes: rejected.
+            Ok(inbound::Message::AccountQuery(_)) => {
+                let next = self.users.get(client as usize).map_or(1, |u| u.next_token.max(1));
+                let m = outbound::MessageRepr::AccountQueryResponse(outbound::AccountQueryResponseRepr {
+                    timestamp: ts,
+                    next_user_ref_num: next,
+                });
+                self.sequence(client, m, Some(out));
+                return;
+            }
+            // Valid OUCH we do not support (modify) or bad bytes: rejected.
             Ok(_) => Err((0, 11, Alpha::default())),
             Err(_) => Err((0, 12, Alpha::default())),
         };

@@ -23,6 +23,9 @@ pub enum CaptureError {
     Io { path: String, err: std::io::Error },
     #[error("{path}: not a pcap or pcapng file ({detail})")]
     Format { path: String, detail: String },
+    /// A pcap or pcapng magic number, then a header that is cut short or invalid.
+    #[error("{path}: a {kind} file whose header is cut short or invalid ({detail})")]
+    Header { path: String, kind: &'static str, detail: String },
     /// A record after the header is damaged (e.g. the file was cut short).
     #[error("{path}: damaged record ({detail})")]
     Damaged { path: String, detail: String },
@@ -109,8 +112,14 @@ impl CaptureReader {
             return Err(io(err));
         }
         let f = File::open(path).map_err(io)?;
-        let fmt = |e: pcap_file::PcapError| CaptureError::Format { path: p.clone(), detail: e.to_string() };
-        let inner = if magic == [0x0a, 0x0d, 0x0d, 0x0a] {
+        let is_ng = magic == [0x0a, 0x0d, 0x0d, 0x0a];
+        let is_pcap = matches!(u32::from_le_bytes(magic), 0xa1b2_c3d4 | 0xd4c3_b2a1 | 0xa1b2_3c4d | 0x4d3c_b2a1);
+        let fmt = |e: pcap_file::PcapError| match (is_ng, is_pcap) {
+            (true, _) => CaptureError::Header { path: p.clone(), kind: "pcapng", detail: e.to_string() },
+            (_, true) => CaptureError::Header { path: p.clone(), kind: "pcap", detail: e.to_string() },
+            _ => CaptureError::Format { path: p.clone(), detail: e.to_string() },
+        };
+        let inner = if is_ng {
             Inner::PcapNg(Box::new(PcapNgReader::new(BufReader::new(f)).map_err(fmt)?), Vec::new())
         } else {
             let r = PcapReader::new(BufReader::new(f)).map_err(fmt)?;

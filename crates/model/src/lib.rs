@@ -453,14 +453,29 @@ pub struct ModelFile {
     pub classes: Vec<HostClass>,
 }
 
+/// A TOML error as one line — `line 3, column 10: invalid type: …` — rather
+/// than the parser's multi-line excerpt (command-line errors are one line).
+pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim().replace('\n', "; ");
+    match e.span() {
+        Some(span) => {
+            let before = &text.as_bytes()[..span.start.min(text.len())];
+            let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+            let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+            format!("line {line}, column {column}: {msg}")
+        }
+        None => msg,
+    }
+}
+
 impl ModelFile {
     pub fn from_toml(s: &str) -> Result<Self, String> {
-        let table: toml::Table = toml::from_str(s).map_err(|e| e.to_string())?;
+        let table: toml::Table = toml::from_str(s).map_err(|e| toml_error_line(s, &e))?;
         if table.is_empty() {
             // An empty file (or only comments) is almost surely the wrong file.
             return Err("no [link], [clock] or [[class]] section; for the built-in model give no model file".into());
         }
-        let m: ModelFile = toml::from_str(s).map_err(|e| e.to_string())?;
+        let m: ModelFile = toml::from_str(s).map_err(|e| toml_error_line(s, &e))?;
         m.link.validate()?;
         m.clock.validate()?;
         if m.classes.len() > CLASSES_MAX {

@@ -61,17 +61,42 @@ pub fn replay(
     datagrams: &[Datagram],
     to: SocketAddr,
     pacing: Pacing,
+    progress: impl FnMut(u64),
+) -> std::io::Result<ReplayReport> {
+    replay_lines(&[Line { datagrams, to }], pacing, progress)
+}
+
+/// One capture of a replay and where its datagrams go.
+#[derive(Debug, Clone, Copy)]
+pub struct Line<'a> {
+    pub datagrams: &'a [Datagram],
+    pub to: SocketAddr,
+}
+
+/// Replays several captures at once on one clock — the A and B lines of a
+/// feed, as they arrive in production: their datagrams interleaved by
+/// capture timestamp (ties: in line order), each to its line's address.
+/// Under [`Pacing::Rate`] the rate counts the datagrams of all lines.
+pub fn replay_lines(
+    lines: &[Line<'_>],
+    pacing: Pacing,
     mut progress: impl FnMut(u64),
 ) -> std::io::Result<ReplayReport> {
-    let sock = sender_socket(to)?;
+    let socks = lines.iter().map(|l| sender_socket(l.to)).collect::<std::io::Result<Vec<_>>>()?;
+    let mut order: Vec<(u64, usize, usize)> = lines
+        .iter()
+        .enumerate()
+        .flat_map(|(k, l)| l.datagrams.iter().enumerate().map(move |(i, d)| (d.ts_ns, k, i)))
+        .collect();
+    order.sort_unstable();
     let mut lateness = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
-    let first_ts = datagrams.first().map_or(0, |d| d.ts_ns);
+    let first_ts = order.first().map_or(0, |o| o.0);
     let pacer = Pacer::new(SPIN_NS_DEFAULT);
     let (mut packets, mut bytes, mut errors, mut refused) = (0u64, 0u64, 0u64, 0u64);
     let mut first_error = None;
-    for (i, d) in datagrams.iter().enumerate() {
+    for (i, &(ts, k, j)) in order.iter().enumerate() {
         let deadline = match pacing {
-            Pacing::Capture { speed } => (d.ts_ns.saturating_sub(first_ts) as f64 / speed) as u64,
+            Pacing::Capture { speed } => (ts.saturating_sub(first_ts) as f64 / speed) as u64,
             Pacing::Rate { pps } => (i as f64 * 1e9 / pps) as u64,
             Pacing::Max => 0,
         };
@@ -79,7 +104,7 @@ pub fn replay(
         if pacing != Pacing::Max {
             lateness.saturating_record(late);
         }
-        match sock.send(&d.payload) {
+        match socks[k].send(&lines[k].datagrams[j].payload) {
             Ok(n) => {
                 packets += 1;
                 bytes += n as u64;

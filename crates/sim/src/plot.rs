@@ -220,3 +220,95 @@ fn lines_on<DB: DrawingBackend>(
     }
     legend_and_present(&mut chart, &root, SeriesLabelPosition::UpperRight)
 }
+
+/// Draws a grouped bar chart into an SVG or PNG file: one group per
+/// category (x axis), one bar per series in each group (`series`: name and
+/// one value per category; missing values are not drawn).
+pub fn bars_svg(
+    path: &std::path::Path,
+    title: &str,
+    y_label: &str,
+    categories: &[String],
+    series: &[(String, Vec<f64>)],
+) -> Result<(), String> {
+    let labels = (title, y_label);
+    // Wide enough that the longest category label fits under its group.
+    let longest = categories.iter().map(|c| c.chars().count()).max().unwrap_or(0) as u32;
+    let width = (100 + categories.len() as u32 * (longest * 8 + 16)).clamp(900, 4000);
+    canvas(path, (width, 480), |a| bars_on(a, labels, categories, series), |a| bars_on(a, labels, categories, series))
+}
+
+fn bars_on<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    (title, y_label): (&str, &str),
+    categories: &[String],
+    series: &[(String, Vec<f64>)],
+) -> Result<(), String> {
+    let y_hi = series.iter().flat_map(|(_, v)| v.iter().copied()).filter(|y| y.is_finite()).fold(0.0f64, f64::max);
+    if categories.is_empty() || series.is_empty() {
+        return Err("nothing to plot".into());
+    }
+    let (n, k) = (categories.len(), series.len());
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..n as f64, 0.0..(y_hi * 1.1).max(1e-9))
+        .map_err(|e| e.to_string())?;
+    let cats = categories.to_vec();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n.min(20) * 2 + 1)
+        .x_label_formatter(&move |x: &f64| {
+            // Label the middle of each group only.
+            let i = x.floor();
+            if (x - i - 0.5).abs() < 1e-6 {
+                cats.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let width = 0.8 / k as f64;
+    for (s, (name, values)) in series.iter().enumerate() {
+        let c = COLOURS[s % COLOURS.len()];
+        let bars = values.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| {
+            let x0 = i as f64 + 0.1 + s as f64 * width;
+            Rectangle::new([(x0, 0.0), (x0 + width * 0.9, v)], c.filled())
+        });
+        chart
+            .draw_series(bars)
+            .map_err(|e| e.to_string())?
+            .label(name.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+    }
+    legend_and_present(&mut chart, &root, SeriesLabelPosition::UpperRight)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bars_draw_as_svg_and_png_and_refuse_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let cats = vec!["paper".to_string(), "controller".to_string()];
+        let series = vec![("P1".to_string(), vec![25.0, 24.0]), ("P2".to_string(), vec![25.0, f64::NAN])];
+        for name in ["b.svg", "b.png"] {
+            let p = dir.path().join(name);
+            bars_svg(&p, "t", "share %", &cats, &series).unwrap();
+            assert!(std::fs::metadata(&p).unwrap().len() > 1000, "{name} is drawn");
+            if let Ok(keep) = std::env::var("FAIRFEED_KEEP_PLOT") {
+                std::fs::copy(&p, std::path::Path::new(&keep).join(name)).unwrap();
+            }
+        }
+        let svg = std::fs::read_to_string(dir.path().join("b.svg")).unwrap();
+        assert!(svg.contains("controller") && svg.contains("P2"), "categories and legend are labelled");
+        assert!(bars_svg(&dir.path().join("c.svg"), "t", "y", &[], &series).is_err());
+    }
+}

@@ -1,0 +1,172 @@
+//! Goal: the README's examples work verbatim on a fresh machine (issue 17).
+//!
+//! Method: every ```` ```sh ```` block of README.md carries a marker comment
+//! on the line before it:
+//! - `<!-- readme-test: run -->`: run by bash, verbatim, in README order, all
+//!   in one temporary directory (with the repository's `docs/` linked in, so
+//!   paths like `docs/models/…` resolve) and `fairfeed` first on the PATH;
+//!   `set -euo pipefail`, so every command must succeed; whatever the block
+//!   left running is killed at its end. Each block must finish within
+//!   [`BLOCK_LIMIT`] ([`SLOW_BLOCK_LIMIT`] for slow ones run for real).
+//! - `<!-- readme-test: run, needs nats-server -->`: the same, skipped
+//!   (loudly) when the broker is not installed, unless FAIRFEED_REQUIRE_TOOLS=1.
+//! - `<!-- readme-test: slow -->`: minutes-long runs; run with
+//!   FAIRFEED_PARSE_ONLY=1, which makes every `fairfeed` invocation parse its
+//!   flags and values and exit (so a renamed flag or a value out of range
+//!   still fails here); run for real with FAIRFEED_README_SLOW=1.
+//! - `<!-- readme-test: skip: why -->`: not run.
+//!
+//! A block without a marker fails the test, so a new example cannot slip in untested.
+
+mod common;
+use common::*;
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest a `run` block may take.
+const BLOCK_LIMIT: Duration = Duration::from_secs(300);
+/// Longest a `slow` block may take when run for real.
+const SLOW_BLOCK_LIMIT: Duration = Duration::from_secs(3600);
+
+struct Block {
+    /// 1-based line of the opening fence.
+    line: usize,
+    marker: String,
+    code: String,
+}
+
+/// The README's `sh` blocks with their markers.
+fn blocks(readme: &str) -> Vec<Block> {
+    let lines: Vec<&str> = readme.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim_end() == "```sh" {
+            let marker = lines[..i]
+                .iter()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .and_then(|l| l.trim().strip_prefix("<!-- readme-test:"))
+                .and_then(|l| l.strip_suffix("-->"))
+                .map_or(String::new(), |m| m.trim().to_string());
+            let start = i + 1;
+            let mut end = start;
+            while end < lines.len() && lines[end].trim_end() != "```" {
+                end += 1;
+            }
+            out.push(Block { line: i + 1, marker, code: lines[start..end].join("\n") });
+            i = end;
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Runs `code` with bash in `dir`; (exit code, how long, output tail). The
+/// block runs in its own process group, killed whole at the end.
+fn run_block(
+    code: &str,
+    dir: &Path,
+    env: &[(&str, &str)],
+    n: usize,
+    limit: Duration,
+) -> (Option<i32>, Duration, String) {
+    let bin_dir = Path::new(bin()).parent().unwrap();
+    let path = format!("{}:/usr/sbin:/usr/local/sbin:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let script = format!(
+        "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true' EXIT\n{code}\n"
+    );
+    let log = dir.join(format!("block-{n}.log"));
+    let file = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(dir)
+        .env("PATH", path)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id();
+    let t0 = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s.code();
+        }
+        if t0.elapsed() > limit {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Anything still running in the block's group (a daemon its trap missed) goes now.
+    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).stderr(Stdio::null()).status();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let tail: Vec<String> = text.lines().rev().take(30).map(|l| l.chars().take(300).collect()).collect();
+    (code, t0.elapsed(), tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+}
+
+#[test]
+fn readme_examples_run_verbatim() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let all = blocks(&readme);
+    assert!(all.len() >= 8, "found {} sh blocks", all.len());
+    let unmarked: Vec<usize> = all.iter().filter(|b| b.marker.is_empty()).map(|b| b.line).collect();
+    assert!(unmarked.is_empty(), "README sh blocks without a readme-test marker, at lines {unmarked:?}");
+    let d = tmp();
+    std::os::unix::fs::symlink(root.join("docs").canonicalize().unwrap(), d.path().join("docs")).unwrap();
+    let slow_for_real = std::env::var("FAIRFEED_README_SLOW").as_deref() == Ok("1");
+    let (mut ran, mut broker) = (0, false);
+    for (n, b) in all.iter().enumerate() {
+        let env: &[(&str, &str)] = match b.marker.as_str() {
+            "run" => &[],
+            "run, needs nats-server" => {
+                if !have_tool("nats-server", &["--version"]) {
+                    continue;
+                }
+                broker = true;
+                &[]
+            }
+            "slow" if slow_for_real => &[],
+            "slow" => &[("FAIRFEED_PARSE_ONLY", "1")],
+            m if m.starts_with("skip:") => continue,
+            m => panic!("README line {}: unknown readme-test marker {m:?}", b.line),
+        };
+        let limit = if b.marker == "slow" && slow_for_real { SLOW_BLOCK_LIMIT } else { BLOCK_LIMIT };
+        let (code, took, tail) = run_block(&b.code, d.path(), env, n, limit);
+        eprintln!("README block at line {} ({}): exit {code:?} in {:.1} s", b.line, b.marker, took.as_secs_f64());
+        assert_eq!(code, Some(0), "README block at line {} ({}) failed; its output ends:\n{tail}", b.line, b.marker);
+        ran += 1;
+    }
+    assert!(ran >= 7, "only {ran} blocks ran");
+    // What the blocks promise they leave behind.
+    for f in
+        ["feed.pcap", "merged.pcap", "stats.json", "tree.toml", "r0.json", "exchange.toml", "out/fair100/summary.json"]
+    {
+        assert!(d.path().join(f).exists(), "the README's examples should have written {f}");
+    }
+    if broker {
+        let sub = std::fs::read_to_string(d.path().join("tqyv.txt")).unwrap();
+        assert!(sub.lines().filter(|l| l.contains("TQYV")).count() > 10, "the subscriber saw the symbol: {sub}");
+    }
+}
+
+#[test]
+fn parse_only_still_refuses_bad_values() {
+    // The slow blocks are checked with FAIRFEED_PARSE_ONLY=1: that must catch what parsing catches.
+    let ok =
+        Command::new(bin()).args(["bench", "proxy-hop", "--json"]).env("FAIRFEED_PARSE_ONLY", "1").output().unwrap();
+    assert!(ok.status.success() && ok.stdout.is_empty(), "parsed, nothing run");
+    let bad = Command::new(bin())
+        .args(["bench", "proxy-hop", "--no-such-flag"])
+        .env("FAIRFEED_PARSE_ONLY", "1")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}
