@@ -6,6 +6,8 @@
 #   - iproute2, for the test that runs the tree across network namespaces;
 #   - Debian's nats-server, the broker the bridge's tests publish into (each
 #     test starts its own on a free loopback port);
+#   - Debian's prometheus, for `promtool check metrics` on every node's
+#     /metrics endpoint;
 #   - every unit, property, integration and doc test of the workspace, in release
 #     mode, with FAIRFEED_REQUIRE_TOOLS=1 so a missing external tool fails loudly
 #     (and, as root, FAIRFEED_REQUIRE_NETNS=1: the namespace test must run).
@@ -21,6 +23,7 @@ command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 [ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive

@@ -102,6 +102,7 @@ fn start_proxy(
         clock: fairfeed_net::tree::agent::ClockOpts::default(),
         time: fairfeed_net::tree::agent::TimeBase::WALL,
         tap: None,
+        publish: None,
     };
     let handle = thread::Builder::new().name("proxy".into()).spawn(move || run_agent(&cfg, |_, _| {}))?;
     thread::sleep(Duration::from_millis(100));

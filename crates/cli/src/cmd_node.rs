@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fairfeed_feed::gen::{GenConfig, Generator};
-use fairfeed_net::tree::agent::{run_agent, write_rows, AgentConfig, Job, ReceiverJob, SenderJob, Threading};
+use fairfeed_net::tree::agent::{
+    run_agent, write_rows, AgentConfig, Job, PublishSlot, ReceiverJob, SenderJob, Threading,
+};
 use fairfeed_net::tuning::Tuning;
 use fairfeed_sim::model::{LinkModel, ModelFile};
 use fairfeed_tree::auth::Auth;
@@ -74,6 +76,9 @@ pub struct Common {
     /// Stop after this many seconds (default: a sender stops when its feed is sent; others run until signalled).
     #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (counters, gauges, latency histograms; updated twice a second).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
     /// Write the node's counters and histograms here (JSON) at exit.
     #[arg(long)]
     stats_out: Option<PathBuf>,
@@ -265,7 +270,39 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         clock: clock_opts(c),
         time: fairfeed_net::tree::agent::TimeBase::WALL,
         tap: None,
+        publish: c.metrics.map(|_| PublishSlot::default()),
     })
+}
+
+/// Starts the node's metrics endpoint, if asked for; keep it alive while the node runs.
+fn metrics_endpoint(c: &Common, cfg: &AgentConfig) -> anyhow::Result<Option<fairfeed_ops::Endpoint>> {
+    let (Some(addr), Some(slot)) = (c.metrics, cfg.publish.clone()) else { return Ok(None) };
+    let ep = fairfeed_ops::serve_metrics(addr, move |e| node_metrics(&slot, e))
+        .with_context(|| format!("serving metrics on {addr}"))?;
+    eprintln!("node {}: metrics at http://{}/metrics", c.id, ep.addr);
+    Ok(Some(ep))
+}
+
+/// A node's published snapshot as metrics: the shell's counters
+/// (`fairfeed_agent_*`), the state machine's (`fairfeed_node_*`: counters,
+/// OWD_G, margin, clock offset and bound, …) and the latency histograms.
+fn node_metrics(slot: &PublishSlot, e: &mut fairfeed_ops::Exposition) {
+    let p = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(r) = &p.report else { return };
+    let id = r.id.to_string();
+    let labels = [("node", id.as_str()), ("role", r.role.as_str())];
+    e.gauge("fairfeed_node_uptime_seconds", "seconds since the node started", &labels, r.uptime_s);
+    e.json("fairfeed_agent", &r.counters, &labels, "the node's I/O shell (fairfeed stat: counters; docs/FILES.md)");
+    e.json("fairfeed_node", &r.node, &labels, "the node's state machine (fairfeed stat: node; docs/FILES.md)");
+    for (name, h) in &p.hists {
+        let help = match *name {
+            "owd" => "one-way delay, sender to this receiver",
+            "hold" => "time a message was held before its release",
+            _ => "release instant minus deadline, on the synchronized clock",
+        };
+        let metric = format!("fairfeed_node_{name}_seconds");
+        e.histogram(&metric, help, &labels, h, 1e-9, fairfeed_ops::metrics::LATENCY_BUCKETS_S);
+    }
 }
 
 fn finish(c: &Common, r: &fairfeed_net::tree::agent::AgentReport) -> anyhow::Result<()> {
@@ -307,12 +344,14 @@ pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
         retransmit_listen: a.retransmit_listen,
     });
     let cfg = config(&a.common, rule, job)?;
+    let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("sender {}: {e}", a.common.id))?;
     finish(&a.common, &r)
 }
 
 pub fn run_proxy(a: ProxyArgs) -> anyhow::Result<()> {
     let cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, Job::Proxy)?;
+    let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("proxy {}: {e}", a.common.id))?;
     finish(&a.common, &r)
 }
@@ -320,6 +359,7 @@ pub fn run_proxy(a: ProxyArgs) -> anyhow::Result<()> {
 pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     let job = Job::Receiver(ReceiverJob { deliver: a.deliver, retransmit: a.retransmit, keep_log: a.log.is_some() });
     let cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
+    let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("receiver {}: {e}", a.common.id))?;
     if let Some(p) = &a.log {
         write_rows(p, &r.rows).with_context(|| format!("writing {}", p.display()))?;

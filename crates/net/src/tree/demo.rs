@@ -330,6 +330,7 @@ fn node_config(
         clock: ClockOpts { skew: shared.skews[n.id as usize], ..ClockOpts::default() },
         time: shared.time,
         tap: Some(shared.tap.clone()),
+        publish: None,
     }
 }
 

@@ -167,7 +167,24 @@ pub struct AgentConfig {
     pub time: TimeBase,
     /// Per-copy measures for a harness (the demo); `None` in deployments.
     pub tap: Option<Arc<Tap>>,
+    /// Where the node publishes its counters and histograms for a metrics
+    /// endpoint (every [`PUBLISH_INTERVAL_NS`]); `None`: nowhere.
+    pub publish: Option<PublishSlot>,
 }
+
+/// How often a node publishes its snapshot into its [`PublishSlot`].
+pub const PUBLISH_INTERVAL_NS: u64 = 500_000_000;
+
+/// The latest counters and latency histograms (nanoseconds) a node
+/// published, for a metrics endpoint on another thread.
+#[derive(Debug, Default)]
+pub struct Published {
+    pub report: Option<AgentReport>,
+    pub hists: Vec<(&'static str, hdrhistogram::Histogram<u64>)>,
+}
+
+/// Shared between a node and whatever serves its metrics.
+pub type PublishSlot = Arc<std::sync::Mutex<Published>>;
 
 /// How a node treats its clock.
 #[derive(Debug, Clone, Copy)]

@@ -265,6 +265,7 @@ pub struct NodeAgent<'c> {
     delivery: Option<Delivery>,
     ctl: Option<UdpSocket>,
     next_control_ns: u64,
+    next_publish_ns: u64,
     /// Asked to stop on the control socket.
     stopped: bool,
     started_ns: u64,
@@ -462,6 +463,7 @@ impl<'c> NodeAgent<'c> {
             delivery,
             ctl,
             next_control_ns: 0,
+            next_publish_ns: 0,
             stopped: false,
             started_ns: now,
             tuning,
@@ -720,6 +722,10 @@ impl Agent for NodeAgent<'_> {
         if turn == Turn::All && (self.cfg.idle == IdleStrategy::Park || now >= self.next_control_ns) {
             self.next_control_ns = now + CONTROL_POLL_NS;
             self.stopped |= self.control();
+            if self.cfg.publish.is_some() && now >= self.next_publish_ns {
+                self.next_publish_ns = now + super::PUBLISH_INTERVAL_NS;
+                self.publish();
+            }
         }
         let local = self.local_at(now);
         let mut work = usize::from(self.send_feed(local));
@@ -796,6 +802,18 @@ impl AgentConfig {
 }
 
 impl NodeAgent<'_> {
+    /// Puts the current counters and histograms where the metrics endpoint reads them.
+    fn publish(&self) {
+        let Some(slot) = &self.cfg.publish else { return };
+        let report = self.snapshot();
+        let hists = self.hists.as_deref().map_or_else(Vec::new, |h| {
+            vec![("owd", h.owd.clone()), ("hold", h.hold.clone()), ("release_error", h.release_error.clone())]
+        });
+        let mut p = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        p.report = Some(report);
+        p.hists = hists;
+    }
+
     fn snapshot(&self) -> AgentReport {
         let now = wall_ns();
         let tx = &self.tx;
