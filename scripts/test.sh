@@ -7,7 +7,8 @@
 #   - Debian's nats-server, the broker the bridge's tests publish into (each
 #     test starts its own on a free loopback port);
 #   - Debian's prometheus, for `promtool check metrics` on every node's
-#     /metrics endpoint;
+#     /metrics endpoint; PyPI's kubernetes-validate and check-jsonschema, for
+#     the Kubernetes manifests and the Compose file `plan --emit` writes;
 #   - every unit, property, integration and doc test of the workspace, in release
 #     mode, with FAIRFEED_REQUIRE_TOOLS=1 so a missing external tool fails loudly
 #     (and, as root, FAIRFEED_REQUIRE_NETNS=1: the namespace test must run).
@@ -32,10 +33,14 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-if ! python3 -c "import itch.messages" >/dev/null 2>&1; then
-  echo "== installing itchfeed (pip)"
-  python3 -m pip install --quiet itchfeed 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages itchfeed
+need_pip=()
+python3 -c "import itch.messages" >/dev/null 2>&1 || need_pip+=(itchfeed)
+command -v kubernetes-validate >/dev/null 2>&1 || need_pip+=(kubernetes-validate)
+command -v check-jsonschema >/dev/null 2>&1 || need_pip+=(check-jsonschema)
+if [ ${#need_pip[@]} -gt 0 ]; then
+  echo "== installing ${need_pip[*]} (pip)"
+  python3 -m pip install --quiet "${need_pip[@]}" 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages "${need_pip[@]}"
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -171,7 +171,11 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         }
         Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, json } => {
             let threads = if split { Threading::Split } else { Threading::One };
+            // Each round times the bare loop, then the proxy.
+            let tick =
+                crate::fmt::ticker(2.0 * rounds as f64 * round_seconds, "bare sendmmsg and proxy, alternating rounds");
             let r = proxy_pps(fanout, packet_bytes, (rounds, round_seconds), threads)?;
+            drop(tick);
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {

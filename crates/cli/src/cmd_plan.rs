@@ -31,9 +31,22 @@ pub struct Args {
     /// Trees sharing the receivers, symbols sharded by stock locate (1..=64).
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     trees: usize,
-    /// Write the topology here (.toml, or .json).
+    /// Write the topology here (.toml, or .json); with --emit, a directory for the deployment files.
     #[arg(long)]
     out: PathBuf,
+    /// Also write deployment files into --out (a directory): one systemd unit, Compose service or
+    /// Kubernetes Deployment per node, the topology, a Dockerfile and a README (every node needs an address).
+    #[arg(long, value_enum)]
+    emit: Option<EmitArg>,
+    /// With --emit: each node serves Prometheus metrics on its own IP at this port.
+    #[arg(long, default_value_t = 9400, value_parser = clap::value_parser!(u16).range(1..))]
+    metrics_port: u16,
+    /// With --emit: the container image (compose, k8s).
+    #[arg(long, default_value = "fairfeed:latest")]
+    image: String,
+    /// With --emit systemd: where the fairfeed binary is on each host.
+    #[arg(long, default_value = "/usr/local/bin/fairfeed")]
+    binary: String,
     /// Give every node a loopback address for one-process-per-node runs:
     /// node ID gets 127.1.(ID / 250).(ID % 250 + 1):PORT.
     #[arg(long)]
@@ -44,6 +57,41 @@ pub struct Args {
     /// Also write tree 0 as Graphviz DOT (and an SVG beside it when `dot` is installed).
     #[arg(long)]
     dot: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum EmitArg {
+    /// One unit file per node.
+    Systemd,
+    /// A Compose file with one service per node (host networking).
+    Compose,
+    /// Kubernetes manifests: a namespace, the topology's ConfigMap, a Deployment per node.
+    K8s,
+}
+
+/// Writes the deployment files for `topo` into `dir`.
+fn emit(a: &Args, which: EmitArg, topo: &fairfeed_tree::plan::Topology) -> anyhow::Result<()> {
+    use fairfeed_ops::deploy::{DeployOptions, Platform};
+    let platform = match which {
+        EmitArg::Systemd => Platform::Systemd,
+        EmitArg::Compose => Platform::Compose,
+        EmitArg::K8s => Platform::Kubernetes,
+    };
+    let o = DeployOptions {
+        binary: a.binary.clone(),
+        image: a.image.clone(),
+        metrics_port: a.metrics_port,
+        ..DeployOptions::default()
+    };
+    let text = toml::to_string(topo).context("serializing the topology as TOML")?;
+    let files = fairfeed_ops::deploy::emit(topo, &text, platform, &o).map_err(|e| anyhow::anyhow!("--emit: {e}"))?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    for (name, body) in &files {
+        let p = a.out.join(name);
+        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))?;
+    }
+    eprintln!("plan: wrote {} files into {} (start with its README.md)", files.len(), a.out.display());
+    Ok(())
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -67,6 +115,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let ids: std::collections::HashSet<u32> = topo.trees.iter().flat_map(|t| &t.nodes).map(|n| n.id).collect();
     if let Some((id, _)) = a.address.iter().find(|(id, _)| !ids.contains(id)) {
         anyhow::bail!("--address {id}=…: no node {id} in this plan");
+    }
+    if let Some(which) = a.emit {
+        return emit(&a, which, &topo);
     }
     let text = if a.out.extension().is_some_and(|e| e == "json") {
         serde_json::to_string_pretty(&topo)?

@@ -896,8 +896,13 @@ fn hedging_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
 
 fn trading_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
     let (receivers, hedge, seed, messages, rate) = (c.receivers, c.hedge, c.seed, c.messages, c.rate_per_s);
-    let rows =
-        fairfeed_sim::experiment::trading(&c, |s| eprintln!("sim: trading under {s}")).map_err(anyhow::Error::msg)?;
+    let pb = crate::fmt::progress(5, "simulating schemes");
+    let rows = fairfeed_sim::experiment::trading(&c, |s| {
+        pb.set_message(format!("simulating {s}"));
+        pb.inc(1);
+    })
+    .map_err(anyhow::Error::msg)?;
+    pb.finish_and_clear();
     let t = rows.first().map_or([0; 4], |r| r.traders);
     let mut md = format!(
                 "# Share of profit, N = {receivers}, H = {hedge}, seed {seed}, {messages} messages at {rate} msg/s (first {} warm-up)\n\n\

@@ -1,0 +1,115 @@
+//! Goal: `fairfeed plan --emit` writes deployment files the platforms'
+//! own validators accept (issue 19). Method: a 4-receiver plan with
+//! addresses, emitted for Kubernetes (checked by PyPI's
+//! `kubernetes-validate` against the Kubernetes 1.30 schemas, strict),
+//! Compose (PyPI's `check-jsonschema` with the Compose specification's
+//! schema) and systemd (`systemd-analyze verify`, where systemd is
+//! installed); every node's id and metrics address in its file; a plan
+//! without addresses refused in one line.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+fn emit(dir: &std::path::Path, what: &str, extra: &[&str]) -> std::path::PathBuf {
+    let out = dir.join(what);
+    let mut args = vec!["plan", "--receivers", "4", "--fanout", "2", "--hedge", "1"];
+    args.extend_from_slice(&["--address", "0=10.0.0.1:9100", "--address", "1=10.0.0.2:9100"]);
+    args.extend_from_slice(&["--address", "2=10.0.0.3:9100", "--address", "3=10.0.0.4:9100"]);
+    args.extend_from_slice(&["--address", "4=10.0.0.5:9100", "--address", "5=10.0.0.6:9100"]);
+    args.extend_from_slice(&["--address", "6=10.0.0.7:9100", "--emit", what, "--out", out.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    fairfeed(&args);
+    assert!(out.join("README.md").exists() && out.join("topology.toml").exists());
+    out
+}
+
+fn check(cmd: &str, args: &[&str]) {
+    let o = Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "{cmd} {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn kubernetes_manifests_pass_kubernetes_validate() {
+    if !have_tool("kubernetes-validate", &["--version"]) {
+        return;
+    }
+    let d = tmp();
+    let out = emit(d.path(), "k8s", &[]);
+    let yamls: Vec<String> = ["00-namespace.yaml", "01-topology.yaml", "10-nodes.yaml"]
+        .iter()
+        .map(|f| out.join(f).to_str().unwrap().to_string())
+        .collect();
+    let mut args = vec!["-k", "1.30.0", "--strict"];
+    args.extend(yamls.iter().map(String::as_str));
+    check("kubernetes-validate", &args);
+    let nodes = std::fs::read_to_string(out.join("10-nodes.yaml")).unwrap();
+    assert_eq!(nodes.matches("kind: Deployment").count(), 7, "one per node");
+    for id in 0..7 {
+        assert!(nodes.contains(&format!("fairfeed.io/node: '{id}'")), "node {id} has its host");
+        assert!(nodes.contains(&format!("- 10.0.0.{}:9400", id + 1)), "node {id} serves metrics on its IP");
+    }
+    // A broken manifest must fail the same check (the validator is not a rubber stamp).
+    let bad = d.path().join("bad.yaml");
+    std::fs::write(&bad, nodes.replacen("replicas: 1", "replicas: one", 1)).unwrap();
+    let o =
+        Command::new("kubernetes-validate").args(["-k", "1.30.0", "--strict", bad.to_str().unwrap()]).output().unwrap();
+    assert!(!o.status.success());
+}
+
+#[test]
+fn compose_file_passes_the_compose_specification_schema() {
+    if !have_tool("check-jsonschema", &["--version"]) {
+        return;
+    }
+    let d = tmp();
+    let out = emit(d.path(), "compose", &["--image", "registry.example/fairfeed:1"]);
+    let f = out.join("compose.yaml");
+    check("check-jsonschema", &["--builtin-schema", "vendor.compose-spec", f.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&f).unwrap();
+    assert_eq!(text.matches("network_mode: host").count(), 7);
+    assert!(text.contains("image: registry.example/fairfeed:1") && text.contains("tree_key"), "{text}");
+}
+
+#[test]
+fn systemd_units_pass_systemd_analyze_verify() {
+    // systemd is not on every CI image: where it is missing this test says so and checks the text only.
+    let d = tmp();
+    let out = emit(d.path(), "systemd", &["--binary", bin(), "--metrics-port", "9500"]);
+    let units: Vec<std::path::PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "service"))
+        .collect();
+    assert_eq!(units.len(), 7);
+    let r2 = std::fs::read_to_string(out.join("fairfeed-receiver-2.service")).unwrap();
+    assert!(r2.contains(&format!("ExecStart={} receiver --topology", bin())) && r2.contains("--id 2"), "{r2}");
+    assert!(r2.contains("--metrics 10.0.0.3:9500"), "{r2}");
+    if Command::new("systemd-analyze").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let mut args = vec!["verify".to_string()];
+        args.extend(units.iter().map(|u| u.to_str().unwrap().to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        check("systemd-analyze", &args);
+    } else {
+        eprintln!("SKIPPED: systemd-analyze is not installed; unit files checked as text only");
+    }
+}
+
+#[test]
+fn emit_refuses_nodes_without_addresses_in_one_line() {
+    let d = tmp();
+    let out = d.path().join("k");
+    let o = Command::new(bin())
+        .args(["plan", "--receivers", "4", "--emit", "k8s", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("no IP:PORT address") && err.trim().lines().count() == 1, "{err}");
+    assert!(!out.exists(), "nothing written");
+}

@@ -1,0 +1,397 @@
+//! Deployment files from a plan: one systemd unit, Compose service or
+//! Kubernetes Deployment per tree node, each running `fairfeed
+//! sender|proxy|receiver --id N` on the planned address with the topology
+//! and the tree's key mounted from a file (systemd), a Compose secret or a
+//! Kubernetes ConfigMap and Secret, its metrics port declared, host
+//! networking, and CPU pinning hints where the platform has them. Pure:
+//! a topology in, named file contents out (the caller writes them).
+
+use std::net::SocketAddr;
+
+use fairfeed_tree::plan::{Node, Role, Topology};
+use serde_json::json;
+
+/// The platforms files can be emitted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Platform {
+    Systemd,
+    Compose,
+    Kubernetes,
+}
+
+/// How the emitted files run fairfeed.
+#[derive(Debug, Clone)]
+pub struct DeployOptions {
+    /// The `fairfeed` binary on each host (systemd).
+    pub binary: String,
+    /// The container image (Compose, Kubernetes).
+    pub image: String,
+    /// Each node serves its metrics on its own IP at this port.
+    pub metrics_port: u16,
+    /// The Kubernetes namespace.
+    pub namespace: String,
+    /// Extra flags for every node (e.g. `--clock sync`).
+    pub node_flags: Vec<String>,
+}
+
+impl Default for DeployOptions {
+    fn default() -> Self {
+        DeployOptions {
+            binary: "/usr/local/bin/fairfeed".into(),
+            image: "fairfeed:latest".into(),
+            metrics_port: 9400,
+            namespace: "fairfeed".into(),
+            node_flags: vec!["--clock".into(), "sync".into()],
+        }
+    }
+}
+
+/// Where the topology and the key are inside a host or container.
+const TOPOLOGY_PATH: &str = "/etc/fairfeed/topology.toml";
+const KEY_PATH_HOST: &str = "/etc/fairfeed/tree.key";
+const KEY_PATH_COMPOSE: &str = "/run/secrets/tree_key";
+const KEY_DIR_K8S: &str = "/etc/fairfeed/key";
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Sender => "sender",
+        Role::Proxy => "proxy",
+        Role::Receiver => "receiver",
+    }
+}
+
+/// The nodes to deploy (tree 0: a node process runs one tree), each with its address.
+fn nodes(t: &Topology) -> Result<Vec<(&Node, SocketAddr)>, String> {
+    if t.trees.len() != 1 {
+        return Err(format!(
+            "{} trees: a deployment runs one tree per node process (plan with --trees 1; sharding over trees is simulated only)",
+            t.trees.len()
+        ));
+    }
+    let mut out = Vec::new();
+    let mut missing = Vec::new();
+    for n in &t.trees[0].nodes {
+        match n.addr.as_deref().map(str::parse::<SocketAddr>) {
+            Some(Ok(a)) => out.push((n, a)),
+            _ => missing.push(n.id),
+        }
+    }
+    if !missing.is_empty() {
+        return Err(format!(
+            "nodes {missing:?} have no IP:PORT address; give every node one (--address ID=IP:PORT, or --loopback-port PORT for one host)"
+        ));
+    }
+    Ok(out)
+}
+
+fn args(n: &Node, addr: SocketAddr, key: &str, o: &DeployOptions) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        role_name(n.role).into(),
+        "--topology".into(),
+        TOPOLOGY_PATH.into(),
+        "--id".into(),
+        n.id.to_string(),
+        "--key-file".into(),
+        key.into(),
+        "--metrics".into(),
+        SocketAddr::new(addr.ip(), o.metrics_port).to_string(),
+    ];
+    v.extend(o.node_flags.iter().cloned());
+    v
+}
+
+fn name(n: &Node) -> String {
+    format!("{}-{}", role_name(n.role), n.id)
+}
+
+/// The files for `platform`: (relative path, contents), a README among them.
+pub fn emit(
+    t: &Topology,
+    topology_toml: &str,
+    platform: Platform,
+    o: &DeployOptions,
+) -> Result<Vec<(String, String)>, String> {
+    let nodes = nodes(t)?;
+    let mut files = vec![("topology.toml".to_string(), topology_toml.to_string())];
+    match platform {
+        Platform::Systemd => {
+            for (n, addr) in &nodes {
+                files.push((format!("fairfeed-{}.service", name(n)), unit(n, *addr, o)));
+            }
+        }
+        Platform::Compose => {
+            files.push(("compose.yaml".into(), compose(&nodes, o)?));
+            files.push(("Dockerfile".into(), DOCKERFILE.into()));
+        }
+        Platform::Kubernetes => {
+            files.push(("00-namespace.yaml".into(), yaml(&[namespace(o)])?));
+            files.push(("01-topology.yaml".into(), yaml(&[config_map(topology_toml, o)])?));
+            let docs: Vec<serde_json::Value> = nodes.iter().map(|(n, a)| deployment(n, *a, o)).collect();
+            files.push(("10-nodes.yaml".into(), yaml(&docs)?));
+            files.push(("Dockerfile".into(), DOCKERFILE.into()));
+        }
+    }
+    files.push(("README.md".into(), readme(t, &nodes, platform, o)));
+    Ok(files)
+}
+
+fn unit(n: &Node, addr: SocketAddr, o: &DeployOptions) -> String {
+    let cmd = std::iter::once(o.binary.clone()).chain(args(n, addr, KEY_PATH_HOST, o)).collect::<Vec<_>>().join(" ");
+    format!(
+        "# fairfeed {role} {id}: run on the host that owns {ip} (see README.md).\n\
+         [Unit]\n\
+         Description=fairfeed {role} {id} of a fair multicast tree ({addr})\n\
+         Documentation=https://github.com/fairfeed/fairfeed\n\
+         Wants=network-online.target\n\
+         After=network-online.target\n\
+         \n\
+         [Service]\n\
+         Type=simple\n\
+         ExecStart={cmd}\n\
+         Restart=on-failure\n\
+         RestartSec=1\n\
+         # SIGTERM: the node stops, flushes its counters and exits.\n\
+         KillSignal=SIGTERM\n\
+         TimeoutStopSec=10\n\
+         # Metrics for Prometheus: http://{ip}:{port}/metrics\n\
+         # Latency hints: a core of its own (isolate it with isolcpus= and nohz_full= on the kernel\n\
+         # command line), locked memory for --mlock, and the capabilities --fifo and --busy-poll-us need.\n\
+         CPUAffinity=1\n\
+         LimitMEMLOCK=infinity\n\
+         AmbientCapabilities=CAP_SYS_NICE CAP_NET_ADMIN\n\
+         NoNewPrivileges=yes\n\
+         \n\
+         [Install]\n\
+         WantedBy=multi-user.target\n",
+        role = role_name(n.role),
+        id = n.id,
+        ip = addr.ip(),
+        port = o.metrics_port,
+    )
+}
+
+fn compose(nodes: &[(&Node, SocketAddr)], o: &DeployOptions) -> Result<String, String> {
+    let mut services = serde_json::Map::new();
+    for (n, addr) in nodes {
+        services.insert(
+            name(n),
+            json!({
+                "image": o.image,
+                "build": ".",
+                "network_mode": "host",
+                "command": args(n, *addr, KEY_PATH_COMPOSE, o),
+                "volumes": [{"type": "bind", "source": "./topology.toml", "target": TOPOLOGY_PATH, "read_only": true}],
+                "secrets": ["tree_key"],
+                "expose": [o.metrics_port.to_string()],
+                "restart": "on-failure",
+                "stop_signal": "SIGTERM",
+                "stop_grace_period": "10s",
+                // Latency hints: one core per node; locked memory for --mlock.
+                "cpuset": "1",
+                "ulimits": {"memlock": -1},
+                "cap_add": ["SYS_NICE", "NET_ADMIN"],
+                "labels": {
+                    "io.fairfeed.node": n.id.to_string(),
+                    "io.fairfeed.role": role_name(n.role),
+                    "io.fairfeed.metrics": format!("http://{}:{}/metrics", addr.ip(), o.metrics_port),
+                },
+            }),
+        );
+    }
+    let doc = json!({
+        "name": "fairfeed",
+        "services": services,
+        "secrets": {"tree_key": {"file": "./tree.key"}},
+    });
+    yaml(&[doc])
+}
+
+fn namespace(o: &DeployOptions) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": o.namespace}})
+}
+
+fn config_map(topology_toml: &str, o: &DeployOptions) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "fairfeed-topology", "namespace": o.namespace},
+        "data": {"topology.toml": topology_toml},
+    })
+}
+
+fn deployment(n: &Node, addr: SocketAddr, o: &DeployOptions) -> serde_json::Value {
+    let app = format!("fairfeed-{}", name(n));
+    let labels = json!({"app.kubernetes.io/name": "fairfeed", "app.kubernetes.io/instance": app, "fairfeed.io/role": role_name(n.role)});
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": app, "namespace": o.namespace, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            // Never two copies of one node: the old one stops before the new one starts.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": app}},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": o.metrics_port.to_string(),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    // The node's address is its host's: the pod uses the host's network,
+                    // on the Kubernetes node labelled for it (see README.md).
+                    "hostNetwork": true,
+                    "dnsPolicy": "ClusterFirstWithHostNet",
+                    "nodeSelector": {"fairfeed.io/node": n.id.to_string()},
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [{
+                        "name": "fairfeed",
+                        "image": o.image,
+                        "args": args(n, addr, &format!("{KEY_DIR_K8S}/tree.key"), o),
+                        "ports": [
+                            {"name": "metrics", "containerPort": o.metrics_port, "protocol": "TCP"},
+                            {"name": "tree", "containerPort": addr.port(), "protocol": "UDP"},
+                        ],
+                        // Requests equal to limits in whole CPUs: the Guaranteed QoS class, which
+                        // the kubelet's static CPU manager pins to dedicated cores.
+                        "resources": {
+                            "requests": {"cpu": "1", "memory": "512Mi"},
+                            "limits": {"cpu": "1", "memory": "512Mi"},
+                        },
+                        "securityContext": {"capabilities": {"add": ["SYS_NICE", "NET_ADMIN", "IPC_LOCK"]}},
+                        "volumeMounts": [
+                            {"name": "topology", "mountPath": "/etc/fairfeed/topology.toml", "subPath": "topology.toml", "readOnly": true},
+                            {"name": "key", "mountPath": KEY_DIR_K8S, "readOnly": true},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "topology", "configMap": {"name": "fairfeed-topology"}},
+                        {"name": "key", "secret": {"secretName": "fairfeed-tree-key", "defaultMode": 0o400}},
+                    ],
+                },
+            },
+        },
+    })
+}
+
+fn yaml(docs: &[serde_json::Value]) -> Result<String, String> {
+    let mut out = String::new();
+    for (i, d) in docs.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        out.push_str(&serde_yaml_ng::to_string(d).map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}
+
+const DOCKERFILE: &str = "# The image the Compose services and Kubernetes pods run: the fairfeed binary on Debian.\n\
+# Build: copy the binary of `cargo build --release -p fairfeed` next to this file, then\n\
+#   docker build -t fairfeed:latest .\n\
+FROM debian:bookworm-slim\n\
+COPY fairfeed /usr/local/bin/fairfeed\n\
+ENTRYPOINT [\"/usr/local/bin/fairfeed\"]\n";
+
+fn readme(t: &Topology, nodes: &[(&Node, SocketAddr)], platform: Platform, o: &DeployOptions) -> String {
+    let mut table = String::from("| node | role | address | metrics |\n|---|---|---|---|\n");
+    for (n, a) in nodes {
+        table.push_str(&format!(
+            "| {} | {} | {a} | http://{}:{}/metrics |\n",
+            n.id,
+            role_name(n.role),
+            a.ip(),
+            o.metrics_port
+        ));
+    }
+    let key = "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > tree.key";
+    let how = match platform {
+        Platform::Systemd => format!(
+            "On every host: install the binary as `{bin}`, then\n\n```sh\n\
+             install -d /etc/fairfeed && install -m 644 topology.toml /etc/fairfeed/\n\
+             install -m 600 tree.key /etc/fairfeed/           # the same key on every host\n\
+             cp fairfeed-<role>-<id>.service /etc/systemd/system/   # the unit of this host's node\n\
+             systemctl daemon-reload && systemctl enable --now fairfeed-<role>-<id>\n```\n\n\
+             Start the receivers and proxies first and the sender last. `CPUAffinity=1` pins each node to \
+             core 1; change it to a core you isolated.",
+            bin = o.binary
+        ),
+        Platform::Compose => "Build the image (see `Dockerfile`), put `tree.key` here, then on each host start \
+             its node's service — `docker compose up -d receiver-0` — or, with every address on one \
+             host (a `--loopback-port` plan), all of them: `docker compose up -d`. The services use the \
+             host's network, so each node listens on its planned address. `cpuset` pins each to core 1; \
+             change it per host."
+            .to_string(),
+        Platform::Kubernetes => format!(
+            "Build and push the image (see `Dockerfile`; `image:` is `{image}`). Label each Kubernetes node with \
+             the fairfeed node it runs — its IP must be the planned address:\n\n```sh\n\
+             kubectl label node <host> fairfeed.io/node=<id>\n\
+             kubectl apply -f 00-namespace.yaml -f 01-topology.yaml\n\
+             kubectl -n {ns} create secret generic fairfeed-tree-key --from-file=tree.key\n\
+             kubectl apply -f 10-nodes.yaml\n```\n\n\
+             Pods use the host network; requests equal to limits in whole CPUs put them in the Guaranteed \
+             QoS class, which the kubelet's static CPU manager pins to dedicated cores. Prometheus finds \
+             the metrics through the `prometheus.io/*` annotations.",
+            image = o.image,
+            ns = o.namespace
+        ),
+    };
+    format!(
+        "# fairfeed deployment: {n} receivers, fan-out {f}, depth {d}, hedging {h}\n\n\
+         Generated by `fairfeed plan … --emit`. One node per host; each runs `fairfeed <role> --id N` \
+         with `topology.toml` and the tree's key (make it once and copy it to every host: `{key}`).\n\n\
+         {table}\n{how}\n\n\
+         Each node answers SIGTERM by stopping and writing its counters; `fairfeed stat` needs a \
+         `--control` address (add one to the node's flags).\n",
+        n = t.receivers,
+        f = t.fanout,
+        d = t.depth,
+        h = t.hedge,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fairfeed_tree::plan::{plan, PlanRequest};
+
+    fn topo(addresses: bool) -> Topology {
+        let req = PlanRequest { receivers: 4, fanout: Some(2), depth: None, hedge: 1, cost_model: None, trees: 1 };
+        let mut t = plan(&req).unwrap();
+        if addresses {
+            for n in &mut t.trees[0].nodes {
+                n.addr = Some(format!("10.0.0.{}:9100", n.id + 1));
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn one_file_or_document_per_node_with_its_id_and_metrics_port() {
+        let t = topo(true);
+        let o = DeployOptions::default();
+        let units = emit(&t, "x", Platform::Systemd, &o).unwrap();
+        let services: Vec<_> = units.iter().filter(|(n, _)| n.ends_with(".service")).collect();
+        assert_eq!(services.len(), 7, "4 receivers, 2 proxies, 1 sender");
+        let r3 = &units.iter().find(|(n, _)| n == "fairfeed-receiver-3.service").unwrap().1;
+        assert!(r3.contains("receiver --topology /etc/fairfeed/topology.toml --id 3 --key-file"), "{r3}");
+        assert!(r3.contains("--metrics 10.0.0.4:9400"), "{r3}");
+        let k8s = emit(&t, "x", Platform::Kubernetes, &o).unwrap();
+        let nodes = &k8s.iter().find(|(n, _)| n == "10-nodes.yaml").unwrap().1;
+        assert_eq!(nodes.matches("kind: Deployment").count(), 7);
+        assert!(nodes.contains("hostNetwork: true") && nodes.contains("containerPort: 9400"));
+        let compose = &emit(&t, "x", Platform::Compose, &o).unwrap()[1].1;
+        assert!(compose.contains("network_mode: host") && compose.contains("sender-"), "{compose}");
+    }
+
+    #[test]
+    fn nodes_without_addresses_or_several_trees_are_refused() {
+        let e = emit(&topo(false), "x", Platform::Kubernetes, &DeployOptions::default()).unwrap_err();
+        assert!(e.contains("no IP:PORT address"), "{e}");
+        let mut t = topo(true);
+        t.trees.push(t.trees[0].clone());
+        assert!(emit(&t, "x", Platform::Systemd, &DeployOptions::default()).unwrap_err().contains("2 trees"));
+    }
+}
