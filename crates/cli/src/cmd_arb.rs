@@ -10,7 +10,7 @@ use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
 use fairfeed_arb::{Arbitrator, Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_feed::capture::{CaptureWriter, Datagram};
-use fairfeed_net::arb::live::{run_live, run_retransmit_server, IdleStrategy, LiveConfig};
+use fairfeed_net::arb::live::{run_live, run_retransmit_server, IdleStrategy, JsonSlot, LiveConfig};
 use fairfeed_net::arb::offline::run_offline;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -109,6 +109,9 @@ pub struct Args {
     /// window gives up before the slower line arrives: widen it).
     #[arg(long, value_parser = crate::fmt::seconds)]
     stats_interval_s: Option<f64>,
+    /// Live: serve Prometheus metrics at http://ADDR/metrics (the counters `control stats` shows).
+    #[arg(long, conflicts_with = "a_pcap")]
+    metrics: Option<SocketAddr>,
 
     /// Protocol preset: where the sequence number lives (moldudp64, xdp).
     #[arg(long, default_value = "moldudp64")]
@@ -291,6 +294,14 @@ fn live(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
         max_seconds: a.max_seconds,
         idle: if a.busy_poll { IdleStrategy::Spin } else { a.idle.strategy() },
         stats_interval: a.stats_interval_s.map(Duration::from_secs_f64),
+        publish: a.metrics.map(|_| JsonSlot::default()),
+        stop: Some(stop_on_signals()?),
+    };
+    let _metrics = match (a.metrics, cfg.publish.clone()) {
+        (Some(addr), Some(slot)) => {
+            Some(serve_json_metrics(addr, slot, "fairfeed_arb", "the live arbitrator (control stats)")?)
+        }
+        _ => None,
     };
     let (stats, send_errors) = run_live(arb, &cfg, |s| {
         eprintln!(
@@ -333,6 +344,35 @@ pub struct ServerArgs {
     /// Exit after this many seconds.
     #[arg(long, value_parser = crate::fmt::seconds)]
     max_seconds: Option<f64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (requests, answers, refusals by kind).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+}
+
+/// A flag SIGTERM and SIGINT set: the loop stops and reports as at its end.
+pub fn stop_on_signals() -> anyhow::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
+    }
+    Ok(stop)
+}
+
+/// Serves the JSON a loop publishes into `slot` as Prometheus metrics named `prefix`_….
+pub fn serve_json_metrics(
+    addr: SocketAddr,
+    slot: JsonSlot,
+    prefix: &'static str,
+    help: &'static str,
+) -> anyhow::Result<fairfeed_ops::Endpoint> {
+    let ep = fairfeed_ops::serve_metrics(addr, move |e| {
+        if let Some(v) = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
+            e.json(prefix, v, &[], help);
+        }
+    })
+    .with_context(|| format!("serving metrics on {addr}"))?;
+    eprintln!("metrics at http://{}/metrics", ep.addr);
+    Ok(ep)
 }
 
 pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
@@ -340,7 +380,16 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
     eprintln!("retransmit-server: {} messages journaled, listening on {}", j.len(), a.listen);
     let cfg = ServerConfig { count_max: a.count_max, rate_per_s: a.rate_per_s, ..ServerConfig::default() };
     let mut server = RetransmitServer::new(j, cfg);
-    run_retransmit_server(&mut server, a.listen, a.max_seconds).with_context(|| format!("serving on {}", a.listen))?;
+    let slot = a.metrics.map(|_| JsonSlot::default());
+    let _metrics = match (a.metrics, slot.clone()) {
+        (Some(addr), Some(slot)) => {
+            Some(serve_json_metrics(addr, slot, "fairfeed_retransmit", "the retransmission server")?)
+        }
+        _ => None,
+    };
+    let stop = stop_on_signals()?;
+    run_retransmit_server(&mut server, a.listen, a.max_seconds, &stop, slot.as_ref())
+        .with_context(|| format!("serving on {}", a.listen))?;
     eprintln!("retransmit-server: {}", serde_json::to_string(server.stats())?);
     Ok(())
 }

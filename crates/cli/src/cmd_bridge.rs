@@ -112,6 +112,9 @@ pub struct RunArgs {
     /// Write the final counters here (JSON; default: stdout).
     #[arg(long)]
     stats_out: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (publications, drops, errors, queue).
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(clap::Args)]
@@ -285,9 +288,21 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     const ERROR_CHECK: Duration = Duration::from_secs(1);
     let (mut last_check, mut reported_errors) = (Instant::now(), 0u64);
     let mut buf = vec![0u8; 65_536];
+    let slot = a.metrics.map(|_| fairfeed_net::arb::live::JsonSlot::default());
+    let _metrics = match (a.metrics, slot.clone()) {
+        (Some(addr), Some(s)) => {
+            Some(crate::cmd_arb::serve_json_metrics(addr, s, "fairfeed_bridge", "the bridge into NATS (its report)")?)
+        }
+        _ => None,
+    };
+    let mut next_publish = Instant::now();
     while !stop.load(Ordering::Relaxed) && a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
         if let Ok(n) = sock.recv(&mut buf) {
             bridge.handle_packet(&buf[..n], wall_ns());
+        }
+        if let Some(s) = slot.as_ref().filter(|_| Instant::now() >= next_publish) {
+            fairfeed_net::arb::live::publish(s, &bridge.report());
+            next_publish = Instant::now() + fairfeed_net::arb::live::PUBLISH_INTERVAL;
         }
         if a.stats_interval_s.is_some_and(|s| last_stats.elapsed().as_secs_f64() >= s) {
             eprintln!("bridge: {}", serde_json::to_string(&bridge.report())?);

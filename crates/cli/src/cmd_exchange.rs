@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use fairfeed_bench::exchange::{exchange_bench, in_process};
-use fairfeed_net::exchange::live::{run_exchange, ExchangeConfig};
+use fairfeed_net::exchange::live::{run_exchange, ExchangeConfig, ExchangeMetrics};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -26,6 +26,45 @@ pub struct Args {
     /// Write the report (JSON) here at exit (default: stdout).
     #[arg(long)]
     stats_out: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (gateway, sequencer, engines, ITCH publisher, order latency).
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
+}
+
+/// Serves what the exchange's threads publish as Prometheus metrics.
+fn serve_metrics(addr: std::net::SocketAddr, m: Arc<ExchangeMetrics>) -> anyhow::Result<fairfeed_ops::Endpoint> {
+    let ep = fairfeed_ops::serve_metrics(addr, move |e| {
+        let j = m.json.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        for part in ["gateway", "sequencer", "publisher"] {
+            e.json(&format!("fairfeed_exchange_{part}"), &j[part], &[], "the exchange (its report at exit, live)");
+        }
+        e.json(
+            "fairfeed_exchange",
+            &serde_json::json!({"ring_full": j["ring_full"]}),
+            &[],
+            "commands that waited for a full engine ring",
+        );
+        e.gauge("fairfeed_exchange_sessions", "open OUCH sessions", &[], j["sessions"].as_f64().unwrap_or(0.0));
+        if let Some(engines) = j["engines"].as_object() {
+            for (k, v) in engines {
+                e.json("fairfeed_exchange_engine", v, &[("engine", k)], "one matching-engine thread");
+            }
+        }
+        if let Some(h) = m.order_latency.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
+            let help = "order latency: OUCH in at the gateway to the response written (t0→t4)";
+            e.histogram(
+                "fairfeed_exchange_order_latency_seconds",
+                help,
+                &[],
+                h,
+                1e-9,
+                fairfeed_ops::metrics::LATENCY_BUCKETS_S,
+            );
+        }
+    })
+    .with_context(|| format!("serving metrics on {addr}"))?;
+    eprintln!("exchange: metrics at http://{}/metrics", ep.addr);
+    Ok(ep)
 }
 
 #[derive(clap::Subcommand)]
@@ -97,7 +136,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         cfg.gateway.symbols.len(),
         cfg.engines,
     );
-    let r = run_exchange(cfg, &stop, a.seconds).context("running the exchange")?;
+    let metrics = a.metrics.map(|_| Arc::new(ExchangeMetrics::default()));
+    let _endpoint = match (a.metrics, &metrics) {
+        (Some(addr), Some(m)) => Some(serve_metrics(addr, m.clone())?),
+        _ => None,
+    };
+    let r = run_exchange(cfg, &stop, a.seconds, metrics).context("running the exchange")?;
     let text = serde_json::to_string_pretty(&r)?;
     match &a.stats_out {
         Some(p) => std::fs::write(p, text)?,

@@ -163,3 +163,137 @@ fn every_node_serves_metrics_promtool_accepts_and_a_hostile_client_cannot_starve
         assert!(status.is_some_and(|s| s.success()), "node {id} exits cleanly: {status:?}");
     }
 }
+
+/// Waits for `child` (killing it after `limit`); its exit status.
+fn wait_for(c: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            return Some(s);
+        }
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            let _ = c.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Scrapes `m` until `metric` shows up (the command publishes twice a second); the body.
+fn scrape_until(m: SocketAddr, metric: &str) -> String {
+    let t0 = Instant::now();
+    loop {
+        let (status, body) = scrape(m, [127, 0, 0, 1]);
+        if status.contains("200") && body.contains(metric) || t0.elapsed() > Duration::from_secs(5) {
+            return body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn exchange_arb_retransmit_server_and_bridge_serve_metrics_promtool_accepts() {
+    if !have_tool("promtool", &["--version"]) {
+        return;
+    }
+    let d = tmp();
+    let pcap = d.path().join("feed.pcap");
+    let (a_pcap, b_pcap) = (d.path().join("a.pcap"), d.path().join("b.pcap"));
+    fairfeed(&["gen", "--seed", "4", "--messages", "20000", "--symbols", "20", "--out", pcap.to_str().unwrap()]);
+    fairfeed(&[
+        "gen",
+        "--seed",
+        "4",
+        "--messages",
+        "20000",
+        "--symbols",
+        "20",
+        "--out",
+        d.path().join("x.pcap").to_str().unwrap(),
+        "--a-out",
+        a_pcap.to_str().unwrap(),
+        "--b-out",
+        b_pcap.to_str().unwrap(),
+        "--loss-a",
+        "0.05",
+    ]);
+    let free_udp = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut checked = Vec::new();
+    let mut check = |what: &str, m: SocketAddr, metric: &str, c: &mut Child| {
+        let body = scrape_until(m, metric);
+        assert!(body.contains(metric), "{what}: no {metric} in\n{body}");
+        let (ok, said) = promtool(&body);
+        assert!(ok, "{what}: promtool check metrics: {said}\n{body}");
+        // SIGTERM: the command stops and still reports (exit 0).
+        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        let status = wait_for(c, Duration::from_secs(40));
+        assert!(status.is_some_and(|s| s.success()), "{what} exits cleanly on SIGTERM: {status:?}");
+        checked.push(what.to_string());
+    };
+
+    // The retransmission server and the live arbitrator asking it for what line A lost.
+    let (rs, rm) = (free_udp(), free_tcp());
+    let mut server = Command::new(bin())
+        .args(["retransmit-server", "--journal", pcap.to_str().unwrap(), "--listen", &rs.to_string()])
+        .args(["--metrics", &rm.to_string()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (la, lb, am) = (free_udp(), free_udp(), free_tcp());
+    let mut arb = Command::new(bin())
+        .args(["arb", "--a", &la.to_string(), "--b", &lb.to_string(), "--out-hr", &free_udp().to_string()])
+        .args(["--retransmit", &rs.to_string(), "--idle", "park", "--metrics", &am.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    fairfeed(&["replay", a_pcap.to_str().unwrap(), "--to", &la.to_string(), "--rate", "20000"]);
+    check("arb", am, "fairfeed_arb_gaps_opened_total", &mut arb);
+    check("retransmit-server", rm, "fairfeed_retransmit_requests_total", &mut server);
+
+    // The exchange, with one order through it.
+    let port = free_tcp().port();
+    let cfg = format!(
+        "listen = \"127.0.0.1:{port}\"\nengines = 2\nitch_session = \"FFTEST0001\"\nitch_a = \"{}\"\n\n\
+         [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"]]\nsymbols = [\"AAPL\", \"MSFT\"]\n\
+         heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
+         [limits]\nsymbols = 2\norders = 1000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n",
+        free_udp()
+    );
+    let cfg_path = d.path().join("exchange.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let em = free_tcp();
+    let mut ex = Command::new(bin())
+        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--metrics", &em.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let server = format!("127.0.0.1:{port}");
+    let creds = ["--server", server.as_str(), "--user", "ALICE", "--password", "pw1"];
+    fairfeed(&[&["order"][..], &creds, &["buy", "AAPL", "100", "@", "10"]].concat());
+    fairfeed(&[&["order"][..], &creds, &["sell", "AAPL", "40", "@", "10"]].concat());
+    let body = scrape_until(em, "fairfeed_exchange_engine_executions_total");
+    assert!(body.contains("fairfeed_exchange_order_latency_seconds_count 2"), "{body}");
+    check("exchange", em, "fairfeed_exchange_gateway_logins_total", &mut ex);
+
+    // The bridge, on a broker of its own.
+    if have_tool("nats-server", &["--version"]) {
+        let nats = fairfeed_bridge::server::LocalServer::start(0, None).unwrap();
+        let (listen, bm) = (free_udp(), free_tcp());
+        let mut bridge = Command::new(bin())
+            .args(["bridge", "run", "--listen", &listen.to_string(), "--nats", &nats.url])
+            .args(["--metrics", &bm.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(800));
+        fairfeed(&["replay", pcap.to_str().unwrap(), "--to", &listen.to_string(), "--rate", "20000"]);
+        check("bridge run", bm, "fairfeed_bridge_published_total", &mut bridge);
+    }
+    assert!(checked.len() >= 3, "{checked:?}");
+}

@@ -38,6 +38,23 @@ pub struct LiveConfig {
     pub idle: IdleStrategy,
     /// Call `on_stats` this often.
     pub stats_interval: Option<Duration>,
+    /// Publish the counters here (as `control stats` shows them) every
+    /// [`PUBLISH_INTERVAL`], for a metrics endpoint on another thread.
+    pub publish: Option<JsonSlot>,
+    /// Set from outside (a signal handler) to stop the loop; it then reports as at the end.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+/// The latest counters a loop published, as JSON.
+pub type JsonSlot = std::sync::Arc<std::sync::Mutex<Option<serde_json::Value>>>;
+
+/// How often a loop publishes into its [`JsonSlot`].
+pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Puts `v` into `slot`.
+pub fn publish(slot: &JsonSlot, v: &impl serde::Serialize) {
+    let v = serde_json::to_value(v).ok();
+    *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = v;
 }
 
 pub use crate::idle::IdleStrategy;
@@ -125,6 +142,7 @@ pub fn run_live(
     let mut sink = UdpSink { out: &out, retrans: retrans.as_ref(), cfg, send_errors: 0 };
     let mut buf = vec![0u8; DATAGRAM_MAX];
     let mut next_stats = cfg.stats_interval.map(|d| d.as_nanos() as u64);
+    let mut next_publish = 0;
     let mut idler = Idler::new(cfg.idle);
     loop {
         let mut got = 0;
@@ -151,13 +169,18 @@ pub fn run_live(
         if arb.next_timeout().is_some_and(|d| d <= t) {
             arb.handle_timeout(t, &mut sink);
         }
+        if let Some(slot) = cfg.publish.as_ref().filter(|_| t >= next_publish) {
+            next_publish = t + PUBLISH_INTERVAL.as_nanos() as u64;
+            publish(slot, arb.stats_now(t));
+        }
         if let Some(ns) = next_stats {
             if t >= ns {
                 on_stats(arb.stats_now(t));
                 next_stats = cfg.stats_interval.map(|d| t + d.as_nanos() as u64);
             }
         }
-        if (cfg.exit_on_end && arb.drained()) || cfg.max_seconds.is_some_and(|m| t as f64 / 1e9 >= m) {
+        let stopped = cfg.stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
+        if stopped || (cfg.exit_on_end && arb.drained()) || cfg.max_seconds.is_some_and(|m| t as f64 / 1e9 >= m) {
             break;
         }
         if got > 0 {
@@ -202,6 +225,8 @@ pub fn run_retransmit_server(
     server: &mut fairfeed_arb::retransmit::RetransmitServer,
     listen: SocketAddr,
     max_seconds: Option<f64>,
+    stop: &std::sync::atomic::AtomicBool,
+    publish_to: Option<&JsonSlot>,
 ) -> std::io::Result<()> {
     let sock = bind_udp(listen, 1 << 20)?;
     sock.set_nonblocking(false)?;
@@ -209,7 +234,14 @@ pub fn run_retransmit_server(
     let start = Instant::now();
     let mut buf = [0u8; 2048];
     let mut out = vec![0u8; fairfeed_wire::moldudp64::PACKET_LEN_DEFAULT_MAX];
-    while max_seconds.is_none_or(|m| start.elapsed().as_secs_f64() < m) {
+    let mut next_publish = Duration::ZERO;
+    while max_seconds.is_none_or(|m| start.elapsed().as_secs_f64() < m)
+        && !stop.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        if let Some(slot) = publish_to.filter(|_| start.elapsed() >= next_publish) {
+            next_publish = start.elapsed() + PUBLISH_INTERVAL;
+            publish(slot, &server.stats());
+        }
         let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
         let now = start.elapsed().as_nanos() as u64;
         if let Some(len) = server.handle_request(now, from, &buf[..n], &mut out) {

@@ -285,6 +285,37 @@ fn step(name: &'static str, h: &Histogram<u64>) -> Step {
     }
 }
 
+/// What the exchange's threads publish for a metrics endpoint, every
+/// [`crate::arb::live::PUBLISH_INTERVAL`]: `{"gateway": …, "sequencer": …,
+/// "ring_full": n, "sessions": n, "publisher": …, "engines": {"0": …}}`, and
+/// the order latency (gateway in → response written, ns).
+#[derive(Debug, Default)]
+pub struct ExchangeMetrics {
+    pub json: std::sync::Mutex<serde_json::Value>,
+    pub order_latency: std::sync::Mutex<Option<Histogram<u64>>>,
+}
+
+impl ExchangeMetrics {
+    /// Sets `key` (in `engines` when `engine` is given) to `v`.
+    fn put(&self, engine: Option<usize>, key: &str, v: serde_json::Value) {
+        let mut j = self.json.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !j.is_object() {
+            *j = serde_json::json!({});
+        }
+        match engine {
+            Some(e) => {
+                if !j["engines"].is_object() {
+                    j["engines"] = serde_json::json!({});
+                }
+                j["engines"][e.to_string()] = v;
+            }
+            None => j[key] = v,
+        }
+    }
+}
+
+const PUBLISH_NS: u64 = crate::arb::live::PUBLISH_INTERVAL.as_nanos() as u64;
+
 /// A running exchange.
 pub struct Exchange {
     stop: Arc<AtomicBool>,
@@ -302,6 +333,11 @@ enum Part {
 impl Exchange {
     /// Binds and starts every thread.
     pub fn start(cfg: ExchangeConfig) -> std::io::Result<Exchange> {
+        Self::start_published(cfg, None)
+    }
+
+    /// [`Exchange::start`], the threads publishing their counters into `metrics`.
+    pub fn start_published(cfg: ExchangeConfig, metrics: Option<Arc<ExchangeMetrics>>) -> std::io::Result<Exchange> {
         assert!((1..=16).contains(&cfg.engines), "1..=16 engine threads");
         let listener = TcpListener::bind(cfg.listen)?;
         listener.set_nonblocking(true)?;
@@ -323,7 +359,7 @@ impl Exchange {
         }
         let mut threads = Vec::new();
         let pub_sleeping = Arc::new(AtomicBool::new(false));
-        let publisher = spawn_publisher(&cfg, pub_rx, stop.clone(), pub_sleeping.clone())?;
+        let publisher = spawn_publisher(&cfg, pub_rx, stop.clone(), pub_sleeping.clone(), metrics.clone())?;
         let pub_waker = Waker { sleeping: pub_sleeping, thread: Some(publisher.thread().clone()) };
         threads.push(publisher);
         let mut engine_wakers = Vec::new();
@@ -334,39 +370,14 @@ impl Exchange {
                     .map_err(std::io::Error::from)?,
             ),
         };
-        for (shard, ((mut crx, mut gtx), mut ptx)) in cmd_rx.into_iter().zip(to_gw).zip(to_pub).enumerate() {
+        for (shard, ((crx, gtx), ptx)) in cmd_rx.into_iter().zip(to_gw).zip(to_pub).enumerate() {
             let (limits, n, stop) = (cfg.limits, cfg.engines as u64, stop.clone());
             let sleeping = Arc::new(AtomicBool::new(false));
             let (asleep, pw, gwk) = (sleeping.clone(), pub_waker.clone(), gw_waker.clone());
-            let h = thread::Builder::new().name(format!("engine-{shard}")).spawn(move || {
-                let mut e = Engine::new(limits, shard as u64, n);
-                let mut batch: Vec<Event> = Vec::with_capacity(64);
-                let mut idler = Idler::new(IDLE);
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok(c) = crx.pop() else {
-                        idle(&mut idler, ns(start), &asleep, || crx.is_empty());
-                        continue;
-                    };
-                    idler.busy();
-                    let t1 = ns(start);
-                    batch.clear();
-                    e.handle(c.cmd, &mut |ev| batch.push(ev));
-                    let t2 = ns(start);
-                    let k = batch.len();
-                    for (i, ev) in batch.iter().enumerate() {
-                        while gtx.push(Out { ev: *ev, t0: c.t0, t1, t2, last: i + 1 == k }).is_err() {
-                            thread::yield_now();
-                        }
-                        while ptx.push(*ev).is_err() {
-                            pw.wake();
-                            thread::yield_now();
-                        }
-                    }
-                    pw.wake();
-                    gwk.wake();
-                }
-                Part::Engine(e.stats)
-            })?;
+            let metrics = metrics.clone();
+            let lp = EngineLoop { limits, shard, n, stop, start, asleep, pw, gwk, metrics };
+            let h =
+                thread::Builder::new().name(format!("engine-{shard}")).spawn(move || engine_loop(lp, crx, gtx, ptx))?;
             engine_wakers.push(Waker { sleeping, thread: Some(h.thread().clone()) });
             threads.push(h);
         }
@@ -389,6 +400,7 @@ impl Exchange {
                 login_failures: std::collections::HashMap::new(),
                 start,
                 stop: stop2,
+                metrics,
             })
         })?);
         Ok(Exchange { stop, threads, addr })
@@ -439,11 +451,75 @@ impl Exchange {
     }
 }
 
+/// What one engine thread runs with.
+struct EngineLoop {
+    limits: Limits,
+    shard: usize,
+    n: u64,
+    stop: Arc<AtomicBool>,
+    start: Instant,
+    asleep: Arc<AtomicBool>,
+    pw: Waker,
+    gwk: GatewayWaker,
+    metrics: Option<Arc<ExchangeMetrics>>,
+}
+
+/// One engine thread: commands in, events to the gateway and the publisher.
+fn engine_loop(
+    lp: EngineLoop,
+    mut crx: rtrb::Consumer<Cmd>,
+    mut gtx: rtrb::Producer<Out>,
+    mut ptx: rtrb::Producer<Event>,
+) -> Part {
+    let EngineLoop { limits, shard, n, stop, start, asleep, pw, gwk, metrics } = lp;
+    let mut e = Engine::new(limits, shard as u64, n);
+    let mut batch: Vec<Event> = Vec::with_capacity(64);
+    let mut idler = Idler::new(IDLE);
+    // Published at most every PUBLISH_NS while busy, and before parking
+    // (a parked engine's counters do not change).
+    let (mut next_publish, mut dirty) = (0, true);
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(c) = crx.pop() else {
+            if let Some(m) = metrics.as_ref().filter(|_| dirty) {
+                dirty = false;
+                next_publish = ns(start) + PUBLISH_NS;
+                m.put(Some(shard), "", serde_json::to_value(e.stats).unwrap_or_default());
+            }
+            idle(&mut idler, ns(start), &asleep, || crx.is_empty());
+            continue;
+        };
+        dirty = true;
+        if let Some(m) = metrics.as_ref().filter(|_| ns(start) >= next_publish) {
+            next_publish = ns(start) + PUBLISH_NS;
+            m.put(Some(shard), "", serde_json::to_value(e.stats).unwrap_or_default());
+        }
+        idler.busy();
+        let t1 = ns(start);
+        batch.clear();
+        e.handle(c.cmd, &mut |ev| batch.push(ev));
+        let t2 = ns(start);
+        let k = batch.len();
+        for (i, ev) in batch.iter().enumerate() {
+            while gtx.push(Out { ev: *ev, t0: c.t0, t1, t2, last: i + 1 == k }).is_err() {
+                thread::yield_now();
+            }
+            while ptx.push(*ev).is_err() {
+                pw.wake();
+                thread::yield_now();
+            }
+        }
+        pw.wake();
+        gwk.wake();
+    }
+    Part::Engine(e.stats)
+}
+
 fn spawn_publisher(
     cfg: &ExchangeConfig,
     mut rx: Vec<rtrb::Consumer<Event>>,
     stop: Arc<AtomicBool>,
     sleeping: Arc<AtomicBool>,
+    metrics: Option<Arc<ExchangeMetrics>>,
 ) -> std::io::Result<thread::JoinHandle<Part>> {
     let sock = UdpSocket::bind("0.0.0.0:0")?;
     let retrans = match cfg.retransmit_listen {
@@ -461,14 +537,16 @@ fn spawn_publisher(
     let start = Instant::now();
     thread::Builder::new().name("publisher".into()).spawn(move || {
         let mut server = RetransmitServer::new(Journal::with_limit(journal_max), ServerConfig::default());
-        let (mut packets, mut answers, mut heartbeats) = (0u64, 0u64, 0u64);
-        let mut send = |w: &mut ItchWriter, server: &mut RetransmitServer| {
+        // A cell: the send closure counts, the metrics read the count between sends.
+        let packets = std::cell::Cell::new(0u64);
+        let (mut answers, mut heartbeats) = (0u64, 0u64);
+        let send = |w: &mut ItchWriter, server: &mut RetransmitServer| {
             for p in w.take_packets() {
                 for to in [a, b].into_iter().flatten() {
                     let _ = sock.send_to(&p, to);
                 }
                 let _ = server.journal_mut().append_packet(&p);
-                packets += 1;
+                packets.set(packets.get() + 1);
             }
         };
         w.open(wall_ns());
@@ -476,9 +554,21 @@ fn spawn_publisher(
         let (mut buf, mut out) = ([0u8; 2048], vec![0u8; 1400]);
         let mut idler = Idler::new(IDLE);
         let mut last_sent = wall_ns();
+        let mut next_publish = 0;
         while !stop.load(Ordering::Relaxed) {
             let mut any = false;
             let now = wall_ns();
+            if let Some(m) = metrics.as_ref().filter(|_| now >= next_publish) {
+                next_publish = now + PUBLISH_NS;
+                let v = serde_json::json!({
+                    "itch_packets": packets.get(),
+                    "itch_messages": w.messages,
+                    "itch_heartbeats": heartbeats,
+                    "retransmit_answers": answers,
+                    "itch_journal_evicted": server.journal().evicted(),
+                });
+                m.put(None, "publisher", v);
+            }
             for r in &mut rx {
                 while let Ok(ev) = r.pop() {
                     w.on_event(now, &ev);
@@ -512,7 +602,7 @@ fn spawn_publisher(
         }
         w.close(wall_ns());
         send(&mut w, &mut server);
-        Part::Publisher(packets, w.messages, answers, heartbeats, server.journal().evicted())
+        Part::Publisher(packets.get(), w.messages, answers, heartbeats, server.journal().evicted())
     })
 }
 
@@ -546,6 +636,7 @@ struct GatewayLoop {
     login_failures: std::collections::HashMap<std::net::IpAddr, (u64, u32)>,
     start: Instant,
     stop: Arc<AtomicBool>,
+    metrics: Option<Arc<ExchangeMetrics>>,
 }
 
 /// Takes the connections waiting on the listener: each into a free slot,
@@ -626,11 +717,21 @@ fn drop_closed(sessions: &mut [Option<Session>], now: u64) {
     }
 }
 
+/// Puts the gateway's counters and the order latency where the metrics endpoint reads them.
+fn publish_gateway(g: &GatewayLoop, latency: &Histogram<u64>, ring_full: u64, sessions: &[Option<Session>]) {
+    let Some(m) = &g.metrics else { return };
+    m.put(None, "gateway", serde_json::to_value(g.gw.stats).unwrap_or_default());
+    m.put(None, "sequencer", serde_json::to_value(g.seq.stats).unwrap_or_default());
+    m.put(None, "ring_full", ring_full.into());
+    m.put(None, "sessions", sessions.iter().flatten().count().into());
+    *m.order_latency.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(latency.clone());
+}
+
 fn gateway_loop(mut g: GatewayLoop) -> Part {
     let mut sessions: Vec<Option<Session>> = Vec::new();
     let mut hists: [Histogram<u64>; 5] = [hist(), hist(), hist(), hist(), hist()];
     let mut buf = vec![0u8; 65_536];
-    let (mut ring_full, mut last_tick) = (0u64, 0u64);
+    let (mut ring_full, mut last_tick, mut next_publish, mut dirty) = (0u64, 0u64, 0u64, true);
     let mut cmds: Vec<(Command, Option<u64>)> = Vec::new();
     let mut idler = Idler::new(IDLE);
     while !g.stop.load(Ordering::Relaxed) {
@@ -665,6 +766,11 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
         let now = ns(g.start);
         if now - last_tick > 1_000_000 {
             last_tick = now;
+            if dirty && now >= next_publish {
+                next_publish = now + PUBLISH_NS;
+                dirty = false;
+                publish_gateway(&g, &hists[4], ring_full, &sessions);
+            }
             // Closing sessions are past their timers (and counted once).
             let wall = wall_ns();
             for s in sessions.iter_mut().flatten().filter(|s| s.closing.is_none()) {
@@ -676,9 +782,16 @@ fn gateway_loop(mut g: GatewayLoop) -> Part {
         shed_slow_readers(&mut g, &mut sessions, now);
         flush_all(&mut sessions, now);
         drop_closed(&mut sessions, now);
+        dirty |= busy;
         if busy {
             idler.busy();
         } else {
+            if dirty {
+                // About to sleep: what changed since the last publish is published now.
+                dirty = false;
+                next_publish = now + PUBLISH_NS;
+                publish_gateway(&g, &hists[4], ring_full, &sessions);
+            }
             idler.idle(now, || gateway_sleep(&g, &sessions));
         }
     }
@@ -797,9 +910,10 @@ pub fn run_exchange(
     cfg: ExchangeConfig,
     stop: &AtomicBool,
     max_seconds: Option<f64>,
+    metrics: Option<Arc<ExchangeMetrics>>,
 ) -> std::io::Result<ExchangeReport> {
     cfg.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let x = Exchange::start(cfg)?;
+    let x = Exchange::start_published(cfg, metrics)?;
     let t0 = Instant::now();
     while !stop.load(Ordering::Relaxed) && max_seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
         thread::sleep(Duration::from_millis(20));
