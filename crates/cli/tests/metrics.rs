@@ -49,11 +49,89 @@ fn promtool(body: &str) -> (bool, String) {
     (o.status.success() && said.trim().is_empty(), said)
 }
 
+/// The Grafana dashboard in the repository.
+fn dashboard() -> serde_json::Value {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/grafana/fairfeed.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Every PromQL expression of the dashboard's panels.
+fn dashboard_exprs() -> Vec<String> {
+    let d = dashboard();
+    let panels = d["panels"].as_array().unwrap();
+    panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// The metric names the dashboard queries that start with one of `prefixes`.
+fn dashboard_metrics(prefixes: &[&str]) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for e in dashboard_exprs() {
+        for (i, _) in e.match_indices("fairfeed_") {
+            let name: String = e[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            if prefixes.iter().any(|p| name.starts_with(p)) {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+/// Asserts that every dashboard metric with one of `prefixes` is in one of `bodies`.
+fn dashboard_finds_its_metrics(prefixes: &[&str], bodies: &[String]) {
+    let wanted = dashboard_metrics(prefixes);
+    assert!(!wanted.is_empty(), "the dashboard queries {prefixes:?}");
+    for m in wanted {
+        let found = bodies.iter().any(|b| b.lines().any(|l| l.split(['{', ' ']).next() == Some(m.as_str())));
+        assert!(found, "docs/grafana/fairfeed.json queries {m}, which no scrape serves");
+    }
+}
+
+#[test]
+fn the_grafana_dashboard_is_valid_promql() {
+    // Prometheus's own parser: each panel's query as a recording rule, through `promtool check rules`.
+    if !have_tool("promtool", &["--version"]) {
+        return;
+    }
+    let exprs = dashboard_exprs();
+    assert!(exprs.len() >= 12, "{} panels", exprs.len());
+    let rules: Vec<serde_json::Value> = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| serde_json::json!({"record": format!("fairfeed:panel_{i}"), "expr": e}))
+        .collect();
+    let d = tmp();
+    let f = d.path().join("rules.yml");
+    std::fs::write(&f, serde_json::json!({"groups": [{"name": "dashboard", "rules": rules}]}).to_string()).unwrap();
+    let o = Command::new("promtool").args(["check", "rules", f.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+}
+
 /// The value of the first sample of `metric` whose labels contain `label`.
 fn value(body: &str, metric: &str, label: &str) -> Option<f64> {
     body.lines()
         .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with('{') && l.contains(label))
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Eight silent connections from 127.0.0.1 fill its share of `target`: a
+/// ninth is closed at once, and a scrape from 127.0.0.2 still gets its answer.
+fn a_hostile_client_cannot_starve_others(target: SocketAddr) {
+    let hogs: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(target).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut extra = TcpStream::connect(target).unwrap();
+    extra.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(extra.read(&mut b).unwrap_or(0), 0, "a ninth connection from one address is closed");
+    let t0 = Instant::now();
+    let (status, body) = scrape(target, [127, 0, 0, 2]);
+    assert!(status.contains("200") && t0.elapsed() < Duration::from_secs(2), "{status}");
+    let refused =
+        body.lines().find_map(|l| l.strip_prefix("fairfeed_metrics_http_refused_total ")?.parse::<f64>().ok());
+    assert!(refused >= Some(1.0), "the endpoint counts what it refused: {refused:?}");
+    drop(hogs);
 }
 
 #[test]
@@ -83,6 +161,7 @@ fn every_node_serves_metrics_promtool_accepts_and_a_hostile_client_cannot_starve
         Command::new(bin())
             .args([role, "--topology", topo.to_str().unwrap(), "--id", &id.to_string()])
             .args(["--key-file", key.to_str().unwrap(), "--idle", "park", "--metrics", &metrics.to_string()])
+            .args(["--clock", "sync"])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -106,8 +185,10 @@ fn every_node_serves_metrics_promtool_accepts_and_a_hostile_client_cannot_starve
 
     let first: Vec<String> = nodes.iter().map(|(_, m, _)| scrape(*m, [127, 0, 0, 1]).1).collect();
     std::thread::sleep(Duration::from_millis(1_200));
+    let mut bodies = Vec::new();
     for (k, (id, m, _)) in nodes.iter().enumerate() {
         let (status, body) = scrape(*m, [127, 0, 0, 1]);
+        bodies.push(body.clone());
         assert!(status.contains("200"), "node {id}: {status}");
         let (ok, said) = promtool(&body);
         assert!(ok, "node {id}: promtool check metrics: {said}\n{body}");
@@ -132,21 +213,9 @@ fn every_node_serves_metrics_promtool_accepts_and_a_hostile_client_cannot_starve
         }
     }
 
-    // A hostile client fills 127.0.0.1's share of receiver 0's endpoint; another address still scrapes.
-    let target = nodes[0].1;
-    let hogs: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(target).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(200));
-    let mut extra = TcpStream::connect(target).unwrap();
-    extra.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let mut b = [0u8; 8];
-    assert_eq!(extra.read(&mut b).unwrap_or(0), 0, "a ninth connection from one address is closed");
-    let t0 = Instant::now();
-    let (status, body) = scrape(target, [127, 0, 0, 2]);
-    assert!(status.contains("200") && t0.elapsed() < Duration::from_secs(2), "{status}");
-    let refused =
-        body.lines().find_map(|l| l.strip_prefix("fairfeed_metrics_http_refused_total ")?.parse::<f64>().ok());
-    assert!(refused >= Some(1.0), "the endpoint counts what it refused: {refused:?}");
-    drop(hogs);
+    dashboard_finds_its_metrics(&["fairfeed_node_", "fairfeed_agent_"], &bodies);
+
+    a_hostile_client_cannot_starve_others(nodes[0].1);
 
     for (id, _, mut c) in nodes {
         let t0 = Instant::now();
@@ -192,6 +261,17 @@ fn scrape_until(m: SocketAddr, metric: &str) -> String {
     }
 }
 
+/// An exchange on `port` with two symbols and two engines, its A line to `itch`.
+fn exchange_config(port: u16, itch: SocketAddr) -> String {
+    format!(
+        "listen = \"127.0.0.1:{port}\"\nengines = 2\nitch_session = \"FFTEST0001\"\nitch_a = \"{}\"\n\n\
+         [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"]]\nsymbols = [\"AAPL\", \"MSFT\"]\n\
+         heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
+         [limits]\nsymbols = 2\norders = 1000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n",
+        itch
+    )
+}
+
 #[test]
 fn exchange_arb_retransmit_server_and_bridge_serve_metrics_promtool_accepts() {
     if !have_tool("promtool", &["--version"]) {
@@ -219,9 +299,10 @@ fn exchange_arb_retransmit_server_and_bridge_serve_metrics_promtool_accepts() {
         "0.05",
     ]);
     let free_udp = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let mut checked = Vec::new();
+    let (mut checked, mut bodies) = (Vec::new(), Vec::new());
     let mut check = |what: &str, m: SocketAddr, metric: &str, c: &mut Child| {
         let body = scrape_until(m, metric);
+        bodies.push(body.clone());
         assert!(body.contains(metric), "{what}: no {metric} in\n{body}");
         let (ok, said) = promtool(&body);
         assert!(ok, "{what}: promtool check metrics: {said}\n{body}");
@@ -255,13 +336,7 @@ fn exchange_arb_retransmit_server_and_bridge_serve_metrics_promtool_accepts() {
 
     // The exchange, with one order through it.
     let port = free_tcp().port();
-    let cfg = format!(
-        "listen = \"127.0.0.1:{port}\"\nengines = 2\nitch_session = \"FFTEST0001\"\nitch_a = \"{}\"\n\n\
-         [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"]]\nsymbols = [\"AAPL\", \"MSFT\"]\n\
-         heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
-         [limits]\nsymbols = 2\norders = 1000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n",
-        free_udp()
-    );
+    let cfg = exchange_config(port, free_udp());
     let cfg_path = d.path().join("exchange.toml");
     std::fs::write(&cfg_path, cfg).unwrap();
     let em = free_tcp();
@@ -296,4 +371,9 @@ fn exchange_arb_retransmit_server_and_bridge_serve_metrics_promtool_accepts() {
         check("bridge run", bm, "fairfeed_bridge_published_total", &mut bridge);
     }
     assert!(checked.len() >= 3, "{checked:?}");
+    let mut prefixes = vec!["fairfeed_exchange_", "fairfeed_arb_", "fairfeed_retransmit_"];
+    if checked.iter().any(|c| c == "bridge run") {
+        prefixes.push("fairfeed_bridge_");
+    }
+    dashboard_finds_its_metrics(&prefixes, &bodies);
 }
