@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod cmd_arb;
 mod cmd_bench;
 mod cmd_bridge;
+mod cmd_dashboard;
 mod cmd_decode;
 mod cmd_demo;
 mod cmd_exchange;
@@ -53,6 +54,8 @@ enum Command {
     Proxy(Box<cmd_node::ProxyArgs>),
     /// Run a receiver of a fair multicast tree; deliver to a local UDP port.
     Receiver(Box<cmd_node::ReceiverArgs>),
+    /// Serve a live web page of a running tree: its shape, each node's health, fairness, latency CDFs.
+    Dashboard(cmd_dashboard::Args),
     /// Print a running node's counters and histograms (from its --control address).
     Stat(cmd_node::StatArgs),
     /// Plan a fair multicast tree (fan-out, depth, sibling hedging) as TOML/JSON and DOT.
@@ -168,6 +171,7 @@ fn main() {
         Command::Proxy(a) => cmd_node::run_proxy(*a),
         Command::Receiver(a) => cmd_node::run_receiver(*a),
         Command::Stat(a) => cmd_node::run_stat(a),
+        Command::Dashboard(a) => cmd_dashboard::run(a),
         Command::Demo(a) => cmd_demo::run(*a),
         Command::Sim(s) => cmd_sim::run(s),
         Command::CliSpec => cli_spec(),

@@ -141,20 +141,7 @@ fn every_node_serves_metrics_promtool_accepts_and_a_hostile_client_cannot_starve
     }
     let d = tmp();
     let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let topo = d.path().join("tree.toml");
-    fairfeed(&[
-        "plan",
-        "--receivers",
-        "4",
-        "--fanout",
-        "2",
-        "--hedge",
-        "1",
-        "--loopback-port",
-        &port.to_string(),
-        "--out",
-        topo.to_str().unwrap(),
-    ]);
+    let topo = small_tree(d.path(), port);
     let key = d.path().join("tree.key");
     std::fs::write(&key, "11".repeat(32)).unwrap();
     let spawn = |role: &str, id: u32, metrics: SocketAddr, extra: &[&str]| -> Child {

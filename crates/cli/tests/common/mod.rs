@@ -65,3 +65,24 @@ pub fn real_captures() -> Vec<PathBuf> {
     v
 }
 pub mod cluster;
+
+/// Plans the small tree several tests run as processes — 4 receivers, two
+/// proxies, hedging 1, node N at 127.1.0.(N + 1):`port` — into `dir`/tree.toml.
+pub fn small_tree(dir: &Path, port: u16) -> PathBuf {
+    let topo = dir.join("tree.toml");
+    let p = port.to_string();
+    fairfeed(&[
+        "plan",
+        "--receivers",
+        "4",
+        "--fanout",
+        "2",
+        "--hedge",
+        "1",
+        "--loopback-port",
+        &p,
+        "--out",
+        topo.to_str().unwrap(),
+    ]);
+    topo
+}

@@ -1,0 +1,118 @@
+//! Goal: `fairfeed dashboard` shows a running tree in a real browser, keeps
+//! it current, and shows a dead node as unhealthy within 3 s (issue 19).
+//! Method: a 4-receiver tree (two proxies, hedging 1) as seven processes on
+//! loopback addresses, each serving `--metrics` on its own IP; the
+//! dashboard over them; Debian's Chromium, headless, loads the page and
+//! dumps the DOM after the page's script has run (`--dump-dom`): every node
+//! is drawn, the "updated" stamp moves between two loads, and after the test
+//! kills receiver 2 its node turns `unhealthy` within 3 s.
+
+mod common;
+use common::*;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn dom(url: &str) -> String {
+    let o = Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=1500", "--dump-dom", url])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The text of the element with `id` in a dumped DOM.
+fn text_of(dom: &str, id: &str) -> Option<String> {
+    let at = dom.find(&format!("id=\"{id}\">"))? + id.len() + 6;
+    Some(dom[at..].split('<').next()?.to_string())
+}
+
+/// The class of node `id`'s group in a dumped DOM.
+fn node_class(dom: &str, id: u32) -> Option<String> {
+    let needle = format!("id=\"node-{id}\"");
+    let at = dom.find(&needle)?;
+    let start = dom[..at].rfind("class=\"")? + 7;
+    Some(dom[start..].split('"').next()?.to_string())
+}
+
+#[test]
+fn the_dashboard_draws_the_tree_updates_and_shows_a_dead_node() {
+    if !have_tool("chromium", &["--version"]) {
+        return;
+    }
+    let d = tmp();
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mport = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let topo = small_tree(d.path(), port);
+    let t = topo.to_str().unwrap();
+    let key = d.path().join("tree.key");
+    std::fs::write(&key, "22".repeat(32)).unwrap();
+    let spawn = |role: &str, id: u32, extra: &[&str]| -> Child {
+        // Node N's address is 127.1.0.(N + 1); its metrics go on the same IP.
+        let metrics = SocketAddr::from(([127, 1, 0, id as u8 + 1], mport));
+        Command::new(bin())
+            .args([role, "--topology", t, "--id", &id.to_string(), "--key-file", key.to_str().unwrap()])
+            .args(["--idle", "park", "--clock", "sync", "--metrics", &metrics.to_string()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut nodes: Vec<(u32, Child)> = Vec::new();
+    for id in 0..4 {
+        nodes.push((id, spawn("receiver", id, &["--seconds", "30"])));
+    }
+    for id in [5, 6] {
+        nodes.push((id, spawn("proxy", id, &["--seconds", "30"])));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    nodes.push((4, spawn("sender", 4, &["--rate", "500", "--feed-seconds", "25", "--target-pf", "0.99"])));
+    let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut dash = Command::new(bin())
+        .args(["dashboard", "--topology", t, "--listen", &listen.to_string(), "--metrics-port", &mport.to_string()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let url = format!("http://{listen}/");
+
+    let first = dom(&url);
+    for id in 0..7 {
+        assert!(node_class(&first, id).is_some(), "node {id} is drawn:\n{first}");
+    }
+    assert!(first.matches("class=\"hedge\"").count() >= 4, "hedge edges are drawn");
+    assert!(text_of(&first, "owd_g").is_some_and(|v| v.ends_with("µs")), "OWD_G shown: {:?}", text_of(&first, "owd_g"));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let second = dom(&url);
+    let (a, b) = (text_of(&first, "updated"), text_of(&second, "updated"));
+    assert!(a.is_some() && a != b, "the page updates: {a:?} then {b:?}");
+    assert_ne!(node_class(&second, 2).as_deref(), Some("node unhealthy"), "receiver 2 is alive");
+
+    // Kill receiver 2: within 3 s the page shows it unhealthy.
+    let killed = Instant::now();
+    let r2 = nodes.iter_mut().find(|(id, _)| *id == 2).unwrap();
+    r2.1.kill().unwrap();
+    let _ = r2.1.wait();
+    let shown = loop {
+        let page = dom(&url);
+        if node_class(&page, 2).as_deref() == Some("node unhealthy") {
+            break Some(killed.elapsed());
+        }
+        if killed.elapsed() > Duration::from_secs(6) {
+            break None;
+        }
+    };
+    assert!(shown.is_some_and(|t| t <= Duration::from_secs(3)), "receiver 2 shown unhealthy after {shown:?}");
+    let others = dom(&url);
+    assert_ne!(node_class(&others, 0).as_deref(), Some("node unhealthy"), "the others stay up");
+
+    let _ = dash.kill();
+    let _ = dash.wait();
+    for (_, mut c) in nodes {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
