@@ -10,8 +10,9 @@ use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
 use fairfeed_arb::{Arbitrator, Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_feed::capture::{CaptureWriter, Datagram};
-use fairfeed_net::arb::live::{run_live, run_retransmit_server, IdleStrategy, JsonSlot, LiveConfig};
+use fairfeed_net::arb::live::{run_live, run_retransmit_server, IdleStrategy, LiveConfig};
 use fairfeed_net::arb::offline::run_offline;
+use fairfeed_net::publish::JsonSlot;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum IdleArg {
@@ -295,11 +296,11 @@ fn live(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
         idle: if a.busy_poll { IdleStrategy::Spin } else { a.idle.strategy() },
         stats_interval: a.stats_interval_s.map(Duration::from_secs_f64),
         publish: a.metrics.map(|_| JsonSlot::default()),
-        stop: Some(stop_on_signals()?),
+        stop: Some(crate::fmt::stop_on_signals()?),
     };
     let _metrics = match (a.metrics, cfg.publish.clone()) {
         (Some(addr), Some(slot)) => {
-            Some(serve_json_metrics(addr, slot, "fairfeed_arb", "the live arbitrator (control stats)")?)
+            Some(crate::fmt::serve_json_metrics(addr, slot, "fairfeed_arb", "the live arbitrator (control stats)")?)
         }
         _ => None,
     };
@@ -349,32 +350,6 @@ pub struct ServerArgs {
     metrics: Option<SocketAddr>,
 }
 
-/// A flag SIGTERM and SIGINT set: the loop stops and reports as at its end.
-pub fn stop_on_signals() -> anyhow::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
-    }
-    Ok(stop)
-}
-
-/// Serves the JSON a loop publishes into `slot` as Prometheus metrics named `prefix`_….
-pub fn serve_json_metrics(
-    addr: SocketAddr,
-    slot: JsonSlot,
-    prefix: &'static str,
-    help: &'static str,
-) -> anyhow::Result<fairfeed_ops::Endpoint> {
-    let ep = fairfeed_ops::serve_metrics(addr, move |e| {
-        if let Some(v) = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
-            e.json(prefix, v, &[], help);
-        }
-    })
-    .with_context(|| format!("serving metrics on {addr}"))?;
-    eprintln!("metrics at http://{}/metrics", ep.addr);
-    Ok(ep)
-}
-
 pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
     let j = journal(&a.journal, a.port)?;
     eprintln!("retransmit-server: {} messages journaled, listening on {}", j.len(), a.listen);
@@ -383,11 +358,11 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
     let slot = a.metrics.map(|_| JsonSlot::default());
     let _metrics = match (a.metrics, slot.clone()) {
         (Some(addr), Some(slot)) => {
-            Some(serve_json_metrics(addr, slot, "fairfeed_retransmit", "the retransmission server")?)
+            Some(crate::fmt::serve_json_metrics(addr, slot, "fairfeed_retransmit", "the retransmission server")?)
         }
         _ => None,
     };
-    let stop = stop_on_signals()?;
+    let stop = crate::fmt::stop_on_signals()?;
     run_retransmit_server(&mut server, a.listen, a.max_seconds, &stop, slot.as_ref())
         .with_context(|| format!("serving on {}", a.listen))?;
     eprintln!("retransmit-server: {}", serde_json::to_string(server.stats())?);

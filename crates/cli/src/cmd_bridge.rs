@@ -3,8 +3,7 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -266,10 +265,7 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
 }
 
 fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
-    }
+    let stop = crate::fmt::stop_on_signals()?;
     let sock = UdpSocket::bind(a.listen).with_context(|| format!("binding {}", a.listen))?;
     sock.set_read_timeout(Some(Duration::from_millis(50)))?;
     let route = RouteConfig { granularity: granularity(a.granularity), by: by(a.by), prefix: a.prefix.clone() };
@@ -288,10 +284,10 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     const ERROR_CHECK: Duration = Duration::from_secs(1);
     let (mut last_check, mut reported_errors) = (Instant::now(), 0u64);
     let mut buf = vec![0u8; 65_536];
-    let slot = a.metrics.map(|_| fairfeed_net::arb::live::JsonSlot::default());
+    let slot = a.metrics.map(|_| fairfeed_net::publish::JsonSlot::default());
     let _metrics = match (a.metrics, slot.clone()) {
         (Some(addr), Some(s)) => {
-            Some(crate::cmd_arb::serve_json_metrics(addr, s, "fairfeed_bridge", "the bridge into NATS (its report)")?)
+            Some(crate::fmt::serve_json_metrics(addr, s, "fairfeed_bridge", "the bridge into NATS (its report)")?)
         }
         _ => None,
     };
@@ -301,8 +297,8 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
             bridge.handle_packet(&buf[..n], wall_ns());
         }
         if let Some(s) = slot.as_ref().filter(|_| Instant::now() >= next_publish) {
-            fairfeed_net::arb::live::publish(s, &bridge.report());
-            next_publish = Instant::now() + fairfeed_net::arb::live::PUBLISH_INTERVAL;
+            fairfeed_net::publish::publish(s, &bridge.report());
+            next_publish = Instant::now() + fairfeed_net::publish::PUBLISH_INTERVAL;
         }
         if a.stats_interval_s.is_some_and(|s| last_stats.elapsed().as_secs_f64() >= s) {
             eprintln!("bridge: {}", serde_json::to_string(&bridge.report())?);

@@ -19,17 +19,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&a.topology).with_context(|| format!("reading {}", a.topology.display()))?;
-    let topology: fairfeed_tree::plan::Topology = if a.topology.extension().is_some_and(|e| e == "json") {
-        serde_json::from_str(&text).with_context(|| format!("{}: not a topology", a.topology.display()))?
-    } else {
-        toml::from_str(&text).map_err(|e| {
-            let line = fairfeed_sim::model::toml_error_line(&text, &e);
-            anyhow::anyhow!("{}: not a topology: {line}", a.topology.display())
-        })?
-    };
-    anyhow::ensure!(!topology.trees.is_empty(), "{}: the topology has no tree", a.topology.display());
-    let stop = crate::cmd_arb::stop_on_signals()?;
+    let topology = crate::cmd_node::load_topology(&a.topology)?;
+    let stop = crate::fmt::stop_on_signals()?;
     fairfeed_ops::dashboard::run(topology, a.listen, a.metrics_port, &stop)
         .with_context(|| format!("serving the dashboard on {}", a.listen))?;
     Ok(())

@@ -2,7 +2,6 @@
 //! publishing ITCH 5.0 on A/B lines; and `fairfeed exchange bench`.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -119,10 +118,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::anyhow!("{}: not an exchange configuration: {line}", path.display())
     })?;
     cfg.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
+    let stop = crate::fmt::stop_on_signals()?;
     let itch = match (cfg.itch_a, cfg.itch_b) {
         (None, None) => "no ITCH feed".to_string(),
         (Some(a), None) => format!("ITCH to {a}"),

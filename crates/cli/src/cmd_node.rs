@@ -4,7 +4,6 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -204,7 +203,7 @@ pub struct StatArgs {
     timeout_ms: u64,
 }
 
-fn load_topology(p: &Path) -> anyhow::Result<Topology> {
+pub(crate) fn load_topology(p: &Path) -> anyhow::Result<Topology> {
     let text = std::fs::read_to_string(p).with_context(|| format!("reading topology {}", p.display()))?;
     let t: Topology = if p.extension().is_some_and(|e| e == "json") {
         serde_json::from_str(&text).with_context(|| format!("{}: not a topology", p.display()))?
@@ -240,10 +239,7 @@ fn load_link(s: &str) -> anyhow::Result<Option<LinkModel>> {
 }
 
 fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfig> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
-    }
+    let stop = crate::fmt::stop_on_signals()?;
     Ok(AgentConfig {
         topology: Arc::new(load_topology(&c.topology)?),
         id: c.id,

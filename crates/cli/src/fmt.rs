@@ -182,3 +182,30 @@ impl Drop for Ticker {
         self.pb.finish_and_clear();
     }
 }
+
+/// A flag SIGTERM and SIGINT set: the loop stops and reports as at its end.
+pub fn stop_on_signals() -> anyhow::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone())
+            .map_err(|e| anyhow::anyhow!("installing the signal handler: {e}"))?;
+    }
+    Ok(stop)
+}
+
+/// Serves the JSON a loop publishes into `slot` as Prometheus metrics named `prefix`_….
+pub fn serve_json_metrics(
+    addr: std::net::SocketAddr,
+    slot: fairfeed_net::publish::JsonSlot,
+    prefix: &'static str,
+    help: &'static str,
+) -> anyhow::Result<fairfeed_ops::Endpoint> {
+    let ep = fairfeed_ops::serve_metrics(addr, move |e| {
+        if let Some(v) = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
+            e.json(prefix, v, &[], help);
+        }
+    })
+    .map_err(|e| anyhow::anyhow!("serving metrics on {addr}: {e}"))?;
+    eprintln!("metrics at http://{}/metrics", ep.addr);
+    Ok(ep)
+}

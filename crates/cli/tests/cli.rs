@@ -801,6 +801,23 @@ fn every_flag_says_what_it_is() {
     assert!(bare.is_empty(), "flags without a description: {bare:?}");
 }
 
+/// A small simulation reading its link model from `{F}`, writing into `out`.
+fn sim_with_model(out: &str) -> Vec<&str> {
+    vec![
+        "sim",
+        "experiment",
+        "fairness",
+        "--receivers",
+        "10",
+        "--messages",
+        "100",
+        "--latency-model",
+        "{F}",
+        "--out",
+        out,
+    ]
+}
+
 #[test]
 fn every_file_input_refuses_bad_files_in_one_line() {
     // The bad-input matrix for files (issue 17): each command that reads a
@@ -830,19 +847,8 @@ fn every_file_input_refuses_bad_files_in_one_line() {
         vec!["receiver", "--topology", "{F}", "--id", "1"],
         vec!["retransmit-server", "--journal", "{F}", "--listen", "127.0.0.1:0", "--max-seconds", "1"],
         vec!["exchange", "--config", "{F}", "--seconds", "1"],
-        vec![
-            "sim",
-            "experiment",
-            "fairness",
-            "--receivers",
-            "10",
-            "--messages",
-            "100",
-            "--latency-model",
-            "{F}",
-            "--out",
-            o,
-        ],
+        sim_with_model(o),
+        vec!["dashboard", "--topology", "{F}", "--listen", "127.0.0.1:0"],
     ];
     for cmd in &commands {
         for f in [&missing, &empty, &random, &header, &pcapng] {
@@ -917,19 +923,8 @@ fn malformed_configs_are_refused_in_one_line_naming_the_file() {
         vec!["proxy", "--topology", "{F}", "--id", "1"],
         vec!["receiver", "--topology", "{F}", "--id", "1"],
         vec!["exchange", "--config", "{F}", "--seconds", "1"],
-        vec![
-            "sim",
-            "experiment",
-            "fairness",
-            "--receivers",
-            "10",
-            "--messages",
-            "100",
-            "--latency-model",
-            "{F}",
-            "--out",
-            o,
-        ],
+        sim_with_model(o),
+        vec!["dashboard", "--topology", "{F}", "--listen", "127.0.0.1:0"],
         vec![
             "sim",
             "experiment",

@@ -13,5 +13,6 @@ pub use fairfeed_io::{batch, idle, pace, tuning};
 
 pub mod arb;
 pub mod exchange;
+pub mod publish;
 pub mod replay;
 pub mod tree;

@@ -43,6 +43,27 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
+/// A chart with linear x and y axes.
+type LinearChart<'a, DB> =
+    ChartContext<'a, DB, Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>>;
+
+/// Fills `root` white and builds a titled chart over `x` × `y` on it.
+fn linear_chart<'a, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    title: &str,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+) -> Result<LinearChart<'a, DB>, String> {
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x, y)
+        .map_err(|e| e.to_string())
+}
+
 /// Draws the series legend at `pos` and writes the file.
 fn legend_and_present<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
     chart: &mut ChartContext<'a, DB, CT>,
@@ -200,14 +221,7 @@ fn lines_on<DB: DrawingBackend>(
     ys.sort_by(f64::total_cmp);
     let y_hi = ys[((clip * ys.len() as f64) as usize).min(ys.len() - 1)] * 1.05;
     let x_hi = series.iter().flat_map(|(_, v)| v.iter().map(|p| p.0)).fold(1.0f64, f64::max);
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_hi, 0.0..y_hi.max(1e-9))
-        .map_err(|e| e.to_string())?;
+    let mut chart = linear_chart(&root, title, 0.0..x_hi, 0.0..y_hi.max(1e-9))?;
     chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw().map_err(|e| e.to_string())?;
     for (k, (name, pts)) in series.iter().enumerate() {
         let step = (pts.len() / 3000).max(1);
@@ -249,14 +263,7 @@ fn bars_on<DB: DrawingBackend>(
         return Err("nothing to plot".into());
     }
     let (n, k) = (categories.len(), series.len());
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..n as f64, 0.0..(y_hi * 1.1).max(1e-9))
-        .map_err(|e| e.to_string())?;
+    let mut chart = linear_chart(&root, title, 0.0..n as f64, 0.0..(y_hi * 1.1).max(1e-9))?;
     let cats = categories.to_vec();
     chart
         .configure_mesh()

@@ -45,17 +45,7 @@ pub struct LiveConfig {
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
-/// The latest counters a loop published, as JSON.
-pub type JsonSlot = std::sync::Arc<std::sync::Mutex<Option<serde_json::Value>>>;
-
-/// How often a loop publishes into its [`JsonSlot`].
-pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(500);
-
-/// Puts `v` into `slot`.
-pub fn publish(slot: &JsonSlot, v: &impl serde::Serialize) {
-    let v = serde_json::to_value(v).ok();
-    *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = v;
-}
+pub use crate::publish::{publish, JsonSlot, PUBLISH_INTERVAL};
 
 pub use crate::idle::IdleStrategy;
 use crate::idle::{Idler, Wait};

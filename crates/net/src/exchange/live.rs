@@ -286,7 +286,7 @@ fn step(name: &'static str, h: &Histogram<u64>) -> Step {
 }
 
 /// What the exchange's threads publish for a metrics endpoint, every
-/// [`crate::arb::live::PUBLISH_INTERVAL`]: `{"gateway": …, "sequencer": …,
+/// [`crate::publish::PUBLISH_INTERVAL`]: `{"gateway": …, "sequencer": …,
 /// "ring_full": n, "sessions": n, "publisher": …, "engines": {"0": …}}`, and
 /// the order latency (gateway in → response written, ns).
 #[derive(Debug, Default)]
@@ -314,7 +314,7 @@ impl ExchangeMetrics {
     }
 }
 
-const PUBLISH_NS: u64 = crate::arb::live::PUBLISH_INTERVAL.as_nanos() as u64;
+const PUBLISH_NS: u64 = crate::publish::PUBLISH_INTERVAL.as_nanos() as u64;
 
 /// A running exchange.
 pub struct Exchange {

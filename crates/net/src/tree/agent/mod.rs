@@ -168,12 +168,9 @@ pub struct AgentConfig {
     /// Per-copy measures for a harness (the demo); `None` in deployments.
     pub tap: Option<Arc<Tap>>,
     /// Where the node publishes its counters and histograms for a metrics
-    /// endpoint (every [`PUBLISH_INTERVAL_NS`]); `None`: nowhere.
+    /// endpoint (every [`crate::publish::PUBLISH_INTERVAL`]); `None`: nowhere.
     pub publish: Option<PublishSlot>,
 }
-
-/// How often a node publishes its snapshot into its [`PublishSlot`].
-pub const PUBLISH_INTERVAL_NS: u64 = 500_000_000;
 
 /// The latest counters and latency histograms (nanoseconds) a node
 /// published, for a metrics endpoint on another thread.

@@ -723,7 +723,7 @@ impl Agent for NodeAgent<'_> {
             self.next_control_ns = now + CONTROL_POLL_NS;
             self.stopped |= self.control();
             if self.cfg.publish.is_some() && now >= self.next_publish_ns {
-                self.next_publish_ns = now + super::PUBLISH_INTERVAL_NS;
+                self.next_publish_ns = now + crate::publish::PUBLISH_INTERVAL.as_nanos() as u64;
                 self.publish();
             }
         }
