@@ -134,7 +134,9 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
             idle: Some(Duration::from_secs(2)),
             after: Some(Duration::from_secs_f64(cfg.seconds + 120.0)),
             publications: None,
+            flag: None,
         },
+        gaps: None,
     };
     let mut tasks = Vec::new();
     let mut readies = Vec::new();

@@ -29,11 +29,25 @@
 //! subscriber to everything detects gaps), and its number on its own subject
 //! (`subject_seq`, consecutive per subject: a subscriber to some subjects
 //! detects gaps on each).
+//!
+//! **The feed's own sequence is checked.** MoldUDP64 numbers every message;
+//! the router expects each packet to start where the last one ended. A packet
+//! (or heartbeat, or end of session) further on means messages lost before
+//! the bridge: they are counted (`feed_gaps`, `feed_gap_messages`) and a gap
+//! marker is published on `<prefix>.<session>.control.gap` — payload the first
+//! missing sequence number and the number missing, 8 bytes each, big-endian —
+//! so a subscriber tells a feed gap (a marker) from a broker gap (a hole in
+//! `pub_seq` / `subject_seq`). A packet wholly behind (a duplicate, or the
+//! other line of an A/B pair sent to the same port) is dropped and counted;
+//! one partly behind publishes only its new messages (message and batched
+//! granularity; whole packets go out as they came). A new session (another
+//! session name) starts the count afresh; the first packet seen sets it
+//! (a bridge joining mid-day reports no gap for what came before).
 
 use std::collections::HashMap;
 
 use fairfeed_wire::itch::Message;
-use fairfeed_wire::moldudp64::{Packet, COUNT_END_OF_SESSION, COUNT_HEARTBEAT};
+use fairfeed_wire::moldudp64::{Packet, Session, COUNT_END_OF_SESSION, COUNT_HEARTBEAT};
 
 /// Stock locates tracked at most (ITCH's field is 16 bits).
 pub const LOCATES_MAX: usize = 65_536;
@@ -99,6 +113,14 @@ pub struct RouteStats {
     pub unknown_locates: u64,
     pub subjects: usize,
     pub subjects_overflow: u64,
+    /// Packets wholly behind the expected sequence number (dropped).
+    pub duplicate_packets: u64,
+    /// Messages of packets partly behind it (not published again).
+    pub duplicate_messages: u64,
+    /// Jumps in the feed's sequence (each published as a gap marker).
+    pub feed_gaps: u64,
+    /// Messages those jumps skipped.
+    pub feed_gap_messages: u64,
 }
 
 /// The service an ITCH message type belongs to.
@@ -132,6 +154,10 @@ pub struct Router {
     pub_seq: u64,
     pub stats: RouteStats,
     groups: Vec<(String, u64, u16, Vec<u8>)>,
+    /// The session and the sequence number expected next on it.
+    expect: Option<(Session, u64)>,
+    /// The session whose end was published (a second end of it is a duplicate).
+    ended: Option<Session>,
 }
 
 impl Router {
@@ -143,6 +169,8 @@ impl Router {
             pub_seq: 0,
             stats: RouteStats::default(),
             groups: Vec::new(),
+            expect: None,
+            ended: None,
         }
     }
 
@@ -200,6 +228,35 @@ impl Router {
         out(Publication { subject, seq, count, pub_seq: self.pub_seq, subject_seq, payload });
     }
 
+    /// Checks `p`'s place in the feed's sequence: publishes a gap marker for
+    /// messages skipped, and returns how many of its messages were already
+    /// routed (all of them: a duplicate, dropped).
+    fn sequence_check(&mut self, p: &Packet<&[u8]>, session: &str, out: &mut impl FnMut(Publication)) -> u64 {
+        let (seq, count) = (p.sequence(), p.count());
+        let carried = if count == COUNT_HEARTBEAT || count == COUNT_END_OF_SESSION { 0 } else { u64::from(count) };
+        let next = match self.expect {
+            Some((s, next)) if s == p.session() => next,
+            // First packet, or a new session: nothing to compare with.
+            _ => seq,
+        };
+        if seq > next {
+            let missing = seq - next;
+            self.stats.feed_gaps += 1;
+            self.stats.feed_gap_messages += missing;
+            let mut payload = next.to_be_bytes().to_vec();
+            payload.extend_from_slice(&missing.to_be_bytes());
+            self.emit(format!("{}.{session}.control.gap", self.cfg.prefix), next, 0, payload, out);
+        }
+        self.expect = Some((p.session(), next.max(seq + carried)));
+        let behind = next.saturating_sub(seq).min(carried);
+        if carried > 0 && behind == carried {
+            self.stats.duplicate_packets += 1;
+        } else {
+            self.stats.duplicate_messages += behind;
+        }
+        behind
+    }
+
     /// Routes one MoldUDP64 packet; returns the publications it made.
     pub fn route(&mut self, packet: &[u8], mut out: impl FnMut(Publication)) -> usize {
         let before = self.stats.publications;
@@ -210,20 +267,31 @@ impl Router {
         self.stats.packets += 1;
         let session = token(&String::from_utf8_lossy(p.session().trimmed()));
         let prefix = self.cfg.prefix.clone();
-        match p.message_count() {
+        let behind = self.sequence_check(&p, &session, &mut out);
+        // `count`, not `message_count` (0 for an end of session as for a heartbeat).
+        let carried = p.count();
+        if carried != COUNT_HEARTBEAT && carried != COUNT_END_OF_SESSION && behind == u64::from(carried) {
+            return (self.stats.publications - before) as usize;
+        }
+        match p.count() {
             COUNT_HEARTBEAT => {
                 self.stats.heartbeats += 1;
-                return 0;
+                return (self.stats.publications - before) as usize;
+            }
+            COUNT_END_OF_SESSION if self.ended == Some(p.session()) => {
+                self.stats.duplicate_packets += 1;
+                return (self.stats.publications - before) as usize;
             }
             COUNT_END_OF_SESSION => {
+                self.ended = Some(p.session());
                 self.emit(format!("{prefix}.{session}.control.eos"), p.sequence(), 0, packet.to_vec(), &mut out);
-                return 1;
+                return (self.stats.publications - before) as usize;
             }
             _ => {}
         }
         let base = p.sequence();
         let mut keys: Vec<(u64, u8, String, &[u8])> = Vec::new();
-        for (i, m) in p.messages().enumerate() {
+        for (i, m) in p.messages().enumerate().skip(behind as usize) {
             match m {
                 Ok(m) if !m.is_empty() => {
                     let k = self.key(m);
@@ -432,5 +500,103 @@ mod tests {
         assert_eq!(r.route(&[1, 2, 3], |_| panic!("published garbage")), 0);
         assert_eq!(r.stats.bad_packets, 1);
         assert_eq!(token("a.b c*>"), "a_b_c__");
+    }
+
+    /// Packets of `f` with a data message count (not heartbeats or the end).
+    fn data(f: &[Vec<u8>]) -> Vec<usize> {
+        (0..f.len())
+            .filter(|&i| {
+                let c = Packet::new_checked(&f[i][..]).unwrap().message_count();
+                c != 0 && c != COUNT_END_OF_SESSION
+            })
+            .collect()
+    }
+
+    #[test]
+    fn packets_lost_before_the_bridge_become_counted_gap_markers() {
+        let f = feed(5_000, 8);
+        let d = data(&f);
+        // Drop one run of three packets and two single packets.
+        let dropped: std::collections::BTreeSet<usize> = [d[10], d[11], d[12], d[40], d[90]].into();
+        let missing: u64 =
+            dropped.iter().map(|&i| u64::from(Packet::new_checked(&f[i][..]).unwrap().message_count())).sum();
+        let kept: Vec<Vec<u8>> =
+            f.iter().enumerate().filter(|(i, _)| !dropped.contains(i)).map(|x| x.1.clone()).collect();
+        let (out, st) = all(RouteConfig::default(), &kept);
+        assert_eq!((st.feed_gaps, st.feed_gap_messages, st.duplicate_packets), (3, missing, 0), "{st:?}");
+        let markers: Vec<&Publication> = out.iter().filter(|p| p.subject.ends_with(".control.gap")).collect();
+        assert_eq!(markers.len(), 3);
+        for (m, run) in markers.iter().zip([&[d[10], d[11], d[12]][..], &[d[40]], &[d[90]]]) {
+            let first = Packet::new_checked(&f[run[0]][..]).unwrap().sequence();
+            let n: u64 = run.iter().map(|&i| u64::from(Packet::new_checked(&f[i][..]).unwrap().message_count())).sum();
+            let got = (
+                u64::from_be_bytes(m.payload[..8].try_into().unwrap()),
+                u64::from_be_bytes(m.payload[8..].try_into().unwrap()),
+            );
+            assert_eq!((m.seq, m.count, got), (first, 0, (first, n)), "{}", m.subject);
+        }
+        // Everything that arrived is still published, once.
+        let want = messages(&kept);
+        let got: Vec<u64> = out.iter().filter(|p| p.count == 1).map(|p| p.seq).collect();
+        assert_eq!(got.len(), want.len());
+    }
+
+    #[test]
+    fn a_and_b_copies_to_one_bridge_publish_once() {
+        let f = feed(3_000, 9);
+        let (single, _) = all(RouteConfig::default(), &f);
+        let both: Vec<Vec<u8>> = f.iter().flat_map(|p| [p.clone(), p.clone()]).collect();
+        let (out, st) = all(RouteConfig::default(), &both);
+        let strip =
+            |v: &[Publication]| v.iter().map(|p| (p.subject.clone(), p.seq, p.payload.clone())).collect::<Vec<_>>();
+        assert_eq!(strip(&out), strip(&single), "the second copy of every packet publishes nothing");
+        let ends = f.iter().filter(|p| Packet::new_checked(&p[..]).unwrap().is_end_of_session()).count();
+        assert_eq!(st.duplicate_packets as usize, data(&f).len() + ends, "every data packet and the end: {st:?}");
+        assert_eq!((st.feed_gaps, st.duplicate_messages), (0, 0));
+    }
+
+    #[test]
+    fn a_packet_partly_behind_publishes_only_its_new_messages() {
+        let s = Session::from_str_padded("TEST000001");
+        let pkt = |seq: u64, n: u8| {
+            let mut buf = vec![0u8; 1400];
+            let mut b = PacketBuilder::new(&mut buf[..], s, seq).unwrap();
+            for k in 0..n {
+                // A System Event message (12 bytes), its code byte marking which one.
+                let mut m = [0u8; 12];
+                m[0] = b'S';
+                m[11] = b'A' + (seq as u8 + k);
+                b.push(&m).unwrap();
+            }
+            let len = b.finish();
+            buf.truncate(len);
+            buf
+        };
+        let mut r = Router::new(RouteConfig::default());
+        let mut out = Vec::new();
+        r.route(&pkt(1, 3), |p| out.push(p));
+        r.route(&pkt(2, 3), |p| out.push(p)); // 2 and 3 again, 4 new
+        r.route(&pkt(7, 1), |p| out.push(p)); // 5 and 6 lost
+        let seqs: Vec<(u64, String)> =
+            out.iter().map(|p| (p.seq, p.subject.rsplit('.').next().unwrap().to_string())).collect();
+        assert_eq!(
+            seqs,
+            [(1, "S"), (2, "S"), (3, "S"), (4, "S"), (5, "gap"), (7, "S")].map(|(a, b)| (a, b.to_string()))
+        );
+        assert_eq!((r.stats.duplicate_messages, r.stats.duplicate_packets, r.stats.feed_gap_messages), (2, 0, 2));
+        // A new session starts afresh: no gap, nothing behind.
+        let mut buf = [0u8; 64];
+        let b = PacketBuilder::new(&mut buf[..], Session::from_str_padded("TEST000002"), 1).unwrap();
+        let len = b.finish();
+        r.route(&buf[..len], |p| out.push(p));
+        assert_eq!(r.stats.feed_gaps, 1);
+        // Its end of session, from both lines: published once.
+        let mut eos = buf[..len].to_vec();
+        eos[18..20].copy_from_slice(&COUNT_END_OF_SESSION.to_be_bytes());
+        let n = out.len();
+        r.route(&eos, |p| out.push(p));
+        r.route(&eos, |p| out.push(p));
+        assert_eq!((out.len() - n, r.stats.duplicate_packets), (1, 1), "{:?}", r.stats);
+        assert!(out.last().unwrap().subject.ends_with(".control.eos"));
     }
 }

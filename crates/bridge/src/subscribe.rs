@@ -1,6 +1,9 @@
 //! A subscriber: counts what arrives on a subject (NATS wildcards allowed),
 //! times each publication from the bridge's `Ff-Ts` tag, and detects gaps,
-//! duplicates and reordering from `Ff-Pub` and `Ff-Subj-Seq`.
+//! duplicates and reordering from `Ff-Pub` and `Ff-Subj-Seq` — the broker's
+//! gaps — and, apart from them, the feed's own: the bridge's gap markers
+//! (`<prefix>.<session>.control.gap`, see `route`), which it also listens
+//! for when its subject does not cover them.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -38,6 +41,10 @@ pub struct SubscribeReport {
     /// Publications that arrived after a later one on their subject.
     pub reordered: u64,
     pub no_tag: u64,
+    /// Gaps in the feed itself, before the bridge (gap markers received).
+    pub feed_gaps: u64,
+    /// Messages those gaps skipped.
+    pub feed_gap_messages: u64,
     pub latency: LatencyMs,
 }
 
@@ -56,6 +63,30 @@ impl Default for Tally {
             seen: HashSet::new(),
             subjects: HashMap::new(),
             report: SubscribeReport::default(),
+        }
+    }
+}
+
+/// Whether `subject` is a bridge's gap marker.
+pub fn is_gap_marker(subject: &str) -> bool {
+    subject.ends_with(".control.gap")
+}
+
+/// The gap markers' subject pattern under the bridge's `prefix`.
+pub fn gap_subject(prefix: &str) -> String {
+    format!("{prefix}.*.control.gap")
+}
+
+/// Whether two subject patterns (NATS wildcards: `*` one token, `>` the
+/// rest) can match one subject.
+pub fn overlap(a: &str, b: &str) -> bool {
+    let (mut x, mut y) = (a.split('.'), b.split('.'));
+    loop {
+        match (x.next(), y.next()) {
+            (Some(">"), Some(_)) | (Some(_), Some(">")) => return true,
+            (Some(p), Some(q)) if p == q || p == "*" || q == "*" => {}
+            (None, None) => return true,
+            _ => return false,
         }
     }
 }
@@ -87,6 +118,11 @@ impl Tally {
             }
         }
         r.distinct += 1;
+        if is_gap_marker(&m.subject) {
+            r.feed_gaps += 1;
+            r.feed_gap_messages +=
+                m.payload.get(8..16).map_or(0, |b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])));
+        }
         if let Some(s) = header_u64(m, "Ff-Subj-Seq").filter(|&s| s > 0) {
             let e = self.subjects.entry(m.subject.to_string()).or_insert((0, 0));
             if s < e.0 {
@@ -118,7 +154,7 @@ impl Tally {
 }
 
 /// When a subscription stops.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct StopWhen {
     /// After this many publications.
     pub publications: Option<u64>,
@@ -126,6 +162,8 @@ pub struct StopWhen {
     pub after: Option<Duration>,
     /// After nothing arrived for this long (once something has).
     pub idle: Option<Duration>,
+    /// Once this is set (a SIGTERM handler); looked at least every 200 ms.
+    pub flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// What to subscribe to.
@@ -136,10 +174,15 @@ pub struct SubscribeConfig {
     /// Read this JetStream stream from its start instead of live core NATS.
     pub jetstream: Option<String>,
     pub stop: StopWhen,
+    /// Also listen for the bridge's gap markers here (live core NATS, when
+    /// `subject` does not cover them), e.g. [`gap_subject`]`("ff.itch")`.
+    pub gaps: Option<String>,
 }
 
 fn done(t: &Tally, stop: &StopWhen, started: Instant) -> bool {
-    stop.publications.is_some_and(|n| t.report.publications >= n) || stop.after.is_some_and(|d| started.elapsed() >= d)
+    stop.publications.is_some_and(|n| t.report.publications >= n)
+        || stop.after.is_some_and(|d| started.elapsed() >= d)
+        || stop.flag.as_ref().is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// How long a subscriber waits for its server at most (less with a shorter `stop.after`).
@@ -196,7 +239,12 @@ pub async fn subscribe(
     }
     match &cfg.jetstream {
         None => {
-            let mut sub = client.subscribe(cfg.subject.clone()).await.map_err(|e| e.to_string())?;
+            let sub = client.subscribe(cfg.subject.clone()).await.map_err(|e| e.to_string())?;
+            let extra = match cfg.gaps.as_deref().filter(|g| !overlap(&cfg.subject, g)) {
+                Some(g) => Some(client.subscribe(g.to_string()).await.map_err(|e| e.to_string())?),
+                None => None,
+            };
+            let mut sub = futures::stream::select(sub, futures::stream::iter(extra).flatten());
             client.flush().await.map_err(|e| e.to_string())?;
             if let Some(r) = ready {
                 let _ = r.send(());
@@ -223,4 +271,31 @@ pub async fn subscribe(
     }
     let r = t.finish();
     Ok((r, t.hist))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_patterns_overlap_as_nats_matches_them() {
+        let g = gap_subject("ff.itch");
+        for (s, want) in [
+            ("ff.itch.>", true),
+            ("ff.>", true),
+            (">", true),
+            ("ff.itch.*.*.*", true),
+            ("ff.itch.FAIRFEED01.control.gap", true),
+            ("ff.itch.*.control.>", true),
+            ("ff.itch.*.*.A", false),
+            ("ff.itch.*.AAPL.>", false),
+            ("ff.itch.*.control", false),
+            ("ff.itch.*.control.gap.x", false),
+            ("other.>", false),
+        ] {
+            assert_eq!(overlap(s, &g), want, "{s}");
+            assert_eq!(overlap(&g, s), want, "{s} (symmetric)");
+        }
+        assert!(is_gap_marker("ff.itch.S.control.gap") && !is_gap_marker("ff.itch.S.control.eos"));
+    }
 }

@@ -62,7 +62,9 @@ fn listen(
             idle: Some(Duration::from_secs(3)),
             after: Some(Duration::from_secs(120)),
             publications: None,
+            flag: None,
         },
+        gaps: None,
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let h = rt.spawn(async move {

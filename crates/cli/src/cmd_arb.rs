@@ -262,6 +262,10 @@ fn report(a: &Args, stats: &serde_json::Value) -> anyhow::Result<()> {
     if let Some(p) = &a.stats_json {
         std::fs::write(p, serde_json::to_string_pretty(stats)?).with_context(|| format!("writing {}", p.display()))?;
     }
+    if crate::log::json() {
+        crate::log::final_report("arb", stats);
+        return Ok(());
+    }
     eprintln!(
         "arb: {} high-reliability packets, {} low-latency; gaps opened {}, filled by line {}, by retransmission {}, \
          given up {}; lost messages {}; duplicates {}",
@@ -305,7 +309,12 @@ fn live(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
         _ => None,
     };
     let (stats, send_errors) = run_live(arb, &cfg, |s| {
-        eprintln!(
+        tracing::info!(
+            hr_packets = s.hr_packets,
+            ll_packets = s.ll_packets,
+            duplicates = s.duplicates,
+            gaps_opened = s.gaps_opened,
+            lost_messages = s.lost_messages,
             "arb: hr {} ll {} dup {} gaps {} (line {}, retransmit {}, given up {}) lost {} held {} saturation {:.3}",
             s.hr_packets,
             s.ll_packets,
@@ -352,7 +361,13 @@ pub struct ServerArgs {
 
 pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
     let j = journal(&a.journal, a.port)?;
-    eprintln!("retransmit-server: {} messages journaled, listening on {}", j.len(), a.listen);
+    tracing::info!(
+        journaled = j.len(),
+        listen = %a.listen,
+        "retransmit-server: {} messages journaled, listening on {}",
+        j.len(),
+        a.listen
+    );
     let cfg = ServerConfig { count_max: a.count_max, rate_per_s: a.rate_per_s, ..ServerConfig::default() };
     let mut server = RetransmitServer::new(j, cfg);
     let slot = a.metrics.map(|_| JsonSlot::default());
@@ -365,7 +380,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
     let stop = crate::fmt::stop_on_signals()?;
     run_retransmit_server(&mut server, a.listen, a.max_seconds, &stop, slot.as_ref())
         .with_context(|| format!("serving on {}", a.listen))?;
-    eprintln!("retransmit-server: {}", serde_json::to_string(server.stats())?);
+    crate::log::final_report("retransmit-server", server.stats());
     Ok(())
 }
 

@@ -155,6 +155,10 @@ pub struct SubscribeArgs {
     /// Read this JetStream stream from its start (a late joiner) instead of live.
     #[arg(long)]
     jetstream: Option<String>,
+    /// The bridge's gap markers (feed gaps before the bridge), listened for as well when --subject
+    /// does not cover them; reported apart from broker gaps.
+    #[arg(long, default_value = "ff.itch.*.control.gap")]
+    gaps: String,
     /// Stop after this many publications.
     #[arg(long)]
     count: Option<u64>,
@@ -277,7 +281,14 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
         OverflowArg::Block => Overflow::Block,
     };
     let mut bridge = Bridge::start(route, cfg).map_err(|e| anyhow::anyhow!("bridge: {e}"))?;
-    eprintln!("bridge: {} → {} ({}), listening", a.listen, a.nats, a.jetstream.as_deref().unwrap_or("core NATS"));
+    tracing::info!(
+        listen = %a.listen,
+        nats = %a.nats,
+        "bridge: {} → {} ({}), listening",
+        a.listen,
+        a.nats,
+        a.jetstream.as_deref().unwrap_or("core NATS")
+    );
     let t0 = Instant::now();
     let mut last_stats = Instant::now();
     // How often the loop looks for failed publications to report.
@@ -301,13 +312,17 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
             next_publish = Instant::now() + fairfeed_net::publish::PUBLISH_INTERVAL;
         }
         if a.stats_interval_s.is_some_and(|s| last_stats.elapsed().as_secs_f64() >= s) {
-            eprintln!("bridge: {}", serde_json::to_string(&bridge.report())?);
+            let r = serde_json::to_string(&bridge.report())?;
+            tracing::info!(report = %r, "bridge: {r}");
             last_stats = Instant::now();
         }
         if last_check.elapsed() >= ERROR_CHECK {
             let errors = bridge.report().publish_errors;
             if errors > reported_errors {
-                eprintln!("bridge: {} publications failed so far (is the broker up, are the subjects valid?)", errors);
+                tracing::warn!(
+                    publish_errors = errors,
+                    "bridge: {errors} publications failed so far (is the broker up, are the subjects valid?)"
+                );
                 reported_errors = errors;
             }
             last_check = Instant::now();
@@ -372,7 +387,10 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
             publications: a.count,
             after: a.seconds.map(Duration::from_secs_f64),
             idle: a.idle_s.map(Duration::from_secs_f64),
+            // SIGTERM / SIGINT: stop and still print the summary.
+            flag: Some(crate::fmt::stop_on_signals()?),
         },
+        gaps: Some(a.gaps.clone()),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let print = a.print;
@@ -394,15 +412,20 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("subscribe: {e}"))?;
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
+    } else if crate::log::json() {
+        crate::log::final_report("subscribe", &r);
     } else {
         eprintln!(
-            "subscribe {}: {} publications ({} messages), {} duplicates, {} missing, {} reordered; latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            "subscribe {}: {} publications ({} messages), {} duplicates, {} missing (broker), {} reordered; \
+             feed gaps {} ({} messages lost before the bridge); latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
             a.subject,
             r.publications,
             r.messages,
             r.duplicates,
             r.missing,
             r.reordered,
+            r.feed_gaps,
+            r.feed_gap_messages,
             r.latency.p50_ms,
             r.latency.p99_ms,
             r.latency.max_ms

@@ -21,7 +21,8 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let topology = crate::cmd_node::load_topology(&a.topology)?;
     let stop = crate::fmt::stop_on_signals()?;
-    fairfeed_ops::dashboard::run(topology, a.listen, a.metrics_port, &stop)
+    let title = format!("{}", a.topology.display());
+    fairfeed_ops::dashboard::run(topology, &title, a.listen, a.metrics_port, &stop)
         .with_context(|| format!("serving the dashboard on {}", a.listen))?;
     Ok(())
 }

@@ -3,6 +3,9 @@
 
 use std::path::PathBuf;
 
+use std::collections::HashMap;
+
+use crate::demo_dashboard::DemoDashboard;
 use anyhow::Context;
 use fairfeed_feed::gen::{GenConfig, Generator};
 use fairfeed_net::tree::demo::{calibrate, run_cluster, Calibration, ClusterConfig, ClusterResult, DILATION_MAX};
@@ -83,6 +86,10 @@ pub struct Args {
     /// The exchange's timestamp resolution in the trading experiment, ns (1..=1,000,000).
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     tick_ns: u64,
+    /// Serve a live dashboard of the running tree at http://ADDR/ while the demo runs (the page of
+    /// `fairfeed dashboard`, fed from the demo's nodes; its times are emulated, see the report).
+    #[arg(long, value_name = "ADDR")]
+    dashboard: Option<std::net::SocketAddr>,
 }
 
 fn payloads(a: &Args, messages: u64) -> anyhow::Result<Vec<Vec<u8>>> {
@@ -134,6 +141,10 @@ struct Run {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let (tree, direct) = topologies(&a)?;
+    let dash = match a.dashboard {
+        Some(addr) => Some(DemoDashboard::start(addr, "demo: measuring a loopback datagram (calibrating)")?),
+        None => None,
+    };
     let link = LinkModel::CLOUD;
     let mut cal = calibrate(&[&tree, &direct], &link, a.rate).context("measuring a loopback datagram")?;
     if let Dilation::Factor(k) = a.dilation {
@@ -154,7 +165,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         warmup_messages: ((messages as f64 * WARMUP_SHARE) as u64).max(WARMUP_MIN).min(messages / 2),
         track: traders(&tree.receiver_ids).to_vec(),
         dilation: cal.dilation,
+        publish: HashMap::new(),
     };
+    let show = |what: &str, t: &Topology| {
+        dash.as_ref().map_or_else(HashMap::new, |d| {
+            let title = format!(
+                "demo: {what} — {} receivers, F = {}, D = {}, H = {}; emulated time ({}× dilated)",
+                t.receiver_ids.len(),
+                t.fanout,
+                t.depth,
+                t.hedge,
+                cal.dilation
+            );
+            d.show(title, t)
+        })
+    };
+    let base = ClusterConfig { publish: show("fair tree (hedging + hold-and-release)", &tree), ..base };
     eprintln!(
         "demo: {} receivers, F = {}, D = {}, H = {}; a loopback datagram costs {:.2} µs here, so time runs {}× \
          dilated: {messages} messages per configuration",
@@ -171,10 +197,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let du_cfg = ClusterConfig {
         node: NodeConfig { hold_and_release: false, ..node },
         track: traders(&direct.receiver_ids).to_vec(),
+        publish: show("direct unicast (the baseline)", &direct),
         ..base.clone()
     };
     let du = run_cluster(&direct, &du_cfg, &payloads, |f| pb.set_position(100 + (f * 100.0) as u64))?;
     pb.finish_and_clear();
+    if let Some(d) = &dash {
+        d.note("finished; writing the report");
+    }
     report(&a, &Run { tree, cal, jasper, du })
 }
 

@@ -62,7 +62,7 @@ fn serve_metrics(addr: std::net::SocketAddr, m: Arc<ExchangeMetrics>) -> anyhow:
         }
     })
     .with_context(|| format!("serving metrics on {addr}"))?;
-    eprintln!("exchange: metrics at http://{}/metrics", ep.addr);
+    tracing::info!(addr = %ep.addr, "exchange: metrics at http://{}/metrics", ep.addr);
     Ok(ep)
 }
 
@@ -125,7 +125,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         (None, Some(b)) => format!("ITCH to {b}"),
         (Some(a), Some(b)) => format!("ITCH to {a} (A) and {b} (B)"),
     };
-    eprintln!(
+    tracing::info!(
+        listen = %cfg.listen,
+        engines = cfg.engines,
         "exchange: OUCH on {} ({} users, {} symbols, {} engine thread(s)); {itch}",
         cfg.listen,
         cfg.gateway.users.len(),

@@ -275,14 +275,14 @@ fn metrics_endpoint(c: &Common, cfg: &AgentConfig) -> anyhow::Result<Option<fair
     let (Some(addr), Some(slot)) = (c.metrics, cfg.publish.clone()) else { return Ok(None) };
     let ep = fairfeed_ops::serve_metrics(addr, move |e| node_metrics(&slot, e))
         .with_context(|| format!("serving metrics on {addr}"))?;
-    eprintln!("node {}: metrics at http://{}/metrics", c.id, ep.addr);
+    tracing::info!(node = c.id, addr = %ep.addr, "node {}: metrics at http://{}/metrics", c.id, ep.addr);
     Ok(Some(ep))
 }
 
 /// A node's published snapshot as metrics: the shell's counters
 /// (`fairfeed_agent_*`), the state machine's (`fairfeed_node_*`: counters,
 /// OWD_G, margin, clock offset and bound, …) and the latency histograms.
-fn node_metrics(slot: &PublishSlot, e: &mut fairfeed_ops::Exposition) {
+pub(crate) fn node_metrics(slot: &PublishSlot, e: &mut fairfeed_ops::Exposition) {
     let p = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let Some(r) = &p.report else { return };
     let id = r.id.to_string();
@@ -302,10 +302,13 @@ fn node_metrics(slot: &PublishSlot, e: &mut fairfeed_ops::Exposition) {
 }
 
 fn finish(c: &Common, r: &fairfeed_net::tree::agent::AgentReport) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(r)?;
     match &c.stats_out {
-        Some(p) => std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?,
-        None => eprintln!("{text}"),
+        Some(p) => {
+            let text = serde_json::to_string_pretty(r)?;
+            std::fs::write(p, &text).with_context(|| format!("writing {}", p.display()))?;
+            tracing::info!(node = r.id, file = %p.display(), "node {}: report written to {}", r.id, p.display());
+        }
+        None => crate::log::final_report("node", r),
     }
     Ok(())
 }

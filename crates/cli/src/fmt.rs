@@ -206,6 +206,6 @@ pub fn serve_json_metrics(
         }
     })
     .map_err(|e| anyhow::anyhow!("serving metrics on {addr}: {e}"))?;
-    eprintln!("metrics at http://{}/metrics", ep.addr);
+    tracing::info!(addr = %ep.addr, "{prefix}: metrics at http://{}/metrics", ep.addr);
     Ok(ep)
 }

@@ -17,8 +17,10 @@ mod cmd_plan;
 mod cmd_replay;
 mod cmd_sim;
 mod cmd_stats;
+mod demo_dashboard;
 mod demo_report;
 mod fmt;
+mod log;
 
 /// fairfeed: fair, fast market-data dissemination.
 ///
@@ -28,6 +30,10 @@ mod fmt;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log events (what long-running commands start, serve, change and report at exit) as `text` or
+    /// one JSON object per line; the filter is FAIRFEED_LOG (e.g. `warn`; default: fairfeed's events from `info`, other crates' from `warn`).
+    #[arg(long, global = true, value_enum, default_value = "text", env = "FAIRFEED_LOG_FORMAT")]
+    log_format: log::LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -153,6 +159,10 @@ fn main() {
     if std::env::var_os("FAIRFEED_PARSE_ONLY").is_some_and(|v| v == "1") {
         return;
     }
+    if let Err(e) = log::init(cli.log_format) {
+        eprintln!("fairfeed: error: {e:#}");
+        std::process::exit(2);
+    }
     let result = match cli.command {
         Command::Gen(a) => cmd_gen::run(a),
         Command::Decode(a) => cmd_decode::run(a),
@@ -177,7 +187,11 @@ fn main() {
         Command::CliSpec => cli_spec(),
     };
     if let Err(e) = result {
-        eprintln!("fairfeed: error: {e:#}");
+        if log::json() {
+            tracing::error!(error = %format!("{e:#}"), "fairfeed: error: {e:#}");
+        } else {
+            eprintln!("fairfeed: error: {e:#}");
+        }
         std::process::exit(1);
     }
 }

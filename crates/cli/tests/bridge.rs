@@ -95,6 +95,67 @@ fn replayed_capture_reaches_a_subscriber_through_the_bridge() {
     assert_eq!(s["missing"], 0);
 }
 
+/// Goal: packets lost before the bridge are visible, and told apart from
+/// the broker's gaps. Method: a line A that lost 2 % of its packets
+/// (`gen --loss-a`), replayed into the bridge; `decode --summary-json` of the
+/// same capture counts its gaps independently; a subscriber to Add Orders
+/// only (`ff.itch.*.*.A`, which does not cover the markers: it listens for
+/// them on `--gaps` as well) must see every gap marker and no broker gap.
+#[test]
+fn feed_gaps_before_the_bridge_reach_subscribers_as_markers() {
+    if !have_server() {
+        return;
+    }
+    let d = tmp();
+    let server = fairfeed_bridge::server::LocalServer::start(0, None).unwrap();
+    let (x, a) = (d.path().join("x.pcap"), d.path().join("a.pcap"));
+    fairfeed(&[
+        "gen",
+        "--seed",
+        "3",
+        "--messages",
+        "20000",
+        "--symbols",
+        "50",
+        "--out",
+        x.to_str().unwrap(),
+        "--a-out",
+        a.to_str().unwrap(),
+        "--loss-a",
+        "0.02",
+    ]);
+    let dec = json(&fairfeed(&["decode", a.to_str().unwrap(), "--summary-json"]));
+    assert!(dec["gaps"].as_u64() > Some(10), "{dec}");
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let stats = d.path().join("bridge.json");
+    let bridge = Command::new(bin())
+        .args(["bridge", "run", "--listen", &listen, "--nats", &server.url, "--granularity", "message"])
+        .args(["--seconds", "8", "--stats-out", stats.to_str().unwrap()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sub = Command::new(bin())
+        .args(["subscribe", "--nats", &server.url, "--subject", "ff.itch.*.*.A", "--idle-s", "2", "--seconds", "20"])
+        .arg("--json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1_000));
+    fairfeed(&["replay", a.to_str().unwrap(), "--to", &listen, "--rate", "4000"]);
+    let sub = sub.wait_with_output().unwrap();
+    assert!(bridge.wait_with_output().unwrap().status.success());
+    let s: serde_json::Value = serde_json::from_slice(&sub.stdout).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert_eq!(r["route"]["feed_gaps"], dec["gaps"], "bridge {r} vs decode {dec}");
+    assert_eq!(r["route"]["feed_gap_messages"], dec["missing_messages"], "{r}");
+    assert_eq!(s["feed_gaps"], dec["gaps"], "the subscriber got every marker: {s}");
+    assert_eq!(s["feed_gap_messages"], dec["missing_messages"], "{s}");
+    assert_eq!((s["missing"].as_u64(), s["duplicates"].as_u64()), (Some(0), Some(0)), "no broker gap: {s}");
+    assert_eq!(s["messages"], dec["types"]["A"], "every Add Order that reached the bridge: {s}");
+}
+
 /// The nats-server processes whose parent is `pid`.
 fn servers_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();

@@ -116,3 +116,71 @@ fn the_dashboard_draws_the_tree_updates_and_shows_a_dead_node() {
         let _ = c.wait();
     }
 }
+
+/// `GET path` from `addr`: the body, or `None` when nothing answers.
+fn get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    Some(text.split_once("\r\n\r\n")?.1.to_string())
+}
+
+/// Goal: `fairfeed demo --dashboard ADDR` serves the same page over the
+/// demo's own tree while it runs: every node of the running configuration
+/// is listed (and drawn, where Chromium is installed), the state moves, the
+/// receivers' OWD histograms arrive, and the page goes away with the demo.
+#[test]
+fn the_demo_serves_its_dashboard_while_it_runs() {
+    use std::io::BufRead;
+    let d = tmp();
+    let mut demo = Command::new(bin())
+        .args(["demo", "--receivers", "6", "--fanout", "3", "--seconds", "4", "--dashboard", "127.0.0.1:0"])
+        .args(["--out", d.path().join("demo").to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(demo.stderr.take().unwrap()).lines();
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| l.split("dashboard at http://").nth(1).map(|r| r.trim_end_matches(|c| c != '/').to_string()))
+        .expect("the demo says where its dashboard is");
+    let addr = addr.trim_end_matches('/').to_string();
+    std::thread::spawn(move || lines.for_each(drop));
+    // The fair tree of 6 receivers (F = 3: two proxies): every node listed with a health.
+    let t0 = Instant::now();
+    let mut seen: Option<serde_json::Value> = None;
+    while t0.elapsed() < Duration::from_secs(20) {
+        let s: serde_json::Value =
+            get(&addr, "/api/state").and_then(|b| serde_json::from_str(&b).ok()).unwrap_or_default();
+        let fair = s["title"].as_str().is_some_and(|t| t.contains("fair tree"));
+        if fair && s["owd_cdf"].as_array().is_some_and(|c| !c.is_empty()) && s["polls"].as_u64() >= Some(2) {
+            seen = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let s = seen.expect("the fair tree's state with OWD data within 20 s");
+    let nodes = s["nodes"].as_array().unwrap();
+    assert!(nodes.iter().filter(|n| n["role"] == "receiver").count() == 6, "{s}");
+    assert!(nodes.iter().any(|n| n["role"] == "sender") && nodes.iter().any(|n| n["role"] == "proxy"), "{s}");
+    assert!(nodes.iter().all(|n| n["health"] != "down"), "every node of the running demo answers: {s}");
+    assert!(s["owd_g_s"].as_f64().is_some_and(|x| x > 0.0 && x < 0.01), "OWD_G from the demo's sender: {s}");
+    std::thread::sleep(Duration::from_millis(1_200));
+    let later: serde_json::Value =
+        get(&addr, "/api/state").and_then(|b| serde_json::from_str(&b).ok()).expect("still served");
+    assert!(later["polls"].as_u64() > s["polls"].as_u64() || later["title"] != s["title"], "the state moves: {later}");
+    assert!(get(&addr, "/").is_some_and(|p| p.contains("id=\"tree\"")), "the page itself");
+    if have_tool("chromium", &["--version"]) {
+        let page = dom(&format!("http://{addr}/"));
+        assert!(text_of(&page, "title").is_some_and(|t| t.starts_with("demo:")), "the title is shown");
+        assert!(page.matches("id=\"node-").count() >= 9, "the nodes are drawn:\n{page}");
+    }
+    let status = demo.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(get(&addr, "/api/state").is_none(), "the dashboard ends with the demo");
+}

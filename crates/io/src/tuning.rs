@@ -75,11 +75,20 @@ impl Tuning {
     }
 }
 
-/// Prints what was applied, one line each, to stderr.
+/// Logs what was applied, one event each (a setting not applied is a warning).
 pub fn report(who: &str, applied: &[Applied]) {
     for a in applied {
-        let state = if a.ok { "ok" } else { "NOT applied" };
-        eprintln!("{who}: tuning {}: {state} ({})", a.setting, a.detail);
+        if a.ok {
+            tracing::info!(setting = a.setting, applied = true, "{who}: tuning {}: ok ({})", a.setting, a.detail);
+        } else {
+            tracing::warn!(
+                setting = a.setting,
+                applied = false,
+                "{who}: tuning {}: NOT applied ({})",
+                a.setting,
+                a.detail
+            );
+        }
     }
 }
 

@@ -51,6 +51,8 @@ pub struct NodeView {
 /// What `/api/state` answers.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct State {
+    /// What is shown (the topology file, or the demo's configuration).
+    pub title: String,
     pub updated_unix_ms: u64,
     pub polls: u64,
     pub nodes: Vec<NodeView>,
@@ -302,56 +304,95 @@ pub const SCRAPE_TIMEOUT: Duration = Duration::from_millis(400);
 /// Nodes scraped at once.
 pub const SCRAPE_PARALLEL: usize = 16;
 
+/// The page and `/api/state` on a bounded endpoint; [`Server::show`] sets what the state answers.
+pub struct Server {
+    ep: crate::Endpoint,
+    state: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Server {
+    /// Serves the page at `http://listen/` (nothing to show yet).
+    pub fn start(listen: SocketAddr) -> std::io::Result<Server> {
+        use std::sync::{Arc, Mutex};
+        let state = Arc::new(Mutex::new(serde_json::to_string(&State::default()).unwrap_or_default()));
+        let st = state.clone();
+        let handler: crate::http::Handler = Arc::new(move |path| match path {
+            "/" | "/index.html" => Some((200, "text/html; charset=utf-8", PAGE.to_string())),
+            "/api/state" => {
+                let body = st.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+                Some((200, "application/json", body))
+            }
+            _ => None,
+        });
+        let ep = crate::http::serve(listen, crate::http::Limits::default(), handler)?;
+        Ok(Server { ep, state })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.ep.addr
+    }
+
+    /// What `/api/state` answers from now on.
+    pub fn show(&self, s: &State) {
+        *self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            serde_json::to_string(s).unwrap_or_default();
+    }
+}
+
+/// Milliseconds since the Unix epoch (the page shows when the state was made).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Calls `poll` every [`POLL`] until `stop` is set (looking at `stop` every 50 ms).
+pub fn every_poll(stop: &std::sync::atomic::AtomicBool, mut poll: impl FnMut()) {
+    use std::sync::atomic::Ordering::Relaxed;
+    while !stop.load(Relaxed) {
+        let until = std::time::Instant::now() + POLL;
+        poll();
+        while std::time::Instant::now() < until && !stop.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// One round of scrapes of `targets`, [`SCRAPE_PARALLEL`] at a time.
+pub fn scrape_all(targets: &[(u32, Option<SocketAddr>)]) -> Vec<(u32, Option<Sample>)> {
+    let mut scrapes = Vec::with_capacity(targets.len());
+    for chunk in targets.chunks(SCRAPE_PARALLEL) {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = chunk
+                .iter()
+                .map(|&(id, a)| {
+                    s.spawn(move || (id, a.and_then(|a| scrape(a, SCRAPE_TIMEOUT)).map(|b| Sample::parse(&b))))
+                })
+                .collect();
+            scrapes.extend(hs.into_iter().filter_map(|h| h.join().ok()));
+        });
+    }
+    scrapes
+}
+
 /// Serves the dashboard at `listen` until `stop` is set: scrapes every
 /// node's metrics at its IP and `metrics_port` each [`POLL`], on the calling thread.
 pub fn run(
     topology: Topology,
+    title: &str,
     listen: SocketAddr,
     metrics_port: u16,
     stop: &std::sync::atomic::AtomicBool,
 ) -> std::io::Result<SocketAddr> {
-    use std::sync::{Arc, Mutex};
-    let state: Arc<Mutex<String>> = Arc::new(Mutex::new(serde_json::to_string(&State::default()).unwrap_or_default()));
-    let st = state.clone();
-    let handler: crate::http::Handler = Arc::new(move |path| match path {
-        "/" | "/index.html" => Some((200, "text/html; charset=utf-8", PAGE.to_string())),
-        "/api/state" => {
-            let body = st.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-            Some((200, "application/json", body))
-        }
-        _ => None,
-    });
-    let ep = crate::http::serve(listen, crate::http::Limits::default(), handler)?;
-    let addr = ep.addr;
-    eprintln!("dashboard: http://{addr}/ (scraping each node's :{metrics_port}/metrics every second)");
+    let server = Server::start(listen)?;
+    let addr = server.addr();
+    tracing::info!(%addr, metrics_port, "dashboard: http://{addr}/ (scraping each node's :{metrics_port}/metrics every second)");
     let mut poller = Poller::new(topology);
     let targets = poller.targets(metrics_port);
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        let t0 = std::time::Instant::now();
-        let mut scrapes = Vec::with_capacity(targets.len());
-        for chunk in targets.chunks(SCRAPE_PARALLEL) {
-            std::thread::scope(|s| {
-                let hs: Vec<_> = chunk
-                    .iter()
-                    .map(|&(id, a)| {
-                        s.spawn(move || (id, a.and_then(|a| scrape(a, SCRAPE_TIMEOUT)).map(|b| Sample::parse(&b))))
-                    })
-                    .collect();
-                scrapes.extend(hs.into_iter().filter_map(|h| h.join().ok()));
-            });
-        }
-        let now_ms =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let s = poller.update(scrapes, now_ms);
-        *state.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            serde_json::to_string(&s).unwrap_or_default();
-        let left = POLL.saturating_sub(t0.elapsed());
-        let until = std::time::Instant::now() + left;
-        while std::time::Instant::now() < until && !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    drop(ep);
+    every_poll(stop, || {
+        let mut s = poller.update(scrape_all(&targets), unix_ms());
+        s.title = title.to_string();
+        server.show(&s);
+    });
     Ok(addr)
 }
 

@@ -44,7 +44,7 @@ use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
 
 use super::agent::{wall_ns, AgentConfig, ClockOpts, Job, NodeAgent, ReceiverJob, ReleaseAt, SenderJob};
-use super::agent::{Tap, Threading, TimeBase};
+use super::agent::{PublishSlot, Tap, Threading, TimeBase};
 use crate::arb::live::{bind_udp, IdleStrategy};
 use crate::tuning::Tuning;
 
@@ -84,6 +84,9 @@ pub struct ClusterConfig {
     pub track: Vec<u32>,
     /// Host time per emulated time (≥ 1; see the module docs).
     pub dilation: f64,
+    /// Nodes that publish their counters and histograms (for a live
+    /// dashboard on another thread), by id; empty: none.
+    pub publish: std::collections::HashMap<u32, PublishSlot>,
 }
 
 /// The measures of one run on the real data plane; times on the emulated
@@ -330,7 +333,7 @@ fn node_config(
         clock: ClockOpts { skew: shared.skews[n.id as usize], ..ClockOpts::default() },
         time: shared.time,
         tap: Some(shared.tap.clone()),
-        publish: None,
+        publish: cfg.publish.get(&n.id).cloned(),
     }
 }
 
@@ -420,6 +423,8 @@ pub fn run_cluster(
     all.push(&mut watch);
     let stats = run(&mut all, &rc)?;
     drop(all);
+    // Their final counters, for a dashboard still showing the run.
+    agents.iter().for_each(NodeAgent::publish);
     let host_seconds = wall_ns().saturating_sub(time.origin_wall_ns) as f64 / 1e9;
     let mut tally = tally.borrow_mut();
     let (link, paths) = shared.tap.take();
@@ -677,9 +682,16 @@ mod tests {
             warmup_messages: 50,
             track: vec![0, 5],
             dilation: 16.0,
+            publish: [(5, PublishSlot::default())].into(),
         };
         let payloads = vec![vec![1u8; 40], vec![2u8; 60]];
         let r = run_cluster(&t, &cfg, &payloads, |_| {}).unwrap();
+        // Receiver 5 published its counters and histograms (a live dashboard reads them); no other did.
+        let p = cfg.publish[&5].lock().unwrap();
+        let report = p.report.as_ref().expect("receiver 5 published");
+        assert_eq!((report.id, report.role.as_str()), (5, "receiver"));
+        let owd = &p.hists.iter().find(|h| h.0 == "owd").expect("an OWD histogram").1;
+        assert!(!owd.is_empty() && owd.len() <= 200, "{}", owd.len());
         assert_eq!((r.receivers, r.messages, r.lost, r.send_errors), (6, 150, 0, 0), "{r:?}");
         assert!(r.link_model_p50_us > 20.0 && r.link_oneway_p50_us >= r.link_model_p50_us - 0.5, "{r:?}");
         assert!(r.link_lag_p50_us < 50.0, "the loop keeps up with a 6-receiver tree at 16× dilation: {r:?}");

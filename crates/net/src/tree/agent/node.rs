@@ -90,13 +90,22 @@ struct Hists {
 const HIST_MAX_NS: u64 = 10_000_000_000;
 /// How often a spinning node looks at its control socket (a request waits at most this long).
 const CONTROL_POLL_NS: u64 = 1_000_000;
+const PUBLISH_INTERVAL_NS: u64 = crate::publish::PUBLISH_INTERVAL.as_nanos() as u64;
 /// A parked node wakes at least this often (to see a stop signal).
 const PARK_MAX_NS: u64 = 100_000_000;
 /// Copies still waiting for their emulated delay at exit are sent for at most this long.
 const DRAIN_NS: u64 = 1_000_000_000;
 
-fn hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid histogram bounds")
+/// Significant digits of a node's latency histograms (0.1 %: ≈ 190 KiB each).
+const HIST_DIGITS: u8 = 3;
+/// The same where a harness runs a hundred nodes on one thread (the demo's
+/// dashboard): 1 % resolution in ≈ 28 KiB, so that the nodes' histograms
+/// stay in cache and their published copies come from the heap rather than
+/// from fresh pages.
+const HIST_DIGITS_TAPPED: u8 = 2;
+
+fn hist(digits: u8) -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_NS, digits).expect("valid histogram bounds")
 }
 
 fn record(h: &mut Histogram<u64>, v: u64) {
@@ -456,14 +465,19 @@ impl<'c> NodeAgent<'c> {
             packets_in: 0,
             recv_calls: 0,
             unknown_destination: 0,
-            hists: cfg.tap.is_none().then(|| Box::new(Hists { owd: hist(), hold: hist(), release_error: hist() })),
+            hists: (cfg.tap.is_none() || cfg.publish.is_some()).then(|| {
+                let d = if cfg.tap.is_some() { HIST_DIGITS_TAPPED } else { HIST_DIGITS };
+                Box::new(Hists { owd: hist(d), hold: hist(d), release_error: hist(d) })
+            }),
             rows: Vec::new(),
             max_released_seq: 0,
             feed,
             delivery,
             ctl,
             next_control_ns: 0,
-            next_publish_ns: 0,
+            // Nodes on one thread (the demo) publish at staggered instants,
+            // so that no turn copies every node's histograms at once.
+            next_publish_ns: wall_ns() + PUBLISH_INTERVAL_NS / 16 * u64::from(cfg.id % 16),
             stopped: false,
             started_ns: now,
             tuning,
@@ -585,13 +599,19 @@ impl NodeAgent<'_> {
             let who = &self.who;
             if over {
                 let b = if bound == u64::MAX { "unknown".to_string() } else { format!("{bound} ns") };
-                eprintln!(
+                tracing::warn!(
+                    node = self.cfg.id,
+                    bound_ns = bound,
+                    limit_ns = self.cfg.clock.sync.bound_limit_ns,
                     "{who}: clock error bound {b} is above the limit of {} ns; this node's releases are left out \
                      of fairness figures until it is back (counter over_limit_events)",
                     self.cfg.clock.sync.bound_limit_ns
                 );
             } else {
-                eprintln!(
+                tracing::info!(
+                    node = self.cfg.id,
+                    bound_ns = bound,
+                    limit_ns = self.cfg.clock.sync.bound_limit_ns,
                     "{who}: clock error bound back within {} ns ({bound} ns)",
                     self.cfg.clock.sync.bound_limit_ns
                 );
@@ -651,7 +671,7 @@ impl NodeAgent<'_> {
         let mut stop = false;
         while let Ok((n, from)) = ctl.recv_from(&mut buf) {
             let reply = match String::from_utf8_lossy(&buf[..n]).trim() {
-                "stat" => serde_json::to_string(&self.snapshot()).unwrap_or_default(),
+                "stat" => serde_json::to_string(&self.snapshot(true)).unwrap_or_default(),
                 "stop" => {
                     stop = true;
                     "stopping".to_string()
@@ -699,7 +719,7 @@ impl NodeAgent<'_> {
                 }
             }
         }
-        let mut r = self.snapshot();
+        let mut r = self.snapshot(true);
         r.rows = std::mem::take(&mut self.rows);
         r
     }
@@ -723,7 +743,7 @@ impl Agent for NodeAgent<'_> {
             self.next_control_ns = now + CONTROL_POLL_NS;
             self.stopped |= self.control();
             if self.cfg.publish.is_some() && now >= self.next_publish_ns {
-                self.next_publish_ns = now + crate::publish::PUBLISH_INTERVAL.as_nanos() as u64;
+                self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
                 self.publish();
             }
         }
@@ -802,19 +822,26 @@ impl AgentConfig {
 }
 
 impl NodeAgent<'_> {
-    /// Puts the current counters and histograms where the metrics endpoint reads them.
-    fn publish(&self) {
+    /// Puts the current counters and histograms where the metrics endpoint
+    /// reads them (the agent does so every [`crate::publish::PUBLISH_INTERVAL`]).
+    pub fn publish(&self) {
         let Some(slot) = &self.cfg.publish else { return };
-        let report = self.snapshot();
-        let hists = self.hists.as_deref().map_or_else(Vec::new, |h| {
+        // Never wait for a reader: a slot being read is skipped this time
+        // (the reader has the previous snapshot), so a scrape cannot stall the node.
+        let mut p = match slot.try_lock() {
+            Ok(p) => p,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        // The histograms go out whole; their quantiles are the reader's to compute.
+        p.report = Some(self.snapshot(false));
+        p.hists = self.hists.as_deref().map_or_else(Vec::new, |h| {
             vec![("owd", h.owd.clone()), ("hold", h.hold.clone()), ("release_error", h.release_error.clone())]
         });
-        let mut p = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        p.report = Some(report);
-        p.hists = hists;
     }
 
-    fn snapshot(&self) -> AgentReport {
+    /// The node's report; `with_latency`: with the histograms' quantiles.
+    fn snapshot(&self, with_latency: bool) -> AgentReport {
         let now = wall_ns();
         let tx = &self.tx;
         let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -862,7 +889,7 @@ impl NodeAgent<'_> {
             // Sequences never released: the tree lost them (and, when filling
             // is on, the arbitrator below asked for their MoldUDP64 messages).
             counters["overlay_missing"] = self.max_released_seq.saturating_sub(r.stats.released).into();
-            if let Some(h) = &self.hists {
+            if let Some(h) = self.hists.as_ref().filter(|_| with_latency) {
                 latency = json!({
                     "owd": summary(&h.owd),
                     "hold": summary(&h.hold),
@@ -903,6 +930,7 @@ pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)
         let _ = nix::sys::prctl::set_timerslack(1_000);
     }
     report(&a.who, &a.tuning);
+    tracing::info!(node = cfg.id, addr = %a.addr, "{}: running on {}", a.who, a.addr);
     let rc = RunConfig {
         idle: cfg.idle,
         spin_ahead_ns: SPIN_AHEAD_NS,
@@ -910,5 +938,7 @@ pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)
         stop: Some(cfg.stop.clone()),
     };
     fairfeed_io::agent::run(&mut [&mut a], &rc).map_err(|e| AgentError::Io(format!("{}: the node loop", a.who), e))?;
+    let why = if cfg.stop.load(Ordering::Relaxed) { "stopped by a signal" } else { "finished" };
+    tracing::info!(node = cfg.id, "{}: {why}", a.who);
     Ok(a.finish())
 }
