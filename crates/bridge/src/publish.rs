@@ -156,33 +156,48 @@ async fn publish_core(client: async_nats::Client, mut rx: mpsc::Receiver<Item>, 
 
 type Ack = std::pin::Pin<Box<dyn std::future::Future<Output = (Item, u32, Result<bool, String>)> + Send>>;
 
-fn send_js(js: &jetstream::Context, item: Item, attempt: u32) -> Ack {
-    let js = js.clone();
-    Box::pin(async move {
-        let h = headers(&item.0, item.1, true);
-        let r = match js.publish_with_headers(item.0.subject.clone(), h, item.0.payload.clone().into()).await {
-            Ok(ack) => match ack.await {
+/// Sends one publication to JetStream — in the caller's order: the send is
+/// awaited here, one after another — and returns the wait for its
+/// acknowledgement, which may overlap the others'.
+async fn send_js(js: &jetstream::Context, item: Item, attempt: u32) -> Ack {
+    let h = headers(&item.0, item.1, true);
+    match js.publish_with_headers(item.0.subject.clone(), h, item.0.payload.clone().into()).await {
+        Ok(ack) => Box::pin(async move {
+            let r = match ack.await {
                 Ok(a) => Ok(a.duplicate),
                 Err(e) => Err(e.to_string()),
-            },
-            Err(e) => Err(e.to_string()),
-        };
-        (item, attempt, r)
-    })
+            };
+            (item, attempt, r)
+        }),
+        Err(e) => Box::pin(std::future::ready((item, attempt, Err(e.to_string())))),
+    }
 }
 
+/// When a failed publication is sent again.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// JetStream publishing: sends go out in queue order (so the stream stores
+/// each subject's publications in publication order), up to `in_flight_max`
+/// acknowledgements are awaited at once, and a publication whose
+/// acknowledgement failed is sent again after [`RETRY_AFTER`] (same
+/// `Nats-Msg-Id`: stored at most once), before anything newer. Only such a
+/// retry can land behind a later publication of its subject (counted in
+/// `retries`; a subscriber counts it as reordered).
 async fn publish_js(js: jetstream::Context, mut rx: mpsc::Receiver<Item>, s: Arc<Shared>, in_flight_max: usize) {
     let mut pending: FuturesUnordered<Ack> = FuturesUnordered::new();
+    let mut retry: std::collections::VecDeque<(tokio::time::Instant, Item, u32)> = std::collections::VecDeque::new();
     let mut open = true;
-    while open || !pending.is_empty() {
+    while open || !pending.is_empty() || !retry.is_empty() {
+        let room = pending.len() < in_flight_max;
+        let due = retry.front().map(|r| r.0);
         tokio::select! {
-            item = rx.recv(), if open && pending.len() < in_flight_max => match item {
-                Some(item) => {
-                    pending.push(send_js(&js, item, 0));
-                    s.published.fetch_add(1, Ordering::Relaxed);
+            biased;
+            () = async { tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)).await }, if room && due.is_some() => {
+                if let Some((_, item, attempt)) = retry.pop_front() {
+                    let ack = send_js(&js, item, attempt).await;
+                    pending.push(ack);
                 }
-                None => open = false,
-            },
+            }
             Some((item, attempt, r)) = pending.next(), if !pending.is_empty() => match r {
                 Ok(dup) => {
                     s.acked.fetch_add(1, Ordering::Relaxed);
@@ -193,16 +208,20 @@ async fn publish_js(js: jetstream::Context, mut rx: mpsc::Receiver<Item>, s: Arc
                 Err(_) if attempt < RETRIES_MAX => {
                     s.publish_errors.fetch_add(1, Ordering::Relaxed);
                     s.retries.fetch_add(1, Ordering::Relaxed);
-                    let js2 = js.clone();
-                    pending.push(Box::pin(async move {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        send_js(&js2, item, attempt + 1).await
-                    }));
+                    retry.push_back((tokio::time::Instant::now() + RETRY_AFTER, item, attempt + 1));
                 }
                 Err(_) => {
                     s.publish_errors.fetch_add(1, Ordering::Relaxed);
                     s.given_up.fetch_add(1, Ordering::Relaxed);
                 }
+            },
+            item = rx.recv(), if open && room && retry.is_empty() => match item {
+                Some(item) => {
+                    let ack = send_js(&js, item, 0).await;
+                    pending.push(ack);
+                    s.published.fetch_add(1, Ordering::Relaxed);
+                }
+                None => open = false,
             },
         }
     }
