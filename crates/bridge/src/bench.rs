@@ -137,6 +137,7 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
             flag: None,
         },
         gaps: None,
+        security: Default::default(),
     };
     let mut tasks = Vec::new();
     let mut readies = Vec::new();

@@ -10,5 +10,6 @@
 pub mod bench;
 pub mod publish;
 pub mod route;
+pub mod security;
 pub mod server;
 pub mod subscribe;

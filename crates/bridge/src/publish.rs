@@ -49,6 +49,10 @@ pub struct PublishConfig {
     pub buffer: usize,
     pub overflow: Overflow,
     pub in_flight_max: usize,
+    /// Credentials and TLS for the broker connection.
+    pub security: crate::security::Security,
+    /// Copies of the JetStream stream a cluster keeps (1..=5; 3 on a 3-node cluster).
+    pub replicas: usize,
 }
 
 impl PublishConfig {
@@ -59,6 +63,8 @@ impl PublishConfig {
             buffer: BUFFER_DEFAULT,
             overflow: Overflow::Drop,
             in_flight_max: IN_FLIGHT_DEFAULT,
+            security: crate::security::Security::default(),
+            replicas: 1,
         }
     }
 }
@@ -125,22 +131,34 @@ fn headers(p: &Publication, ingress_ns: u64, with_id: bool) -> HeaderMap {
     h
 }
 
-async fn connect(url: &str, shared: Arc<Shared>) -> Result<async_nats::Client, String> {
-    async_nats::ConnectOptions::new()
+/// The servers of `url`: one URL, or several separated by commas (the nodes
+/// of a cluster; the client also learns the others from the server it reaches).
+pub fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, String> {
+    url.split(',')
+        .map(|u| u.trim().parse::<async_nats::ServerAddr>().map_err(|e| format!("`{u}` is not a NATS URL: {e}")))
+        .collect()
+}
+
+async fn connect(
+    url: &str,
+    security: &crate::security::Security,
+    shared: Arc<Shared>,
+    last: crate::security::LastError,
+) -> Result<async_nats::Client, String> {
+    let o = async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .max_reconnects(None)
         .reconnect_delay_callback(|n| Duration::from_millis((20 * n as u64).min(500)))
         .event_callback(move |e| {
             let s = shared.clone();
+            last.note(&e);
             async move {
                 if matches!(e, async_nats::Event::Disconnected) {
                     s.disconnects.fetch_add(1, Ordering::Relaxed);
                 }
             }
-        })
-        .connect(url)
-        .await
-        .map_err(|e| format!("connecting to {url}: {e}"))
+        });
+    security.apply(o).await?.connect(servers(url)?).await.map_err(|e| format!("connecting to {url}: {e}"))
 }
 
 async fn publish_core(client: async_nats::Client, mut rx: mpsc::Receiver<Item>, s: Arc<Shared>) {
@@ -232,6 +250,7 @@ impl Bridge {
     /// stream if asked, and starts the publisher.
     pub fn start(route: RouteConfig, cfg: PublishConfig) -> Result<Bridge, String> {
         assert!(cfg.buffer > 0 && cfg.in_flight_max > 0, "queue and in-flight limits must be positive");
+        assert!((1..=5).contains(&cfg.replicas), "JetStream keeps 1 to 5 replicas");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -243,13 +262,21 @@ impl Bridge {
         let task = rt.block_on(async {
             // Connecting retries in the background; a flush is a round trip, so
             // publishing starts on a live connection rather than into a backlog.
-            let client = tokio::time::timeout(Duration::from_secs(10), async {
-                let c = connect(&cfg.url, shared.clone()).await?;
+            let last = crate::security::LastError::default();
+            let attempt = tokio::time::timeout(Duration::from_secs(10), async {
+                let c = connect(&cfg.url, &cfg.security, shared.clone(), last.clone()).await?;
                 c.flush().await.map_err(|e| format!("first round trip to {}: {e}", cfg.url))?;
                 Ok::<_, String>(c)
             })
-            .await
-            .map_err(|_| format!("no NATS server answered at {} within 10 s", cfg.url))??;
+            .await;
+            let client = match attempt {
+                Ok(c) => c?,
+                Err(_) => {
+                    let why = crate::security::diagnose(&cfg.url, &cfg.security).await;
+                    let why = why.map_or_else(|| last.suffix(), |w| format!(" (last error: {w})"));
+                    return Err(format!("no NATS connection to {} within 10 s{why}", cfg.url));
+                }
+            };
             let s = shared.clone();
             Ok::<_, String>(match &cfg.jetstream {
                 None => tokio::spawn(publish_core(client, rx, s)),
@@ -260,6 +287,7 @@ impl Bridge {
                         subjects: vec![format!("{prefix}.>")],
                         storage: jetstream::stream::StorageType::File,
                         duplicate_window: Duration::from_secs(120),
+                        num_replicas: cfg.replicas,
                         ..Default::default()
                     })
                     .await

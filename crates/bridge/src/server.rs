@@ -23,9 +23,11 @@ pub struct LocalServer {
     pub port: u16,
     pub url: String,
     store: Option<PathBuf>,
+    /// More arguments (a `-c` configuration: TLS, authorization; cluster routes).
+    extra: Vec<String>,
 }
 
-fn spawn(port: u16, store: Option<&Path>) -> std::io::Result<Child> {
+fn spawn(port: u16, store: Option<&Path>, extra: &[String]) -> std::io::Result<Child> {
     let bin = find_server().ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::NotFound,
@@ -37,6 +39,7 @@ fn spawn(port: u16, store: Option<&Path>) -> std::io::Result<Child> {
     if let Some(dir) = store {
         cmd.arg("-js").arg("-sd").arg(dir);
     }
+    cmd.args(extra);
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     // Its own process group: a Ctrl-C at the terminal stops us, not the
     // broker under a run that is still going (the run would go on for
@@ -85,10 +88,18 @@ impl LocalServer {
     /// Starts `nats-server` on 127.0.0.1 (`port` 0: a free one), with
     /// JetStream storing in `store` when given; waits until it accepts connections.
     pub fn start(port: u16, store: Option<&Path>) -> std::io::Result<LocalServer> {
+        Self::start_with(port, store, &[])
+    }
+
+    /// [`LocalServer::start`] with more `nats-server` arguments, e.g.
+    /// `["-c", "secure.conf"]` for TLS and authorization, or cluster routes.
+    pub fn start_with(port: u16, store: Option<&Path>, extra: &[&str]) -> std::io::Result<LocalServer> {
         let port = if port == 0 { std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port() } else { port };
-        let mut child = spawn(port, store)?;
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut child = spawn(port, store, &extra)?;
         wait_ready(&mut child, port, Duration::from_secs(10))?;
-        Ok(LocalServer { child, port, url: format!("nats://127.0.0.1:{port}"), store: store.map(Path::to_path_buf) })
+        let url = format!("nats://127.0.0.1:{port}");
+        Ok(LocalServer { child, port, url, store: store.map(Path::to_path_buf), extra })
     }
 
     /// Kills the server and starts it again on the same port and store (a broker restart).
@@ -106,7 +117,7 @@ impl LocalServer {
 
     /// Starts a killed server again on the same port and store.
     pub fn revive(&mut self) -> std::io::Result<()> {
-        self.child = spawn(self.port, self.store.as_deref())?;
+        self.child = spawn(self.port, self.store.as_deref(), &self.extra)?;
         wait_ready(&mut self.child, self.port, Duration::from_secs(10))
     }
 }

@@ -177,6 +177,8 @@ pub struct SubscribeConfig {
     /// Also listen for the bridge's gap markers here (live core NATS, when
     /// `subject` does not cover them), e.g. [`gap_subject`]`("ff.itch")`.
     pub gaps: Option<String>,
+    /// Credentials and TLS for the broker connection.
+    pub security: crate::security::Security,
 }
 
 fn done(t: &Tally, stop: &StopWhen, started: Instant) -> bool {
@@ -195,10 +197,18 @@ pub async fn subscribe(
     ready: Option<tokio::sync::oneshot::Sender<()>>,
     mut each: impl FnMut(&async_nats::Message, Option<u64>),
 ) -> Result<(SubscribeReport, Histogram<u64>), String> {
-    let client = async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .max_reconnects(None)
-        .connect(&cfg.url)
+    let last = crate::security::LastError::default();
+    let l = last.clone();
+    let o =
+        async_nats::ConnectOptions::new().retry_on_initial_connect().max_reconnects(None).event_callback(move |e| {
+            l.note(&e);
+            async {}
+        });
+    let client = cfg
+        .security
+        .apply(o)
+        .await?
+        .connect(crate::publish::servers(&cfg.url)?)
         .await
         .map_err(|e| format!("connecting to {}: {e}", cfg.url))?;
     // The client retries in the background (the server may start just after
@@ -210,7 +220,13 @@ pub async fn subscribe(
         }
     };
     if tokio::time::timeout(limit, connected).await.is_err() {
-        return Err(format!("no NATS server answered at {} within {:.1} s", cfg.url, limit.as_secs_f64()));
+        let why = crate::security::diagnose(&cfg.url, &cfg.security).await;
+        return Err(format!(
+            "no NATS connection to {} within {:.1} s{}",
+            cfg.url,
+            limit.as_secs_f64(),
+            why.map_or_else(|| last.suffix(), |w| format!(" (last error: {w})"))
+        ));
     }
     let mut t = Tally::default();
     let started = Instant::now();

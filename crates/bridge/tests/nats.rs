@@ -65,6 +65,7 @@ fn listen(
             flag: None,
         },
         gaps: None,
+        security: Default::default(),
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let h = rt.spawn(async move {

@@ -49,7 +49,7 @@ fn by(b: ByArg) -> By {
 #[derive(clap::Subcommand)]
 pub enum BridgeCmd {
     /// Publish MoldUDP64 packets arriving on a UDP port (e.g. `fairfeed arb --out-hr`) into NATS.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Seed 001's experiment: a generated feed at a fixed packet rate through the bridge to K subscribers.
     Bench(BenchArgs),
     /// The whole seed-001 matrix (rates × subscribers × service/symbol × granularities) with tables and plots.
@@ -75,14 +75,64 @@ pub struct MatrixArgs {
     out: PathBuf,
 }
 
+/// Credentials and TLS for the broker (secrets from files, never from the command line).
+#[derive(clap::Args, Debug, Clone)]
+pub struct NatsArgs {
+    /// NATS user name (the password comes from --nats-password-file).
+    #[arg(long, requires = "nats_password_file", conflicts_with_all = ["nats_token_file", "nats_nkey_file", "nats_creds"])]
+    nats_user: Option<String>,
+    /// File holding the NATS user's password.
+    #[arg(long, requires = "nats_user")]
+    nats_password_file: Option<PathBuf>,
+    /// File holding a NATS authentication token.
+    #[arg(long, conflicts_with_all = ["nats_nkey_file", "nats_creds"])]
+    nats_token_file: Option<PathBuf>,
+    /// File holding an nkey seed (SU…; the server lists its public key U…).
+    #[arg(long, conflicts_with = "nats_creds")]
+    nats_nkey_file: Option<PathBuf>,
+    /// A NATS JWT credentials file (.creds, as `nsc` writes them).
+    #[arg(long)]
+    nats_creds: Option<PathBuf>,
+    /// CA certificate(s), PEM, that the server's certificate must chain to (implies TLS).
+    #[arg(long)]
+    nats_ca: Option<PathBuf>,
+    /// Client certificate, PEM, for servers that verify clients (with --nats-key).
+    #[arg(long, requires = "nats_key")]
+    nats_cert: Option<PathBuf>,
+    /// The client certificate's private key, PEM.
+    #[arg(long, requires = "nats_cert")]
+    nats_key: Option<PathBuf>,
+    /// Refuse a server that does not offer TLS.
+    #[arg(long)]
+    nats_tls: bool,
+}
+
+impl NatsArgs {
+    fn security(&self) -> fairfeed_bridge::security::Security {
+        fairfeed_bridge::security::Security {
+            user: self.nats_user.clone(),
+            password_file: self.nats_password_file.clone(),
+            token_file: self.nats_token_file.clone(),
+            nkey_file: self.nats_nkey_file.clone(),
+            creds_file: self.nats_creds.clone(),
+            ca: self.nats_ca.clone(),
+            cert: self.nats_cert.clone(),
+            key: self.nats_key.clone(),
+            require_tls: self.nats_tls,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// Where the arbitrated feed arrives.
     #[arg(long)]
     listen: SocketAddr,
-    /// NATS server URL.
+    /// NATS server URL; a cluster's nodes separated by commas (tls:// for TLS).
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     nats: String,
+    #[command(flatten)]
+    auth: NatsArgs,
     /// What one publication carries: a whole packet, one message, or the messages of a packet for one subject.
     #[arg(long, value_enum, default_value_t = GranularityArg::Batched)]
     granularity: GranularityArg,
@@ -96,6 +146,9 @@ pub struct RunArgs {
     /// retried through broker restarts, deduplicated; replayable by late joiners.
     #[arg(long)]
     jetstream: Option<String>,
+    /// Replicas of the JetStream stream when the bridge creates it (a cluster's nodes keep copies), 1..=5.
+    #[arg(long, default_value_t = 1, requires = "jetstream", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=5))]
+    replicas: usize,
     /// Publications queued for the broker at most.
     #[arg(long, default_value_t = fairfeed_bridge::publish::BUFFER_DEFAULT, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
     buffer: usize,
@@ -149,9 +202,11 @@ pub struct SubscribeArgs {
     /// Subject, NATS wildcards allowed, e.g. 'ff.itch.*.AAPL.>'.
     #[arg(long, default_value = "ff.itch.>")]
     subject: String,
-    /// NATS server URL.
+    /// NATS server URL; a cluster's nodes separated by commas (tls:// for TLS).
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     nats: String,
+    #[command(flatten)]
+    auth: NatsArgs,
     /// Read this JetStream stream from its start (a late joiner) instead of live.
     #[arg(long)]
     jetstream: Option<String>,
@@ -178,7 +233,7 @@ pub struct SubscribeArgs {
 
 pub fn run(c: BridgeCmd) -> anyhow::Result<()> {
     match c {
-        BridgeCmd::Run(a) => run_bridge(a),
+        BridgeCmd::Run(a) => run_bridge(*a),
         BridgeCmd::Bench(a) => run_bench(a),
         BridgeCmd::Matrix(a) => run_matrix(a),
     }
@@ -274,6 +329,8 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     sock.set_read_timeout(Some(Duration::from_millis(50)))?;
     let route = RouteConfig { granularity: granularity(a.granularity), by: by(a.by), prefix: a.prefix.clone() };
     let mut cfg = PublishConfig::new(&a.nats);
+    cfg.security = a.auth.security();
+    cfg.replicas = a.replicas;
     cfg.jetstream = a.jetstream.clone();
     cfg.buffer = a.buffer;
     cfg.overflow = match a.overflow {
@@ -391,6 +448,7 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
             flag: Some(crate::fmt::stop_on_signals()?),
         },
         gaps: Some(a.gaps.clone()),
+        security: a.auth.security(),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let print = a.print;

@@ -21,9 +21,11 @@ pub enum LogFormat {
 static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 
 /// Without `FAIRFEED_LOG`: fairfeed's own events from `info`, the libraries'
-/// under it (the NATS client logs every reconnection attempt at `info`) from `warn`.
+/// under it from `warn`, and none of the NATS client's (it logs every
+/// reconnection attempt, at `error` when the server refuses the login; the
+/// bridge and `subscribe` report the reason themselves, once).
 /// A target matches by prefix, so `fairfeed` covers every `fairfeed_*` crate.
-const DEFAULT_FILTER: &str = "warn,fairfeed=info";
+const DEFAULT_FILTER: &str = "warn,fairfeed=info,async_nats=off";
 
 /// Installs the subscriber for this process; call once, before any event.
 /// A `FAIRFEED_LOG` that is not a filter is an error (naming it).

@@ -156,6 +156,65 @@ fn feed_gaps_before_the_bridge_reach_subscribers_as_markers() {
     assert_eq!(s["messages"], dec["types"]["A"], "every Add Order that reached the bridge: {s}");
 }
 
+/// Goal: `bridge run` and `subscribe` log in to a broker that requires it,
+/// with the secret from a file, and a wrong one is refused in one line naming
+/// the reason. Method: nats-server with a configuration that requires a
+/// user and password (TLS and nkeys: `crates/bridge/tests/secure.rs`).
+#[test]
+fn bridge_and_subscriber_log_in_and_a_wrong_password_is_refused() {
+    if !have_server() {
+        return;
+    }
+    let d = tmp();
+    let conf = d.path().join("auth.conf");
+    std::fs::write(&conf, "authorization {\n  user: \"feed\"\n  password: \"s3cret-pw\"\n}\n").unwrap();
+    let server = fairfeed_bridge::server::LocalServer::start_with(0, None, &["-c", conf.to_str().unwrap()]).unwrap();
+    let (pw, bad) = (d.path().join("pw"), d.path().join("bad"));
+    std::fs::write(&pw, "s3cret-pw\n").unwrap();
+    std::fs::write(&bad, "guess\n").unwrap();
+    let login = |file: &std::path::Path| {
+        ["--nats-user".to_string(), "feed".into(), "--nats-password-file".into(), file.display().to_string()]
+    };
+    let pcap = d.path().join("feed.pcap");
+    fairfeed(&["gen", "--seed", "2", "--messages", "3000", "--symbols", "10", "--out", pcap.to_str().unwrap()]);
+    let listen =
+        format!("127.0.0.1:{}", std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let stats = d.path().join("bridge.json");
+    let bridge = Command::new(bin())
+        .args(["bridge", "run", "--listen", &listen, "--nats", &server.url, "--seconds", "5"])
+        .args(["--stats-out", stats.to_str().unwrap()])
+        .args(login(&pw))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sub = Command::new(bin())
+        .args(["subscribe", "--nats", &server.url, "--idle-s", "2", "--seconds", "15", "--json"])
+        .args(login(&pw))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1_000));
+    fairfeed(&["replay", pcap.to_str().unwrap(), "--to", &listen, "--rate", "3000"]);
+    let sub = sub.wait_with_output().unwrap();
+    assert!(bridge.wait_with_output().unwrap().status.success());
+    let s: serde_json::Value = serde_json::from_slice(&sub.stdout).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert!(r["published"].as_u64() > Some(0) && s["publications"] == r["published"], "{s} {r}");
+
+    let wrong = Command::new(bin())
+        .args(["subscribe", "--nats", &server.url, "--seconds", "1"])
+        .args(login(&bad))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert_eq!(wrong.status.code(), Some(1), "{err}");
+    assert!(err.contains("authorization violation") && err.trim().lines().count() == 1, "{err}");
+    // A user without a password file is refused at parse time.
+    let o = Command::new(bin()).args(["subscribe", "--nats", &server.url, "--nats-user", "feed"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// The nats-server processes whose parent is `pid`.
 fn servers_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
