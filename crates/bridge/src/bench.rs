@@ -84,7 +84,9 @@ fn replay(bridge: &mut Bridge, packets: &[Vec<u8>], rate_pps: f64, mut progress:
             if due - el > Duration::from_micros(200) {
                 std::thread::sleep(due - el - Duration::from_micros(100));
             } else {
-                std::hint::spin_loop();
+                // Yield rather than spin: on a small machine the bridge's
+                // runtime, the subscribers and the broker need the cores.
+                std::thread::yield_now();
             }
         }
         bridge.handle_packet(p, wall_ns());

@@ -13,3 +13,4 @@ pub mod route;
 pub mod security;
 pub mod server;
 pub mod subscribe;
+pub mod tag;

@@ -4,11 +4,11 @@
 //! until stored, deduplicated by `Nats-Msg-Id`, so a broker restart loses and
 //! duplicates nothing).
 //!
-//! Headers on every publication: `Ff-Seq` (first MoldUDP64 sequence number),
-//! `Ff-Count` (messages), `Ff-Pub` (the bridge's publication number), `Ff-Subj-Seq`
-//! (its number on its subject) and `Ff-Ts` (when the bridge received the packet,
-//! CLOCK_REALTIME ns) — the tag subscribers time latency from, as seed 001's
-//! gateway stamped a 7-byte tag.
+//! Every publication's payload ends with the 36-byte tag of [`crate::tag`]
+//! (first MoldUDP64 sequence number, messages, the bridge's publication
+//! number, its number on its subject, when the bridge received the packet —
+//! the latency tag), appended when it is queued. No NATS headers, but
+//! `Nats-Msg-Id` for JetStream's deduplication.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -118,16 +118,10 @@ pub fn wall_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
-fn headers(p: &Publication, ingress_ns: u64, with_id: bool) -> HeaderMap {
+/// JetStream's only header: the id it deduplicates re-sent publications by.
+fn message_id(p: &Publication) -> HeaderMap {
     let mut h = HeaderMap::new();
-    h.insert("Ff-Seq", p.seq.to_string().as_str());
-    h.insert("Ff-Count", p.count.to_string().as_str());
-    h.insert("Ff-Pub", p.pub_seq.to_string().as_str());
-    h.insert("Ff-Subj-Seq", p.subject_seq.to_string().as_str());
-    h.insert("Ff-Ts", ingress_ns.to_string().as_str());
-    if with_id {
-        h.insert(async_nats::header::NATS_MESSAGE_ID, format!("{}:{}:{}", p.seq, p.count, p.subject).as_str());
-    }
+    h.insert(async_nats::header::NATS_MESSAGE_ID, format!("{}:{}:{}", p.seq, p.count, p.subject).as_str());
     h
 }
 
@@ -162,9 +156,8 @@ async fn connect(
 }
 
 async fn publish_core(client: async_nats::Client, mut rx: mpsc::Receiver<Item>, s: Arc<Shared>) {
-    while let Some((p, ts)) = rx.recv().await {
-        let h = headers(&p, ts, false);
-        match client.publish_with_headers(p.subject, h, p.payload.into()).await {
+    while let Some((p, _)) = rx.recv().await {
+        match client.publish(p.subject, p.payload.into()).await {
             Ok(()) => s.published.fetch_add(1, Ordering::Relaxed),
             Err(_) => s.publish_errors.fetch_add(1, Ordering::Relaxed),
         };
@@ -178,7 +171,7 @@ type Ack = std::pin::Pin<Box<dyn std::future::Future<Output = (Item, u32, Result
 /// awaited here, one after another — and returns the wait for its
 /// acknowledgement, which may overlap the others'.
 async fn send_js(js: &jetstream::Context, item: Item, attempt: u32) -> Ack {
-    let h = headers(&item.0, item.1, true);
+    let h = message_id(&item.0);
     match js.publish_with_headers(item.0.subject.clone(), h, item.0.payload.clone().into()).await {
         Ok(ack) => Box::pin(async move {
             let r = match ack.await {
@@ -303,7 +296,15 @@ impl Bridge {
     pub fn handle_packet(&mut self, packet: &[u8], ingress_ns: u64) {
         let Some(tx) = &self.tx else { return };
         let (s, overflow) = (&self.shared, self.cfg.overflow);
-        self.router.route(packet, |p| {
+        self.router.route(packet, |mut p| {
+            let tag = crate::tag::Tag {
+                seq: p.seq,
+                count: p.count,
+                pub_seq: p.pub_seq,
+                subject_seq: p.subject_seq,
+                ingress_ns,
+            };
+            tag.append(&mut p.payload);
             let depth = tx.max_capacity() - tx.capacity();
             s.queue_max_seen.fetch_max(depth + 1, Ordering::Relaxed);
             let ok = match overflow {

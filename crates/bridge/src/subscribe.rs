@@ -1,11 +1,12 @@
 //! A subscriber: counts what arrives on a subject (NATS wildcards allowed),
-//! times each publication from the bridge's `Ff-Ts` tag, and detects gaps,
-//! duplicates and reordering from `Ff-Pub` and `Ff-Subj-Seq` — the broker's
-//! gaps — and, apart from them, the feed's own: the bridge's gap markers
+//! times each publication from the ingress time in the bridge's tag (the
+//! payload's trailer, [`crate::tag`]), and detects gaps, duplicates and
+//! reordering from its publication number and its number on its subject —
+//! the broker's gaps — and, apart from them, the feed's own: the bridge's gap markers
 //! (`<prefix>.<session>.control.gap`, see `route`), which it also listens
 //! for when its subject does not cover them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
@@ -51,7 +52,8 @@ pub struct SubscribeReport {
 /// Running counts of one subscriber.
 pub struct Tally {
     hist: Histogram<u64>,
-    seen: HashSet<u64>,
+    /// Publication numbers seen, one bit each (they count from 1, consecutively).
+    seen: Vec<u64>,
     subjects: HashMap<String, (u64, u64)>,
     pub report: SubscribeReport,
 }
@@ -60,7 +62,7 @@ impl Default for Tally {
     fn default() -> Self {
         Tally {
             hist: Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds"),
-            seen: HashSet::new(),
+            seen: Vec::new(),
             subjects: HashMap::new(),
             report: SubscribeReport::default(),
         }
@@ -91,40 +93,44 @@ pub fn overlap(a: &str, b: &str) -> bool {
     }
 }
 
-fn header_u64(m: &async_nats::Message, name: &str) -> Option<u64> {
-    m.headers.as_ref()?.get(name)?.as_str().parse().ok()
-}
-
 impl Tally {
     /// Counts one publication received at `now_ns`; returns its latency in µs if tagged.
     pub fn record(&mut self, m: &async_nats::Message, now_ns: u64) -> Option<u64> {
         let r = &mut self.report;
         r.publications += 1;
-        r.messages += header_u64(m, "Ff-Count").unwrap_or(1);
-        let lat = header_u64(m, "Ff-Ts").map(|ts| now_ns.saturating_sub(ts) / 1_000);
-        match lat {
-            Some(us) => {
-                let _ = self.hist.record(us.clamp(1, 600_000_000));
+        let Some((body, tag)) = crate::tag::split(&m.payload) else {
+            r.messages += 1;
+            r.no_tag += 1;
+            r.distinct += 1;
+            return None;
+        };
+        r.messages += u64::from(tag.count);
+        let lat = now_ns.saturating_sub(tag.ingress_ns) / 1_000;
+        let _ = self.hist.record(lat.clamp(1, 600_000_000));
+        let lat = Some(lat);
+        if tag.pub_seq < SEEN_MAX as u64 {
+            let p = tag.pub_seq;
+            let (word, bit) = ((p / 64) as usize, 1u64 << (p % 64));
+            if word >= self.seen.len() {
+                self.seen.resize((word + 1).next_power_of_two(), 0);
             }
-            None => r.no_tag += 1,
-        }
-        if let Some(p) = header_u64(m, "Ff-Pub") {
-            if self.seen.contains(&p) {
+            if self.seen[word] & bit != 0 {
                 r.duplicates += 1;
                 return lat;
             }
-            if self.seen.len() < SEEN_MAX {
-                self.seen.insert(p);
-            }
+            self.seen[word] |= bit;
         }
         r.distinct += 1;
         if is_gap_marker(&m.subject) {
             r.feed_gaps += 1;
-            r.feed_gap_messages +=
-                m.payload.get(8..16).map_or(0, |b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])));
+            r.feed_gap_messages += body.get(8..16).map_or(0, |b| u64::from_be_bytes(b.try_into().unwrap_or([0; 8])));
         }
-        if let Some(s) = header_u64(m, "Ff-Subj-Seq").filter(|&s| s > 0) {
-            let e = self.subjects.entry(m.subject.to_string()).or_insert((0, 0));
+        if let Some(s) = Some(tag.subject_seq).filter(|&s| s > 0) {
+            // Looked up by &str: a String only for a subject's first publication.
+            let e = match self.subjects.get_mut(m.subject.as_str()) {
+                Some(e) => e,
+                None => self.subjects.entry(m.subject.to_string()).or_insert((0, 0)),
+            };
             if s < e.0 {
                 r.reordered += 1;
             }
@@ -232,23 +238,32 @@ pub async fn subscribe(
     let started = Instant::now();
     let wait = cfg.stop.idle.unwrap_or(Duration::from_millis(200)).min(Duration::from_millis(200));
     let mut last = Instant::now();
+    // One timer for the whole subscription, re-armed only when it fires: a
+    // timeout per message cost a timer-wheel insert and removal each.
+    let tick = tokio::time::sleep(wait);
+    tokio::pin!(tick);
     macro_rules! pump {
         ($next:expr) => {
             loop {
                 if done(&t, &cfg.stop, started) {
                     break;
                 }
-                if cfg.stop.idle.is_some_and(|d| t.report.publications > 0 && last.elapsed() >= d) {
-                    break;
-                }
-                match tokio::time::timeout(wait, $next).await {
-                    Ok(Some(m)) => {
-                        let lat = t.record(&m, wall_ns());
-                        each(&m, lat);
-                        last = Instant::now();
+                tokio::select! {
+                    biased;
+                    m = $next => match m {
+                        Some(m) => {
+                            let lat = t.record(&m, wall_ns());
+                            each(&m, lat);
+                            last = Instant::now();
+                        }
+                        None => break,
+                    },
+                    () = &mut tick => {
+                        if cfg.stop.idle.is_some_and(|d| t.report.publications > 0 && last.elapsed() >= d) {
+                            break;
+                        }
+                        tick.as_mut().reset(tokio::time::Instant::now() + wait);
                     }
-                    Ok(None) => break,
-                    Err(_) => {}
                 }
             }
         };

@@ -165,13 +165,23 @@ fn jetstream_with_three_replicas_keeps_everything_through_a_node_death() {
         gaps: None,
         security: Default::default(),
     };
-    let mut pubs = Vec::new();
-    let (s, _) = rt
-        .block_on(subscribe(&cfg, None, |m, _| {
-            let h = m.headers.as_ref().and_then(|h| h.get("Ff-Pub")).map(|v| v.as_str().parse::<u64>().unwrap());
-            pubs.push(h.unwrap());
-        }))
-        .unwrap();
+    // The revived node rejoins and the stream's replicas may re-elect their
+    // leader: creating the consumer can time out meanwhile; try again.
+    let t0 = Instant::now();
+    let (s, pubs) = loop {
+        let mut pubs = Vec::new();
+        let r = rt.block_on(subscribe(&cfg, None, |m, _| {
+            pubs.push(fairfeed_bridge::tag::split(&m.payload).expect("tagged").1.pub_seq);
+        }));
+        match r {
+            Ok((s, _)) => break (s, pubs),
+            Err(e) if t0.elapsed() < Duration::from_secs(40) => {
+                eprintln!("late joiner not yet: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("the stream never served a late joiner: {e}"),
+        }
+    };
     let distinct: HashSet<u64> = pubs.iter().copied().collect();
     eprintln!("bridge {report:?}\nlate joiner {s:?}");
     assert_eq!(distinct.len(), pubs.len(), "nothing stored twice: {s:?}");

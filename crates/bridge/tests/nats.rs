@@ -71,8 +71,9 @@ fn listen(
     let h = rt.spawn(async move {
         let mut got = Vec::new();
         subscribe(&cfg, Some(tx), |m, _| {
-            let p: u64 = m.headers.as_ref().unwrap().get("Ff-Pub").unwrap().as_str().parse().unwrap();
-            got.push((p, m.subject.to_string(), m.payload.to_vec()));
+            // The payload is the publication's, then the bridge's tag.
+            let (body, tag) = fairfeed_bridge::tag::split(&m.payload).expect("tagged");
+            got.push((tag.pub_seq, m.subject.to_string(), body.to_vec()));
         })
         .await
         .unwrap();

@@ -455,15 +455,17 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
     let (r, _) = rt
         .block_on(subscribe(&cfg, None, |m, lat| {
             if print {
-                let h = |k: &str| m.headers.as_ref().and_then(|h| h.get(k)).map_or("-", |v| v.as_str()).to_string();
+                let (body, tag) =
+                    fairfeed_bridge::tag::split(&m.payload).map_or((&m.payload[..], None), |(b, t)| (b, Some(t)));
+                let f = |x: Option<u64>| x.map_or("-".into(), |v| v.to_string());
                 println!(
                     "{} seq {} count {} pub {} latency {} µs, {} bytes",
                     m.subject,
-                    h("Ff-Seq"),
-                    h("Ff-Count"),
-                    h("Ff-Pub"),
-                    lat.map_or("-".into(), |l| l.to_string()),
-                    m.payload.len()
+                    f(tag.map(|t| t.seq)),
+                    f(tag.map(|t| u64::from(t.count))),
+                    f(tag.map(|t| t.pub_seq)),
+                    f(lat),
+                    body.len()
                 );
             }
         }))
