@@ -31,6 +31,9 @@ pub struct BenchConfig {
     /// Use this server instead of starting one.
     pub nats: Option<String>,
     pub seed: u64,
+    /// The peer baseline: `tools/natsbase` (NATS's Go client), run after the
+    /// bridge against the same server with the load the bridge published.
+    pub baseline: Option<std::path::PathBuf>,
 }
 
 /// Its result: latency over all subscribers, and what was lost or repeated.
@@ -56,6 +59,51 @@ pub struct BenchReport {
     pub dropped_overflow: u64,
     pub subjects: usize,
     pub per_subscriber: Vec<SubscribeReport>,
+    /// The baseline's report (`p50_ms`, `p99_ms`, `lost`, … and its client), when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<serde_json::Value>,
+    /// The bridge's p50 ÷ the baseline's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_vs_baseline: Option<f64>,
+}
+
+/// Runs the baseline `bin` against `url`: `subscribers` connections, the
+/// bridge's publication rate, subjects and mean payload (tag included).
+fn baseline(
+    bin: &std::path::Path,
+    url: &str,
+    cfg: &BenchConfig,
+    pubs_per_s: f64,
+    subjects: usize,
+    payload: usize,
+) -> Result<serde_json::Value, String> {
+    let mut child = std::process::Command::new(bin)
+        .args(["-url", url, "-subscribers", &cfg.subscribers.to_string()])
+        .args(["-rate", &format!("{pubs_per_s:.3}"), "-seconds", &cfg.seconds.to_string()])
+        .args(["-subjects", &subjects.max(1).to_string(), "-payload", &payload.clamp(16, 65_536).to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting the baseline {}: {e}", bin.display()))?;
+    let limit = Duration::from_secs_f64(cfg.seconds * 3.0 + 60.0);
+    let t0 = Instant::now();
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            return Err(format!("the baseline did not finish within {:.0} s", limit.as_secs_f64()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("the baseline failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("the baseline's report: {e}"))?;
+    if !v["p50_ms"].is_number() {
+        return Err(format!("the baseline's report has no p50_ms: {v}"));
+    }
+    Ok(v)
 }
 
 fn feed(rate_pps: f64, seconds: f64, seed: u64) -> Result<Vec<Vec<u8>>, String> {
@@ -95,6 +143,22 @@ fn replay(bridge: &mut Bridge, packets: &[Vec<u8>], rate_pps: f64, mut progress:
         }
     }
     packets.len() as f64 / t0.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// Latency quantiles of a histogram of µs, in ms (zeros when empty).
+fn summary(all: &Histogram<u64>) -> LatencyMs {
+    if all.is_empty() {
+        return LatencyMs::default();
+    }
+    let ms = |us: u64| us as f64 / 1e3;
+    LatencyMs {
+        mean_ms: all.mean() / 1e3,
+        min_ms: ms(all.min()),
+        p50_ms: ms(all.value_at_quantile(0.5)),
+        p90_ms: ms(all.value_at_quantile(0.9)),
+        p99_ms: ms(all.value_at_quantile(0.99)),
+        max_ms: ms(all.max()),
+    }
 }
 
 /// Runs one row.
@@ -165,20 +229,19 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
         per.push(r);
     }
     let publications = b.route.publications;
+    let base = match &cfg.baseline {
+        Some(bin) => {
+            let payload = (b.route.payload_bytes / publications.max(1)) as usize + crate::tag::TAG_LEN;
+            Some(baseline(bin, &url, cfg, publications as f64 / cfg.seconds, b.route.subjects, payload)?)
+        }
+        None => None,
+    };
     let lost = per.iter().map(|r| publications.saturating_sub(r.distinct)).sum();
     let duplicates = per.iter().map(|r| r.duplicates).sum();
-    let ms = |us: u64| us as f64 / 1e3;
-    let empty = all.is_empty();
-    let q = |x: f64| if empty { 0.0 } else { ms(all.value_at_quantile(x)) };
+    let latency = summary(&all);
+    let p50 = latency.p50_ms;
     Ok(BenchReport {
-        latency: LatencyMs {
-            mean_ms: if empty { 0.0 } else { all.mean() / 1e3 },
-            min_ms: if empty { 0.0 } else { ms(all.min()) },
-            p50_ms: q(0.5),
-            p90_ms: q(0.9),
-            p99_ms: q(0.99),
-            max_ms: if empty { 0.0 } else { ms(all.max()) },
-        },
+        latency,
         lost,
         duplicates,
         subscribers: cfg.subscribers,
@@ -194,5 +257,7 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
         dropped_overflow: b.dropped_overflow,
         subjects: b.route.subjects,
         per_subscriber: per,
+        p50_vs_baseline: base.as_ref().and_then(|v| v["p50_ms"].as_f64()).filter(|&x| x > 0.0).map(|x| p50 / x),
+        baseline: base,
     })
 }

@@ -121,6 +121,8 @@ pub struct RouteStats {
     pub feed_gaps: u64,
     /// Messages those jumps skipped.
     pub feed_gap_messages: u64,
+    /// Payload bytes published (before the bridge's tag).
+    pub payload_bytes: u64,
 }
 
 /// The service an ITCH message type belongs to.
@@ -225,6 +227,7 @@ impl Router {
             }
         };
         self.stats.publications += 1;
+        self.stats.payload_bytes += payload.len() as u64;
         out(Publication { subject, seq, count, pub_seq: self.pub_seq, subject_seq, payload });
     }
 

@@ -73,6 +73,9 @@ pub struct MatrixArgs {
     /// Output directory (created): report and plots of the matrix.
     #[arg(long, default_value = "out/bridge-matrix")]
     out: PathBuf,
+    /// Run NATS's Go client beside every row, as its baseline (see `bridge bench --baseline`).
+    #[arg(long, value_name = "NATSBASE")]
+    baseline: Option<PathBuf>,
 }
 
 /// Credentials and TLS for the broker (secrets from files, never from the command line).
@@ -192,6 +195,10 @@ pub struct BenchArgs {
     /// Seed of the generated feed (same seed, same feed).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Also run NATS's Go client with the same load through the same server, as the baseline row
+    /// (`scripts/natsbase.sh` builds it from tools/natsbase and prints its path).
+    #[arg(long, value_name = "NATSBASE")]
+    baseline: Option<PathBuf>,
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -259,6 +266,7 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
                         seconds: a.seconds,
                         nats: a.nats.clone(),
                         seed: 1,
+                        baseline: a.baseline.clone(),
                     };
                     let r = bench_run(&cfg, |_| {}).map_err(|e| anyhow::anyhow!("bridge matrix: {e}"))?;
                     rows.push(r);
@@ -271,13 +279,13 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
     let mut md = format!(
         "# Seed 001's experiment with NATS\n\n{} s per row; every subscriber subscribed to everything (`ff.itch.>`); \
          latency from the bridge's ingress tag to the subscriber, ms.\n\n\
-         | packets/s | granularity | by | subscribers | publications/s | mean | min | max | p50 | p90 | p99 | lost | dup |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | packets/s | granularity | by | subscribers | publications/s | mean | min | max | p50 | p90 | p99 | lost | dup | Go client p50 / p99 / lost (same load) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         a.seconds
     );
     for r in &rows {
         md += &format!(
-            "| {:.0} | {:?} | {:?} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} |\n",
+            "| {:.0} | {:?} | {:?} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {} |\n",
             r.rate_pps,
             r.granularity,
             r.by,
@@ -290,7 +298,13 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
             r.latency.p90_ms,
             r.latency.p99_ms,
             r.lost,
-            r.duplicates
+            r.duplicates,
+            r.baseline.as_ref().map_or("—".to_string(), |v| format!(
+                "{:.3} / {:.3} / {}",
+                v["p50_ms"].as_f64().unwrap_or(f64::NAN),
+                v["p99_ms"].as_f64().unwrap_or(f64::NAN),
+                v["lost"]
+            ))
         );
     }
     std::fs::write(a.out.join("summary.md"), &md)?;
@@ -406,6 +420,7 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
         seconds: a.seconds,
         nats: a.nats,
         seed: a.seed,
+        baseline: a.baseline,
     };
     let pb = crate::fmt::progress(100, "replaying through the bridge");
     let r =
@@ -431,6 +446,15 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
             r.lost,
             r.duplicates
         );
+        if let (Some(v), Some(ratio)) = (&r.baseline, r.p50_vs_baseline) {
+            println!(
+                "baseline ({}, same load and server): p50 {:.3} ms, p99 {:.3}; lost {} — the bridge's p50 is {ratio:.2}× it",
+                v["client"].as_str().unwrap_or("?"),
+                v["p50_ms"].as_f64().unwrap_or(f64::NAN),
+                v["p99_ms"].as_f64().unwrap_or(f64::NAN),
+                v["lost"]
+            );
+        }
     }
     Ok(())
 }

@@ -215,6 +215,45 @@ fn bridge_and_subscriber_log_in_and_a_wrong_password_is_refused() {
     assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// Goal: the bench measures NATS's own Go client beside the bridge, same
+/// load, same server, same run (the peer baseline). Method: build
+/// tools/natsbase with scripts/natsbase.sh (skipped without Go), one short
+/// bench row with `--baseline`.
+#[test]
+fn bridge_bench_runs_the_go_client_baseline_beside_it() {
+    if !have_server() || !have_tool("go", &["version"]) {
+        return;
+    }
+    let d = tmp();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/natsbase.sh");
+    let o = Command::new("bash").arg(&script).env("CARGO_TARGET_DIR", d.path()).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bin = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let out = fairfeed(&[
+        "bridge",
+        "bench",
+        "--subscribers",
+        "2",
+        "--granularity",
+        "message",
+        "--rate",
+        "500",
+        "--seconds",
+        "2",
+        "--baseline",
+        &bin,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json(&out);
+    let b = &v["baseline"];
+    assert!(b["client"].as_str().is_some_and(|c| c.starts_with("nats.go")), "{v}");
+    assert_eq!((b["subscribers"].as_u64(), b["lost"].as_u64(), v["lost"].as_u64()), (Some(2), Some(0), Some(0)), "{v}");
+    let (bp, p) = (b["publications"].as_f64().unwrap(), v["publications"].as_f64().unwrap());
+    assert!((bp - p).abs() <= p * 0.01 + 2.0, "the same load: {bp} vs {p}");
+    assert!(v["p50_vs_baseline"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+}
+
 /// The nats-server processes whose parent is `pid`.
 fn servers_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
