@@ -8,6 +8,7 @@
 //! local `nats-server` for tests and the bench.
 
 pub mod bench;
+pub mod consume;
 pub mod publish;
 pub mod route;
 pub mod security;

@@ -231,8 +231,12 @@ pub struct SubscribeArgs {
     #[arg(long, value_parser = crate::fmt::seconds)]
     idle_s: Option<f64>,
     /// Print one line per publication.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "decode")]
     print: bool,
+    /// Print one line per ITCH message, decoded from any granularity (sequence number, type, stock
+    /// locate, timestamp, symbol), and one per gap: the feed's (before the bridge) or the broker's.
+    #[arg(long)]
+    decode: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -459,6 +463,30 @@ fn run_bench(a: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One line per decoded message or gap (`subscribe --decode`).
+fn print_event(e: fairfeed_bridge::consume::Event<'_>) {
+    use fairfeed_bridge::consume::Event;
+    match e {
+        Event::Message { subject, seq, msg } => {
+            let stock = msg.stock().map(|s| String::from_utf8_lossy(s.trimmed()).into_owned()).unwrap_or_default();
+            let seq = seq.map_or("-".to_string(), |s| s.to_string());
+            println!(
+                "{subject} seq {seq} type {} locate {} ts {} {stock}",
+                msg.as_bytes()[0] as char,
+                msg.stock_locate(),
+                msg.timestamp()
+            );
+        }
+        Event::FeedGap { first, missing } => {
+            println!("FEED GAP: {missing} messages from seq {first} lost before the bridge")
+        }
+        Event::BrokerGap { subject, missing } => {
+            println!("BROKER GAP: {missing} publications of {subject} not delivered")
+        }
+        Event::EndOfSession { subject } => println!("{subject}: end of session"),
+    }
+}
+
 pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
     let cfg = SubscribeConfig {
         url: a.nats.clone(),
@@ -475,9 +503,13 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
         security: a.auth.security(),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let print = a.print;
+    let (print, decode) = (a.print, a.decode);
+    let mut decoder = fairfeed_bridge::consume::Decoder::default();
     let (r, _) = rt
         .block_on(subscribe(&cfg, None, |m, lat| {
+            if decode {
+                decoder.handle(m.subject.as_str(), &m.payload, &mut print_event);
+            }
             if print {
                 let (body, tag) =
                     fairfeed_bridge::tag::split(&m.payload).map_or((&m.payload[..], None), |(b, t)| (b, Some(t)));

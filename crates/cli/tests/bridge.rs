@@ -142,12 +142,25 @@ fn feed_gaps_before_the_bridge_reach_subscribers_as_markers() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    // The same through the decoding library: one line per Add Order, one per feed gap.
+    let decoded = Command::new(bin())
+        .args(["subscribe", "--nats", &server.url, "--subject", "ff.itch.*.*.A", "--idle-s", "2", "--seconds", "20"])
+        .arg("--decode")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(1_000));
     fairfeed(&["replay", a.to_str().unwrap(), "--to", &listen, "--rate", "4000"]);
     let sub = sub.wait_with_output().unwrap();
+    let decoded = String::from_utf8(decoded.wait_with_output().unwrap().stdout).unwrap();
     assert!(bridge.wait_with_output().unwrap().status.success());
     let s: serde_json::Value = serde_json::from_slice(&sub.stdout).unwrap();
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let adds = decoded.lines().filter(|l| l.contains(" type A locate ")).count();
+    let gaps = decoded.lines().filter(|l| l.starts_with("FEED GAP: ")).count();
+    assert_eq!((adds as u64, gaps as u64), (dec["types"]["A"].as_u64().unwrap(), dec["gaps"].as_u64().unwrap()));
+    assert!(!decoded.contains("BROKER GAP"), "no broker gap");
     assert_eq!(r["route"]["feed_gaps"], dec["gaps"], "bridge {r} vs decode {dec}");
     assert_eq!(r["route"]["feed_gap_messages"], dec["missing_messages"], "{r}");
     assert_eq!(s["feed_gaps"], dec["gaps"], "the subscriber got every marker: {s}");
