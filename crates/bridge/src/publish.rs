@@ -25,6 +25,11 @@ use crate::route::{Publication, RouteConfig, RouteStats, Router};
 
 /// Publications queued between the feed and the broker, by default.
 pub const BUFFER_DEFAULT: usize = 65_536;
+/// `Auto` granularity batches once this many publications wait for the broker…
+pub const AUTO_BATCH_ON: usize = 1_024;
+/// … and goes back to one per message once no more than this many wait.
+pub const AUTO_BATCH_OFF: usize = 64;
+
 /// JetStream publications awaiting their acknowledgement at once, by default.
 pub const IN_FLIGHT_DEFAULT: usize = 256;
 /// A JetStream publication is retried this often at most (≈ 60 s of outage).
@@ -111,6 +116,8 @@ pub struct Bridge {
     shared: Arc<Shared>,
     rt: tokio::runtime::Runtime,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// `Auto` granularity: batching now (see [`AUTO_BATCH_ON`]).
+    batching: bool,
 }
 
 /// CLOCK_REALTIME in ns.
@@ -289,12 +296,18 @@ impl Bridge {
                 }
             })
         })?;
-        Ok(Bridge { router: Router::new(route), tx: Some(tx), cfg, shared, rt, task: Some(task) })
+        Ok(Bridge { router: Router::new(route), tx: Some(tx), cfg, shared, rt, task: Some(task), batching: false })
     }
 
     /// Routes one MoldUDP64 packet that arrived at `ingress_ns` and queues its publications.
     pub fn handle_packet(&mut self, packet: &[u8], ingress_ns: u64) {
         let Some(tx) = &self.tx else { return };
+        if self.router.config().granularity == crate::route::Granularity::Auto {
+            let depth = tx.max_capacity() - tx.capacity();
+            let on = if self.batching { depth > AUTO_BATCH_OFF } else { depth >= AUTO_BATCH_ON.min(tx.max_capacity()) };
+            self.batching = on;
+            self.router.set_batching(on);
+        }
         let (s, overflow) = (&self.shared, self.cfg.overflow);
         self.router.route(packet, |mut p| {
             let tag = crate::tag::Tag {

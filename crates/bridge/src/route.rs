@@ -62,6 +62,11 @@ pub enum Granularity {
     Packet,
     Message,
     Batched,
+    /// Per message while the broker keeps up, per (packet, subject) batch
+    /// while it does not: the shell says which with [`Router::set_batching`]
+    /// (the bridge: from its queue to the broker). Packets are routed whole
+    /// either way and the queue is one FIFO, so no subject is reordered.
+    Auto,
 }
 
 /// Subjects by symbol or by service.
@@ -123,6 +128,9 @@ pub struct RouteStats {
     pub feed_gap_messages: u64,
     /// Payload bytes published (before the bridge's tag).
     pub payload_bytes: u64,
+    /// `Auto` granularity: packets routed as batches, and switches between modes.
+    pub auto_batched_packets: u64,
+    pub auto_switches: u64,
 }
 
 /// The service an ITCH message type belongs to.
@@ -160,6 +168,8 @@ pub struct Router {
     expect: Option<(Session, u64)>,
     /// The session whose end was published (a second end of it is a duplicate).
     ended: Option<Session>,
+    /// `Auto` granularity: batch now.
+    batching: bool,
 }
 
 impl Router {
@@ -173,11 +183,20 @@ impl Router {
             groups: Vec::new(),
             expect: None,
             ended: None,
+            batching: false,
         }
     }
 
     pub fn config(&self) -> &RouteConfig {
         &self.cfg
+    }
+
+    /// For `Auto` granularity: batch the packets routed from now on (or stop).
+    pub fn set_batching(&mut self, on: bool) {
+        if on != self.batching {
+            self.stats.auto_switches += 1;
+        }
+        self.batching = on;
     }
 
     /// The symbol or service token of one message (learning names from the directory).
@@ -304,14 +323,22 @@ impl Router {
             }
         }
         self.stats.messages += keys.len() as u64;
-        match self.cfg.granularity {
+        let granularity = match self.cfg.granularity {
+            Granularity::Auto if self.batching => {
+                self.stats.auto_batched_packets += 1;
+                Granularity::Batched
+            }
+            Granularity::Auto => Granularity::Message,
+            g => g,
+        };
+        match granularity {
             Granularity::Packet => {
                 let first = keys.first().map(|k| k.2.clone()).unwrap_or_else(|| "_MIXED".into());
                 let tok = if keys.iter().all(|k| k.2 == first) { first } else { "_MIXED".into() };
                 let count = p.message_count();
                 self.emit(format!("{prefix}.{session}.pkt.{tok}"), base, count, packet.to_vec(), &mut out);
             }
-            Granularity::Message => {
+            Granularity::Message | Granularity::Auto => {
                 for (seq, t, k, m) in keys {
                     self.emit(format!("{prefix}.{session}.{k}.{}", t as char), seq, 1, m.to_vec(), &mut out);
                 }
@@ -416,6 +443,7 @@ mod tests {
                             .messages()
                             .map(|m| m.unwrap().to_vec())
                             .collect(),
+                        Granularity::Auto => unreachable!("not in this loop"),
                     };
                     assert_eq!(parts.len(), usize::from(p.count), "{g:?}: count header matches");
                     for (k, m) in parts.into_iter().enumerate() {
@@ -601,5 +629,36 @@ mod tests {
         r.route(&eos, |p| out.push(p));
         assert_eq!((out.len() - n, r.stats.duplicate_packets), (1, 1), "{:?}", r.stats);
         assert!(out.last().unwrap().subject.ends_with(".control.eos"));
+    }
+
+    #[test]
+    fn auto_switches_between_messages_and_batches_without_losing_or_reordering() {
+        let f = feed(6_000, 13);
+        let want = messages(&f);
+        let mut r = Router::new(RouteConfig { granularity: Granularity::Auto, ..RouteConfig::default() });
+        let mut out = Vec::new();
+        for (i, p) in f.iter().enumerate() {
+            // Batch for a stretch, as a bridge whose broker fell behind would.
+            r.set_batching((i / 200) % 2 == 1);
+            r.route(p, |x| out.push(x));
+        }
+        assert!(r.stats.auto_batched_packets > 0 && r.stats.auto_switches >= 4, "{:?}", r.stats);
+        let (mut got, mut per_symbol): (Vec<Vec<u8>>, HashMap<String, Vec<u64>>) = (Vec::new(), HashMap::new());
+        for p in &out {
+            if p.subject.contains(".control.") {
+                continue;
+            }
+            let parts = if p.subject.ends_with(".batch") { blocks(&p.payload) } else { vec![p.payload.clone()] };
+            let symbol = p.subject.split('.').nth(3).unwrap().to_string();
+            per_symbol.entry(symbol).or_default().push(p.seq);
+            got.extend(parts);
+        }
+        let mut w: Vec<Vec<u8>> = want.into_values().collect();
+        got.sort();
+        w.sort();
+        assert_eq!(got, w, "every message once, whichever mode carried it");
+        for (sym, seqs) in per_symbol {
+            assert!(seqs.windows(2).all(|x| x[0] < x[1]), "{sym}: a symbol's publications stay in feed order");
+        }
     }
 }

@@ -17,6 +17,8 @@ enum GranularityArg {
     Packet,
     Message,
     Batched,
+    /// Per message while the broker keeps up, batched while it does not.
+    Auto,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -36,6 +38,7 @@ fn granularity(g: GranularityArg) -> Granularity {
         GranularityArg::Packet => Granularity::Packet,
         GranularityArg::Message => Granularity::Message,
         GranularityArg::Batched => Granularity::Batched,
+        GranularityArg::Auto => Granularity::Auto,
     }
 }
 
@@ -252,7 +255,7 @@ pub fn run(c: BridgeCmd) -> anyhow::Result<()> {
 
 fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let grans = [Granularity::Packet, Granularity::Message, Granularity::Batched];
+    let grans = [Granularity::Packet, Granularity::Message, Granularity::Batched, Granularity::Auto];
     let bys = [By::Service, By::Symbol];
     let total = (a.rates.len() * a.subscribers.len() * grans.len() * bys.len()) as u64;
     let pb = crate::fmt::progress(total, "seed-001 matrix through NATS");
