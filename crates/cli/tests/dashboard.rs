@@ -178,7 +178,9 @@ fn the_demo_serves_its_dashboard_while_it_runs() {
     if have_tool("chromium", &["--version"]) {
         let page = dom(&format!("http://{addr}/"));
         assert!(text_of(&page, "title").is_some_and(|t| t.starts_with("demo:")), "the title is shown");
-        assert!(page.matches("id=\"node-").count() >= 9, "the nodes are drawn:\n{page}");
+        // By now the demo may have moved on to direct unicast (sender and 6
+        // receivers, no proxies): at least those are drawn, whichever it shows.
+        assert!(page.matches("id=\"node-").count() >= 7, "the nodes are drawn:\n{page}");
     }
     let status = demo.wait().unwrap();
     assert!(status.success(), "{status:?}");
