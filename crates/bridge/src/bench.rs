@@ -169,6 +169,10 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
     if !(cfg.rate_pps > 0.0 && cfg.seconds > 0.0) {
         return Err("rate and seconds must be positive".into());
     }
+    // Before the bridge's run, not after it: a wrong path costs no run.
+    if let Some(b) = cfg.baseline.as_ref().filter(|b| !b.is_file()) {
+        return Err(format!("the baseline {} is not a file (build it with scripts/natsbase.sh)", b.display()));
+    }
     if cfg.rate_pps * cfg.seconds > PACKETS_MAX as f64 {
         return Err(format!(
             "--rate × --seconds is {:.0} packets; the bench holds its feed in memory and takes at most {PACKETS_MAX}",

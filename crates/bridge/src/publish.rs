@@ -105,8 +105,8 @@ pub struct BridgeReport {
     pub queue_max_seen: usize,
 }
 
-/// A queued publication and when its packet arrived.
-type Item = (Publication, u64);
+/// A queued publication (its tag, with when its packet arrived, already appended).
+type Item = Publication;
 
 /// The bridge: router in the caller's thread, publisher on its own runtime.
 pub struct Bridge {
@@ -163,7 +163,7 @@ async fn connect(
 }
 
 async fn publish_core(client: async_nats::Client, mut rx: mpsc::Receiver<Item>, s: Arc<Shared>) {
-    while let Some((p, _)) = rx.recv().await {
+    while let Some(p) = rx.recv().await {
         match client.publish(p.subject, p.payload.into()).await {
             Ok(()) => s.published.fetch_add(1, Ordering::Relaxed),
             Err(_) => s.publish_errors.fetch_add(1, Ordering::Relaxed),
@@ -178,8 +178,8 @@ type Ack = std::pin::Pin<Box<dyn std::future::Future<Output = (Item, u32, Result
 /// awaited here, one after another — and returns the wait for its
 /// acknowledgement, which may overlap the others'.
 async fn send_js(js: &jetstream::Context, item: Item, attempt: u32) -> Ack {
-    let h = message_id(&item.0);
-    match js.publish_with_headers(item.0.subject.clone(), h, item.0.payload.clone().into()).await {
+    let h = message_id(&item);
+    match js.publish_with_headers(item.subject.clone(), h, item.payload.clone().into()).await {
         Ok(ack) => Box::pin(async move {
             let r = match ack.await {
                 Ok(a) => Ok(a.duplicate),
@@ -321,8 +321,8 @@ impl Bridge {
             let depth = tx.max_capacity() - tx.capacity();
             s.queue_max_seen.fetch_max(depth + 1, Ordering::Relaxed);
             let ok = match overflow {
-                Overflow::Drop => tx.try_send((p, ingress_ns)).is_ok(),
-                Overflow::Block => tx.blocking_send((p, ingress_ns)).is_ok(),
+                Overflow::Drop => tx.try_send(p).is_ok(),
+                Overflow::Block => tx.blocking_send(p).is_ok(),
             };
             if ok {
                 s.queued.fetch_add(1, Ordering::Relaxed);

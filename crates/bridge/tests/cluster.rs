@@ -11,27 +11,18 @@
 //! way through the feed and restarted later. Without nats-server the tests
 //! say SKIPPED (and fail with FAIRFEED_REQUIRE_TOOLS=1).
 
+mod common;
+use common::have_server;
+
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fairfeed_bridge::publish::{servers, wall_ns, Bridge, PublishConfig};
 use fairfeed_bridge::route::{Granularity, RouteConfig};
-use fairfeed_bridge::server::{find_server, LocalServer};
+use fairfeed_bridge::server::LocalServer;
 use fairfeed_bridge::subscribe::{subscribe, StopWhen, SubscribeConfig, SubscribeReport};
 use fairfeed_feed::gen::{GenConfig, Generator};
-
-fn have_server() -> bool {
-    if find_server().is_some() {
-        return true;
-    }
-    let msg = "nats-server is not installed (apt-get install nats-server)";
-    if std::env::var("FAIRFEED_REQUIRE_TOOLS").as_deref() == Ok("1") {
-        panic!("{msg} and FAIRFEED_REQUIRE_TOOLS=1: run scripts/test.sh");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -56,6 +47,23 @@ fn feed(messages: u64) -> Vec<Vec<u8>> {
         .unwrap()
         .map(|p| p.payload)
         .collect()
+}
+
+/// A subscription to everything at `url` (from a stream's start, if given)
+/// that ends 3 s after the last publication.
+fn everything(url: &str, jetstream: Option<&str>) -> SubscribeConfig {
+    SubscribeConfig {
+        url: url.to_string(),
+        subject: "ff.itch.>".into(),
+        jetstream: jetstream.map(str::to_string),
+        stop: StopWhen {
+            idle: Some(Duration::from_secs(3)),
+            after: Some(Duration::from_secs(90)),
+            ..StopWhen::default()
+        },
+        gaps: None,
+        security: Default::default(),
+    }
 }
 
 /// Starts the bridge through `url`, retrying while the cluster forms (its
@@ -103,18 +111,7 @@ fn core_subscribers_on_surviving_nodes_count_exactly_what_a_dead_node_lost() {
     // One subscriber on each surviving node, connected to that node only.
     let mut subs = Vec::new();
     for n in &nodes[1..] {
-        let cfg = SubscribeConfig {
-            url: n.url.clone(),
-            subject: "ff.itch.>".into(),
-            jetstream: None,
-            stop: StopWhen {
-                idle: Some(Duration::from_secs(3)),
-                after: Some(Duration::from_secs(90)),
-                ..StopWhen::default()
-            },
-            gaps: None,
-            security: Default::default(),
-        };
+        let cfg = everything(&n.url, None);
         let (tx, rx) = tokio::sync::oneshot::channel();
         subs.push(rt.spawn(async move { subscribe(&cfg, Some(tx), |_, _| {}).await }));
         rt.block_on(rx).unwrap();
@@ -153,18 +150,7 @@ fn jetstream_with_three_replicas_keeps_everything_through_a_node_death() {
     nodes[0].revive().unwrap();
     // A late joiner on a node that never died reads the stream from its start.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let cfg = SubscribeConfig {
-        url: nodes[2].url.clone(),
-        subject: "ff.itch.>".into(),
-        jetstream: Some("FFCLUSTER".into()),
-        stop: StopWhen {
-            idle: Some(Duration::from_secs(3)),
-            after: Some(Duration::from_secs(90)),
-            ..StopWhen::default()
-        },
-        gaps: None,
-        security: Default::default(),
-    };
+    let cfg = everything(&nodes[2].url, Some("FFCLUSTER"));
     // The revived node rejoins and the stream's replicas may re-elect their
     // leader: creating the consumer can time out meanwhile; try again.
     let t0 = Instant::now();

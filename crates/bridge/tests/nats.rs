@@ -7,26 +7,17 @@
 //! while the bridge publishes. Without nats-server the tests say SKIPPED, and
 //! fail when FAIRFEED_REQUIRE_TOOLS=1 (scripts/test.sh installs it).
 
+mod common;
+use common::have_server;
+
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use fairfeed_bridge::publish::{wall_ns, Bridge, PublishConfig};
 use fairfeed_bridge::route::{Granularity, Publication, RouteConfig, Router};
-use fairfeed_bridge::server::{find_server, LocalServer};
+use fairfeed_bridge::server::LocalServer;
 use fairfeed_bridge::subscribe::{subscribe, StopWhen, SubscribeConfig};
 use fairfeed_feed::gen::{GenConfig, Generator};
-
-fn have_server() -> bool {
-    if find_server().is_some() {
-        return true;
-    }
-    let msg = "nats-server is not installed (apt-get install nats-server)";
-    if std::env::var("FAIRFEED_REQUIRE_TOOLS").as_deref() == Ok("1") {
-        panic!("{msg} and FAIRFEED_REQUIRE_TOOLS=1: run scripts/test.sh");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
 
 fn feed(messages: u64) -> Vec<Vec<u8>> {
     Generator::new(GenConfig { seed: 5, messages, symbols: 30, ..GenConfig::default() })

@@ -9,27 +9,18 @@
 //! as the nkey user, both trusting only the test's CA. Without nats-server the
 //! tests say SKIPPED (and fail with FAIRFEED_REQUIRE_TOOLS=1).
 
+mod common;
+use common::have_server;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fairfeed_bridge::publish::{wall_ns, Bridge, PublishConfig};
 use fairfeed_bridge::route::{Granularity, RouteConfig};
 use fairfeed_bridge::security::Security;
-use fairfeed_bridge::server::{find_server, LocalServer};
+use fairfeed_bridge::server::LocalServer;
 use fairfeed_bridge::subscribe::{subscribe, StopWhen, SubscribeConfig};
 use fairfeed_feed::gen::{GenConfig, Generator};
-
-fn have_server() -> bool {
-    if find_server().is_some() {
-        return true;
-    }
-    let msg = "nats-server is not installed (apt-get install nats-server)";
-    if std::env::var("FAIRFEED_REQUIRE_TOOLS").as_deref() == Ok("1") {
-        panic!("{msg} and FAIRFEED_REQUIRE_TOOLS=1: run scripts/test.sh");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
 
 /// A CA, and a server certificate for 127.0.0.1 signed by it: PEM files in `dir`.
 fn certificates(dir: &Path) {

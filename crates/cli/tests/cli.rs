@@ -955,6 +955,34 @@ fn malformed_configs_are_refused_in_one_line_naming_the_file() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The bridge's file flags (secrets, certificates, the baseline client): a
+/// missing file is one line naming it, at once — not a connection timeout
+/// later, nor a whole benchmark run first.
+#[test]
+fn missing_bridge_files_are_named_in_one_line_at_once() {
+    let nats = "nats://127.0.0.1:1";
+    for (args, named) in [
+        (
+            vec!["subscribe", "--nats", nats, "--nats-user", "u", "--nats-password-file", "/nonexistent/pw"],
+            "/nonexistent/pw",
+        ),
+        (vec!["subscribe", "--nats", nats, "--nats-ca", "/nonexistent/ca.pem"], "/nonexistent/ca.pem"),
+        (vec!["subscribe", "--nats", nats, "--nats-nkey-file", "/nonexistent/seed"], "/nonexistent/seed"),
+        (
+            vec!["bridge", "run", "--listen", "127.0.0.1:0", "--nats", nats, "--nats-token-file", "/nonexistent/tok"],
+            "/nonexistent/tok",
+        ),
+        (vec!["bridge", "bench", "--seconds", "1", "--baseline", "/nonexistent/natsbase"], "/nonexistent/natsbase"),
+    ] {
+        let t0 = std::time::Instant::now();
+        let o = Command::new(bin()).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(named) && err.trim().lines().count() == 1 && !err.contains("panicked"), "{args:?}: {err}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(3), "{args:?}: {:?}", t0.elapsed());
+    }
+}
+
 #[test]
 fn unreachable_servers_are_reported_in_one_line_within_their_timeout() {
     // A port nothing listens on (TCP and UDP): each client gives up in time and says where it tried.
