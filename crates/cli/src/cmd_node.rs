@@ -26,6 +26,8 @@ enum ThreadsArg {
     One,
     /// Send on a second thread behind a bounded SPSC ring.
     Split,
+    /// Every agent on a thread of its own: receive and decide, send, the sender's feed, the receiver's delivery.
+    Dedicated,
 }
 
 /// What every node takes.
@@ -257,6 +259,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         threads: match c.threads {
             ThreadsArg::One => Threading::One,
             ThreadsArg::Split => Threading::Split,
+            ThreadsArg::Dedicated => Threading::Dedicated,
         },
         tuning: Tuning { pin: c.pin.clone(), mlock: c.mlock, fifo: c.fifo, busy_poll_us: c.busy_poll_us },
         control: c.control,
@@ -366,17 +369,31 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     finish(&a.common, &r)
 }
 
+/// `stat` asks again this often until answered (UDP: a request or its
+/// answer may be dropped, by a full socket buffer under load or a flood).
+const STAT_RETRY_MS: u64 = 200;
+
 pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
     let s = UdpSocket::bind(if a.addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
-    s.set_read_timeout(Some(Duration::from_millis(a.timeout_ms)))?;
-    s.send_to(b"stat", a.addr).with_context(|| format!("asking {}", a.addr))?;
+    let until = std::time::Instant::now() + Duration::from_millis(a.timeout_ms);
     let mut buf = vec![0u8; 65_536];
-    let n = s.recv(&mut buf).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            anyhow::anyhow!("no answer from {} within {} ms (is a node's --control there?)", a.addr, a.timeout_ms)
+    let n = loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            anyhow::bail!("no answer from {} within {} ms (is a node's --control there?)", a.addr, a.timeout_ms);
         }
-        _ => anyhow::anyhow!("no answer from {} (is a node's --control there?): {e}", a.addr),
-    })?;
+        s.send_to(b"stat", a.addr).with_context(|| format!("asking {}", a.addr))?;
+        s.set_read_timeout(Some(left.min(Duration::from_millis(STAT_RETRY_MS))))?;
+        match s.recv(&mut buf) {
+            Ok(n) => break n,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            // Nothing listens there (ICMP port unreachable): ask again until the time is up.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                std::thread::sleep(left.min(Duration::from_millis(STAT_RETRY_MS)));
+            }
+            Err(e) => anyhow::bail!("no answer from {} (is a node's --control there?): {e}", a.addr),
+        }
+    };
     let v: serde_json::Value = serde_json::from_slice(&buf[..n]).context("the answer is not JSON")?;
     use std::io::Write;
     // A closed pipe (`| head`) is not an error worth a panic.

@@ -118,7 +118,9 @@ fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
         let deliver = sock.local_addr().unwrap().to_string();
         collectors.push((id, collect(sock, stop.clone())));
         let mut a = common_args();
+        // Delivery and the arbitrator that fills gaps on a thread of their own.
         a.extend(["--deliver".into(), deliver, "--retransmit".into(), server.into()]);
+        a.extend(["--threads".into(), "dedicated".into()]);
         c.start(id, &a);
     }
     for id in c.ids("proxy") {
@@ -126,7 +128,12 @@ fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
     }
     let sender = c.ids("sender")[0];
     let control = "127.0.0.1:9328";
-    c.start(sender, &sender_args(&["--retransmit-listen", server, "--control", control]));
+    // Feed, data path, send side and control each on a thread of their own.
+    let dedicated = ["--threads", "dedicated"];
+    c.start(
+        sender,
+        &sender_args(&[&["--retransmit-listen", server, "--control", control][..], &dedicated[..]].concat()),
+    );
     std::thread::sleep(Duration::from_millis(700 + 1_000));
     c.crash(victim);
     std::thread::sleep(Duration::from_millis(300));
@@ -165,6 +172,68 @@ fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
         coverage.push((first, last));
     }
     assert!(coverage.windows(2).all(|w| w[0] == w[1]), "every receiver delivered the same messages: {coverage:?}");
+}
+
+/// Goal: a client that floods a node's control socket (thousands of `stat`
+/// requests it never reads the answers to, and garbage) neither stalls the
+/// node's data path nor keeps a well-behaved `fairfeed stat` from its answer.
+#[test]
+fn a_control_socket_flood_neither_stalls_the_node_nor_starves_stat() {
+    let mut c = Cluster::plan(2, 2, 0, &["--loopback-port".into(), "9350".into()]);
+    let victim = c.ids("receiver")[0];
+    let control = "127.0.0.1:9358";
+    for id in c.ids("receiver") {
+        let mut a = common_args();
+        if id == victim {
+            a.extend(["--control".into(), control.into()]);
+        }
+        c.start(id, &a);
+    }
+    for id in c.ids("proxy") {
+        c.start(id, &common_args());
+    }
+    let sender = c.ids("sender")[0];
+    c.start(sender, &sender_args(&[]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let mut sent = 0u64;
+            while !stop.load(Ordering::Relaxed) && sent < 2_000_000 {
+                let msg: &[u8] = match sent % 4 {
+                    0 => b"stat",
+                    1 => &[0xff; 300],
+                    2 => b"stat",
+                    _ => b"\0\0\0",
+                };
+                if s.send_to(msg, control).is_ok() {
+                    sent += 1;
+                }
+            }
+            sent
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1_500));
+    let t = std::time::Instant::now();
+    let live = common::json(&common::fairfeed(&["stat", control, "--timeout-ms", "2000"]));
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(2), "stat took {took:?} under the flood");
+    assert!(n(&live["counters"]["control"]["requests"]) > 100, "the flood did not arrive: {live}");
+    c.wait(sender, Duration::from_secs(20));
+    stop.store(true, Ordering::Relaxed);
+    let sent = flood.join().unwrap();
+    c.stop_all();
+    let total = RATE * FEED_S;
+    for id in c.ids("receiver") {
+        let s = c.stats(id);
+        assert_eq!(n(&s["node"]["released"]), total, "receiver {id} (flooded: {}) lost messages", id == victim);
+        assert_eq!(c.early_releases(id), 0, "receiver {id}");
+    }
+    eprintln!(
+        "flood: {sent} datagrams at the control socket; stat answered in {took:?}; {}",
+        live["counters"]["control"]
+    );
 }
 
 fn fails_with(args: &[&str], needle: &str) {

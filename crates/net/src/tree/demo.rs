@@ -43,7 +43,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
 
-use super::agent::{wall_ns, AgentConfig, ClockOpts, Job, NodeAgent, ReceiverJob, ReleaseAt, SenderJob};
+use super::agent::{wall_ns, AgentConfig, ClockOpts, Job, NodeAgents, ReceiverJob, ReleaseAt, SenderJob};
 use super::agent::{PublishSlot, Tap, Threading, TimeBase};
 use crate::arb::live::{bind_udp, IdleStrategy};
 use crate::tuning::Tuning;
@@ -364,7 +364,7 @@ fn bind_all(topo: &Topology) -> std::io::Result<(Topology, Vec<Option<UdpSocket>
 
 /// Runs tree 0 of `topo` on loopback, sending `cfg.messages` of `payloads`
 /// (MoldUDP64 packets, cycled) at `cfg.rate_per_s` emulated messages per
-/// second: one [`NodeAgent`] per node — the agent `fairfeed sender|proxy|
+/// second: one [`NodeAgents`] per node — the agents `fairfeed sender|proxy|
 /// receiver` runs — all on this thread under one runner, on dilated time.
 /// `progress` is told the elapsed fraction now and then.
 pub fn run_cluster(
@@ -405,7 +405,7 @@ pub fn run_cluster(
             let due_wall = time.wall_at(skew.true_at(m.deadline_ns));
             t.borrow_mut().release(id, m, (at.wall_ns, at.true_ns, at.local_ns), hold, due_wall);
         };
-        let a = NodeAgent::new(c, socks[c.id as usize].take(), on_release)
+        let a = NodeAgents::new(c, socks[c.id as usize].take(), on_release)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         agents.push(a);
     }
@@ -419,12 +419,12 @@ pub fn run_cluster(
         done: false,
     };
     let rc = RunConfig { idle: IdleStrategy::Spin, spin_ahead_ns: SPIN_AHEAD_NS, park_max_ns: 100_000_000, stop: None };
-    let mut all: Vec<&mut dyn Agent> = agents.iter_mut().map(|a| a as &mut dyn Agent).collect();
+    let mut all: Vec<&mut dyn Agent> = agents.iter_mut().flat_map(NodeAgents::agents).collect();
     all.push(&mut watch);
     let stats = run(&mut all, &rc)?;
     drop(all);
     // Their final counters, for a dashboard still showing the run.
-    agents.iter().for_each(NodeAgent::publish);
+    agents.iter_mut().for_each(NodeAgents::publish_now);
     let host_seconds = wall_ns().saturating_sub(time.origin_wall_ns) as f64 / 1e9;
     let mut tally = tally.borrow_mut();
     let (link, paths) = shared.tap.take();
@@ -501,7 +501,7 @@ fn link_fidelity(tally: &mut Tally) -> [f64; 7] {
 }
 
 fn summarize(
-    agents: &[NodeAgent<'_>],
+    agents: &[NodeAgents<'_>],
     receiver_ids: &[u32],
     cfg: &ClusterConfig,
     tally: &mut Tally,
@@ -513,7 +513,7 @@ fn summarize(
     let (mut late, mut released, mut hold) = (0u64, 0u64, 0u64);
     let mut deadline_offset_us = 0.0;
     let (mut packets_sent, mut send_errors) = (0, 0);
-    for a in agents {
+    for a in agents.iter().map(|a| &a.node) {
         let (sent, failed) = a.sent();
         packets_sent += sent;
         send_errors += failed;

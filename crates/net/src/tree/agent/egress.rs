@@ -6,13 +6,13 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fairfeed_io::agent::{Agent, Turn};
-use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use super::mailbox::{Incoming, Outgoing};
 use super::TimeBase;
 use crate::batch::{BatchSend, Sent};
 use crate::tuning::Applied;
@@ -189,72 +189,34 @@ impl Egress {
     }
 }
 
-/// The node's side of a send thread: the ring, the wake-up and the thread.
+/// The node's side of a send thread: the ring and the thread.
 pub struct EgressHandle {
-    pub ring: rtrb::Producer<Copy>,
-    pub done: Arc<AtomicBool>,
-    /// The send thread is parked (or about to): wake it after pushing.
-    pub sleeping: Arc<AtomicBool>,
-    pub wake: Arc<EventFd>,
+    pub ring: Outgoing<Copy>,
     pub thread: Option<std::thread::JoinHandle<Vec<Applied>>>,
 }
 
-impl EgressHandle {
-    /// Wakes the send thread if it is parked.
-    pub fn nudge(&self) {
-        if self.sleeping.load(Ordering::SeqCst) {
-            let _ = self.wake.write(1);
-        }
-    }
-}
-
 /// A node's send side as an agent of its own: takes copies from the ring,
-/// holds them for their emulated delay, sends them in batches.
+/// holds them for their emulated delay, sends them in batches. It asks to be
+/// woken only when it parks (it spins through a hundred thousand copies a
+/// second otherwise).
 pub struct EgressAgent {
-    ring: rtrb::Consumer<Copy>,
+    ring: Incoming<Copy>,
     egress: Egress,
-    done: Arc<AtomicBool>,
-    sleeping: Arc<AtomicBool>,
-    wake: Arc<EventFd>,
     time: TimeBase,
     /// The thread tuning applied where it runs.
     pub applied: Vec<Applied>,
 }
 
-/// A ring of `capacity` copies between a node's agent and an [`EgressAgent`]:
-/// the node's handle, and the parts the agent is built from on its thread.
-pub fn egress_ring(capacity: usize) -> std::io::Result<(EgressHandle, EgressParts)> {
-    let (tx, rx) = rtrb::RingBuffer::<Copy>::new(capacity);
-    let wake = Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?);
-    let done = Arc::new(AtomicBool::new(false));
-    let sleeping = Arc::new(AtomicBool::new(false));
-    let parts = EgressParts { ring: rx, done: done.clone(), sleeping: sleeping.clone(), wake: wake.clone() };
-    Ok((EgressHandle { ring: tx, done, sleeping, wake, thread: None }, parts))
-}
-
-/// What an [`EgressAgent`] is built from (sent to its thread).
-pub struct EgressParts {
-    ring: rtrb::Consumer<Copy>,
-    done: Arc<AtomicBool>,
-    sleeping: Arc<AtomicBool>,
-    wake: Arc<EventFd>,
-}
-
 impl EgressAgent {
-    pub fn new(parts: EgressParts, egress: Egress, time: TimeBase, applied: Vec<Applied>) -> Self {
-        let EgressParts { ring, done, sleeping, wake } = parts;
-        EgressAgent { ring, egress, done, sleeping, wake, time, applied }
+    pub fn new(ring: Incoming<Copy>, egress: Egress, time: TimeBase, applied: Vec<Applied>) -> Self {
+        EgressAgent { ring, egress, time, applied }
     }
 }
 
 impl Agent for EgressAgent {
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
-        let _ = self.wake.read();
-        let mut got = 0;
-        while let Ok(c) = self.ring.pop() {
-            self.egress.push(c);
-            got += 1;
-        }
+        let egress = &mut self.egress;
+        let got = self.ring.drain(|c| egress.push(c));
         got + self.egress.flush(self.time.at(now)) as usize
     }
 
@@ -263,25 +225,18 @@ impl Agent for EgressAgent {
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
-        vec![self.wake.as_fd()]
+        vec![self.ring.fd()]
     }
 
     fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire) && self.ring.is_empty() && self.egress.is_empty()
+        self.ring.is_finished() && self.egress.is_empty()
     }
 
     fn before_park(&mut self) -> bool {
-        self.sleeping.store(true, Ordering::SeqCst);
-        // Re-check after announcing the sleep: a push in between is not missed.
-        if self.ring.is_empty() {
-            true
-        } else {
-            self.sleeping.store(false, Ordering::SeqCst);
-            false
-        }
+        self.ring.arm()
     }
 
     fn after_park(&mut self) {
-        self.sleeping.store(false, Ordering::SeqCst);
+        self.ring.disarm();
     }
 }

@@ -3,16 +3,22 @@
 //! VM, each reading the planner's topology file (with addresses) and its own id.
 //!
 //! The node is the sans-IO state machine the simulator drives; this shell
-//! owns the socket, the clock (CLOCK_REALTIME, the clock PTP or chrony
-//! synchronizes across hosts), the threads and the timers. It is an agent
-//! ([`NodeAgent`], `fairfeed_io::agent`): a process runs one on its thread
-//! (and, split, its send side as a second agent on a thread of its own);
-//! `fairfeed demo` runs a whole tree of them on one thread, on dilated time:
+//! owns the sockets, the clock (CLOCK_REALTIME, the clock PTP or chrony
+//! synchronizes across hosts), the threads and the timers. A node is a
+//! composition of agents (`fairfeed_io::agent`, Aeron's model;
+//! [`NodeAgents`]): the data path ([`NodeAgent`]: receive, the state
+//! machine, timers, releases, and the send side inline or as an
+//! [`egress::EgressAgent`]), a sender's [`FeedAgent`], a receiver's
+//! [`DeliveryAgent`], and a [`ControlAgent`] for `stat`, `stop` and metrics —
+//! joined only by bounded mailboxes, a board for their counters and when to
+//! stop ([`Life`]), so where they run is configuration ([`Threading`]):
 //! - receive in `recvmmsg` batches, send in `sendmmsg` batches (one buffer,
 //!   many destinations, no copy per destination);
-//! - threading as configuration: everything on one thread, or the send side
-//!   on its own thread behind a bounded single-producer/single-consumer ring
-//!   ([`Threading::Split`], as Jasper decouples Rx and Tx);
+//! - threading as placement: data path, feed and delivery on one thread; the
+//!   send side on its own ([`Threading::Split`], as Jasper decouples Rx and
+//!   Tx); every agent on its own ([`Threading::Dedicated`]); the control
+//!   agent always on its own, parked; `fairfeed demo` runs every agent of a
+//!   whole tree on one thread, on dilated time;
 //! - idle strategy: spin (busy polling) or park in `poll(2)`; releases are
 //!   always approached by spinning on the clock for the last
 //!   [`SPIN_AHEAD_NS`];
@@ -25,11 +31,21 @@
 //! - named counters and latency histograms, readable from outside through a
 //!   control socket (`fairfeed stat`) and written as JSON at exit.
 
+mod compose;
+mod control;
+mod delivery;
 mod egress;
+mod feed;
+mod mailbox;
 mod node;
 
+pub use compose::{run_agent, NodeAgents, MAILBOX_CAPACITY};
+pub use control::{Board, ControlAgent, ControlStats, Life, ANSWER_WAIT_NS, PENDING_MAX};
+pub use delivery::{Delivered, DeliveryAgent};
 pub use egress::{Copy, Tap, TxCounters, DELAY_QUEUE_MAX, TAP_PATH_LINKS_MAX};
-pub use node::{run_agent, AgentError, NodeAgent};
+pub use feed::FeedAgent;
+pub use mailbox::{mailbox, Incoming, Outgoing};
+pub use node::{AgentError, Links, NodeAgent};
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -61,6 +77,10 @@ pub enum Threading {
     One,
     /// Receive and decide on one thread, send on another; a bounded SPSC ring between.
     Split,
+    /// Every agent of the node on a thread of its own: receive and decide,
+    /// send, a sender's feed, a receiver's delivery (and control, which is
+    /// on its own thread in every mode).
+    Dedicated,
 }
 
 /// The time a node runs on: the wall clock (CLOCK_REALTIME), or emulated

@@ -5,21 +5,20 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
-use fairfeed_arb::spec::SeqSpec;
-use fairfeed_arb::{Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window};
 use fairfeed_clock::ClockSync;
 use fairfeed_io::agent::{Agent, RunConfig, Turn};
 use fairfeed_model::LinkEmulator;
 use fairfeed_tree::node::{Node, Outcome, Released, Transmit};
 use fairfeed_tree::plan::{probe_graph, probe_strides, Node as PlanNode, Role};
-use fairfeed_wire::moldudp64::RequestRepr;
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde_json::json;
 
-use super::egress::{egress_ring, Copy, Egress, EgressAgent, EgressHandle, TxCounters};
+use super::control::{summary, Life, NodePart, Poster};
+use super::delivery::Delivered;
+use super::egress::{Copy, Egress, EgressAgent, EgressHandle, TxCounters};
+use super::mailbox::{mailbox, Incoming, Outgoing};
 use super::{wall_ns, AgentConfig, AgentReport, Job, ReleaseAt, ReleaseRow, Threading, LOG_ROWS_MAX, RING_CAPACITY};
 use super::{SOCKET_RECV_BUFFER, SPIN_AHEAD_NS};
 use crate::arb::live::bind_udp;
@@ -88,11 +87,8 @@ struct Hists {
 }
 
 const HIST_MAX_NS: u64 = 10_000_000_000;
-/// How often a spinning node looks at its control socket (a request waits at most this long).
-const CONTROL_POLL_NS: u64 = 1_000_000;
-const PUBLISH_INTERVAL_NS: u64 = crate::publish::PUBLISH_INTERVAL.as_nanos() as u64;
 /// A parked node wakes at least this often (to see a stop signal).
-const PARK_MAX_NS: u64 = 100_000_000;
+pub(super) const PARK_MAX_NS: u64 = 100_000_000;
 /// Copies still waiting for their emulated delay at exit are sent for at most this long.
 const DRAIN_NS: u64 = 1_000_000_000;
 
@@ -112,143 +108,12 @@ fn record(h: &mut Histogram<u64>, v: u64) {
     let _ = h.record(v.clamp(1, HIST_MAX_NS));
 }
 
-fn summary(h: &Histogram<u64>) -> serde_json::Value {
-    json!({
-        "count": h.len(),
-        "p50_us": h.value_at_quantile(0.5) as f64 / 1e3,
-        "p99_us": h.value_at_quantile(0.99) as f64 / 1e3,
-        "p999_us": h.value_at_quantile(0.999) as f64 / 1e3,
-        "max_us": h.max() as f64 / 1e3,
-    })
-}
-
-/// The retransmission server a sender runs over its own journal.
-struct Journaled {
-    server: RetransmitServer,
-    sock: UdpSocket,
-    answers: u64,
-    journal_errors: u64,
-}
-
-/// A sender's schedule.
-struct Feed {
-    job: super::SenderJob,
-    t0: u64,
-    gap_ns: u64,
-    next: usize,
-    last_sent_ns: u64,
-    journal: Option<Journaled>,
-}
-
-/// Where a receiver's releases go.
-struct Delivery {
-    sock: UdpSocket,
-    to: Option<SocketAddr>,
-    fill: Option<(Arbitrator, UdpSocket, SocketAddr)>,
-    counts: DeliveryCounts,
-}
-
-#[derive(Default)]
-struct DeliveryCounts {
-    delivered: u64,
-    failed: u64,
-    requests: u64,
-}
-
-struct DeliverSink<'a> {
-    sock: &'a UdpSocket,
-    to: Option<SocketAddr>,
-    req: &'a UdpSocket,
-    server: SocketAddr,
-    counts: &'a mut DeliveryCounts,
-}
-
-impl Sink for DeliverSink<'_> {
-    fn emit(&mut self, stream: Stream, packet: &[u8]) {
-        if stream != Stream::HighReliability {
-            return;
-        }
-        self.counts.delivered += 1;
-        if let Some(to) = self.to {
-            if self.sock.send_to(packet, to).is_err() {
-                self.counts.failed += 1;
-            }
-        }
-    }
-
-    fn request(&mut self, r: RequestRepr) {
-        let mut b = [0u8; fairfeed_wire::moldudp64::HEADER_LEN];
-        if r.emit(&mut b).is_ok() && self.req.send_to(&b, self.server).is_ok() {
-            self.counts.requests += 1;
-        }
-    }
-}
-
-impl Delivery {
-    fn new(job: &super::ReceiverJob) -> Result<Self, AgentError> {
-        let io = |what: &str| {
-            let what = what.to_string();
-            move |e| AgentError::Io(what, e)
-        };
-        let sock = UdpSocket::bind("0.0.0.0:0").map_err(io("binding the delivery socket"))?;
-        let fill = match job.retransmit {
-            None => None,
-            Some(server) => {
-                let cfg = ArbConfig {
-                    lines: 1,
-                    window: Window { mode: Mode::Time, max_hold_ns: 200_000_000, max_count_msgs: 1_000_000 },
-                    start: Start::First,
-                    retransmit: Some(RetransmitConfig {
-                        grace_ns: 1_000_000,
-                        adaptive_grace: false,
-                        ..Default::default()
-                    }),
-                    ..ArbConfig::default()
-                };
-                let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(AgentError::Config)?;
-                let any = SocketAddr::from(([0, 0, 0, 0], 0));
-                let s = bind_udp(any, 4 << 20).map_err(io("binding the retransmission socket"))?;
-                Some((arb, s, server))
-            }
-        };
-        Ok(Delivery { sock, to: job.deliver, fill, counts: DeliveryCounts::default() })
-    }
-
-    fn release(&mut self, now: u64, payload: &[u8]) {
-        match &mut self.fill {
-            Some((arb, req, server)) => {
-                let mut sink =
-                    DeliverSink { sock: &self.sock, to: self.to, req, server: *server, counts: &mut self.counts };
-                arb.handle_packet(now, Source::Line(0), payload, &mut sink);
-            }
-            None => {
-                self.counts.delivered += 1;
-                if let Some(to) = self.to {
-                    if self.sock.send_to(payload, to).is_err() {
-                        self.counts.failed += 1;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Answers from the retransmission server, and the arbitrator's timers.
-    fn service(&mut self, now: u64, buf: &mut [u8]) {
-        let Some((arb, req, server)) = &mut self.fill else { return };
-        let mut sink = DeliverSink { sock: &self.sock, to: self.to, req, server: *server, counts: &mut self.counts };
-        while let Ok(n) = sink.req.recv(buf) {
-            arb.handle_packet(now, Source::Retransmit, &buf[..n], &mut sink);
-        }
-        if arb.next_timeout().is_some_and(|t| t <= now) {
-            arb.handle_timeout(now, &mut sink);
-        }
-    }
-}
-
-/// One tree node as an agent: its socket, its state machine, its feed (a
-/// sender) or delivery (a receiver), its control socket and, inline or on a
-/// thread of its own, its send side. [`run_agent`] runs one per process;
-/// the demo runs a tree of them on one thread.
+/// One tree node's data path as an agent: its socket, its state machine and,
+/// inline or as an [`EgressAgent`] on a thread of its own, its send side. A
+/// sender's packets come from its [`super::FeedAgent`] and a receiver's
+/// releases go to its [`super::DeliveryAgent`], each behind a mailbox; its
+/// counters go to the [`super::ControlAgent`] through the board.
+/// [`super::NodeAgents`] composes them; the demo runs a tree of them on one thread.
 pub struct NodeAgent<'c> {
     cfg: &'c AgentConfig,
     who: String,
@@ -270,16 +135,16 @@ pub struct NodeAgent<'c> {
     hists: Option<Box<Hists>>,
     rows: Vec<ReleaseRow>,
     max_released_seq: u64,
-    feed: Option<Feed>,
-    delivery: Option<Delivery>,
-    ctl: Option<UdpSocket>,
-    next_control_ns: u64,
-    next_publish_ns: u64,
-    /// Asked to stop on the control socket.
-    stopped: bool,
+    /// A sender's packets, from its feed.
+    feed: Option<Incoming<Vec<u8>>>,
+    /// A receiver's releases, to its delivery.
+    delivery: Option<Outgoing<Delivered>>,
+    /// Releases the delivery's mailbox had no room for.
+    delivery_full: u64,
+    poster: Option<Poster>,
+    life: Arc<Life>,
     started_ns: u64,
     tuning: Vec<Applied>,
-    scratch: Vec<u8>,
     /// The clock was over its bound limit at the last look (said once per change).
     clock_over_limit: bool,
     on_release: OnRelease<'c>,
@@ -326,54 +191,25 @@ fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode), A
     Ok((addrs, me))
 }
 
-fn start_feed(job: &super::SenderJob, now: u64) -> Result<Feed, AgentError> {
-    if job.rate_per_s.is_nan() || job.rate_per_s <= 0.0 {
-        return Err(AgentError::Config("the sender's rate must be positive".into()));
-    }
-    let journal = match job.retransmit_listen {
-        None => None,
-        Some(a) => Some(Journaled {
-            server: RetransmitServer::new(Journal::new(), ServerConfig::default()),
-            sock: bind_udp(a, 1 << 20)
-                .map_err(|e| AgentError::Io(format!("binding the retransmission server to {a}"), e))?,
-            answers: 0,
-            journal_errors: 0,
-        }),
-    };
-    Ok(Feed {
-        job: job.clone(),
-        t0: now + job.start_delay_ns,
-        gap_ns: (1e9 / job.rate_per_s) as u64,
-        next: 0,
-        last_sent_ns: now,
-        journal,
-    })
-}
-
 fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Result<Outbox, AgentError> {
     let send_sock = sock.try_clone().map_err(|e| AgentError::Io("cloning the socket".into(), e))?;
-    Ok(match cfg.threads {
-        Threading::One => Outbox::Inline(Egress::new(send_sock, tx.clone(), cfg.tap.clone())),
-        Threading::Split => {
-            let (mut handle, parts) =
-                egress_ring(RING_CAPACITY).map_err(|e| AgentError::Io("making the send ring".into(), e))?;
-            let (tuning, counters, tap, time, idle) =
-                (cfg.tuning.clone(), tx.clone(), cfg.tap.clone(), cfg.time, cfg.idle);
-            // Built on its thread: the batch headers hold raw pointers and stay there.
-            let make = move || {
-                let applied = tuning.apply_thread(1);
-                if idle != IdleStrategy::Spin {
-                    let _ = nix::sys::prctl::set_timerslack(1_000);
-                }
-                EgressAgent::new(parts, Egress::new(send_sock, counters, tap), time, applied)
-            };
-            let rc = RunConfig { idle, spin_ahead_ns: SPIN_AHEAD_NS, park_max_ns: PARK_MAX_NS, stop: None };
-            let thread = fairfeed_io::agent::spawn("fairfeed-tx", rc, make, |a, _| a.applied)
-                .map_err(|e| AgentError::Io("starting the send thread".into(), e))?;
-            handle.thread = Some(thread);
-            Outbox::Ring(handle)
+    if cfg.threads == Threading::One {
+        return Ok(Outbox::Inline(Egress::new(send_sock, tx.clone(), cfg.tap.clone())));
+    }
+    let (ring, incoming) = mailbox(RING_CAPACITY).map_err(|e| AgentError::Io("making the send ring".into(), e))?;
+    let (tuning, counters, tap, time, idle) = (cfg.tuning.clone(), tx.clone(), cfg.tap.clone(), cfg.time, cfg.idle);
+    // Built on its thread: the batch headers hold raw pointers and stay there.
+    let make = move || {
+        let applied = tuning.apply_thread(1);
+        if idle != IdleStrategy::Spin {
+            let _ = nix::sys::prctl::set_timerslack(1_000);
         }
-    })
+        EgressAgent::new(incoming, Egress::new(send_sock, counters, tap), time, applied)
+    };
+    let rc = RunConfig { idle, spin_ahead_ns: SPIN_AHEAD_NS, park_max_ns: PARK_MAX_NS, stop: None };
+    let thread = fairfeed_io::agent::spawn("fairfeed-tx", rc, make, |a, _| a.applied)
+        .map_err(|e| AgentError::Io("starting the send thread".into(), e))?;
+    Ok(Outbox::Ring(EgressHandle { ring, thread: Some(thread) }))
 }
 
 fn start_sync(cfg: &AgentConfig, me: &PlanNode, sender: u32) -> ClockSync {
@@ -388,72 +224,77 @@ fn start_sync(cfg: &AgentConfig, me: &PlanNode, sender: u32) -> ClockSync {
     sync
 }
 
+/// What joins a node agent to the other agents of its node.
+pub struct Links {
+    pub feed: Option<Incoming<Vec<u8>>>,
+    pub delivery: Option<Outgoing<Delivered>>,
+    pub poster: Option<Poster>,
+    pub life: Arc<Life>,
+}
+
+/// The node's socket: `sock`, or bound to its address in the topology.
+fn node_socket(cfg: &AgentConfig, me: u32, addr: SocketAddr, sock: Option<UdpSocket>) -> Result<UdpSocket, AgentError> {
+    let sock = match sock {
+        Some(s) => s,
+        None => bind_udp(addr, SOCKET_RECV_BUFFER).map_err(|e| {
+            AgentError::Io(format!("node {me}: binding {addr} (in use, or not an address of this host?)"), e)
+        })?,
+    };
+    if cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
+        // Probes need each datagram's own arrival time (two probes read in one
+        // batch would otherwise share one reading).
+        crate::batch::enable_rx_timestamps(&sock)
+            .map_err(|e| AgentError::Io(format!("node {me}: SO_TIMESTAMPNS"), e))?;
+    }
+    Ok(sock)
+}
+
+/// The state machine of node `me`, checked against the job it is started with.
+fn state_machine(cfg: &AgentConfig, me: &PlanNode) -> Result<Node, AgentError> {
+    let sender = cfg.topology.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
+    let hedge_parents = fairfeed_tree::plan::hedge_parents(&cfg.topology, 0).remove(&me.id).unwrap_or_default();
+    match (&me.role, &cfg.job) {
+        (Role::Sender, Job::Sender(_)) | (Role::Proxy, Job::Proxy) | (Role::Receiver, Job::Receiver(_)) => {
+            Ok(Node::from_plan(me, sender, hedge_parents, cfg.node, cfg.rule, start_sync(cfg, me, sender))
+                .with_auth(cfg.auth.clone()))
+        }
+        (role, _) => Err(AgentError::Config(format!(
+            "node {} is a {role:?} in the topology; start it with `fairfeed {}`",
+            me.id,
+            format!("{role:?}").to_lowercase()
+        ))),
+    }
+}
+
 impl<'c> NodeAgent<'c> {
     /// Node `cfg.id` on `sock` (bound to its address in the topology when
-    /// `None`); each release at a receiver is handed to `on_release`.
+    /// `None`), joined to its other agents by `links`; each release at a
+    /// receiver is handed to `on_release`.
     pub fn new(
         cfg: &'c AgentConfig,
         sock: Option<UdpSocket>,
+        links: Links,
         on_release: impl FnMut(&Released, ReleaseAt) + 'c,
     ) -> Result<Self, AgentError> {
         let (addrs, me) = addresses(cfg)?;
         let addr = addrs[me.id as usize].expect("checked by addresses()");
-        let sock = match sock {
-            Some(s) => s,
-            None => bind_udp(addr, SOCKET_RECV_BUFFER).map_err(|e| {
-                AgentError::Io(format!("node {}: binding {addr} (in use, or not an address of this host?)", me.id), e)
-            })?,
-        };
-        let stamped = cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off;
-        if stamped {
-            // Probes need each datagram's own arrival time (two probes read in one
-            // batch would otherwise share one reading).
-            crate::batch::enable_rx_timestamps(&sock)
-                .map_err(|e| AgentError::Io(format!("node {}: SO_TIMESTAMPNS", me.id), e))?;
-        }
+        let sock = node_socket(cfg, me.id, addr, sock)?;
         let mut tuning = cfg.tuning.apply_process();
         tuning.extend(cfg.tuning.apply_thread(0));
         tuning.extend(cfg.tuning.apply_socket(&sock));
-        let sender = cfg.topology.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
-        let hedge_parents = fairfeed_tree::plan::hedge_parents(&cfg.topology, 0).remove(&me.id).unwrap_or_default();
-        let live = match (&me.role, &cfg.job) {
-            (Role::Sender, Job::Sender(_)) | (Role::Proxy, Job::Proxy) | (Role::Receiver, Job::Receiver(_)) => {
-                Node::from_plan(&me, sender, hedge_parents, cfg.node, cfg.rule, start_sync(cfg, &me, sender))
-                    .with_auth(cfg.auth.clone())
-            }
-            (role, _) => {
-                return Err(AgentError::Config(format!(
-                    "node {} is a {role:?} in the topology; start it with `fairfeed {}`",
-                    me.id,
-                    format!("{role:?}").to_lowercase()
-                )))
-            }
-        };
-        let now = wall_ns();
-        let feed = match &cfg.job {
-            Job::Sender(j) => Some(start_feed(j, cfg.clock.skew.local(cfg.time.at(now)))?),
-            _ => None,
-        };
-        let delivery = match &cfg.job {
-            Job::Receiver(j) if j.deliver.is_some() || j.retransmit.is_some() => Some(Delivery::new(j)?),
-            _ => None,
-        };
-        let ctl = match cfg.control {
-            Some(c) => {
-                Some(bind_udp(c, 1 << 16).map_err(|e| AgentError::Io(format!("binding the control socket {c}"), e))?)
-            }
-            None => None,
-        };
+        let live = state_machine(cfg, &me)?;
         let tx = Arc::new(TxCounters::default());
         let outbox = start_outbox(cfg, &sock, &tx)?;
         let emu = cfg
             .link
             .map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
+        let Links { feed, delivery, poster, life } = links;
         Ok(NodeAgent {
             cfg,
             who: format!("{} {}", format!("{:?}", me.role).to_lowercase(), me.id),
             role: me.role,
             addr,
+            recv: BatchRecv::new(cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off),
             sock,
             addrs,
             live,
@@ -461,7 +302,6 @@ impl<'c> NodeAgent<'c> {
             pending: Vec::with_capacity(256),
             outbox,
             tx,
-            recv: BatchRecv::new(stamped),
             packets_in: 0,
             recv_calls: 0,
             unknown_destination: 0,
@@ -473,19 +313,30 @@ impl<'c> NodeAgent<'c> {
             max_released_seq: 0,
             feed,
             delivery,
-            ctl,
-            next_control_ns: 0,
-            // Nodes on one thread (the demo) publish at staggered instants,
-            // so that no turn copies every node's histograms at once.
-            next_publish_ns: wall_ns() + PUBLISH_INTERVAL_NS / 16 * u64::from(cfg.id % 16),
-            stopped: false,
-            started_ns: now,
+            delivery_full: 0,
+            poster,
+            life,
+            started_ns: wall_ns(),
             tuning,
-            scratch: vec![0u8; 2048],
             // Unsynchronized at start is expected, not an alarm.
             clock_over_limit: true,
             on_release: Box::new(on_release),
         })
+    }
+
+    /// Who it is, for log lines ("receiver 12").
+    pub fn who(&self) -> &str {
+        &self.who
+    }
+
+    /// The address it receives on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The tuning applied where it was built (and, after [`Self::finish`], on its send thread).
+    pub fn tuning(&self) -> &[Applied] {
+        &self.tuning
     }
 }
 
@@ -517,45 +368,27 @@ impl NodeAgent<'_> {
             Outbox::Inline(e) => e.flush(now) as usize,
             Outbox::Ring(h) => {
                 if handed > 0 {
-                    h.nudge();
+                    h.ring.wake();
                 }
                 0
             }
         }
     }
 
-    /// The sender's packets that are due; true if it sent any.
-    fn send_feed(&mut self, now: u64) -> bool {
-        let (Some(f), Node::Sender(s)) = (&mut self.feed, &mut self.live) else { return false };
-        let mut sent = false;
-        let mut budget = 64;
-        while f.next < f.job.payloads.len() && now >= f.t0 + f.next as u64 * f.gap_ns && budget > 0 {
-            let p = &f.job.payloads[f.next];
-            let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
-            s.handle_message(now, p, &mut tx);
+    /// A sender's packets from its feed; returns how many.
+    fn take_feed(&mut self, now: u64) -> usize {
+        let (Some(feed), Node::Sender(s)) = (&mut self.feed, &mut self.live) else { return 0 };
+        let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
+        let n = feed.drain(|p| {
+            s.handle_message(now, &p, &mut tx);
             // As the simulator does: the deadline rule sees fresh reports at once.
             s.update(now);
-            if let Some(j) = &mut f.journal {
-                if j.server.journal_mut().append_packet(p).is_err() {
-                    j.journal_errors += 1;
-                }
-            }
-            f.next += 1;
-            f.last_sent_ns = now;
-            budget -= 1;
-            sent = true;
+        });
+        if !feed.arm() {
+            // One came in meanwhile: next turn.
+            return n + 1;
         }
-        if let Some(j) = &mut f.journal {
-            let mut out = [0u8; fairfeed_wire::moldudp64::PACKET_LEN_DEFAULT_MAX];
-            while let Ok((n, from)) = j.sock.recv_from(&mut self.scratch) {
-                if let Some(len) = j.server.handle_request(now, from, &self.scratch[..n], &mut out) {
-                    if j.sock.send_to(&out[..len], from).is_ok() {
-                        j.answers += 1;
-                    }
-                }
-            }
-        }
-        sent
+        n
     }
 
     /// Reads what is waiting; returns the number of datagrams.
@@ -642,9 +475,6 @@ impl NodeAgent<'_> {
                 record(&mut h.hold, m.deadline_ns.saturating_sub(m.arrival_ns));
             }
             self.max_released_seq = self.max_released_seq.max(m.sequence);
-            if let Some(d) = &mut self.delivery {
-                d.release(t, &m.payload);
-            }
             (self.on_release)(&m, ReleaseAt { wall_ns: wall, true_ns: t, local_ns: local });
             if self.cfg.job_keeps_log() && self.rows.len() < LOG_ROWS_MAX {
                 self.rows.push(ReleaseRow {
@@ -656,31 +486,19 @@ impl NodeAgent<'_> {
                     late: m.late,
                 });
             }
+            if let Some(d) = &mut self.delivery {
+                if d.push(Delivered { true_ns: t, payload: m.payload }).is_err() {
+                    self.delivery_full += 1;
+                }
+            }
             work += 1;
         }
-        if let Some(d) = &mut self.delivery {
-            d.service(now, &mut self.scratch);
+        if work > 0 {
+            if let Some(d) = &self.delivery {
+                d.wake();
+            }
         }
         work
-    }
-
-    /// Answers control requests; true if asked to stop.
-    fn control(&mut self) -> bool {
-        let Some(ctl) = &self.ctl else { return false };
-        let mut buf = [0u8; 256];
-        let mut stop = false;
-        while let Ok((n, from)) = ctl.recv_from(&mut buf) {
-            let reply = match String::from_utf8_lossy(&buf[..n]).trim() {
-                "stat" => serde_json::to_string(&self.snapshot(true)).unwrap_or_default(),
-                "stop" => {
-                    stop = true;
-                    "stopping".to_string()
-                }
-                other => format!("unknown command {other:?}; try stat or stop"),
-            };
-            let _ = ctl.send_to(reply.as_bytes(), from);
-        }
-        stop
     }
 
     /// This node's clock at wall time `wall`.
@@ -693,13 +511,8 @@ impl NodeAgent<'_> {
         self.cfg.time.wall_at(self.cfg.clock.skew.true_at(local))
     }
 
-    fn feed_done(&self, local: u64) -> bool {
-        self.feed
-            .as_ref()
-            .is_some_and(|f| f.next >= f.job.payloads.len() && local.saturating_sub(f.last_sent_ns) >= f.job.linger_ns)
-    }
-
-    /// Sends what is still waiting, stops the send thread, and reports.
+    /// Sends what is still waiting, stops the send thread, and reports
+    /// (its own part: [`super::NodeAgents::finish`] adds the others').
     pub fn finish(mut self) -> AgentReport {
         let deadline = wall_ns() + DRAIN_NS;
         match &mut self.outbox {
@@ -709,8 +522,7 @@ impl NodeAgent<'_> {
                 }
             }
             Outbox::Ring(h) => {
-                h.done.store(true, Ordering::Release);
-                let _ = h.wake.write(1);
+                h.ring.close();
                 if let Some(t) = h.thread.take() {
                     if let Ok(applied) = t.join() {
                         report(&self.who, &applied);
@@ -718,6 +530,9 @@ impl NodeAgent<'_> {
                     }
                 }
             }
+        }
+        if let Some(d) = &self.delivery {
+            d.close();
         }
         let mut r = self.snapshot(true);
         r.rows = std::mem::take(&mut self.rows);
@@ -737,18 +552,9 @@ impl NodeAgent<'_> {
 
 impl Agent for NodeAgent<'_> {
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
-        // The control socket costs a system call per look: a spinning node
-        // looks once per CONTROL_POLL_NS, a parked one whenever it wakes.
-        if turn == Turn::All && (self.cfg.idle == IdleStrategy::Park || now >= self.next_control_ns) {
-            self.next_control_ns = now + CONTROL_POLL_NS;
-            self.stopped |= self.control();
-            if self.cfg.publish.is_some() && now >= self.next_publish_ns {
-                self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
-                self.publish();
-            }
-        }
+        self.post(now);
         let local = self.local_at(now);
-        let mut work = usize::from(self.send_feed(local));
+        let mut work = self.take_feed(local);
         let mut now = now;
         if turn == Turn::All {
             let got = self.receive(local);
@@ -767,51 +573,29 @@ impl Agent for NodeAgent<'_> {
     }
 
     fn next_due(&self) -> u64 {
-        let mut due = self.wall_at_local(self.live.next_timeout());
-        if let Some(f) = &self.feed {
-            let l = if f.next < f.job.payloads.len() {
-                f.t0 + f.next as u64 * f.gap_ns
-            } else {
-                f.last_sent_ns.saturating_add(f.job.linger_ns)
-            };
-            due = due.min(self.wall_at_local(l));
+        if self.feed.as_ref().is_some_and(|f| !f.is_empty()) {
+            return 0;
         }
+        let mut due = self.wall_at_local(self.live.next_timeout());
         if let Outbox::Inline(e) = &self.outbox {
             due = due.min(e.next_due().map_or(u64::MAX, |d| self.cfg.time.wall_at(d)));
         }
-        if let Some(arb) = self.delivery.as_ref().and_then(|d| d.fill.as_ref()).and_then(|f| f.0.next_timeout()) {
-            due = due.min(self.wall_at_local(arb));
+        if let Some(p) = &self.poster {
+            due = due.min(p.next_ns());
         }
-        if let Some(s) = self.cfg.max_seconds {
-            due = due.min(self.started_ns.saturating_add((s * 1e9) as u64));
-        }
-        due
+        due.min(self.life.end_wall_ns())
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = vec![self.sock.as_fd()];
-        if let Some(c) = &self.ctl {
-            fds.push(c.as_fd());
-        }
-        if let Some(j) = self.feed.as_ref().and_then(|f| f.journal.as_ref()) {
-            fds.push(j.sock.as_fd());
-        }
-        if let Some((_, s, _)) = self.delivery.as_ref().and_then(|d| d.fill.as_ref()) {
-            fds.push(s.as_fd());
-        }
+        fds.extend(self.feed.iter().map(Incoming::fd));
+        fds.extend(self.poster.iter().map(Poster::fd));
         fds
     }
 
     fn is_done(&self) -> bool {
-        if self.stopped || self.cfg.stop.load(Ordering::Relaxed) {
-            return true;
-        }
-        if self.cfg.max_seconds.is_none() && self.feed.is_none() {
-            return false;
-        }
-        let now = wall_ns();
-        self.cfg.max_seconds.is_some_and(|s| now.saturating_sub(self.started_ns) as f64 / 1e9 >= s)
-            || self.feed_done(self.local_at(now))
+        // A sender is done once its feed is (sent, and lingered).
+        self.feed.as_ref().is_some_and(Incoming::is_finished) || self.life.over(wall_ns())
     }
 }
 
@@ -822,22 +606,22 @@ impl AgentConfig {
 }
 
 impl NodeAgent<'_> {
-    /// Puts the current counters and histograms where the metrics endpoint
-    /// reads them (the agent does so every [`crate::publish::PUBLISH_INTERVAL`]).
-    pub fn publish(&self) {
-        let Some(slot) = &self.cfg.publish else { return };
-        // Never wait for a reader: a slot being read is skipped this time
-        // (the reader has the previous snapshot), so a scrape cannot stall the node.
-        let mut p = match slot.try_lock() {
-            Ok(p) => p,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
-        };
+    /// Posts its part of the report when it is time or the control agent
+    /// asked (one atomic load per turn otherwise).
+    fn post(&mut self, now: u64) {
+        if let Some(g) = self.poster.as_mut().and_then(|p| p.due(now)) {
+            self.post_now(g);
+        }
+    }
+
+    /// Posts its report and histograms (generation `gen`).
+    pub fn post_now(&self, gen: u64) {
+        let Some(p) = &self.poster else { return };
         // The histograms go out whole; their quantiles are the reader's to compute.
-        p.report = Some(self.snapshot(false));
-        p.hists = self.hists.as_deref().map_or_else(Vec::new, |h| {
+        let hists = self.hists.as_deref().map_or_else(Vec::new, |h| {
             vec![("owd", h.owd.clone()), ("hold", h.hold.clone()), ("release_error", h.release_error.clone())]
         });
+        p.post_node(gen, NodePart { report: self.snapshot(false), hists });
     }
 
     /// The node's report; `with_latency`: with the histograms' quantiles.
@@ -874,16 +658,6 @@ impl NodeAgent<'_> {
                 "injected_offset_ns": skew.error_at(t),
             });
         }
-        if let Some(f) = &self.feed {
-            counters["feed_sent"] = f.next.into();
-            counters["feed_total"] = f.job.payloads.len().into();
-            if let Some(j) = &f.journal {
-                counters["retransmit_answers"] = j.answers.into();
-                counters["journal_errors"] = j.journal_errors.into();
-                counters["journal_evicted"] = j.server.journal().evicted().into();
-                counters["retransmit_server"] = serde_json::to_value(j.server.stats()).unwrap_or_default();
-            }
-        }
         let mut latency = json!({});
         if let Node::Receiver(r) = &self.live {
             // Sequences never released: the tree lost them (and, when filling
@@ -897,13 +671,8 @@ impl NodeAgent<'_> {
                 });
             }
         }
-        if let Some(d) = &self.delivery {
-            counters["delivered"] = d.counts.delivered.into();
-            counters["deliver_failed"] = d.counts.failed.into();
-            if let Some((arb, ..)) = &d.fill {
-                counters["retransmit_requests"] = d.counts.requests.into();
-                counters["fill"] = serde_json::to_value(arb.stats()).unwrap_or_default();
-            }
+        if self.delivery.is_some() {
+            counters["delivery_queue_full"] = self.delivery_full.into();
         }
         AgentReport {
             id: self.cfg.id,
@@ -917,28 +686,4 @@ impl NodeAgent<'_> {
             rows: Vec::new(),
         }
     }
-}
-
-/// Runs node `cfg.id` until it is told to stop, its time is up, or (a
-/// sender) its feed is sent and the linger is over: the node's agent on this
-/// thread and, split, its send side on a thread of its own. Each release at
-/// a receiver is also handed to `on_release`.
-pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)) -> Result<AgentReport, AgentError> {
-    let mut a = NodeAgent::new(cfg, None, on_release)?;
-    if cfg.idle != IdleStrategy::Spin {
-        // Wake from ppoll(2) when asked, not up to the default 50 µs later.
-        let _ = nix::sys::prctl::set_timerslack(1_000);
-    }
-    report(&a.who, &a.tuning);
-    tracing::info!(node = cfg.id, addr = %a.addr, "{}: running on {}", a.who, a.addr);
-    let rc = RunConfig {
-        idle: cfg.idle,
-        spin_ahead_ns: SPIN_AHEAD_NS,
-        park_max_ns: PARK_MAX_NS,
-        stop: Some(cfg.stop.clone()),
-    };
-    fairfeed_io::agent::run(&mut [&mut a], &rc).map_err(|e| AgentError::Io(format!("{}: the node loop", a.who), e))?;
-    let why = if cfg.stop.load(Ordering::Relaxed) { "stopped by a signal" } else { "finished" };
-    tracing::info!(node = cfg.id, "{}: {why}", a.who);
-    Ok(a.finish())
 }

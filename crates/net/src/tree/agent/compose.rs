@@ -1,0 +1,195 @@
+//! A node as a composition of agents, and where they run.
+//!
+//! [`NodeAgents::new`] builds what a node's job needs: always the data path
+//! ([`NodeAgent`], with its send side inline or as an `EgressAgent`); a
+//! sender's [`FeedAgent`]; a receiver's [`DeliveryAgent`] when it delivers
+//! to an application; a [`ControlAgent`] when the node answers a control
+//! socket or fills a metrics slot. They share nothing but mailboxes (feed →
+//! node → delivery), the board and when to stop ([`Life`]), so placing them
+//! is configuration: [`run_agent`] puts them on threads by
+//! [`Threading`]; `fairfeed demo` runs every agent of a hundred nodes on
+//! its one thread.
+
+use std::net::UdpSocket;
+use std::sync::Arc;
+
+use fairfeed_io::agent::{run, spawn, Agent, RunConfig};
+use fairfeed_tree::node::Released;
+
+use super::control::{Board, ControlAgent, Life, Part, Poster, PARTS};
+use super::delivery::DeliveryAgent;
+use super::feed::FeedAgent;
+use super::mailbox::mailbox;
+use super::node::{Links, PARK_MAX_NS};
+use super::{wall_ns, AgentConfig, AgentError, AgentReport, Job, NodeAgent, ReleaseAt, Threading};
+use super::{RING_CAPACITY, SPIN_AHEAD_NS};
+use crate::arb::live::bind_udp;
+use crate::idle::IdleStrategy;
+use crate::tuning::report;
+
+/// Messages waiting between a feed and its node, or a node and its delivery, at most.
+pub const MAILBOX_CAPACITY: usize = RING_CAPACITY;
+
+/// The agents of one node.
+pub struct NodeAgents<'c> {
+    pub node: NodeAgent<'c>,
+    pub feed: Option<FeedAgent>,
+    pub delivery: Option<DeliveryAgent>,
+    pub control: Option<ControlAgent>,
+    pub life: Arc<Life>,
+}
+
+fn io(what: &'static str) -> impl Fn(std::io::Error) -> AgentError {
+    move |e| AgentError::Io(what.to_string(), e)
+}
+
+impl<'c> NodeAgents<'c> {
+    /// The agents of node `cfg.id` (on `sock`, or bound to its address in the
+    /// topology); each release at a receiver is also handed to `on_release`.
+    pub fn new(
+        cfg: &'c AgentConfig,
+        sock: Option<UdpSocket>,
+        on_release: impl FnMut(&Released, ReleaseAt) + 'c,
+    ) -> Result<Self, AgentError> {
+        let now = wall_ns();
+        let life = Arc::new(Life::new(cfg.stop.clone(), now, cfg.max_seconds));
+        let ctl = match cfg.control {
+            Some(c) => {
+                Some(bind_udp(c, 1 << 16).map_err(|e| AgentError::Io(format!("binding the control socket {c}"), e))?)
+            }
+            None => None,
+        };
+        let delivers = matches!(&cfg.job, Job::Receiver(j) if j.deliver.is_some() || j.retransmit.is_some());
+        let sends = matches!(&cfg.job, Job::Sender(_));
+        let mut posters: [Option<Poster>; PARTS] = [None, None, None];
+        let board = if ctl.is_some() || cfg.publish.is_some() {
+            let mut parts = vec![Part::Node];
+            parts.extend(sends.then_some(Part::Feed));
+            parts.extend(delivers.then_some(Part::Delivery));
+            let (board, ps) = Board::new(&parts).map_err(io("making the control board"))?;
+            for (p, poster) in parts.iter().zip(ps) {
+                posters[*p as usize] = Some(poster);
+            }
+            Some(board)
+        } else {
+            None
+        };
+        let [node_poster, feed_poster, delivery_poster] = posters;
+        let clock = (cfg.clock.skew, cfg.time);
+        let (feed, feed_in) = match &cfg.job {
+            Job::Sender(j) => {
+                let (tx, rx) = mailbox(MAILBOX_CAPACITY).map_err(io("making the feed's mailbox"))?;
+                (Some(FeedAgent::new(j, now, tx, clock, life.clone(), feed_poster)?), Some(rx))
+            }
+            _ => (None, None),
+        };
+        let (delivery, delivery_out) = match &cfg.job {
+            Job::Receiver(j) if delivers => {
+                let (tx, rx) = mailbox(MAILBOX_CAPACITY).map_err(io("making the delivery's mailbox"))?;
+                (Some(DeliveryAgent::new(j, rx, clock, life.clone(), delivery_poster)?), Some(tx))
+            }
+            _ => (None, None),
+        };
+        let links = Links { feed: feed_in, delivery: delivery_out, poster: node_poster, life: life.clone() };
+        let node = NodeAgent::new(cfg, sock, links, on_release)?;
+        let control = board.map(|b| ControlAgent::new(ctl, b, life.clone(), cfg.publish.clone()));
+        Ok(NodeAgents { node, feed, delivery, control, life })
+    }
+
+    /// Every agent, for a runner that drives them all on one thread.
+    pub fn agents(&mut self) -> Vec<&mut dyn Agent> {
+        let mut v: Vec<&mut dyn Agent> = vec![&mut self.node];
+        if let Some(f) = &mut self.feed {
+            v.push(f);
+        }
+        if let Some(d) = &mut self.delivery {
+            v.push(d);
+        }
+        if let Some(c) = &mut self.control {
+            v.push(c);
+        }
+        v
+    }
+
+    /// Posts every part now and fills the metrics slot (a harness that
+    /// keeps a dashboard up after the run).
+    pub fn publish_now(&mut self) {
+        let Some(c) = &self.control else { return };
+        // The feed's and delivery's last posts stand.
+        self.node.post_now(u64::MAX);
+        c.publish();
+    }
+
+    /// Stops what still runs and reports: the node's counters with the
+    /// feed's and delivery's.
+    pub fn finish(self) -> AgentReport {
+        self.life.finish();
+        let mut r = self.node.finish();
+        let extra: Vec<serde_json::Value> = self
+            .feed
+            .iter()
+            .map(FeedAgent::counters)
+            .chain(self.delivery.iter().map(DeliveryAgent::counters))
+            .collect();
+        let rows = std::mem::take(&mut r.rows);
+        let mut r = super::control::compose(&r, &extra);
+        r.rows = rows;
+        r
+    }
+}
+
+/// A runner for an agent of the node that runs on a thread of its own.
+fn alone(cfg: &AgentConfig, idle: IdleStrategy) -> RunConfig {
+    RunConfig { idle, spin_ahead_ns: SPIN_AHEAD_NS, park_max_ns: PARK_MAX_NS, stop: Some(cfg.stop.clone()) }
+}
+
+/// Runs node `cfg.id` until it is told to stop, its time is up, or (a
+/// sender) its feed is sent and the linger is over. Placement by
+/// `cfg.threads`: the data path, a sender's feed and a receiver's delivery
+/// on this thread (`One`, `Split`; `Split` sends on a thread of its own), or
+/// every agent on a thread of its own (`Dedicated`); the control agent, when
+/// there is one, always on its own thread, parked until asked. Each release
+/// at a receiver is also handed to `on_release`.
+pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)) -> Result<AgentReport, AgentError> {
+    let mut a = NodeAgents::new(cfg, None, on_release)?;
+    if cfg.idle != IdleStrategy::Spin {
+        // Wake from ppoll(2) when asked, not up to the default 50 µs later.
+        let _ = nix::sys::prctl::set_timerslack(1_000);
+    }
+    let who = a.node.who().to_string();
+    report(&who, a.node.tuning());
+    tracing::info!(node = cfg.id, addr = %a.node.addr(), "{who}: running on {}", a.node.addr());
+    let control = match a.control.take() {
+        Some(c) => Some(
+            spawn("fairfeed-ctl", alone(cfg, IdleStrategy::Park), move || c, |c, _| c)
+                .map_err(io("starting the control thread"))?,
+        ),
+        None => None,
+    };
+    let dedicated = cfg.threads == Threading::Dedicated;
+    let feed = match if dedicated { a.feed.take() } else { None } {
+        Some(f) => Some(
+            spawn("fairfeed-feed", alone(cfg, cfg.idle), move || f, |f, _| f)
+                .map_err(io("starting the feed thread"))?,
+        ),
+        None => None,
+    };
+    let delivery = match if dedicated { a.delivery.take() } else { None } {
+        Some(d) => Some(
+            spawn("fairfeed-deliver", alone(cfg, cfg.idle), move || d, |d, _| d)
+                .map_err(io("starting the delivery thread"))?,
+        ),
+        None => None,
+    };
+    let result =
+        run(&mut a.agents(), &alone(cfg, cfg.idle)).map_err(|e| AgentError::Io(format!("{who}: the node loop"), e));
+    // Whatever still runs elsewhere stops now (and hands its agent back).
+    a.life.finish();
+    a.control = control.and_then(|t| t.join().ok());
+    a.feed = a.feed.or(feed.and_then(|t| t.join().ok()));
+    a.delivery = a.delivery.or(delivery.and_then(|t| t.join().ok()));
+    result?;
+    let why = if cfg.stop.load(std::sync::atomic::Ordering::Relaxed) { "stopped by a signal" } else { "finished" };
+    tracing::info!(node = cfg.id, "{who}: {why}");
+    Ok(a.finish())
+}

@@ -1,0 +1,537 @@
+//! A node's control side: when its agents stop ([`Life`]), where they post
+//! their counters ([`Board`]), and the [`ControlAgent`] that answers `stat`
+//! and `stop` on the control socket and fills the metrics slot.
+//!
+//! Aeron's conductor, small: the data-path agents never serialize a report
+//! or touch the control socket. Each posts its own part of the report (node:
+//! counters, state machine, histograms; feed; delivery) every
+//! [`PUBLISH_INTERVAL_NS`] and whenever the control agent asks — it asks by
+//! raising the board's generation and ringing each poster's `eventfd`, so a
+//! parked agent wakes for it and a spinning one sees it with one atomic load
+//! per turn. The control agent answers once every part has caught up, or
+//! after [`ANSWER_WAIT_NS`] with the parts it has, and runs on a thread of
+//! its own that parks (it costs the data path nothing while nobody asks).
+
+use std::collections::VecDeque;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use fairfeed_io::agent::{Agent, Turn};
+use hdrhistogram::Histogram;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use super::{wall_ns, AgentReport, PublishSlot, Published};
+
+/// How often every agent posts its part (and the metrics slot is filled).
+pub const PUBLISH_INTERVAL_NS: u64 = crate::publish::PUBLISH_INTERVAL.as_nanos() as u64;
+/// The longest a `stat` answer waits for the parts to catch up.
+pub const ANSWER_WAIT_NS: u64 = 100_000_000;
+/// `stat` requests waiting for their answer at most; more are dropped and counted.
+pub const PENDING_MAX: usize = 64;
+/// ... of which from one IP address at most (a second request from the same
+/// socket while one waits is answered by the same answer).
+pub const PENDING_PER_ADDRESS_MAX: usize = 4;
+/// Answers to unknown commands per second at most (the rest are counted, not answered).
+pub const UNKNOWN_ANSWERS_PER_S: u64 = 100;
+/// While a request waits, the control agent looks this often.
+const PENDING_POLL_NS: u64 = 200_000;
+/// A control request's size at most (longer ones are cut and refused).
+const REQUEST_MAX: usize = 256;
+/// An agent posts on request at most this often (a flood of `stat`
+/// requests costs its data path at most one post per gap).
+pub const POST_GAP_MIN_NS: u64 = 5_000_000;
+
+/// When a node's agents stop: a signal, `stop` on the control socket, the
+/// node's time limit, or the process finishing. Shared by every agent of
+/// one node, wherever it runs.
+#[derive(Debug)]
+pub struct Life {
+    signal: Arc<AtomicBool>,
+    asked: AtomicBool,
+    finished: AtomicBool,
+    /// Wall ns at which the node's time is up (`u64::MAX`: never).
+    end_wall_ns: u64,
+}
+
+impl Life {
+    pub fn new(signal: Arc<AtomicBool>, started_ns: u64, max_seconds: Option<f64>) -> Self {
+        let end_wall_ns = max_seconds.map_or(u64::MAX, |s| started_ns.saturating_add((s * 1e9) as u64));
+        Life { signal, asked: AtomicBool::new(false), finished: AtomicBool::new(false), end_wall_ns }
+    }
+
+    /// Over at wall time `now`.
+    pub fn over(&self, now: u64) -> bool {
+        self.signal.load(Ordering::Relaxed)
+            || self.asked.load(Ordering::Relaxed)
+            || self.finished.load(Ordering::Relaxed)
+            || now >= self.end_wall_ns
+    }
+
+    /// Asked to stop (on the control socket).
+    pub fn ask_stop(&self) {
+        self.asked.store(true, Ordering::Relaxed);
+    }
+
+    /// The process is done with the node: whatever still runs stops.
+    pub fn finish(&self) {
+        self.finished.store(true, Ordering::Relaxed);
+    }
+
+    pub fn end_wall_ns(&self) -> u64 {
+        self.end_wall_ns
+    }
+}
+
+/// The agents that post to a board.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Node,
+    Feed,
+    Delivery,
+}
+
+/// Kinds of [`Part`].
+pub const PARTS: usize = 3;
+
+/// Latency histograms by name (ns).
+pub type Hists = Vec<(&'static str, Histogram<u64>)>;
+
+/// What the node agent posts: its report (without the feed's and
+/// delivery's counters, and without latency quantiles — the control agent
+/// computes those from the histograms, off the data path) and its histograms.
+#[derive(Debug, Clone)]
+pub struct NodePart {
+    pub report: AgentReport,
+    pub hists: Hists,
+}
+
+#[derive(Debug, Default)]
+struct Posts {
+    node: Option<(u64, NodePart)>,
+    feed: Option<(u64, serde_json::Value)>,
+    delivery: Option<(u64, serde_json::Value)>,
+}
+
+/// Where a node's agents post their parts of the report.
+#[derive(Debug)]
+pub struct Board {
+    /// The generation the control agent wants (raised by each `stat`).
+    want: AtomicU64,
+    posts: Mutex<Posts>,
+    bells: Vec<(Part, Arc<EventFd>)>,
+}
+
+impl Board {
+    /// A board the agents `parts` post to; a [`Poster`] for each, in that order.
+    pub fn new(parts: &[Part]) -> std::io::Result<(Arc<Board>, Vec<Poster>)> {
+        let mut bells = Vec::with_capacity(parts.len());
+        for &p in parts {
+            bells
+                .push((p, Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?)));
+        }
+        let board = Arc::new(Board { want: AtomicU64::new(0), posts: Mutex::new(Posts::default()), bells });
+        let posters = board
+            .bells
+            .iter()
+            .enumerate()
+            .map(|(k, (p, bell))| Poster {
+                board: board.clone(),
+                part: *p,
+                bell: bell.clone(),
+                served: 0,
+                // Posters start staggered, so agents of many nodes on one
+                // thread do not all copy their histograms in one turn.
+                next_ns: wall_ns() + PUBLISH_INTERVAL_NS / 16 * (k as u64 % 16),
+                last_ns: 0,
+            })
+            .collect();
+        Ok((board, posters))
+    }
+
+    /// Asks every poster for a fresh part; returns the generation to wait for.
+    fn ask(&self) -> u64 {
+        let g = self.want.fetch_add(1, Ordering::SeqCst) + 1;
+        for (_, bell) in &self.bells {
+            let _ = bell.write(1);
+        }
+        g
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Posts> {
+        self.posts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every poster has posted generation `g` or later.
+    fn caught_up(&self, g: u64) -> bool {
+        let p = self.lock();
+        self.bells.iter().all(|(part, _)| match part {
+            Part::Node => p.node.as_ref().is_some_and(|x| x.0 >= g),
+            Part::Feed => p.feed.as_ref().is_some_and(|x| x.0 >= g),
+            Part::Delivery => p.delivery.as_ref().is_some_and(|x| x.0 >= g),
+        })
+    }
+
+    /// The report from the latest parts (none before the node's first post),
+    /// and the histograms when `hists`.
+    pub fn compose(&self, hists: bool) -> Option<(AgentReport, Hists)> {
+        let p = self.lock();
+        let (_, node) = p.node.as_ref()?;
+        let extra = [p.feed.as_ref().map(|x| &x.1), p.delivery.as_ref().map(|x| &x.1)];
+        let mut report = compose(&node.report, extra.into_iter().flatten());
+        if report.role == "receiver" && !node.hists.is_empty() {
+            report.latency = serde_json::Value::Object(
+                node.hists.iter().map(|(name, h)| ((*name).to_string(), summary(h))).collect(),
+            );
+        }
+        Some((report, if hists { node.hists.clone() } else { Vec::new() }))
+    }
+}
+
+/// A latency histogram's count and quantiles (µs), as reports carry them.
+pub fn summary(h: &Histogram<u64>) -> serde_json::Value {
+    serde_json::json!({
+        "count": h.len(),
+        "p50_us": h.value_at_quantile(0.5) as f64 / 1e3,
+        "p99_us": h.value_at_quantile(0.99) as f64 / 1e3,
+        "p999_us": h.value_at_quantile(0.999) as f64 / 1e3,
+        "max_us": h.max() as f64 / 1e3,
+    })
+}
+
+/// The node's report with other agents' counters merged into its `counters`.
+pub fn compose<'a>(node: &AgentReport, extra: impl IntoIterator<Item = &'a serde_json::Value>) -> AgentReport {
+    let mut r = node.clone();
+    for v in extra {
+        if let (Some(into), Some(from)) = (r.counters.as_object_mut(), v.as_object()) {
+            into.extend(from.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+    }
+    r
+}
+
+/// One agent's handle on its node's board.
+#[derive(Debug)]
+pub struct Poster {
+    board: Arc<Board>,
+    part: Part,
+    bell: Arc<EventFd>,
+    served: u64,
+    next_ns: u64,
+    last_ns: u64,
+}
+
+impl Poster {
+    /// The generation to post now, if it is time (the interval passed, or
+    /// the control agent asked and [`POST_GAP_MIN_NS`] passed since the last
+    /// post): one atomic load when it is not.
+    pub fn due(&mut self, now: u64) -> Option<u64> {
+        let want = self.board.want.load(Ordering::SeqCst);
+        let asked = want != self.served && now >= self.last_ns.saturating_add(POST_GAP_MIN_NS);
+        if !asked && now < self.next_ns {
+            return None;
+        }
+        let _ = self.bell.read();
+        self.served = want;
+        self.last_ns = now;
+        self.next_ns = now + PUBLISH_INTERVAL_NS;
+        Some(want)
+    }
+
+    /// Wall ns of the next post (scheduled, or a request waiting out the gap).
+    pub fn next_ns(&self) -> u64 {
+        if self.board.want.load(Ordering::Relaxed) != self.served {
+            return self.next_ns.min(self.last_ns.saturating_add(POST_GAP_MIN_NS));
+        }
+        self.next_ns
+    }
+
+    /// Readable when the control agent asks.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.bell.as_fd()
+    }
+
+    /// Posts the node's part.
+    pub fn post_node(&self, gen: u64, part: NodePart) {
+        debug_assert_eq!(self.part, Part::Node);
+        self.board.lock().node = Some((gen, part));
+    }
+
+    /// Posts a feed's or delivery's counters.
+    pub fn post(&self, gen: u64, counters: serde_json::Value) {
+        let mut p = self.board.lock();
+        match self.part {
+            Part::Feed => p.feed = Some((gen, counters)),
+            Part::Delivery => p.delivery = Some((gen, counters)),
+            Part::Node => debug_assert!(false, "the node posts with post_node"),
+        }
+    }
+}
+
+/// Counters of the control side.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct ControlStats {
+    pub requests: u64,
+    /// `stat` requests dropped: [`PENDING_MAX`] were waiting, or
+    /// [`PENDING_PER_ADDRESS_MAX`] from the same address.
+    pub dropped: u64,
+    /// `stat` requests from a socket whose request was already waiting.
+    pub coalesced: u64,
+    /// Answers sent before every part had caught up.
+    pub stale_answers: u64,
+    pub unknown: u64,
+}
+
+/// Answers `stat` and `stop` on the control socket and fills the metrics
+/// slot from the board.
+pub struct ControlAgent {
+    sock: Option<UdpSocket>,
+    board: Arc<Board>,
+    life: Arc<Life>,
+    slot: Option<PublishSlot>,
+    /// Requests waiting for the parts: who asked, the generation, until when.
+    pending: VecDeque<(SocketAddr, u64, u64)>,
+    next_publish_ns: u64,
+    /// Unknown-command answers in the current second: (second, count).
+    unknown_answers: (u64, u64),
+    pub stats: ControlStats,
+}
+
+impl ControlAgent {
+    pub fn new(sock: Option<UdpSocket>, board: Arc<Board>, life: Arc<Life>, slot: Option<PublishSlot>) -> Self {
+        ControlAgent {
+            sock,
+            board,
+            life,
+            slot,
+            pending: VecDeque::with_capacity(PENDING_MAX),
+            next_publish_ns: wall_ns() + PUBLISH_INTERVAL_NS,
+            unknown_answers: (0, 0),
+            stats: ControlStats::default(),
+        }
+    }
+
+    /// Fills the metrics slot from the latest parts. Never waits for a
+    /// reader: a slot being read is skipped this time.
+    pub fn publish(&self) {
+        let Some(slot) = &self.slot else { return };
+        let Some((report, hists)) = self.board.compose(true) else { return };
+        let mut p = match slot.try_lock() {
+            Ok(p) => p,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        *p = Published { report: Some(self.with_stats(report)), hists };
+    }
+
+    /// The report with the control side's own counters.
+    fn with_stats(&self, mut r: AgentReport) -> AgentReport {
+        r.counters["control"] = serde_json::to_value(self.stats).unwrap_or_default();
+        r
+    }
+
+    /// Takes a `stat` request from `from` (bounded per address and in all).
+    fn ask(&mut self, from: SocketAddr, now: u64) {
+        if self.pending.iter().any(|p| p.0 == from) {
+            self.stats.coalesced += 1;
+            return;
+        }
+        let same_ip = self.pending.iter().filter(|p| p.0.ip() == from.ip()).count();
+        if self.pending.len() >= PENDING_MAX || same_ip >= PENDING_PER_ADDRESS_MAX {
+            self.stats.dropped += 1;
+            return;
+        }
+        let g = self.board.ask();
+        self.pending.push_back((from, g, now + ANSWER_WAIT_NS));
+    }
+
+    /// Whether an unknown command may be answered now (at most
+    /// [`UNKNOWN_ANSWERS_PER_S`] a second).
+    fn may_answer_unknown(&mut self, now: u64) -> bool {
+        let second = now / 1_000_000_000;
+        if self.unknown_answers.0 != second {
+            self.unknown_answers = (second, 0);
+        }
+        self.unknown_answers.1 += 1;
+        self.unknown_answers.1 <= UNKNOWN_ANSWERS_PER_S
+    }
+
+    fn read_requests(&mut self, now: u64) -> usize {
+        let mut buf = [0u8; REQUEST_MAX];
+        let mut n = 0;
+        while let Some(Ok((len, from))) = self.sock.as_ref().map(|s| s.recv_from(&mut buf)) {
+            n += 1;
+            self.stats.requests += 1;
+            match String::from_utf8_lossy(&buf[..len]).trim() {
+                "stat" => self.ask(from, now),
+                "stop" => {
+                    self.life.ask_stop();
+                    self.reply(b"stopping", from);
+                }
+                other => {
+                    self.stats.unknown += 1;
+                    if self.may_answer_unknown(now) {
+                        let cmd: String = other.chars().take(32).collect();
+                        self.reply(format!("unknown command {cmd:?}; try stat or stop").as_bytes(), from);
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    fn reply(&self, body: &[u8], to: SocketAddr) {
+        if let Some(s) = &self.sock {
+            let _ = s.send_to(body, to);
+        }
+    }
+
+    fn answer(&mut self, now: u64) -> usize {
+        let mut n = 0;
+        while let Some(&(to, g, until)) = self.pending.front() {
+            let ready = self.board.caught_up(g);
+            if !ready && now < until {
+                break;
+            }
+            self.stats.stale_answers += u64::from(!ready);
+            let body = self.board.compose(false).map_or_else(
+                || r#"{"error":"the node has not started yet"}"#.to_string(),
+                |(r, _)| serde_json::to_string(&self.with_stats(r)).unwrap_or_default(),
+            );
+            self.reply(body.as_bytes(), to);
+            self.pending.pop_front();
+            n += 1;
+        }
+        n
+    }
+}
+
+impl Agent for ControlAgent {
+    fn do_work(&mut self, now: u64, turn: Turn) -> usize {
+        let mut work = 0;
+        if turn == Turn::All {
+            work += self.read_requests(now);
+        }
+        work += self.answer(now);
+        if now >= self.next_publish_ns {
+            self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
+            self.publish();
+            work += 1;
+        }
+        work
+    }
+
+    fn next_due(&self) -> u64 {
+        let mut due = if self.slot.is_some() { self.next_publish_ns } else { u64::MAX };
+        if !self.pending.is_empty() {
+            due = due.min(wall_ns() + PENDING_POLL_NS);
+        }
+        due
+    }
+
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        self.sock.iter().map(AsFd::as_fd).collect()
+    }
+
+    fn is_done(&self) -> bool {
+        self.life.over(wall_ns())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn report() -> AgentReport {
+        AgentReport {
+            id: 3,
+            role: "receiver".into(),
+            addr: "127.0.0.1:1".into(),
+            uptime_s: 1.0,
+            counters: serde_json::json!({ "packets_in": 5 }),
+            node: serde_json::json!({}),
+            latency: serde_json::json!({}),
+            tuning: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn client(ip: &str) -> UdpSocket {
+        let s = UdpSocket::bind(format!("{ip}:0")).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        s
+    }
+
+    #[test]
+    fn answers_are_bounded_per_address_and_a_flooder_cannot_crowd_out_another_client() {
+        let (board, mut posters) = Board::new(&[Part::Node, Part::Feed]).unwrap();
+        let (mut node, mut feed) = (posters.remove(0), posters.remove(0));
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let to = sock.local_addr().unwrap();
+        let life = Arc::new(Life::new(Arc::new(AtomicBool::new(false)), wall_ns(), None));
+        let mut ctl = ControlAgent::new(Some(sock), board, life.clone(), None);
+        // One flooding socket (coalesced), more sockets from its IP (bounded), a second client elsewhere.
+        let flooder = client("127.0.0.1");
+        for _ in 0..10 {
+            flooder.send_to(b"stat", to).unwrap();
+        }
+        let more: Vec<UdpSocket> = (0..6).map(|_| client("127.0.0.1")).collect();
+        for s in &more {
+            s.send_to(b"stat", to).unwrap();
+        }
+        let other = client("127.0.0.2");
+        other.send_to(b"stat", to).unwrap();
+        flooder.send_to(&[0xff; 400], to).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let now = wall_ns();
+        ctl.do_work(now, Turn::All);
+        assert_eq!(ctl.stats.coalesced, 9);
+        assert_eq!(ctl.stats.dropped, 3, "4 waiting per address: the flooder and 3 more");
+        assert_eq!(ctl.stats.unknown, 1);
+        assert_eq!(ctl.pending.len(), 5);
+        // Nothing is answered until every part caught up (or the wait is over).
+        let g = node.due(now).expect("asked");
+        node.post_node(g, NodePart { report: report(), hists: Vec::new() });
+        ctl.do_work(now, Turn::Timers);
+        assert_eq!(ctl.pending.len(), 5, "the feed's part is not fresh yet");
+        let g = feed.due(now).expect("asked");
+        feed.post(g, serde_json::json!({ "feed_sent": 7 }));
+        ctl.do_work(now, Turn::Timers);
+        assert!(ctl.pending.is_empty());
+        let mut buf = [0u8; 4096];
+        let n = other.recv(&mut buf).expect("the other client is answered");
+        let v: serde_json::Value = serde_json::from_slice(&buf[..n]).unwrap();
+        assert_eq!(v["counters"]["packets_in"], 5);
+        assert_eq!(v["counters"]["feed_sent"], 7, "parts merged");
+        assert_eq!(v["counters"]["control"]["coalesced"], 9);
+        // A request unanswered by the parts is answered with what there is after the wait.
+        other.send_to(b"stat", to).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        ctl.do_work(now, Turn::All);
+        ctl.do_work(now + ANSWER_WAIT_NS, Turn::Timers);
+        assert_eq!(ctl.stats.stale_answers, 1);
+        assert!(other.recv(&mut buf).is_ok());
+        // `stop` ends the node's life.
+        other.send_to(b"stop", to).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        ctl.do_work(now, Turn::All);
+        assert!(life.over(now));
+    }
+
+    #[test]
+    fn a_poster_posts_on_its_interval_and_on_request_at_most_every_gap() {
+        let (board, mut posters) = Board::new(&[Part::Node]).unwrap();
+        let mut p = posters.remove(0);
+        let t = p.next_ns();
+        assert_eq!(p.due(t - 1), None);
+        assert_eq!(p.due(t), Some(0));
+        let g = board.ask();
+        assert_eq!(p.due(t + 1), None, "asked again within the gap");
+        assert_eq!(p.next_ns(), t + POST_GAP_MIN_NS);
+        assert_eq!(p.due(t + POST_GAP_MIN_NS), Some(g));
+        assert_eq!(p.due(t + POST_GAP_MIN_NS + 1), None);
+    }
+}

@@ -1,0 +1,219 @@
+//! A receiver's delivery as an agent: each released message goes to the
+//! application as a plain MoldUDP64 datagram, optionally through a one-line
+//! arbitrator that asks the sender's retransmission server for whatever the
+//! tree lost.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+
+use fairfeed_arb::spec::SeqSpec;
+use fairfeed_arb::{Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window};
+use fairfeed_clock::skew::Skew;
+use fairfeed_io::agent::{Agent, Turn};
+use fairfeed_wire::moldudp64::RequestRepr;
+use serde_json::json;
+
+use super::control::{Life, Poster};
+use super::mailbox::Incoming;
+use super::{wall_ns, AgentError, ReceiverJob, TimeBase};
+use crate::arb::live::bind_udp;
+
+/// How long the filling arbitrator holds a message behind a gap.
+const FILL_HOLD_NS: u64 = 200_000_000;
+/// How long it waits before asking for a gap to be filled.
+const FILL_GRACE_NS: u64 = 1_000_000;
+
+/// One released message: its payload and the (true) time of its release.
+#[derive(Debug)]
+pub struct Delivered {
+    pub true_ns: u64,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    delivered: u64,
+    failed: u64,
+    requests: u64,
+}
+
+struct DeliverSink<'a> {
+    sock: &'a UdpSocket,
+    to: Option<SocketAddr>,
+    req: &'a UdpSocket,
+    server: SocketAddr,
+    counts: &'a mut Counts,
+}
+
+impl Sink for DeliverSink<'_> {
+    fn emit(&mut self, stream: Stream, packet: &[u8]) {
+        if stream != Stream::HighReliability {
+            return;
+        }
+        self.counts.delivered += 1;
+        if let Some(to) = self.to {
+            if self.sock.send_to(packet, to).is_err() {
+                self.counts.failed += 1;
+            }
+        }
+    }
+
+    fn request(&mut self, r: RequestRepr) {
+        let mut b = [0u8; fairfeed_wire::moldudp64::HEADER_LEN];
+        if r.emit(&mut b).is_ok() && self.req.send_to(&b, self.server).is_ok() {
+            self.counts.requests += 1;
+        }
+    }
+}
+
+/// Where a receiver's releases go.
+pub struct DeliveryAgent {
+    sock: UdpSocket,
+    to: Option<SocketAddr>,
+    fill: Option<(Arbitrator, UdpSocket, SocketAddr)>,
+    counts: Counts,
+    inbox: Incoming<Delivered>,
+    skew: Skew,
+    time: TimeBase,
+    life: Arc<Life>,
+    poster: Option<Poster>,
+    scratch: Vec<u8>,
+    /// What one turn took from the inbox (kept to reuse its allocation).
+    batch: Vec<Delivered>,
+}
+
+impl DeliveryAgent {
+    pub fn new(
+        job: &ReceiverJob,
+        inbox: Incoming<Delivered>,
+        (skew, time): (Skew, TimeBase),
+        life: Arc<Life>,
+        poster: Option<Poster>,
+    ) -> Result<Self, AgentError> {
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |e| AgentError::Io(what, e)
+        };
+        let sock = UdpSocket::bind("0.0.0.0:0").map_err(io("binding the delivery socket"))?;
+        let fill = match job.retransmit {
+            None => None,
+            Some(server) => {
+                let cfg = ArbConfig {
+                    lines: 1,
+                    window: Window { mode: Mode::Time, max_hold_ns: FILL_HOLD_NS, max_count_msgs: 1_000_000 },
+                    start: Start::First,
+                    retransmit: Some(RetransmitConfig {
+                        grace_ns: FILL_GRACE_NS,
+                        adaptive_grace: false,
+                        ..Default::default()
+                    }),
+                    ..ArbConfig::default()
+                };
+                let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(AgentError::Config)?;
+                let any = SocketAddr::from(([0, 0, 0, 0], 0));
+                let s = bind_udp(any, 4 << 20).map_err(io("binding the retransmission socket"))?;
+                Some((arb, s, server))
+            }
+        };
+        Ok(DeliveryAgent {
+            sock,
+            to: job.deliver,
+            fill,
+            counts: Counts::default(),
+            inbox,
+            skew,
+            time,
+            life,
+            poster,
+            scratch: vec![0u8; 2048],
+            batch: Vec::new(),
+        })
+    }
+
+    fn release(&mut self, now: u64, payload: &[u8]) {
+        match &mut self.fill {
+            Some((arb, req, server)) => {
+                let mut sink =
+                    DeliverSink { sock: &self.sock, to: self.to, req, server: *server, counts: &mut self.counts };
+                arb.handle_packet(now, Source::Line(0), payload, &mut sink);
+            }
+            None => {
+                self.counts.delivered += 1;
+                if let Some(to) = self.to {
+                    if self.sock.send_to(payload, to).is_err() {
+                        self.counts.failed += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers from the retransmission server, and the arbitrator's timers.
+    fn service(&mut self, now: u64) -> usize {
+        let Some((arb, req, server)) = &mut self.fill else { return 0 };
+        let mut sink = DeliverSink { sock: &self.sock, to: self.to, req, server: *server, counts: &mut self.counts };
+        let mut n = 0;
+        while let Ok(k) = sink.req.recv(&mut self.scratch) {
+            arb.handle_packet(now, Source::Retransmit, &self.scratch[..k], &mut sink);
+            n += 1;
+        }
+        if arb.next_timeout().is_some_and(|t| t <= now) {
+            arb.handle_timeout(now, &mut sink);
+            n += 1;
+        }
+        n
+    }
+
+    /// Its counters, as they go into the node's report.
+    pub fn counters(&self) -> serde_json::Value {
+        let mut c = json!({ "delivered": self.counts.delivered, "deliver_failed": self.counts.failed });
+        if let Some((arb, ..)) = &self.fill {
+            c["retransmit_requests"] = self.counts.requests.into();
+            c["fill"] = serde_json::to_value(arb.stats()).unwrap_or_default();
+        }
+        c
+    }
+}
+
+impl Agent for DeliveryAgent {
+    fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
+        let mut batch = std::mem::take(&mut self.batch);
+        let mut work = self.inbox.drain(|d| batch.push(d));
+        for d in batch.drain(..) {
+            self.release(d.true_ns, &d.payload);
+        }
+        self.batch = batch;
+        work += self.service(self.skew.local(self.time.at(now)));
+        if !self.inbox.arm() {
+            work += 1;
+        }
+        if let Some(g) = self.poster.as_mut().and_then(|p| p.due(now)) {
+            let c = self.counters();
+            if let Some(p) = &self.poster {
+                p.post(g, c);
+            }
+        }
+        work
+    }
+
+    fn next_due(&self) -> u64 {
+        if !self.inbox.is_empty() {
+            return 0;
+        }
+        let arb = self.fill.as_ref().and_then(|f| f.0.next_timeout());
+        let due = arb.map_or(u64::MAX, |l| self.time.wall_at(self.skew.true_at(l)));
+        due.min(self.poster.as_ref().map_or(u64::MAX, Poster::next_ns))
+    }
+
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        let mut fds = vec![self.inbox.fd()];
+        fds.extend(self.fill.iter().map(|f| f.1.as_fd()));
+        fds.extend(self.poster.iter().map(Poster::fd));
+        fds
+    }
+
+    fn is_done(&self) -> bool {
+        self.inbox.is_empty() && (self.inbox.is_finished() || self.life.over(wall_ns()))
+    }
+}
