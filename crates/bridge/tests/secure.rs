@@ -91,7 +91,7 @@ fn the_bridge_and_a_subscriber_authenticate_over_tls() {
         subject: "ff.itch.>".into(),
         jetstream: None,
         stop: StopWhen {
-            idle: Some(Duration::from_secs(2)),
+            idle: Some(Duration::from_secs(5)),
             after: Some(Duration::from_secs(60)),
             ..StopWhen::default()
         },
@@ -111,8 +111,14 @@ fn the_bridge_and_a_subscriber_authenticate_over_tls() {
     pc.security = password_user(d.path(), "pw-bridge-1");
     let route = RouteConfig { granularity: Granularity::Message, ..RouteConfig::default() };
     let mut bridge = Bridge::start(route, pc).expect("the password user connects over TLS");
-    for p in &feed {
+    // Paced (this test is about credentials and TLS, not bursts): an unpaced
+    // burst of 5,000 over TLS to a one-thread subscriber on a loaded machine
+    // once made the server cut the subscriber off as a slow consumer.
+    for (k, p) in feed.iter().enumerate() {
         bridge.handle_packet(p, wall_ns());
+        if k % 100 == 99 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
     let report = bridge.finish(Duration::from_secs(30));
     let (got, _) = rt.block_on(sub).unwrap().unwrap();
