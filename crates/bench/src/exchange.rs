@@ -1,31 +1,39 @@
 //! `fairfeed exchange bench`: seed 002's latency matrix on this machine —
 //! OUCH orders over real loopback TCP into the exchange at a fixed rate across
-//! P products, each order timed from the moment it is written to the moment
+//! P products from an open-loop load generator (one busy-polling thread, N
+//! connections), each order timed from the moment it was *due* to the moment
 //! its Order Accepted (or Rejected) is read back — beside a bare loopback TCP
-//! ping-pong measured in the same run. And the matching core's throughput on
-//! one thread, in process.
+//! ping-pong measured in the same run; optionally with a hostile client
+//! beside it ([`crate::exchange_attack`]). And the matching core's
+//! throughput on one thread, in process.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use fairfeed_exchange::client;
 use fairfeed_exchange::engine::{Command, Engine, Limits, NewOrder, Side, Tif};
-use fairfeed_exchange::gateway::GatewayConfig;
+use fairfeed_exchange::gateway::{GatewayConfig, GatewayStats};
+
+use crate::exchange_attack::{self, Attack, AttackStats};
 use fairfeed_wire::ouch::outbound;
 use fairfeed_wire::soupbintcp::{split_packet, PacketRepr};
 use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use fairfeed_net::exchange::live::{Exchange, ExchangeConfig, Step};
+use fairfeed_net::exchange::live::{Exchange, ExchangeConfig, Idle, Pipeline, Step};
 
 /// One row of the matrix.
 #[derive(Debug, Clone, Serialize)]
 pub struct ExchangeBenchReport {
+    /// The exchange's pipeline (`run-to-completion` or `threaded`).
+    pub pipeline: Pipeline,
+    /// How the exchange's threads waited.
+    pub idle: String,
     pub rate: f64,
     pub products: usize,
     pub seconds: f64,
@@ -48,6 +56,14 @@ pub struct ExchangeBenchReport {
     pub executions: u64,
     pub itch_messages: u64,
     pub steps: Vec<Step>,
+    /// The hostile client beside the load, and what it managed.
+    pub attack: Option<Attack>,
+    pub attack_stats: Option<AttackStats>,
+    /// The process's resident memory when the exchange had started and when the load was over.
+    pub rss_start_kib: u64,
+    pub rss_end_kib: u64,
+    /// The gateway's counters (refusals, closes, rate limits).
+    pub gateway: GatewayStats,
 }
 
 /// Bare loopback TCP ping-pong (64 bytes each way, Nagle off): round trips, ns.
@@ -78,86 +94,115 @@ pub fn tcp_ping_pong(samples: usize) -> std::io::Result<Histogram<u64>> {
     Ok(h)
 }
 
-/// One client: logs in, sends `orders` at `rate`, times each order's acknowledgement.
-fn client(
-    addr: SocketAddr,
-    user: (String, String),
-    symbols: Vec<String>,
-    (rate, orders, seed, stamped): (f64, usize, u64, bool),
-    responses: Arc<AtomicU64>,
-) -> std::io::Result<(Histogram<u64>, u64, f64)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_nodelay(true)?;
-    let mut out = Vec::new();
-    client::login(&user.0, &user.1, 0, &mut out);
-    s.write_all(&out)?;
-    let mut r = s.try_clone()?;
-    let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..orders + 1).map(|_| AtomicU64::new(0)).collect());
-    let done = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let (sa, d2, resp) = (sent_at.clone(), done.clone(), responses.clone());
-    let reader = thread::spawn(move || {
-        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
-        let (mut buf, mut have) = (vec![0u8; 1 << 20], 0usize);
-        r.set_read_timeout(Some(Duration::from_millis(50))).ok();
-        let mut idle_since: Option<Instant> = None;
-        loop {
-            match r.read(&mut buf[have..]) {
-                Ok(0) => break,
+/// Orders one write carries at most (late orders go together, up to this).
+const WRITE_BATCH_MAX: usize = 256;
+/// After the last order, how long the generator waits for the last answers.
+const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// One client connection of the load generator.
+struct Conn {
+    sock: TcpStream,
+    out: Vec<u8>,
+    /// Bytes of `out` already written.
+    written: usize,
+    inbuf: Vec<u8>,
+    have: usize,
+}
+
+impl Conn {
+    fn open(addr: SocketAddr, user: &(String, String)) -> std::io::Result<Conn> {
+        let sock = TcpStream::connect(addr)?;
+        sock.set_nodelay(true)?;
+        let mut out = Vec::new();
+        client::login(&user.0, &user.1, 0, &mut out);
+        sock.set_nonblocking(true)?;
+        Ok(Conn { sock, out, written: 0, inbuf: vec![0u8; 1 << 20], have: 0 })
+    }
+
+    /// Writes what it can; true if it wrote anything.
+    fn flush(&mut self) -> std::io::Result<bool> {
+        let mut any = false;
+        while self.written < self.out.len() {
+            match self.sock.write(&self.out[self.written..]) {
+                Ok(0) => return Err(std::io::Error::other("the exchange closed the connection")),
                 Ok(n) => {
-                    have += n;
-                    idle_since = None;
+                    self.written += n;
+                    any = true;
                 }
-                Err(_) => {
-                    if d2.load(Ordering::Relaxed) {
-                        let t = *idle_since.get_or_insert_with(Instant::now);
-                        if t.elapsed() > Duration::from_secs(2) {
-                            break;
-                        }
-                    }
-                    continue;
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
             }
-            let now = start.elapsed().as_nanos() as u64;
-            let mut used = 0;
-            while let Ok(Some((p, n))) = split_packet(&buf[used..have]) {
-                used += n;
-                let PacketRepr::SequencedData(m) = p else { continue };
-                let token = match outbound::Message::parse(m) {
-                    Ok(outbound::Message::OrderAccepted(a)) => a.user_ref_num(),
-                    Ok(outbound::Message::Rejected(j)) => j.user_ref_num(),
-                    _ => continue,
-                };
-                if let Some(t) = sa.get(token as usize) {
-                    let t0 = t.swap(0, Ordering::Relaxed);
-                    if t0 > 0 {
-                        let _ = h.record(now.saturating_sub(t0 - 1).max(1));
-                        resp.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            buf.copy_within(used..have, 0);
-            have -= used;
         }
-        h
-    });
+        if self.written == self.out.len() {
+            self.out.clear();
+            self.written = 0;
+        }
+        Ok(any)
+    }
+
+    /// Reads what arrived; each acknowledged token (Order Accepted or
+    /// Rejected) is handed to `ack`. True if anything arrived.
+    fn read(&mut self, mut ack: impl FnMut(u32)) -> std::io::Result<bool> {
+        let n = match self.sock.read(&mut self.inbuf[self.have..]) {
+            Ok(0) => return Err(std::io::Error::other("the exchange closed the connection")),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        self.have += n;
+        let mut used = 0;
+        while let Ok(Some((p, k))) = split_packet(&self.inbuf[used..self.have]) {
+            used += k;
+            let PacketRepr::SequencedData(m) = p else { continue };
+            match outbound::Message::parse(m) {
+                Ok(outbound::Message::OrderAccepted(a)) => ack(a.user_ref_num()),
+                Ok(outbound::Message::Rejected(j)) => ack(j.user_ref_num()),
+                _ => {}
+            }
+        }
+        self.inbuf.copy_within(used..self.have, 0);
+        self.have -= used;
+        Ok(true)
+    }
+}
+
+/// What the load generator measured.
+struct Load {
+    latency: Histogram<u64>,
+    sent: u64,
+    answered: u64,
+    send_secs: f64,
+}
+
+/// The load generator: one thread, `users.len()` connections, busy-polling
+/// (it owns a core; no wake-up latency of its own in the figures). Sends
+/// `orders` at `rate` open-loop, round-robin over the connections — each
+/// order at its time whatever the answers, late ones together in one write
+/// — and times each acknowledgement from the time its order was *due*, so a
+/// generator or exchange that falls behind shows as latency, not as fewer
+/// samples (no coordinated omission).
+fn load(
+    addr: SocketAddr,
+    users: &[(String, String)],
+    symbols: &[String],
+    (rate, orders, seed, stamped): (f64, usize, u64, bool),
+) -> std::io::Result<Load> {
+    let mut conns = users.iter().map(|u| Conn::open(addr, u)).collect::<std::io::Result<Vec<_>>>()?;
+    // Intended send time + 1 per token (0: answered or never sent).
+    let mut due_at = vec![0u64; orders + 1];
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let gap = 1e9 / rate;
-    let mut sent = 0usize;
-    while sent < orders {
-        let due = ((start.elapsed().as_nanos() as f64 / gap) as usize + 1).min(orders);
-        if due <= sent {
-            // Sleep to the next order's time (the kernel wakes us a little late; the orders then go together).
-            let next = (sent as f64 + 1.0) * gap;
-            let wait = next - start.elapsed().as_nanos() as f64;
-            if wait > 20_000.0 {
-                thread::sleep(Duration::from_nanos(wait as u64 - 10_000));
-            }
-            continue;
-        }
-        out.clear();
-        let now = start.elapsed().as_nanos() as u64;
-        for token in sent + 1..=due {
+    let (mut sent, mut answered) = (0usize, 0u64);
+    let start = Instant::now();
+    let mut send_secs = 0.0;
+    let mut last_answer = Instant::now();
+    loop {
+        let elapsed = start.elapsed().as_nanos() as u64;
+        let due = ((elapsed as f64 / gap) as usize + 1).min(orders).min(sent + WRITE_BATCH_MAX * conns.len());
+        for (token, due_slot) in due_at.iter_mut().enumerate().take(due + 1).skip(sent + 1) {
+            let k = token % conns.len();
+            let c = &mut conns[k];
             let sym = symbols[rng.gen_range(0..symbols.len())].as_str();
             let buy = rng.gen_bool(0.5);
             let off: i64 = rng.gen_range(1..=20) * 100;
@@ -166,68 +211,132 @@ fn client(
             let price = 1_000_000 + if buy == cross { off } else { -off };
             let stamp = stamped.then(fairfeed_net::tree::agent::wall_ns);
             let side = if buy { b'B' } else { b'S' };
-            let (token32, qty, hidden) = (token as u32, 100, false);
-            let order = client::Order { token: token32, side, qty, symbol: sym, price, ioc: cross, hidden, stamp };
-            client::enter_order(&order, &mut out);
-            sent_at[token].store(now + 1, Ordering::Relaxed);
+            let order = client::Order {
+                token: token as u32,
+                side,
+                qty: 100,
+                symbol: sym,
+                price,
+                ioc: cross,
+                hidden: false,
+                stamp,
+            };
+            client::enter_order(&order, &mut c.out);
+            // Order `token` was due at (token − 1) × gap.
+            *due_slot = ((token - 1) as f64 * gap) as u64 + 1;
         }
-        s.write_all(&out)?;
-        sent = due;
+        if due > sent {
+            sent = due;
+            if sent == orders {
+                send_secs = start.elapsed().as_secs_f64();
+            }
+        }
+        for c in &mut conns {
+            c.flush()?;
+        }
+        let now = start.elapsed().as_nanos() as u64;
+        for c in &mut conns {
+            let got = c.read(|token| {
+                if let Some(t) = due_at.get_mut(token as usize).filter(|t| **t > 0) {
+                    let _ = latency.record(now.saturating_sub(*t - 1).max(1));
+                    *t = 0;
+                    answered += 1;
+                }
+            })?;
+            if got {
+                last_answer = Instant::now();
+            }
+        }
+        if sent == orders && (answered == orders as u64 || last_answer.elapsed() > ANSWER_WAIT) {
+            break;
+        }
+        std::hint::spin_loop();
     }
-    let send_secs = start.elapsed().as_secs_f64();
-    done.store(true, Ordering::Relaxed);
-    let h = reader.join().map_err(|_| std::io::Error::other("reader panicked"))?;
-    out.clear();
-    client::packet(PacketRepr::LogoutRequest, &mut out);
-    let _ = s.write_all(&out);
-    Ok((h, sent as u64, send_secs))
+    for c in &mut conns {
+        c.out.clear();
+        c.written = 0;
+        client::packet(PacketRepr::LogoutRequest, &mut c.out);
+        let _ = c.flush();
+    }
+    Ok(Load { latency, sent: sent as u64, answered, send_secs })
 }
 
+/// How a row runs besides its rate, products and length.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchOpts {
+    /// Engine threads (threaded) or engines (run to completion).
+    pub engines: usize,
+    /// Inbound sequencing window, ns (0: off).
+    pub window_ns: u64,
+    /// Client connections, each with a sending and a reading thread.
+    pub clients: usize,
+    pub pipeline: Pipeline,
+    pub idle: Idle,
+    /// A hostile client beside the load.
+    pub attack: Option<Attack>,
+}
+
+impl Default for BenchOpts {
+    fn default() -> Self {
+        BenchOpts { engines: 1, window_ns: 0, clients: 2, pipeline: Pipeline::Auto, idle: Idle::Auto, attack: None }
+    }
+}
+
+/// The process's resident memory, KiB (the exchange runs in it).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
+        })
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// How long an attack runs before the load starts (its connections are up).
+const ATTACK_LEAD: Duration = Duration::from_millis(500);
+
 /// Runs one row: `rate` orders/s for `seconds` across `products` symbols.
-pub fn exchange_bench(
-    rate: f64,
-    products: usize,
-    seconds: f64,
-    (engines, window_ns): (usize, u64),
-) -> std::io::Result<ExchangeBenchReport> {
+pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) -> std::io::Result<ExchangeBenchReport> {
     assert!(rate > 0.0 && seconds > 0.0 && (1..=1_000).contains(&products), "bad bench parameters");
+    assert!((1..=64).contains(&o.clients), "1..=64 clients");
+    let (engines, window_ns, clients) = (o.engines, o.window_ns, o.clients);
     let base = tcp_ping_pong(20_000)?;
-    let clients = 2usize;
     let symbols: Vec<String> = (1..=products).map(|i| format!("SYM{i:04}")).collect();
     let users: Vec<(String, String)> = (0..clients).map(|i| (format!("BENCH{i}"), "pw".to_string())).collect();
+    let evil = ("EVIL".to_string(), "pw".to_string());
+    let mut accounts = users.clone();
+    accounts.extend(o.attack.map(|_| evil.clone()));
     let cfg = ExchangeConfig {
         listen: "127.0.0.1:0".parse().expect("valid"),
-        gateway: GatewayConfig { users: users.clone(), symbols: symbols.clone(), ..GatewayConfig::default() },
+        gateway: GatewayConfig { users: accounts, symbols: symbols.clone(), ..GatewayConfig::default() },
         limits: Limits { symbols: products, orders: 4 << 20, ..Limits::default() },
         engines,
         sequencing_window_ns: window_ns,
+        pipeline: o.pipeline,
+        idle: o.idle,
         ..ExchangeConfig::default()
     };
     let x = Exchange::start(cfg)?;
-    let stocks = symbols.clone();
-    let per = ((rate * seconds) as usize / clients).max(1);
-    let responses = Arc::new(AtomicU64::new(0));
-    let t0 = Instant::now();
-    let handles: Vec<_> = users
-        .into_iter()
-        .enumerate()
-        .map(|(i, u)| {
-            let (addr, st, resp) = (x.addr, stocks.clone(), responses.clone());
-            thread::spawn(move || client(addr, u, st, (rate / clients as f64, per, i as u64 + 1, window_ns > 0), resp))
-        })
-        .collect();
-    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
-    let (mut orders, mut send_secs) = (0, 0.0f64);
-    for j in handles {
-        let (hc, n, secs) = j.join().map_err(|_| std::io::Error::other("client panicked"))??;
-        let _ = h.add(&hc);
-        orders += n;
-        send_secs = send_secs.max(secs);
+    let rss_start_kib = rss_kib();
+    let stop = Arc::new(AtomicBool::new(false));
+    let attacker = o.attack.map(|a| exchange_attack::spawn(a, x.addr, evil.clone(), symbols[0].clone(), stop.clone()));
+    if attacker.is_some() {
+        thread::sleep(ATTACK_LEAD);
     }
-    let _ = t0;
+    let total = ((rate * seconds) as usize).max(1);
+    let l = load(x.addr, &users, &symbols, (rate, total, 1, window_ns > 0));
+    stop.store(true, Ordering::Relaxed);
+    let attack_stats = attacker.and_then(|t| t.join().ok());
+    let rss_end_kib = rss_kib();
     let r = x.finish();
+    let l = l?;
+    let (h, orders, send_secs) = (l.latency, l.sent, l.send_secs);
     let us = |v: u64| v as f64 / 1e3;
     Ok(ExchangeBenchReport {
+        pipeline: r.pipeline,
+        idle: r.idle.clone(),
         rate,
         products,
         seconds,
@@ -235,7 +344,7 @@ pub fn exchange_bench(
         engines,
         sequencing_window_us: window_ns as f64 / 1e3,
         orders,
-        responses: responses.load(Ordering::Relaxed),
+        responses: l.answered,
         achieved_rate: orders as f64 / send_secs.max(1e-9),
         avg_us: h.mean() / 1e3,
         stddev_us: h.stdev() / 1e3,
@@ -249,6 +358,11 @@ pub fn exchange_bench(
         executions: r.engines.iter().map(|e| e.executions).sum(),
         itch_messages: r.itch_messages,
         steps: r.steps,
+        attack: o.attack,
+        attack_stats,
+        rss_start_kib,
+        rss_end_kib,
+        gateway: r.gateway,
     })
 }
 

@@ -9,9 +9,11 @@
 //!   loopback hop, and a proxy's replication rate beside a bare `sendmmsg` loop;
 //! - [`clock`] — node agents on loopback with injected clock errors, synchronized;
 //! - [`exchange`] — order-to-acknowledgement latency over OUCH/SoupBinTCP beside
-//!   a bare TCP ping-pong, and the matching core's in-process throughput.
+//!   a bare TCP ping-pong, and the matching core's in-process throughput;
+//!   [`exchange_attack`] — hostile clients run beside that load.
 
 pub mod arb;
 pub mod clock;
 pub mod exchange;
+pub mod exchange_attack;
 pub mod tree;

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use fairfeed_bench::exchange::{exchange_bench, in_process};
-use fairfeed_net::exchange::live::{run_exchange, ExchangeConfig, ExchangeMetrics};
+use fairfeed_bench::exchange::{exchange_bench, in_process, BenchOpts};
+use fairfeed_bench::exchange_attack::Attack;
+use fairfeed_net::exchange::live::{run_exchange, ExchangeConfig, ExchangeMetrics, Idle, Pipeline};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -72,6 +73,72 @@ enum Sub {
     Bench(BenchArgs),
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AttackArg {
+    /// 300 connections from 75 addresses that never log in, dripping a byte a second each.
+    IdleConnections,
+    /// A logged-in client sending 2,000 orders/s that never reads its answers.
+    SlowReader,
+    /// 1,000 logins a second with a wrong password from one address.
+    LoginGuessing,
+    /// 200 connections a second, each 64 KiB of random bytes.
+    Garbage,
+}
+
+impl AttackArg {
+    fn attack(self) -> Attack {
+        match self {
+            AttackArg::IdleConnections => Attack::IdleConnections,
+            AttackArg::SlowReader => Attack::SlowReader,
+            AttackArg::LoginGuessing => Attack::LoginGuessing,
+            AttackArg::Garbage => Attack::Garbage,
+        }
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PipelineArg {
+    /// Run to completion where cores are few (fewer than engines + 3), threaded otherwise.
+    Auto,
+    /// One thread: sessions, engines and the ITCH publisher; an order never crosses a thread.
+    RunToCompletion,
+    /// Gateway, engine and publisher threads joined by SPSC rings.
+    Threaded,
+}
+
+impl PipelineArg {
+    fn pipeline(self) -> Pipeline {
+        match self {
+            PipelineArg::Auto => Pipeline::Auto,
+            PipelineArg::RunToCompletion => Pipeline::RunToCompletion,
+            PipelineArg::Threaded => Pipeline::Threaded,
+        }
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum IdleArg {
+    /// Spin where the host has two cores to spare beside the exchange's threads, park otherwise.
+    Auto,
+    /// Busy-poll: a core per thread, no wake-up latency.
+    Spin,
+    /// Spin 50 µs, yield 50 µs, then sleep until input (or 1 ms).
+    Backoff,
+    /// Sleep until input at once.
+    Park,
+}
+
+impl IdleArg {
+    fn idle(self) -> Idle {
+        match self {
+            IdleArg::Auto => Idle::Auto,
+            IdleArg::Spin => Idle::Spin,
+            IdleArg::Backoff => Idle::Backoff,
+            IdleArg::Park => Idle::Park,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 struct BenchArgs {
     /// Orders per second (seed 002: 10K, 50K, 100K, 250K, 500K).
@@ -90,6 +157,18 @@ struct BenchArgs {
     /// them by stamp within this window (µs; 0..=1,000,000).
     #[arg(long, default_value_t = 0.0, value_parser = window_us)]
     sequencing_window_us: f64,
+    /// Client connections (each a sending and a reading thread).
+    #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    clients: usize,
+    /// The exchange's pipeline: one thread does everything, a thread per stage, or by the cores there are.
+    #[arg(long, value_enum, default_value_t = PipelineArg::Auto)]
+    pipeline: PipelineArg,
+    /// How the exchange's threads wait for work.
+    #[arg(long, value_enum, default_value_t = IdleArg::Auto)]
+    idle: IdleArg,
+    /// A hostile client beside the load (paced; see docs/RESULTS.md): 300 idle connections, a client that never reads, password guessing, or garbage bytes.
+    #[arg(long, value_enum)]
+    attack: Option<AttackArg>,
     /// Instead: the matching core's throughput on one thread, in process.
     #[arg(long)]
     in_process: bool,
@@ -178,14 +257,23 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let tick = crate::fmt::ticker(b.seconds, "orders through the gateway (tenths of a second)");
-    let r = exchange_bench(b.rate, b.products, b.seconds, (b.engines, (b.sequencing_window_us * 1e3) as u64))?;
+    let o = BenchOpts {
+        engines: b.engines,
+        window_ns: (b.sequencing_window_us * 1e3) as u64,
+        clients: b.clients,
+        pipeline: b.pipeline.pipeline(),
+        idle: b.idle.idle(),
+        attack: b.attack.map(AttackArg::attack),
+    };
+    let r = exchange_bench(b.rate, b.products, b.seconds, o)?;
     drop(tick);
     if b.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
         println!(
-            "{:.0} orders/s asked, {:.0} achieved, {} product(s): avg {:.1} µs, σ {:.1}, min {:.1}, p50 {:.1}, p95 {:.1}, \
+            "{:?}: {:.0} orders/s asked, {:.0} achieved, {} product(s): avg {:.1} µs, σ {:.1}, min {:.1}, p50 {:.1}, p95 {:.1}, \
              p99 {:.1}, max {:.1}; TCP ping-pong p50/p99 {:.1}/{:.1} µs",
+            r.pipeline,
             r.rate,
             r.achieved_rate,
             r.products,
@@ -209,7 +297,12 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
 /// What each key of the exchange's configuration means, its unit and its limit.
 const CONFIG_HELP: &[(&str, &str)] = &[
     ("listen", "OUCH 5.0 over SoupBinTCP: the address clients connect to"),
-    ("engines", "matching-engine threads, 1..=16; symbols are sharded by stock locate modulo this"),
+    ("engines", "matching engines, 1..=16 (threads of their own when threaded); symbols are sharded by stock locate modulo this"),
+    (
+        "pipeline",
+        "run-to-completion (one thread owns the sessions, the engines and the ITCH publisher: an order never crosses a thread), threaded (gateway, engine and publisher threads joined by SPSC rings), or auto (threaded when the host has more cores than engines + 2); the one chosen is logged at start-up and reported",
+    ),
+    ("idle", "how the exchange's threads wait for work: auto (default: spin where the host has two cores to spare beside the exchange's threads, park otherwise), spin (busy polling, a core each), backoff (spin 50 us, yield 50 us, then sleep until input or 1 ms) or park (sleep in poll(2) until input)"),
     ("itch_a", "the ITCH 5.0 A line (MoldUDP64 over UDP); leave out for none"),
     ("itch_b", "the B line: the same packets again"),
     ("retransmit_listen", "answer MoldUDP64 retransmission requests from the ITCH journal here"),

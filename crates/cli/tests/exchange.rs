@@ -37,6 +37,15 @@ fn bench_prints_the_documented_fields() {
     assert_eq!(v["orders"], v["responses"], "every order acknowledged: {v}");
     assert!(v["achieved_rate"].as_f64().unwrap() > 1_500.0);
     assert_eq!(v["steps"].as_array().unwrap().len(), 5, "seed 002's five points");
+    assert!(["run-to-completion", "threaded"].contains(&v["pipeline"].as_str().unwrap()), "{v}");
+    // Both pipelines, and a hostile client beside the load.
+    let args = ["exchange", "bench", "--rate", "2000", "--seconds", "1", "--json", "--pipeline", "threaded"];
+    let t = json(&fairfeed(&[&args[..], &["--attack", "login-guessing"]].concat()));
+    assert_eq!(t["pipeline"], "threaded", "{t}");
+    assert_eq!(t["orders"], t["responses"], "every order acknowledged under the attack: {t}");
+    assert!(t["attack_stats"]["connections"].as_u64().unwrap() > 10, "{t}");
+    assert!(t["gateway"]["login_rate_limited"].as_u64().unwrap() > 0, "the guesser was slowed: {t}");
+    assert!(t["rss_end_kib"].as_u64().unwrap() > 0);
     let p = json(&fairfeed(&["exchange", "bench", "--in-process", "--json"]));
     assert!(p["orders_per_s"].as_f64().unwrap() > 100_000.0, "{p}");
 }
@@ -85,6 +94,17 @@ fn read_messages_for(s: &mut TcpStream, n: usize, limit: Duration) -> Vec<Vec<u8
 
 #[test]
 fn a_session_decodes_in_tshark_and_the_itch_line_is_consistent() {
+    session_in_tshark("run-to-completion");
+}
+
+#[test]
+fn the_threaded_pipeline_trades_the_same_session() {
+    session_in_tshark("threaded");
+}
+
+/// One trading session against an exchange running `pipeline`, captured
+/// and dissected by tshark; the ITCH lines, retransmissions and report checked.
+fn session_in_tshark(pipeline: &str) {
     if !have_tool("tshark", &["--version"]) {
         return;
     }
@@ -97,7 +117,7 @@ fn a_session_decodes_in_tshark_and_the_itch_line_is_consistent() {
     let retrans = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let cfg = format!(
         "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_a = \"{}\"\nitch_b = \"{}\"\nretransmit_listen = \"{retrans}\"\n\
-         itch_session = \"FFTEST0001\"\n\n\
+         itch_session = \"FFTEST0001\"\npipeline = \"{pipeline}\"\n\n\
          [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"], [\"BOB\", \"pw2\"]]\nsymbols = [\"AAPL\", \"MSFT\"]\n\
          heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
          [limits]\nsymbols = 2\norders = 10000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n",
@@ -138,6 +158,7 @@ fn a_session_decodes_in_tshark_and_the_itch_line_is_consistent() {
     let out = x.wait_with_output().unwrap();
     assert!(out.status.success());
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pipeline"], pipeline, "{report}");
     assert_eq!(report["gateway"]["protocol_closes"], 1, "the garbage connection was closed: {report}");
     let mut dec = fairfeed_feed::decode::FeedDecoder::default();
     for p in &itch {
@@ -443,6 +464,46 @@ fn hostile_clients_neither_lock_others_out_nor_make_the_exchange_hold_their_outp
     assert_eq!(g["refused_connections"], 6, "{g}");
     assert_eq!(g["login_timeouts"], 4, "{g}");
     assert_eq!(g["slow_reader_closes"], 1, "{g}");
+}
+
+/// Goal: connections from many addresses that never log in cannot take every
+/// slot from a real client: with all 256 slots held, a new connection takes
+/// the place of the oldest that has not logged in.
+#[test]
+fn lurkers_from_many_addresses_cannot_take_every_slot() {
+    let d = tmp();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let cfg = format!(
+        "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_session = \"FFTEST0001\"\n\n\
+         [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"]]\nsymbols = [\"AAPL\"]\n\
+         heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\nlogin_timeout_ns = 30000000000\n\n\
+         [limits]\nsymbols = 1\norders = 1000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n"
+    );
+    let cfg_path = d.path().join("exchange.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let x = Command::new(bin())
+        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--seconds", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // 300 connections, four from each of 75 addresses (the per-address limit), none logging in.
+    let lurkers: Vec<TcpStream> = (0..300).map(|k| connect_from([127, 0, 5, (k / 4 + 1) as u8], port, None)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut alice = connect_from([127, 0, 0, 2], port, None);
+    let mut b = Vec::new();
+    client::login("ALICE", "pw1", 1, &mut b);
+    alice.write_all(&b).unwrap();
+    alice.write_all(&enter(1, b'S', 100, 1_000_000)).unwrap();
+    assert_eq!(read_messages(&mut alice, 1)[0][0], b'A', "the real client got in and was served");
+    drop(lurkers);
+    let out = x.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let g = &report["gateway"];
+    assert_eq!(g["prelogin_evicted"], 300 + 1 - 256, "the oldest lurkers made room: {g}");
+    assert_eq!(g["logins"], 1, "{g}");
 }
 
 #[test]

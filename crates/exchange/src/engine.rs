@@ -14,7 +14,9 @@
 //! level a match consumes is popped, the level a new best order opens is
 //! pushed). Nothing is allocated per order; a limit reached is a clear reject.
 
-use std::collections::HashMap;
+/// Keyed by what clients choose (their tokens): a fast hash, randomly seeded
+/// per map so that no client can choose keys that collide (`foldhash`).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Price in ITCH's 4 implied decimals ($1.00 = 10,000).
 pub type Price = u32;
@@ -358,7 +360,7 @@ impl Engine {
             books,
             orders: Vec::with_capacity(limits.orders),
             free: Vec::with_capacity(limits.orders),
-            by_token: HashMap::with_capacity(limits.orders),
+            by_token: HashMap::with_capacity_and_hasher(limits.orders, Default::default()),
             next_ref: shard + 1,
             ref_stride: shards,
             next_match: shard + 1,

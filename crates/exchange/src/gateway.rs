@@ -19,7 +19,9 @@
 //! out-of-protocol packet ends that connection, never another one; a valid
 //! OUCH message with bad content gets an OUCH Rejected.
 
-use std::collections::HashMap;
+/// Keyed by what clients choose (their tokens): a fast hash, randomly seeded
+/// per map so that no client can choose keys that collide (`foldhash`).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 use fairfeed_wire::ouch::{inbound, outbound, Appendage, OuchPrice};
 use fairfeed_wire::soupbintcp::{split_packet, PacketRepr, REJECT_NOT_AUTHORIZED, REJECT_SESSION_NOT_AVAILABLE};
@@ -106,6 +108,9 @@ pub struct GatewayStats {
     pub slow_reader_closes: u64,
     /// Connections the shell refused from an address that failed too many logins in the last second.
     pub login_rate_limited: u64,
+    /// Connections not yet logged in that the shell closed to make room for
+    /// a new one when every slot was taken (the oldest goes first).
+    pub prelogin_evicted: u64,
 }
 
 /// One connection.
@@ -122,6 +127,11 @@ pub struct Conn {
 impl Conn {
     pub fn new(now_ns: u64) -> Self {
         Conn { user: None, inbuf: Vec::with_capacity(4096), opened_ns: now_ns, last_rx_ns: now_ns, last_tx_ns: now_ns }
+    }
+
+    /// When it was opened (the gateway's clock).
+    pub fn opened_ns(&self) -> u64 {
+        self.opened_ns
     }
 }
 
@@ -220,7 +230,7 @@ impl Gateway {
             users,
             symbols,
             names,
-            orders: HashMap::new(),
+            orders: HashMap::default(),
             stats: GatewayStats::default(),
             scratch: Vec::with_capacity(512),
         }
