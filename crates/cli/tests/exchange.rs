@@ -416,15 +416,7 @@ fn hostile_clients_neither_lock_others_out_nor_make_the_exchange_hold_their_outp
          heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\nlogin_timeout_ns = 2000000000\n\n\
          [limits]\nsymbols = 1\norders = 100000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n"
     );
-    let cfg_path = d.path().join("exchange.toml");
-    std::fs::write(&cfg_path, cfg).unwrap();
-    let x = Command::new(bin())
-        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--seconds", "7"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let x = start_exchange(&d, &cfg, "7");
     // Ten connections from one address that never log in: four are kept, six refused at once.
     let mut lurkers: Vec<TcpStream> = (0..10).map(|_| connect_from([127, 0, 0, 9], port, None)).collect();
     std::thread::sleep(Duration::from_millis(200));
@@ -466,6 +458,20 @@ fn hostile_clients_neither_lock_others_out_nor_make_the_exchange_hold_their_outp
     assert_eq!(g["slow_reader_closes"], 1, "{g}");
 }
 
+/// Starts `fairfeed exchange` on `cfg` (TOML) for `seconds`; its report comes on stdout.
+fn start_exchange(d: &tempfile::TempDir, cfg: &str, seconds: &str) -> std::process::Child {
+    let cfg_path = d.path().join("exchange.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let x = Command::new(bin())
+        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--seconds", seconds])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    x
+}
+
 /// Goal: connections from many addresses that never log in cannot take every
 /// slot from a real client: with all 256 slots held, a new connection takes
 /// the place of the oldest that has not logged in.
@@ -479,15 +485,7 @@ fn lurkers_from_many_addresses_cannot_take_every_slot() {
          heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\nlogin_timeout_ns = 30000000000\n\n\
          [limits]\nsymbols = 1\norders = 1000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n"
     );
-    let cfg_path = d.path().join("exchange.toml");
-    std::fs::write(&cfg_path, cfg).unwrap();
-    let x = Command::new(bin())
-        .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--seconds", "4"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let x = start_exchange(&d, &cfg, "4");
     // 300 connections, four from each of 75 addresses (the per-address limit), none logging in.
     let lurkers: Vec<TcpStream> = (0..300).map(|k| connect_from([127, 0, 5, (k / 4 + 1) as u8], port, None)).collect();
     std::thread::sleep(Duration::from_millis(300));

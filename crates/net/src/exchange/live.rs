@@ -1215,7 +1215,8 @@ fn read_sessions(
                     let now = ns(g.start);
                     // A refused login, or garbage before any login: the address
                     // counts towards its failures per second.
-                    if r == Err(Close::LoginRejected) || s.conn.user.is_none() {
+                    let garbage = matches!(r, Err(Close::Protocol(_))) && s.conn.user.is_none();
+                    if r == Err(Close::LoginRejected) || garbage {
                         note_login_failure(&mut g.login_failures, s.peer, now);
                     }
                     s.close(now);

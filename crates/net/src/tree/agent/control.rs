@@ -258,6 +258,13 @@ impl Poster {
         self.board.lock().node = Some((gen, part));
     }
 
+    /// Posts a feed's or delivery's counters (`counters()`) if it is time.
+    pub fn post_due(&mut self, now: u64, counters: impl FnOnce() -> serde_json::Value) {
+        if let Some(g) = self.due(now) {
+            self.post(g, counters());
+        }
+    }
+
     /// Posts a feed's or delivery's counters.
     pub fn post(&self, gen: u64, counters: serde_json::Value) {
         let mut p = self.board.lock();

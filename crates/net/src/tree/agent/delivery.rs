@@ -188,11 +188,9 @@ impl Agent for DeliveryAgent {
         if !self.inbox.arm() {
             work += 1;
         }
-        if let Some(g) = self.poster.as_mut().and_then(|p| p.due(now)) {
-            let c = self.counters();
-            if let Some(p) = &self.poster {
-                p.post(g, c);
-            }
+        if let Some(mut p) = self.poster.take() {
+            p.post_due(now, || self.counters());
+            self.poster = Some(p);
         }
         work
     }
