@@ -7,10 +7,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use fairfeed_arb::spec::SeqSpec;
+use fairfeed_arb::{Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window};
 use fairfeed_bridge::bench::{run as bench_run, BenchConfig};
 use fairfeed_bridge::publish::{wall_ns, Bridge, Overflow, PublishConfig};
 use fairfeed_bridge::route::{By, Granularity, RouteConfig};
 use fairfeed_bridge::subscribe::{subscribe, StopWhen, SubscribeConfig};
+use fairfeed_wire::moldudp64::RequestRepr;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum GranularityArg {
@@ -173,6 +176,94 @@ pub struct RunArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (publications, drops, errors, queue).
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
+    /// Fill the feed's gaps from this MoldUDP64 retransmission server before publishing (a one-line arbitrator in front of the bridge); gaps it cannot fill still go out as gap markers.
+    #[arg(long)]
+    retransmit: Option<SocketAddr>,
+    /// With --retransmit: how long packets behind a gap wait for its fill before the gap is given up, ms (1..=10000).
+    #[arg(long, default_value_t = 200, requires = "retransmit", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=10_000))]
+    retransmit_hold_ms: u64,
+}
+
+/// Fills the feed's gaps from a MoldUDP64 retransmission server in front of
+/// the bridge: the arbitrator (one line, time window) asks for what is
+/// missing and hands the bridge its in-order high-reliability stream.
+struct Filler {
+    arb: Arbitrator,
+    sock: UdpSocket,
+    requests: u64,
+    send_errors: u64,
+    /// Answers are read here.
+    buf: Vec<u8>,
+}
+
+struct FillSink<'a> {
+    bridge: &'a mut Bridge,
+    sock: &'a UdpSocket,
+    requests: &'a mut u64,
+    send_errors: &'a mut u64,
+}
+
+impl Sink for FillSink<'_> {
+    fn emit(&mut self, stream: Stream, packet: &[u8]) {
+        if stream == Stream::HighReliability {
+            self.bridge.handle_packet(packet, wall_ns());
+        }
+    }
+
+    fn request(&mut self, r: RequestRepr) {
+        let mut b = [0u8; fairfeed_wire::moldudp64::HEADER_LEN];
+        if r.emit(&mut b).is_ok() && self.sock.send(&b).is_ok() {
+            *self.requests += 1;
+        } else {
+            *self.send_errors += 1;
+        }
+    }
+}
+
+impl Filler {
+    fn new(server: SocketAddr, hold_ms: u64) -> anyhow::Result<Self> {
+        let cfg = ArbConfig {
+            lines: 1,
+            window: Window { mode: Mode::Time, max_hold_ns: hold_ms * 1_000_000, max_count_msgs: 1_000_000 },
+            start: Start::First,
+            retransmit: Some(RetransmitConfig { grace_ns: 1_000_000, adaptive_grace: false, ..Default::default() }),
+            ..ArbConfig::default()
+        };
+        let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(|e| anyhow::anyhow!("the gap filler: {e}"))?;
+        let sock = fairfeed_net::arb::live::bind_udp("0.0.0.0:0".parse()?, 4 << 20)?;
+        sock.connect(server).with_context(|| format!("the retransmission server {server}"))?;
+        Ok(Filler { arb, sock, requests: 0, send_errors: 0, buf: vec![0u8; 65_536] })
+    }
+
+    /// A packet from the feed, answers from the server and the arbitrator's timers.
+    fn turn(&mut self, bridge: &mut Bridge, packet: Option<&[u8]>) {
+        let mut buf = std::mem::take(&mut self.buf);
+        let mut sink =
+            FillSink { bridge, sock: &self.sock, requests: &mut self.requests, send_errors: &mut self.send_errors };
+        let now = wall_ns();
+        if let Some(p) = packet {
+            self.arb.handle_packet(now, Source::Line(0), p, &mut sink);
+        }
+        while let Ok(n) = sink.sock.recv(&mut buf) {
+            self.arb.handle_packet(wall_ns(), Source::Retransmit, &buf[..n], &mut sink);
+        }
+        if self.arb.next_timeout().is_some_and(|t| t <= now) {
+            self.arb.handle_timeout(now, &mut sink);
+        }
+        self.buf = buf;
+    }
+
+    /// Gives up whatever still waits for a fill (the bridge then marks the gaps).
+    fn finish(&mut self, bridge: &mut Bridge) -> serde_json::Value {
+        let mut sink =
+            FillSink { bridge, sock: &self.sock, requests: &mut self.requests, send_errors: &mut self.send_errors };
+        self.arb.handle_timeout(u64::MAX / 2, &mut sink);
+        serde_json::json!({
+            "requests": self.requests,
+            "request_send_errors": self.send_errors,
+            "arbitrator": self.arb.stats(),
+        })
+    }
 }
 
 #[derive(clap::Args)]
@@ -347,7 +438,9 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
 fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     let stop = crate::fmt::stop_on_signals()?;
     let sock = UdpSocket::bind(a.listen).with_context(|| format!("binding {}", a.listen))?;
-    sock.set_read_timeout(Some(Duration::from_millis(50)))?;
+    let mut filler = a.retransmit.map(|s| Filler::new(s, a.retransmit_hold_ms)).transpose()?;
+    // Filling has timers of a millisecond (the grace before asking).
+    sock.set_read_timeout(Some(Duration::from_millis(if filler.is_some() { 1 } else { 50 })))?;
     let route = RouteConfig { granularity: granularity(a.granularity), by: by(a.by), prefix: a.prefix.clone() };
     let mut cfg = PublishConfig::new(&a.nats);
     cfg.security = a.auth.security();
@@ -382,8 +475,14 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     };
     let mut next_publish = Instant::now();
     while !stop.load(Ordering::Relaxed) && a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
-        if let Ok(n) = sock.recv(&mut buf) {
-            bridge.handle_packet(&buf[..n], wall_ns());
+        let got = sock.recv(&mut buf).ok();
+        match &mut filler {
+            Some(f) => f.turn(&mut bridge, got.map(|n| &buf[..n])),
+            None => {
+                if let Some(n) = got {
+                    bridge.handle_packet(&buf[..n], wall_ns());
+                }
+            }
         }
         if let Some(s) = slot.as_ref().filter(|_| Instant::now() >= next_publish) {
             fairfeed_net::publish::publish(s, &bridge.report());
@@ -406,8 +505,13 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
             last_check = Instant::now();
         }
     }
+    let fill = filler.as_mut().map(|f| f.finish(&mut bridge));
     let r = bridge.finish(Duration::from_secs(30));
-    let text = serde_json::to_string_pretty(&r)?;
+    let mut v = serde_json::to_value(&r)?;
+    if let Some(f) = fill {
+        v["fill"] = f;
+    }
+    let text = serde_json::to_string_pretty(&v)?;
     match &a.stats_out {
         Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
         None => println!("{text}"),

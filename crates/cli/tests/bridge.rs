@@ -95,6 +95,47 @@ fn replayed_capture_reaches_a_subscriber_through_the_bridge() {
     assert_eq!(s["missing"], 0);
 }
 
+/// A feed of 20,000 messages over 50 symbols and its A line with 2 % of
+/// packets lost: (clean capture, lossy line, `decode --summary-json` of the line).
+fn lossy_line(d: &tempfile::TempDir) -> (std::path::PathBuf, std::path::PathBuf, serde_json::Value) {
+    let (x, a) = (d.path().join("x.pcap"), d.path().join("a.pcap"));
+    let (xs, as_) = (x.to_str().unwrap(), a.to_str().unwrap());
+    fairfeed(&[
+        "gen",
+        "--seed",
+        "3",
+        "--messages",
+        "20000",
+        "--symbols",
+        "50",
+        "--out",
+        xs,
+        "--a-out",
+        as_,
+        "--loss-a",
+        "0.02",
+    ]);
+    let dec = json(&fairfeed(&["decode", as_, "--summary-json"]));
+    assert!(dec["gaps"].as_u64() > Some(10), "{dec}");
+    (x, a, dec)
+}
+
+/// A free loopback UDP address.
+fn free_udp() -> String {
+    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+}
+
+/// `bridge run` at message granularity for 8 s, its report to `stats`.
+fn bridge_run(listen: &str, url: &str, stats: &std::path::Path, extra: &[&str]) -> std::process::Child {
+    Command::new(bin())
+        .args(["bridge", "run", "--listen", listen, "--nats", url, "--granularity", "message"])
+        .args(["--seconds", "8", "--stats-out", stats.to_str().unwrap()])
+        .args(extra)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// Goal: packets lost before the bridge are visible, and told apart from
 /// the broker's gaps. Method: a line A that lost 2 % of its packets
 /// (`gen --loss-a`), replayed into the bridge; `decode --summary-json` of the
@@ -108,33 +149,10 @@ fn feed_gaps_before_the_bridge_reach_subscribers_as_markers() {
     }
     let d = tmp();
     let server = fairfeed_bridge::server::LocalServer::start(0, None).unwrap();
-    let (x, a) = (d.path().join("x.pcap"), d.path().join("a.pcap"));
-    fairfeed(&[
-        "gen",
-        "--seed",
-        "3",
-        "--messages",
-        "20000",
-        "--symbols",
-        "50",
-        "--out",
-        x.to_str().unwrap(),
-        "--a-out",
-        a.to_str().unwrap(),
-        "--loss-a",
-        "0.02",
-    ]);
-    let dec = json(&fairfeed(&["decode", a.to_str().unwrap(), "--summary-json"]));
-    assert!(dec["gaps"].as_u64() > Some(10), "{dec}");
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let listen = format!("127.0.0.1:{port}");
+    let (_, a, dec) = lossy_line(&d);
+    let listen = free_udp();
     let stats = d.path().join("bridge.json");
-    let bridge = Command::new(bin())
-        .args(["bridge", "run", "--listen", &listen, "--nats", &server.url, "--granularity", "message"])
-        .args(["--seconds", "8", "--stats-out", stats.to_str().unwrap()])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let bridge = bridge_run(&listen, &server.url, &stats, &[]);
     let sub = Command::new(bin())
         .args(["subscribe", "--nats", &server.url, "--subject", "ff.itch.*.*.A", "--idle-s", "2", "--seconds", "20"])
         .arg("--json")
@@ -167,6 +185,52 @@ fn feed_gaps_before_the_bridge_reach_subscribers_as_markers() {
     assert_eq!(s["feed_gap_messages"], dec["missing_messages"], "{s}");
     assert_eq!((s["missing"].as_u64(), s["duplicates"].as_u64()), (Some(0), Some(0)), "no broker gap: {s}");
     assert_eq!(s["messages"], dec["types"]["A"], "every Add Order that reached the bridge: {s}");
+}
+
+/// Goal: with `--retransmit`, the bridge fills the gaps of a line that lost
+/// 2 % of its packets from a MoldUDP64 retransmission server before
+/// publishing, so a subscriber sees every message and no feed gap. Method:
+/// the lossy line of `gen --loss-a` replayed into `bridge run --retransmit`,
+/// `retransmit-server` serving the clean capture; counts against `decode` of
+/// the clean capture.
+#[test]
+fn the_bridge_fills_feed_gaps_from_a_retransmission_server() {
+    if !have_server() {
+        return;
+    }
+    let d = tmp();
+    let server = fairfeed_bridge::server::LocalServer::start(0, None).unwrap();
+    let (x, a, lossy) = lossy_line(&d);
+    let clean = json(&fairfeed(&["decode", x.to_str().unwrap(), "--summary-json"]));
+    let (listen, retrans) = (free_udp(), free_udp());
+    let mut rs = Command::new(bin())
+        .args(["retransmit-server", "--journal", x.to_str().unwrap(), "--listen", &retrans, "--max-seconds", "30"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stats = d.path().join("bridge.json");
+    let bridge = bridge_run(&listen, &server.url, &stats, &["--retransmit", &retrans]);
+    let sub = Command::new(bin())
+        .args(["subscribe", "--nats", &server.url, "--subject", "ff.itch.*.*.A"])
+        .args(["--idle-s", "2", "--seconds", "20", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1_000));
+    fairfeed(&["replay", a.to_str().unwrap(), "--to", &listen, "--rate", "4000"]);
+    let sub = sub.wait_with_output().unwrap();
+    assert!(bridge.wait_with_output().unwrap().status.success());
+    let _ = rs.kill();
+    let _ = rs.wait();
+    let s: serde_json::Value = serde_json::from_slice(&sub.stdout).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    assert!(r["fill"]["requests"].as_u64() > Some(0), "the bridge asked for the gaps: {r}");
+    assert_eq!(r["route"]["feed_gaps"], 0, "every gap filled before publishing: {r}");
+    assert_eq!(s["feed_gaps"], 0, "{s}");
+    assert_eq!(s["messages"], clean["types"]["A"], "every Add Order of the clean feed: {s}");
+    assert_eq!((s["missing"].as_u64(), s["duplicates"].as_u64()), (Some(0), Some(0)), "{s}");
+    eprintln!("line gaps {}, fill {}, subscriber {s}", lossy["gaps"], r["fill"]);
 }
 
 /// Goal: `bridge run` and `subscribe` log in to a broker that requires it,
