@@ -252,6 +252,7 @@ fn spawn_nodes(
             time: fairfeed_net::tree::agent::TimeBase::WALL,
             tap: None,
             publish: None,
+            extra: None,
         };
         let h = thread::Builder::new()
             .name(format!("node-{}", node.id))

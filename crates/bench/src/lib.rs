@@ -10,10 +10,13 @@
 //! - [`clock`] — node agents on loopback with injected clock errors, synchronized;
 //! - [`exchange`] — order-to-acknowledgement latency over OUCH/SoupBinTCP beside
 //!   a bare TCP ping-pong, and the matching core's in-process throughput;
-//!   [`exchange_attack`] — hostile clients run beside that load.
+//!   [`exchange_attack`] — hostile clients run beside that load;
+//! - [`xdp`] — Jasper's XDP de-duplicator on a veth link between network
+//!   namespaces beside the same receiver without it.
 
 pub mod arb;
 pub mod clock;
 pub mod exchange;
 pub mod exchange_attack;
 pub mod tree;
+pub mod xdp;

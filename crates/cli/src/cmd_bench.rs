@@ -71,6 +71,29 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Jasper's XDP de-duplicator: hedged copies dropped in veth's driver
+    /// between two network namespaces, beside the same receiver without it,
+    /// same run (needs root and clang at build time).
+    XdpDedup {
+        /// Hedge H: every message is sent H + 1 times.
+        #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=8))]
+        hedge: usize,
+        /// Messages per round.
+        #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1_000..=fairfeed_bench::xdp::MESSAGES_MAX))]
+        messages: u64,
+        /// Messages per second (each sent H + 1 times).
+        #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
+        rate: u64,
+        /// Payload bytes after the overlay header.
+        #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4_096))]
+        payload_bytes: usize,
+        /// Rounds of each (without XDP, then with it).
+        #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=20))]
+        rounds: usize,
+        /// Print the report as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Latency added by the live arbitrator, beside a bare UDP forwarder, on loopback.
     ArbLatency {
         /// Packets timed per path; 100..=10,000,000.
@@ -187,6 +210,9 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Bench::XdpDedup { hedge, messages, rate, payload_bytes, rounds, json } => {
+            xdp_dedup(hedge, (messages, rate, payload_bytes), rounds, json)
+        }
         Bench::ProxyHop { samples, no_busy_poll, json, .. } => {
             let r = proxy_hop(samples, !no_busy_poll)?;
             if json {
@@ -230,4 +256,35 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn xdp_dedup(
+    hedge: usize,
+    (messages, rate, payload_bytes): (u64, u64, usize),
+    rounds: usize,
+    json: bool,
+) -> anyhow::Result<()> {
+    let secs = 2.0 * rounds as f64 * (messages as f64 / rate as f64 + 0.4);
+    let tick = crate::fmt::ticker(secs, "a receiver without and with XDP dedup, alternating rounds");
+    let r = fairfeed_bench::xdp::xdp_dedup(hedge, messages, rate, payload_bytes, rounds)?;
+    drop(tick);
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "H = {hedge}: {} copies, {} dropped in the driver ({:.2} % of the extra copies, {} mode), \
+                 {} delivered, {} lost; receiver CPU per delivered message {:.0} ns with XDP against {:.0} ns \
+                 without (ratio {:.2}, medians of {rounds} rounds)",
+            r.copies,
+            r.dropped_in_kernel,
+            100.0 * r.dropped_share,
+            r.mode,
+            r.delivered,
+            r.lost,
+            r.xdp_cpu_ns_per_delivered,
+            r.baseline_cpu_ns_per_delivered,
+            r.cpu_ratio
+        );
+    }
+    Ok(())
 }

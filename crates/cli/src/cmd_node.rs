@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use fairfeed_feed::gen::{GenConfig, Generator};
 use fairfeed_net::tree::agent::{
-    run_agent, write_rows, AgentConfig, Job, PublishSlot, ReceiverJob, SenderJob, Threading,
+    run_agent, write_rows, AgentConfig, ExtraCounters, Job, PublishSlot, ReceiverJob, SenderJob, Threading,
 };
 use fairfeed_net::tuning::Tuning;
 use fairfeed_sim::model::{LinkModel, ModelFile};
@@ -109,9 +109,72 @@ pub struct Common {
     #[arg(long, default_value_t = 0, allow_hyphen_values = true,
           value_parser = clap::value_parser!(i64).range(-3_600_000_000_000..=3_600_000_000_000))]
     clock_offset_ns: i64,
+    /// Drop hedged duplicate copies in the kernel before they reach the
+    /// socket: attach fairfeed's XDP de-duplicator to IFACE, the interface
+    /// this node's packets arrive on (needs root, and a fairfeed built with
+    /// clang). Its counters appear in `fairfeed stat` as counters.xdp.
+    #[arg(long, value_name = "IFACE", value_parser = iface_name)]
+    xdp_dedup: Option<String>,
+    /// How the de-duplicator is attached: native (in the driver), generic
+    /// (after it, any interface), auto (native, else generic).
+    #[arg(long, value_enum, default_value_t = XdpModeArg::Auto, requires = "xdp_dedup")]
+    xdp_mode: XdpModeArg,
     /// Testing: make this node's clock run fast (or slow, negative) by this many ppm (±1,000).
     #[arg(long, default_value_t = 0.0, allow_hyphen_values = true, value_parser = ppm_range)]
     clock_drift_ppm: f64,
+}
+
+/// How the XDP de-duplicator is attached.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpModeArg {
+    Native,
+    Generic,
+    Auto,
+}
+
+/// A network interface name as Linux takes one: 1 to 15 bytes, no `/`, no
+/// white space.
+fn iface_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 15 || s.contains('/') || s.chars().any(char::is_whitespace) {
+        return Err(format!("{s:?} is not an interface name (1 to 15 characters, no '/' or spaces)"));
+    }
+    Ok(s.to_string())
+}
+
+/// Attaches the XDP de-duplicator where asked: watching this node's own UDP
+/// port on `--xdp-dedup`'s interface; kept attached while the handle lives.
+fn attach_xdp(
+    c: &Common,
+    topology: &Topology,
+) -> anyhow::Result<Option<Arc<std::sync::Mutex<fairfeed_xdp::XdpDedup>>>> {
+    let Some(iface) = &c.xdp_dedup else { return Ok(None) };
+    let node = topology
+        .trees
+        .first()
+        .and_then(|t| t.nodes.iter().find(|n| n.id == c.id))
+        .with_context(|| format!("no node {} in the topology", c.id))?;
+    let port = node
+        .addr
+        .as_deref()
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .map(|a| a.port())
+        .with_context(|| format!("--xdp-dedup: node {} has no address in the topology", c.id))?;
+    let mode = match c.xdp_mode {
+        XdpModeArg::Native => Some(fairfeed_xdp::Mode::Native),
+        XdpModeArg::Generic => Some(fairfeed_xdp::Mode::Generic),
+        XdpModeArg::Auto => None,
+    };
+    let x = fairfeed_xdp::XdpDedup::attach(iface, port, mode).with_context(|| format!("--xdp-dedup {iface}"))?;
+    tracing::info!(node = c.id, "node {}: XDP de-duplicator on {iface} ({} mode), UDP port {port}", c.id, x.mode());
+    Ok(Some(Arc::new(std::sync::Mutex::new(x))))
+}
+
+fn xdp_counters(x: &std::sync::Mutex<fairfeed_xdp::XdpDedup>) -> serde_json::Value {
+    let x = x.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match x.counters() {
+        Ok(c) => serde_json::to_value(c).unwrap_or_default(),
+        Err(e) => serde_json::json!({ "error": e.to_string() }),
+    }
 }
 
 /// How a node treats its clock.
@@ -242,8 +305,10 @@ fn load_link(s: &str) -> anyhow::Result<Option<LinkModel>> {
 
 fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfig> {
     let stop = crate::fmt::stop_on_signals()?;
+    let topology = load_topology(&c.topology)?;
+    let xdp = attach_xdp(c, &topology)?;
     Ok(AgentConfig {
-        topology: Arc::new(load_topology(&c.topology)?),
+        topology: Arc::new(topology),
         id: c.id,
         node: NodeConfig {
             report_interval_ns: c.report_interval_ms * 1_000_000,
@@ -270,6 +335,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         time: fairfeed_net::tree::agent::TimeBase::WALL,
         tap: None,
         publish: c.metrics.map(|_| PublishSlot::default()),
+        extra: xdp.map(|x| ExtraCounters { name: "xdp", read: Arc::new(move || xdp_counters(&x)) }),
     })
 }
 
@@ -304,7 +370,11 @@ pub(crate) fn node_metrics(slot: &PublishSlot, e: &mut fairfeed_ops::Exposition)
     }
 }
 
-fn finish(c: &Common, r: &fairfeed_net::tree::agent::AgentReport) -> anyhow::Result<()> {
+fn finish(c: &Common, cfg: &AgentConfig, mut r: fairfeed_net::tree::agent::AgentReport) -> anyhow::Result<()> {
+    if let Some(e) = &cfg.extra {
+        r.counters[e.name] = (e.read)();
+    }
+    let r = &r;
     match &c.stats_out {
         Some(p) => {
             let text = serde_json::to_string_pretty(r)?;
@@ -348,14 +418,14 @@ pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
     let cfg = config(&a.common, rule, job)?;
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("sender {}: {e}", a.common.id))?;
-    finish(&a.common, &r)
+    finish(&a.common, &cfg, r)
 }
 
 pub fn run_proxy(a: ProxyArgs) -> anyhow::Result<()> {
     let cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, Job::Proxy)?;
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("proxy {}: {e}", a.common.id))?;
-    finish(&a.common, &r)
+    finish(&a.common, &cfg, r)
 }
 
 pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
@@ -366,7 +436,7 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     if let Some(p) = &a.log {
         write_rows(p, &r.rows).with_context(|| format!("writing {}", p.display()))?;
     }
-    finish(&a.common, &r)
+    finish(&a.common, &cfg, r)
 }
 
 /// `stat` asks again this often until answered (UDP: a request or its

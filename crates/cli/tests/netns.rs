@@ -7,6 +7,8 @@
 //! kernel's clock), then removes everything it created. Needs root and
 //! iproute2: skipped loudly without them, a failure when
 //! FAIRFEED_REQUIRE_NETNS=1 (scripts/test.sh sets it when run as root).
+//! The same with Jasper's XDP de-duplicator attached to every receiver's
+//! veth, and `fairfeed bench xdp-dedup`, which makes its own namespaces.
 
 mod common;
 use common::cluster::Cluster;
@@ -46,9 +48,20 @@ fn available() -> bool {
     ok
 }
 
+/// Node `i`'s interface in its namespace (built with `salt`).
+fn iface(i: u32, salt: u32) -> String {
+    let a = format!("ffa{i}x{}", tag(salt));
+    a[..a.len().min(15)].to_string()
+}
+
+/// Names of one test's namespaces: the process and the test (`salt`).
+fn tag(salt: u32) -> u32 {
+    (std::process::id() % 40_000) * 2 + salt
+}
+
 /// A bridge in its own namespace and one namespace per node id, node i at 10.231.0.(i+1).
-fn build(ids: &[u32]) -> (Namespaces, HashMap<u32, String>) {
-    let tag = std::process::id() % 100_000;
+fn build(ids: &[u32], salt: u32) -> (Namespaces, HashMap<u32, String>) {
+    let tag = tag(salt);
     let sw = format!("ffsw{tag}");
     let mut made = Namespaces(Vec::new());
     must(&["netns", "add", &sw]);
@@ -60,8 +73,8 @@ fn build(ids: &[u32]) -> (Namespaces, HashMap<u32, String>) {
         let ns = format!("ffn{tag}-{i}");
         must(&["netns", "add", &ns]);
         made.0.push(ns.clone());
-        let (a, b) = (format!("ffa{i}x{tag}"), format!("ffb{i}x{tag}"));
-        let (a, b) = (&a[..a.len().min(15)], &b[..b.len().min(15)]);
+        let (a, b) = (iface(i, salt), format!("ffb{i}x{tag}"));
+        let (a, b) = (&a[..], &b[..b.len().min(15)]);
         must(&["link", "add", a, "type", "veth", "peer", "name", b]);
         must(&["link", "set", a, "netns", &ns]);
         must(&["link", "set", b, "netns", &sw]);
@@ -85,7 +98,7 @@ fn tree_delivers_fairly_across_namespaces_and_veth() {
     let addrs: Vec<String> =
         ids.iter().flat_map(|i| ["--address".to_string(), format!("{i}=10.231.0.{}:9400", i + 1)]).collect();
     let mut c = Cluster::plan(4, 2, 1, &addrs);
-    let (_guard, map) = build(&ids);
+    let (_guard, map) = build(&ids, 0);
     c.netns = Some(map);
     let common: Vec<String> = ["--seconds", "30"].iter().map(|s| s.to_string()).collect();
     for id in c.ids("receiver").into_iter().chain(c.ids("proxy")) {
@@ -110,4 +123,131 @@ fn tree_delivers_fairly_across_namespaces_and_veth() {
     let w = c.windows();
     assert_eq!(w.len(), 2_000);
     eprintln!("across namespaces: delivery window p50 {} ns, p99 {} ns", w[w.len() / 2], w[w.len() * 99 / 100]);
+}
+
+fn n(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// Goal: with Jasper's XDP de-duplicator in front of every receiver, hedged
+/// copies are dropped in the veth driver, and the tree still delivers every
+/// message once and never early — also when a proxy dies and the hedges are
+/// all that is left. Needs the eBPF program (clang at build time) as well.
+#[test]
+fn hedged_copies_are_dropped_in_the_kernel_and_a_proxy_crash_loses_nothing() {
+    if !available() {
+        return;
+    }
+    if let Err(e) = fairfeed_xdp::built() {
+        if std::env::var("FAIRFEED_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!("{e} and FAIRFEED_REQUIRE_TOOLS=1");
+        }
+        eprintln!("SKIPPED: {e}");
+        return;
+    }
+    let probe = Cluster::plan(6, 2, 1, &[]);
+    let ids: Vec<u32> = probe.nodes.iter().map(|n| n.id).collect();
+    let addrs: Vec<String> =
+        ids.iter().flat_map(|i| ["--address".to_string(), format!("{i}=10.231.0.{}:9400", i + 1)]).collect();
+    let mut c = Cluster::plan(6, 2, 1, &addrs);
+    let (_guard, map) = build(&ids, 1);
+    c.netns = Some(map);
+    let victim = c.nodes.iter().find(|n| n.role == "proxy" && n.layer == 0).unwrap().id;
+    for id in c.ids("receiver") {
+        let a: Vec<String> = ["--seconds", "30", "--xdp-dedup", &iface(id, 1), "--xdp-mode", "native"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        c.start(id, &a);
+    }
+    for id in c.ids("proxy") {
+        c.start(id, &["--seconds".to_string(), "30".to_string()]);
+    }
+    let sender = c.ids("sender")[0];
+    let feed: Vec<String> = ["--rate", "1000", "--feed-seconds", "3", "--start-delay-ms", "700", "--linger-ms", "800"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    c.start(sender, &feed);
+    std::thread::sleep(Duration::from_millis(700 + 1_200));
+    c.crash(victim);
+    c.wait(sender, Duration::from_secs(20));
+    c.stop_all();
+    let (mut dropped, mut user_dups) = (0, 0);
+    for id in c.ids("receiver") {
+        let s = c.stats(id);
+        assert_eq!(n(&s["node"]["released"]), 3_000, "receiver {id}: {}", s["node"]);
+        let seqs: BTreeSet<u64> = c.releases(id).iter().map(|r| r.0).collect();
+        assert_eq!(seqs.len(), 3_000, "each message once at receiver {id}");
+        assert_eq!(c.early_releases(id), 0, "receiver {id} released before a deadline");
+        let x = &s["counters"]["xdp"];
+        assert_eq!(n(&x["first"]) + n(&x["duplicate"]) + n(&x["tag_differs"]), n(&x["data"]), "receiver {id}: {x}");
+        assert_eq!(n(&x["tag_differs"]), 0, "receiver {id}: {x}");
+        assert!(n(&x["first"]) >= 3_000, "receiver {id}: {x}");
+        dropped += n(&x["duplicate"]);
+        user_dups += n(&s["node"]["duplicates"]);
+    }
+    // Six receivers with a parent and a hedge parent each: a second copy of
+    // every message at least while both live (the crash is a layer above).
+    assert!(dropped >= 6 * 3_000 / 2, "hedged copies dropped in the driver: {dropped}");
+    assert!(user_dups * 100 <= dropped, "user space still saw {user_dups} duplicates beside {dropped} in XDP");
+    eprintln!("XDP dropped {dropped} hedged copies; user space saw {user_dups} duplicates");
+}
+
+fn xdp_ready() -> bool {
+    if !available() {
+        return false;
+    }
+    match fairfeed_xdp::built() {
+        Ok(()) => true,
+        Err(e) => {
+            if std::env::var("FAIRFEED_REQUIRE_TOOLS").as_deref() == Ok("1") {
+                panic!("{e} and FAIRFEED_REQUIRE_TOOLS=1");
+            }
+            eprintln!("SKIPPED: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn bench_xdp_dedup_drops_the_extra_copies_and_loses_nothing() {
+    if !xdp_ready() {
+        return;
+    }
+    let out =
+        common::fairfeed(&["bench", "xdp-dedup", "--hedge", "2", "--messages", "20000", "--rounds", "1", "--json"]);
+    let r = common::json(&out);
+    for k in ["copies", "dropped_in_kernel", "delivered", "lost", "cpu_ratio", "baseline_cpu_ns_per_delivered"] {
+        assert!(r.get(k).is_some(), "{k} missing: {r}");
+    }
+    assert_eq!(n(&r["copies"]), 60_000, "{r}");
+    assert_eq!(n(&r["delivered"]), 20_000, "{r}");
+    assert_eq!(n(&r["lost"]), 0, "{r}");
+    assert!(n(&r["dropped_in_kernel"]) * 100 >= 40_000 * 99, "{r}");
+    assert_eq!(r["mode"], "native", "veth supports native XDP");
+    assert_eq!(n(&r["baseline"][0]["user_duplicates"]), 40_000, "without XDP user space sees every copy: {r}");
+}
+
+#[test]
+fn a_missing_xdp_interface_is_named_in_one_line() {
+    if !xdp_ready() {
+        return;
+    }
+    let c = Cluster::plan(2, 2, 0, &["--loopback-port".into(), "9560".into()]);
+    let id = c.ids("receiver")[0].to_string();
+    let topo = c.topo.display().to_string();
+    let out = Command::new(common::bin())
+        .args(["receiver", "--topology", &topo, "--id", &id, "--seconds", "1", "--xdp-dedup", "ffnosuch0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("--xdp-dedup ffnosuch0") && err.contains("no network interface"), "{err}");
+    let out = Command::new(common::bin())
+        .args(["receiver", "--topology", &topo, "--id", &id, "--xdp-dedup", "an-interface-name-far-too-long"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "refused at parse time");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an interface name"));
 }

@@ -10,6 +10,8 @@
 //!   [`BLOCK_LIMIT`] ([`SLOW_BLOCK_LIMIT`] for slow ones run for real).
 //! - `<!-- readme-test: run, needs nats-server -->`: the same, skipped
 //!   (loudly) when the broker is not installed, unless FAIRFEED_REQUIRE_TOOLS=1.
+//! - `<!-- readme-test: run, needs root -->`: the same, skipped unless run
+//!   as root (network namespaces, eBPF).
 //! - `<!-- readme-test: slow -->`: minutes-long runs; run with
 //!   FAIRFEED_PARSE_ONLY=1, which makes every `fairfeed` invocation parse its
 //!   flags and values and exit (so a renamed flag or a value out of range
@@ -131,6 +133,14 @@ fn readme_examples_run_verbatim() {
                     continue;
                 }
                 broker = true;
+                &[]
+            }
+            "run, needs root" => {
+                let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+                if !root {
+                    eprintln!("README block at line {} skipped: it needs root", b.line);
+                    continue;
+                }
                 &[]
             }
             "slow" if slow_for_real => &[],

@@ -334,6 +334,7 @@ fn node_config(
         time: shared.time,
         tap: Some(shared.tap.clone()),
         publish: cfg.publish.get(&n.id).cloned(),
+        extra: None,
     }
 }
 

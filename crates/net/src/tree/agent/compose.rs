@@ -92,7 +92,8 @@ impl<'c> NodeAgents<'c> {
         };
         let links = Links { feed: feed_in, delivery: delivery_out, poster: node_poster, life: life.clone() };
         let node = NodeAgent::new(cfg, sock, links, on_release)?;
-        let control = board.map(|b| ControlAgent::new(ctl, b, life.clone(), cfg.publish.clone()));
+        let control =
+            board.map(|b| ControlAgent::new(ctl, b, life.clone(), cfg.publish.clone()).with_extra(cfg.extra.clone()));
         Ok(NodeAgents { node, feed, delivery, control, life })
     }
 

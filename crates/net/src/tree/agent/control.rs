@@ -303,6 +303,7 @@ pub struct ControlAgent {
     /// Unknown-command answers in the current second: (second, count).
     unknown_answers: (u64, u64),
     pub stats: ControlStats,
+    extra: Option<super::ExtraCounters>,
 }
 
 impl ControlAgent {
@@ -316,7 +317,14 @@ impl ControlAgent {
             next_publish_ns: wall_ns() + PUBLISH_INTERVAL_NS,
             unknown_answers: (0, 0),
             stats: ControlStats::default(),
+            extra: None,
         }
+    }
+
+    /// Shows `extra` with the node's counters.
+    pub fn with_extra(mut self, extra: Option<super::ExtraCounters>) -> Self {
+        self.extra = extra;
+        self
     }
 
     /// Fills the metrics slot from the latest parts. Never waits for a
@@ -335,6 +343,9 @@ impl ControlAgent {
     /// The report with the control side's own counters.
     fn with_stats(&self, mut r: AgentReport) -> AgentReport {
         r.counters["control"] = serde_json::to_value(self.stats).unwrap_or_default();
+        if let Some(e) = &self.extra {
+            r.counters[e.name] = (e.read)();
+        }
         r
     }
 

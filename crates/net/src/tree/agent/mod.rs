@@ -190,6 +190,23 @@ pub struct AgentConfig {
     /// Where the node publishes its counters and histograms for a metrics
     /// endpoint (every [`crate::publish::PUBLISH_INTERVAL`]); `None`: nowhere.
     pub publish: Option<PublishSlot>,
+    /// Counters kept beside the node (its XDP program's), shown with its own.
+    pub extra: Option<ExtraCounters>,
+}
+
+/// Counters kept beside a node, outside its agents (the kernel's XDP
+/// de-duplicator in front of its socket), read whenever the node answers
+/// `stat` or publishes metrics: they appear as `counters.<name>`.
+#[derive(Clone)]
+pub struct ExtraCounters {
+    pub name: &'static str,
+    pub read: Arc<dyn Fn() -> serde_json::Value + Send + Sync>,
+}
+
+impl std::fmt::Debug for ExtraCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtraCounters").field("name", &self.name).finish_non_exhaustive()
+    }
 }
 
 /// The latest counters and latency histograms (nanoseconds) a node
