@@ -10,8 +10,9 @@
 #     /metrics endpoint; PyPI's kubernetes-validate and check-jsonschema, for
 #     the Kubernetes manifests and the Compose file `plan --emit` writes;
 #   - Debian's chromium, headless, for the live dashboard's browser test;
-#   - Debian's clang (BPF target), which builds the XDP de-duplicator that
-#     the namespace tests attach to veth interfaces;
+#   - Debian's clang (BPF target), which builds the XDP de-duplicator and the
+#     TC replicator that the namespace tests attach to veth interfaces, and
+#     ethtool, for the replicator's checksum test;
 #   - every unit, property, integration and doc test of the workspace, in release
 #     mode, with FAIRFEED_REQUIRE_TOOLS=1 so a missing external tool fails loudly
 #     (and, as root, FAIRFEED_REQUIRE_NETNS=1: the namespace test must run).
@@ -29,8 +30,10 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 [ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
-# clang with its BPF target compiles the XDP de-duplicator during the build.
+# clang with its BPF target compiles the eBPF programs during the build;
+# ethtool turns off checksum offload so a test can see every UDP checksum checked.
 command -v clang >/dev/null 2>&1 || need_apt+=(clang)
+command -v ethtool >/dev/null 2>&1 || [ -x /usr/sbin/ethtool ] || [ -x /sbin/ethtool ] || need_apt+=(ethtool)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive

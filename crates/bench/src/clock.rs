@@ -252,7 +252,8 @@ fn spawn_nodes(
             time: fairfeed_net::tree::agent::TimeBase::WALL,
             tap: None,
             publish: None,
-            extra: None,
+            extra: Vec::new(),
+            replicate: None,
         };
         let h = thread::Builder::new()
             .name(format!("node-{}", node.id))

@@ -103,7 +103,8 @@ fn start_proxy(
         time: fairfeed_net::tree::agent::TimeBase::WALL,
         tap: None,
         publish: None,
-        extra: None,
+        extra: Vec::new(),
+        replicate: None,
     };
     let handle = thread::Builder::new().name("proxy".into()).spawn(move || run_agent(&cfg, |_, _| {}))?;
     thread::sleep(Duration::from_millis(100));

@@ -381,3 +381,170 @@ pub fn xdp_dedup(
         xdp: with,
     })
 }
+
+/// UDP ports of the replication benchmark's targets (the far end's sink).
+const REPLICA_PORT: u16 = 47_100;
+
+/// Replication through Jasper's TC egress hook beside a bare `sendmmsg`
+/// loop sending every copy itself, on one veth link, same run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicationReport {
+    /// The I/O path measured against the baseline: "tc".
+    pub io: &'static str,
+    /// Copies per second that reached the far end with TC replication (median over rounds).
+    pub proxy_pps: f64,
+    /// Copies per second that reached the far end from a bare `sendmmsg` loop sending each copy (median).
+    pub baseline_pps: f64,
+    /// proxy_pps / baseline_pps.
+    pub ratio: f64,
+    /// Datagrams per second user space sent in the TC rounds (one per packet; median).
+    pub packets_pps: f64,
+    pub fanout: usize,
+    pub packet_bytes: usize,
+    pub rounds: usize,
+    pub round_seconds: f64,
+    pub proxy_rounds_pps: Vec<f64>,
+    pub baseline_rounds_pps: Vec<f64>,
+    /// The replicator's counters over all TC rounds.
+    pub tc: fairfeed_xdp::ReplicateCounters,
+    /// Whether the far end's veth polled in a kernel thread of its own (off the sending core).
+    pub threaded_napi: bool,
+    /// What is timed.
+    pub what: &'static str,
+}
+
+fn sink_count(sink: &fairfeed_xdp::sink::XdpSink) -> std::io::Result<u64> {
+    sink.datagrams().map_err(std::io::Error::other)
+}
+
+/// One timed round: a thread in the link's first namespace sends until
+/// told to stop (`tc`: one datagram per packet through the replicator;
+/// otherwise one per copy); returns copies/s counted by the far end's sink,
+/// datagrams/s sent, and the replicator's counters.
+fn replication_round(
+    link: &Link,
+    sink: &fairfeed_xdp::sink::XdpSink,
+    (fanout, packet_bytes, seconds): (usize, usize, f64),
+    tc: bool,
+) -> std::io::Result<(f64, f64, fairfeed_xdp::ReplicateCounters)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let (l, st) = (link.clone(), stop.clone());
+    let h = thread::spawn(move || -> std::io::Result<(u64, fairfeed_xdp::ReplicateCounters)> {
+        netns::enter(&l.ns[0])?;
+        pin(0);
+        let targets: Vec<SocketAddrV4> =
+            (0..fanout as u16).map(|i| SocketAddrV4::new(l.addrs[1], REPLICA_PORT + i)).collect();
+        let port = if tc { PORT } else { PORT + 1 };
+        let rep = if tc {
+            Some(
+                fairfeed_xdp::TcReplicator::attach(&l.ifaces[0], port, &targets, None)
+                    .map_err(std::io::Error::other)?,
+            )
+        } else {
+            None
+        };
+        let sock = UdpSocket::bind(SocketAddrV4::new(l.addrs[0], port))?;
+        let _ = socket2::SockRef::from(&sock).set_send_buffer_size(4 << 20);
+        let mut packet = vec![0x5a; packet_bytes.max(HEADER_LEN)];
+        let h = HeaderRepr {
+            kind: Some(Kind::Data),
+            sequence: 1,
+            payload_len: (packet.len() - HEADER_LEN) as u16,
+            ..HeaderRepr::default()
+        };
+        h.emit(&mut packet).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+        let first = SocketAddr::V4(targets[0]);
+        let all: Vec<SocketAddr> = targets.iter().map(|&t| SocketAddr::V4(t)).collect();
+        let _ = tx.send(());
+        let (mut bs, mut sent) = (BatchSend::default(), 0u64);
+        while !st.load(Ordering::Relaxed) {
+            sent += if tc {
+                bs.send(&sock, (0..fairfeed_io::batch::BATCH_MAX).map(|_| (&packet[..], first))).sent
+            } else {
+                bs.send(&sock, all.iter().map(|&d| (&packet[..], d))).sent
+            };
+        }
+        let c = rep.map(|r| r.counters()).transpose().map_err(std::io::Error::other)?.unwrap_or_default();
+        Ok((sent, c))
+    });
+    rx.recv_timeout(Duration::from_secs(10)).map_err(|_| std::io::Error::other("the sending thread did not start"))?;
+    thread::sleep(Duration::from_millis(100));
+    let (c0, t0) = (sink_count(sink)?, Instant::now());
+    thread::sleep(Duration::from_secs_f64(seconds));
+    let (c1, t1) = (sink_count(sink)?, Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    let (sent, counters) = h.join().map_err(|_| std::io::Error::other("the sending thread panicked"))??;
+    let dt = (t1 - t0).as_secs_f64();
+    // Datagrams/s user space sent: over its whole run, an estimate.
+    let sent_pps = sent as f64 / (dt + 0.1);
+    Ok(((c1 - c0) as f64 / dt, sent_pps, counters))
+}
+
+/// Copies/s one sending core makes to `fanout` targets over a veth link:
+/// through the TC egress replicator (one datagram per packet from user
+/// space) beside a bare `sendmmsg` loop sending every copy; counted where
+/// they arrive, by an XDP sink that drops them; alternating rounds.
+pub fn replication_pps(
+    fanout: usize,
+    packet_bytes: usize,
+    (rounds, round_seconds): (usize, f64),
+) -> std::io::Result<ReplicationReport> {
+    assert!((2..=fairfeed_xdp::replicate::TARGETS_MAX).contains(&fanout), "fan-out 2..=64 with TC replication");
+    fairfeed_xdp::built().map_err(std::io::Error::other)?;
+    let veth = VethPair::create()?;
+    let link = veth.link().clone();
+    let l = link.clone();
+    let sink = thread::spawn(move || -> std::io::Result<fairfeed_xdp::sink::XdpSink> {
+        netns::enter(&l.ns[1])?;
+        fairfeed_xdp::sink::XdpSink::attach(&l.ifaces[1], REPLICA_PORT..=REPLICA_PORT + 63)
+            .map_err(std::io::Error::other)
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("attaching the sink panicked"))??;
+    // The far end's receive work (veth's NAPI poll, which exists once XDP
+    // is attached, and the sink) in a kernel thread of its own, off the
+    // sending core, as on another host.
+    let threaded = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &link.ns[1],
+            "sh",
+            "-c",
+            &format!("echo 1 > /sys/class/net/{}/threaded", link.ifaces[1]),
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let (mut ours, mut base, mut sent, mut tc) =
+        (Vec::new(), Vec::new(), Vec::new(), fairfeed_xdp::ReplicateCounters::default());
+    for _ in 0..rounds {
+        base.push(replication_round(&link, &sink, (fanout, packet_bytes, round_seconds), false)?.0);
+        let (pps, s, c) = replication_round(&link, &sink, (fanout, packet_bytes, round_seconds), true)?;
+        ours.push(pps);
+        sent.push(s);
+        tc.packets += c.packets;
+        tc.copies += c.copies;
+        tc.failed += c.failed;
+        tc.passed += c.passed;
+    }
+    drop(sink);
+    let (o, b) = (median(&ours), median(&base));
+    Ok(ReplicationReport {
+        threaded_napi: threaded,
+        io: "tc",
+        proxy_pps: o,
+        baseline_pps: b,
+        ratio: if b > 0.0 { o / b } else { 0.0 },
+        packets_pps: median(&sent),
+        fanout,
+        packet_bytes,
+        rounds,
+        round_seconds,
+        proxy_rounds_pps: ours,
+        baseline_rounds_pps: base,
+        tc,
+        what: "copies/s from one sending core over veth, counted at the far end by an XDP sink; \
+               TC: one datagram per packet from user space, copies made by bpf_clone_redirect() on egress",
+    })
+}

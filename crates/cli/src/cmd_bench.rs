@@ -4,6 +4,13 @@ use fairfeed_bench::arb::arb_latency;
 use fairfeed_bench::tree::{proxy_hop, proxy_ladder, proxy_pps};
 use fairfeed_net::tree::agent::Threading;
 
+/// A replication path of `bench proxy-pps`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoArg {
+    Udp,
+    Tc,
+}
+
 #[derive(clap::Subcommand)]
 pub enum Bench {
     /// Latency one fair-multicast proxy hop adds, beside a bare loopback hop, same run.
@@ -35,9 +42,15 @@ pub enum Bench {
         /// Seconds per measured round.
         #[arg(long, default_value_t = 1.0, value_parser = crate::fmt::seconds)]
         round_seconds: f64,
-        /// Run the proxy's send side on its own thread (SPSC ring between).
+        /// Run the proxy's send side on its own thread (SPSC ring between; `--io udp`).
         #[arg(long)]
         split: bool,
+        /// The replication path: `udp` (the proxy agent's sendmmsg, on
+        /// loopback) or `tc` (one datagram per packet, copies made by the TC
+        /// egress replicator, over a veth link between two namespaces the
+        /// bench makes; needs root and a fairfeed built with clang).
+        #[arg(long, value_enum, default_value_t = IoArg::Udp)]
+        io: IoArg,
         /// Print the report as JSON on stdout.
         #[arg(long)]
         json: bool,
@@ -192,7 +205,12 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, json } => {
+        Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, io: IoArg::Tc, json } => {
+            anyhow::ensure!(!split, "--split applies to --io udp (the proxy agent's send thread)");
+            anyhow::ensure!((2..=64).contains(&fanout), "--fanout {fanout}: TC replication makes 2 to 64 copies");
+            tc_pps(fanout, packet_bytes, (rounds, round_seconds), json)
+        }
+        Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, io: IoArg::Udp, json } => {
             let threads = if split { Threading::Split } else { Threading::One };
             // Each round times the bare loop, then the proxy.
             let tick =
@@ -284,6 +302,25 @@ fn xdp_dedup(
             r.xdp_cpu_ns_per_delivered,
             r.baseline_cpu_ns_per_delivered,
             r.cpu_ratio
+        );
+    }
+    Ok(())
+}
+
+fn tc_pps(fanout: usize, packet_bytes: usize, (rounds, round_seconds): (usize, f64), json: bool) -> anyhow::Result<()> {
+    let tick = crate::fmt::ticker(
+        2.0 * rounds as f64 * (round_seconds + 0.2),
+        "bare sendmmsg and TC replication, alternating rounds",
+    );
+    let r = fairfeed_bench::xdp::replication_pps(fanout, packet_bytes, (rounds, round_seconds))?;
+    drop(tick);
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "TC replication to {fanout} over veth: {:.0} copies/s ({:.0} datagrams/s from user space); bare sendmmsg \
+             of every copy: {:.0} copies/s; ratio {:.2} (medians of {rounds} rounds of {round_seconds} s; {} clone failures)",
+            r.proxy_pps, r.packets_pps, r.baseline_pps, r.ratio, r.tc.failed
         );
     }
     Ok(())

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use fairfeed_feed::gen::{GenConfig, Generator};
 use fairfeed_net::tree::agent::{
-    run_agent, write_rows, AgentConfig, ExtraCounters, Job, PublishSlot, ReceiverJob, SenderJob, Threading,
+    run_agent, write_rows, AgentConfig, ExtraCounters, Job, PublishSlot, ReceiverJob, Replicate, SenderJob, Threading,
 };
 use fairfeed_net::tuning::Tuning;
 use fairfeed_sim::model::{LinkModel, ModelFile};
@@ -119,6 +119,13 @@ pub struct Common {
     /// (after it, any interface), auto (native, else generic).
     #[arg(long, value_enum, default_value_t = XdpModeArg::Auto, requires = "xdp_dedup")]
     xdp_mode: XdpModeArg,
+    /// Let the kernel make this node's fan-out copies: attach fairfeed's TC
+    /// egress replicator to IFACE, the interface its packets leave by
+    /// (sender and proxies; needs root, a fairfeed built with clang, `--link
+    /// none`, 2 to 64 targets behind one next hop). Each data packet then
+    /// leaves user space once; counters in `fairfeed stat` as counters.tc.
+    #[arg(long, value_name = "IFACE", value_parser = iface_name)]
+    tc_replicate: Option<String>,
     /// Testing: make this node's clock run fast (or slow, negative) by this many ppm (±1,000).
     #[arg(long, default_value_t = 0.0, allow_hyphen_values = true, value_parser = ppm_range)]
     clock_drift_ppm: f64,
@@ -167,6 +174,62 @@ fn attach_xdp(
     let x = fairfeed_xdp::XdpDedup::attach(iface, port, mode).with_context(|| format!("--xdp-dedup {iface}"))?;
     tracing::info!(node = c.id, "node {}: XDP de-duplicator on {iface} ({} mode), UDP port {port}", c.id, x.mode());
     Ok(Some(Arc::new(std::sync::Mutex::new(x))))
+}
+
+/// The TC replicator and its socket for a sender or proxy, where asked.
+fn attach_tc(c: &Common, topology: &Topology) -> anyhow::Result<Option<(Replicate, ExtraCounters)>> {
+    let Some(iface) = &c.tc_replicate else { return Ok(None) };
+    anyhow::ensure!(
+        c.link == "none",
+        "--tc-replicate: the kernel sends every copy at once; it cannot emulate links (--link {})",
+        c.link
+    );
+    let tree = topology.trees.first().context("the topology has no tree")?;
+    let me = tree.nodes.iter().find(|n| n.id == c.id).with_context(|| format!("no node {} in the topology", c.id))?;
+    anyhow::ensure!(
+        me.role != fairfeed_tree::plan::Role::Receiver,
+        "--tc-replicate: node {} is a receiver; it sends no copies to replicate",
+        c.id
+    );
+    let fanout: Vec<u32> = me.children.iter().chain(&me.hedge_targets).copied().collect();
+    anyhow::ensure!(
+        (2..=fairfeed_xdp::replicate::TARGETS_MAX).contains(&fanout.len()),
+        "--tc-replicate: node {} sends to {} targets; the replicator makes 2 to {}",
+        c.id,
+        fanout.len(),
+        fairfeed_xdp::replicate::TARGETS_MAX
+    );
+    let v4 = |id: u32| -> anyhow::Result<std::net::SocketAddrV4> {
+        let a = tree.nodes.iter().find(|n| n.id == id).and_then(|n| n.addr.as_deref());
+        match a.and_then(|a| a.parse::<SocketAddr>().ok()) {
+            Some(SocketAddr::V4(v)) => Ok(v),
+            _ => anyhow::bail!("--tc-replicate: node {id} needs an IPv4 address in the topology"),
+        }
+    };
+    let targets: Vec<std::net::SocketAddrV4> = fanout.iter().map(|&t| v4(t)).collect::<anyhow::Result<_>>()?;
+    // The replicator knows this node's copies by their source port: a socket of their own.
+    let sock = UdpSocket::bind((*v4(c.id)?.ip(), 0)).context("--tc-replicate: binding the replication socket")?;
+    let port = sock.local_addr()?.port();
+    let macs = fairfeed_xdp::neigh::next_hop_macs(iface, &targets)
+        .map_err(|e| anyhow::anyhow!("--tc-replicate {iface}: {e}"))?;
+    let r = fairfeed_xdp::TcReplicator::attach(iface, port, &targets, Some(&macs))
+        .with_context(|| format!("--tc-replicate {iface}"))?;
+    tracing::info!(
+        node = c.id,
+        "node {}: TC replicator on {iface}: one datagram to {}, copies to {} more",
+        c.id,
+        targets[0],
+        targets.len() - 1
+    );
+    let r = Arc::new(std::sync::Mutex::new(r));
+    let read = Arc::new(move || {
+        let r = r.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match r.counters() {
+            Ok(c) => serde_json::to_value(c).unwrap_or_default(),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        }
+    });
+    Ok(Some((Replicate { sock: Arc::new(sock), fanout }, ExtraCounters { name: "tc", read })))
 }
 
 fn xdp_counters(x: &std::sync::Mutex<fairfeed_xdp::XdpDedup>) -> serde_json::Value {
@@ -307,6 +370,15 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
     let stop = crate::fmt::stop_on_signals()?;
     let topology = load_topology(&c.topology)?;
     let xdp = attach_xdp(c, &topology)?;
+    let tc = attach_tc(c, &topology)?;
+    let mut extra: Vec<ExtraCounters> = Vec::new();
+    if let Some(x) = xdp {
+        extra.push(ExtraCounters { name: "xdp", read: Arc::new(move || xdp_counters(&x)) });
+    }
+    let replicate = tc.map(|(r, e)| {
+        extra.push(e);
+        r
+    });
     Ok(AgentConfig {
         topology: Arc::new(topology),
         id: c.id,
@@ -335,7 +407,8 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         time: fairfeed_net::tree::agent::TimeBase::WALL,
         tap: None,
         publish: c.metrics.map(|_| PublishSlot::default()),
-        extra: xdp.map(|x| ExtraCounters { name: "xdp", read: Arc::new(move || xdp_counters(&x)) }),
+        extra,
+        replicate,
     })
 }
 
@@ -371,7 +444,7 @@ pub(crate) fn node_metrics(slot: &PublishSlot, e: &mut fairfeed_ops::Exposition)
 }
 
 fn finish(c: &Common, cfg: &AgentConfig, mut r: fairfeed_net::tree::agent::AgentReport) -> anyhow::Result<()> {
-    if let Some(e) = &cfg.extra {
+    for e in &cfg.extra {
         r.counters[e.name] = (e.read)();
     }
     let r = &r;

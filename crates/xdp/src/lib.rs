@@ -15,8 +15,16 @@
 //! window — stays the judge of what is delivered; the XDP program only saves
 //! it work. [`XdpDedup`] loads and attaches it with aya (pure Rust, no libbpf
 //! to link), and reads its counters.
+//!
+//! The sender's and proxies' side is [`TcReplicator`] (`bpf/replicate.bpf.c`):
+//! a TC egress program that clones each data packet the node sends to its
+//! first target to every other target, so user space sends one datagram per
+//! packet instead of one per target.
 
+pub mod neigh;
 pub mod netns;
+pub mod replicate;
+pub mod sink;
 
 use aya::maps::{Array, PerCpuArray};
 use aya::programs::{Xdp, XdpFlags};
@@ -29,6 +37,7 @@ pub const SLOTS: u64 = 65_536;
 const _: () = assert!(SLOTS.is_power_of_two());
 
 const OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dedup.bpf.o"));
+pub use replicate::{ReplicateCounters, TcReplicator};
 const BUILD: &str = env!("FAIRFEED_BPF_BUILD");
 const PROGRAM: &str = "ff_xdp_dedup";
 
@@ -95,6 +104,8 @@ pub enum XdpError {
     Load(String),
     #[error("attaching XDP to {iface} in {mode} mode failed (does its driver support it?): {why}")]
     Attach { iface: String, mode: Mode, why: String },
+    #[error("attaching the TC egress program to {iface} failed: {why}")]
+    TcAttach { iface: String, why: String },
     #[error("reading the XDP program's maps failed: {0}")]
     Map(String),
 }
@@ -112,7 +123,7 @@ impl std::fmt::Debug for XdpDedup {
     }
 }
 
-fn is_permission(e: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn is_permission(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(e) = cur {
         if let Some(io) = e.downcast_ref::<std::io::Error>() {

@@ -334,7 +334,8 @@ fn node_config(
         time: shared.time,
         tap: Some(shared.tap.clone()),
         publish: cfg.publish.get(&n.id).cloned(),
-        extra: None,
+        extra: Vec::new(),
+        replicate: None,
     }
 }
 

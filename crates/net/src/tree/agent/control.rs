@@ -303,7 +303,7 @@ pub struct ControlAgent {
     /// Unknown-command answers in the current second: (second, count).
     unknown_answers: (u64, u64),
     pub stats: ControlStats,
-    extra: Option<super::ExtraCounters>,
+    extra: Vec<super::ExtraCounters>,
 }
 
 impl ControlAgent {
@@ -317,12 +317,12 @@ impl ControlAgent {
             next_publish_ns: wall_ns() + PUBLISH_INTERVAL_NS,
             unknown_answers: (0, 0),
             stats: ControlStats::default(),
-            extra: None,
+            extra: Vec::new(),
         }
     }
 
     /// Shows `extra` with the node's counters.
-    pub fn with_extra(mut self, extra: Option<super::ExtraCounters>) -> Self {
+    pub fn with_extra(mut self, extra: Vec<super::ExtraCounters>) -> Self {
         self.extra = extra;
         self
     }
@@ -343,7 +343,7 @@ impl ControlAgent {
     /// The report with the control side's own counters.
     fn with_stats(&self, mut r: AgentReport) -> AgentReport {
         r.counters["control"] = serde_json::to_value(self.stats).unwrap_or_default();
-        if let Some(e) = &self.extra {
+        for e in &self.extra {
             r.counters[e.name] = (e.read)();
         }
         r

@@ -29,6 +29,8 @@ pub struct Copy {
     pub bytes: Arc<[u8]>,
     pub handed_ns: u64,
     pub model_ns: u64,
+    /// Sent from the replication socket: the kernel makes the node's other copies.
+    pub fanout: bool,
 }
 
 /// Copies in flight per destination a [`Tap`] keeps at most (older ones are dropped).
@@ -110,6 +112,8 @@ impl TxCounters {
 /// The delay queue and the batched sender.
 pub struct Egress {
     sock: UdpSocket,
+    /// The socket whose datagrams the TC replicator fans out ([`super::Replicate`]).
+    fanout_sock: Option<UdpSocket>,
     queue: BinaryHeap<Reverse<(u64, u64, usize)>>,
     slots: Vec<Option<Copy>>,
     free: Vec<usize>,
@@ -121,10 +125,16 @@ pub struct Egress {
 }
 
 impl Egress {
-    pub fn new(sock: UdpSocket, counters: Arc<TxCounters>, tap: Option<Arc<Tap>>) -> Self {
+    pub fn new(
+        sock: UdpSocket,
+        fanout_sock: Option<UdpSocket>,
+        counters: Arc<TxCounters>,
+        tap: Option<Arc<Tap>>,
+    ) -> Self {
         Egress {
             tap,
             sock,
+            fanout_sock,
             queue: BinaryHeap::new(),
             slots: Vec::new(),
             free: Vec::new(),
@@ -177,7 +187,11 @@ impl Egress {
         if self.due.is_empty() {
             return 0;
         }
-        let s = self.batch.send(&self.sock, self.due.iter().map(|c| (&c.bytes[..], c.to)));
+        let mut s = self.batch.send(&self.sock, self.due.iter().filter(|c| !c.fanout).map(|c| (&c.bytes[..], c.to)));
+        if let Some(f) = &self.fanout_sock {
+            let k = self.batch.send(f, self.due.iter().filter(|c| c.fanout).map(|c| (&c.bytes[..], c.to)));
+            s = Sent { sent: s.sent + k.sent, failed: s.failed + k.failed, calls: s.calls + k.calls };
+        }
         if let Some(t) = &self.tap {
             for c in self.due.iter().take(s.sent as usize) {
                 t.sent(c.to, c.handed_ns, c.model_ns);

@@ -190,8 +190,23 @@ pub struct AgentConfig {
     /// Where the node publishes its counters and histograms for a metrics
     /// endpoint (every [`crate::publish::PUBLISH_INTERVAL`]); `None`: nowhere.
     pub publish: Option<PublishSlot>,
-    /// Counters kept beside the node (its XDP program's), shown with its own.
-    pub extra: Option<ExtraCounters>,
+    /// Counters kept beside the node (its eBPF programs'), shown with its own.
+    pub extra: Vec<ExtraCounters>,
+    /// The kernel makes the node's fan-out copies; `None`: user space sends each.
+    pub replicate: Option<Replicate>,
+}
+
+/// The kernel makes this node's fan-out copies (Jasper's TC egress
+/// replicator, set up by the caller on the interface the node's packets
+/// leave by, watching `sock`'s port): a data packet for exactly the node's
+/// `fanout` targets leaves as one datagram to `fanout[0]` from `sock`, and
+/// the replicator clones it to the others. Anything else the node sends
+/// (reports, probes, a copy for some of the targets) goes from its own socket
+/// as before, so the replicator never sees it.
+#[derive(Debug, Clone)]
+pub struct Replicate {
+    pub sock: Arc<std::net::UdpSocket>,
+    pub fanout: Vec<u32>,
 }
 
 /// Counters kept beside a node, outside its agents (the kernel's XDP

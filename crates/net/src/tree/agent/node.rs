@@ -44,17 +44,37 @@ impl std::fmt::Display for AgentError {
 
 impl std::error::Error for AgentError {}
 
+/// One copy the state machine handed out: to whom (id, address), what, and
+/// whether it goes from the replication socket (the kernel makes the rest).
+type Out = (u32, SocketAddr, Arc<[u8]>, bool);
+
+/// The node's fan-out when the kernel replicates it: the targets sorted (to
+/// recognise a fan-out to exactly them) and the one user space sends to.
+struct KernelFanout {
+    sorted: Vec<u32>,
+    first: u32,
+    /// Copies the kernel was left to make.
+    copies: u64,
+}
+
+impl KernelFanout {
+    fn covers(&self, to: &[u32]) -> bool {
+        to.len() == self.sorted.len() && to.iter().all(|t| self.sorted.binary_search(t).is_ok())
+    }
+}
+
 /// Copies the node handed out during one call into its state machine.
 struct Pending<'a> {
     addrs: &'a [Option<SocketAddr>],
-    out: &'a mut Vec<(u32, SocketAddr, Arc<[u8]>)>,
+    out: &'a mut Vec<Out>,
     unknown: &'a mut u64,
+    kernel: Option<&'a mut KernelFanout>,
 }
 
 impl Pending<'_> {
-    fn copy(&mut self, to: u32, shared: &Arc<[u8]>) {
+    fn copy(&mut self, to: u32, shared: &Arc<[u8]>, fanout: bool) {
         match self.addrs.get(to as usize) {
-            Some(Some(addr)) => self.out.push((to, *addr, shared.clone())),
+            Some(Some(addr)) => self.out.push((to, *addr, shared.clone(), fanout)),
             _ => *self.unknown += 1,
         }
     }
@@ -62,14 +82,22 @@ impl Pending<'_> {
 
 impl Transmit for Pending<'_> {
     fn send(&mut self, to: u32, bytes: &[u8]) {
-        self.copy(to, &Arc::from(bytes));
+        self.copy(to, &Arc::from(bytes), false);
     }
 
-    /// One shared buffer for all the copies (the send side's `sendmmsg` points every message at it).
+    /// One shared buffer for all the copies (the send side's `sendmmsg`
+    /// points every message at it); one datagram in all when the kernel
+    /// replicates a fan-out to exactly the node's targets.
     fn send_all(&mut self, to: &[u32], bytes: &[u8]) {
         let shared: Arc<[u8]> = Arc::from(bytes);
+        if let Some(k) = self.kernel.as_deref_mut().filter(|k| k.covers(to)) {
+            k.copies += to.len() as u64 - 1;
+            let first = k.first;
+            self.copy(first, &shared, true);
+            return;
+        }
         for &t in to {
-            self.copy(t, &shared);
+            self.copy(t, &shared, false);
         }
     }
 }
@@ -123,7 +151,8 @@ pub struct NodeAgent<'c> {
     addrs: Vec<Option<SocketAddr>>,
     live: Node,
     emu: Option<LinkEmulator>,
-    pending: Vec<(u32, SocketAddr, Arc<[u8]>)>,
+    pending: Vec<Out>,
+    kernel: Option<KernelFanout>,
     outbox: Outbox,
     tx: Arc<TxCounters>,
     recv: BatchRecv,
@@ -193,8 +222,12 @@ fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode), A
 
 fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Result<Outbox, AgentError> {
     let send_sock = sock.try_clone().map_err(|e| AgentError::Io("cloning the socket".into(), e))?;
+    let fanout_sock = match &cfg.replicate {
+        Some(r) => Some(r.sock.try_clone().map_err(|e| AgentError::Io("cloning the replication socket".into(), e))?),
+        None => None,
+    };
     if cfg.threads == Threading::One {
-        return Ok(Outbox::Inline(Egress::new(send_sock, tx.clone(), cfg.tap.clone())));
+        return Ok(Outbox::Inline(Egress::new(send_sock, fanout_sock, tx.clone(), cfg.tap.clone())));
     }
     let (ring, incoming) = mailbox(RING_CAPACITY).map_err(|e| AgentError::Io("making the send ring".into(), e))?;
     let (tuning, counters, tap, time, idle) = (cfg.tuning.clone(), tx.clone(), cfg.tap.clone(), cfg.time, cfg.idle);
@@ -204,7 +237,7 @@ fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Re
         if idle != IdleStrategy::Spin {
             let _ = nix::sys::prctl::set_timerslack(1_000);
         }
-        EgressAgent::new(incoming, Egress::new(send_sock, counters, tap), time, applied)
+        EgressAgent::new(incoming, Egress::new(send_sock, fanout_sock, counters, tap), time, applied)
     };
     let rc = RunConfig { idle, spin_ahead_ns: SPIN_AHEAD_NS, park_max_ns: PARK_MAX_NS, stop: None };
     let thread = fairfeed_io::agent::spawn("fairfeed-tx", rc, make, |a, _| a.applied)
@@ -300,6 +333,11 @@ impl<'c> NodeAgent<'c> {
             live,
             emu,
             pending: Vec::with_capacity(256),
+            kernel: cfg.replicate.as_ref().and_then(|r| {
+                let mut sorted = r.fanout.clone();
+                sorted.sort_unstable();
+                Some(KernelFanout { first: *r.fanout.first()?, sorted, copies: 0 })
+            }),
             outbox,
             tx,
             packets_in: 0,
@@ -347,13 +385,13 @@ impl NodeAgent<'_> {
     fn dispatch(&mut self, now: u64) -> usize {
         let id = self.cfg.id;
         let handed = self.pending.len();
-        for (to_id, to, bytes) in self.pending.drain(..) {
+        for (to_id, to, bytes, fanout) in self.pending.drain(..) {
             let dues = match &mut self.emu {
                 Some(e) => e.arrivals(now, id, to_id),
                 None => [Some(now), None],
             };
             for due_ns in dues.into_iter().flatten() {
-                let c = Copy { due_ns, to, bytes: bytes.clone(), handed_ns: now, model_ns: due_ns - now };
+                let c = Copy { due_ns, to, bytes: bytes.clone(), handed_ns: now, model_ns: due_ns - now, fanout };
                 match &mut self.outbox {
                     Outbox::Inline(e) => e.push(c),
                     Outbox::Ring(h) => {
@@ -378,7 +416,12 @@ impl NodeAgent<'_> {
     /// A sender's packets from its feed; returns how many.
     fn take_feed(&mut self, now: u64) -> usize {
         let (Some(feed), Node::Sender(s)) = (&mut self.feed, &mut self.live) else { return 0 };
-        let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
+        let mut tx = Pending {
+            addrs: &self.addrs,
+            out: &mut self.pending,
+            unknown: &mut self.unknown_destination,
+            kernel: self.kernel.as_mut(),
+        };
         let n = feed.drain(|p| {
             s.handle_message(now, &p, &mut tx);
             // As the simulator does: the deadline rule sees fresh reports at once.
@@ -394,7 +437,12 @@ impl NodeAgent<'_> {
     /// Reads what is waiting; returns the number of datagrams.
     fn receive(&mut self, now: u64) -> usize {
         let live = &mut self.live;
-        let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
+        let mut tx = Pending {
+            addrs: &self.addrs,
+            out: &mut self.pending,
+            unknown: &mut self.unknown_destination,
+            kernel: self.kernel.as_mut(),
+        };
         let hists = &mut self.hists;
         let (skew, time, tap, me) = (self.cfg.clock.skew, self.cfg.time, self.cfg.tap.as_deref(), self.addr);
         let n = self.recv.recv_stamped(&self.sock, |b, stamp| {
@@ -456,7 +504,12 @@ impl NodeAgent<'_> {
     fn timers(&mut self, now: u64) -> usize {
         let (skew, time) = (self.cfg.clock.skew, self.cfg.time);
         let mut work = 0;
-        let mut tx = Pending { addrs: &self.addrs, out: &mut self.pending, unknown: &mut self.unknown_destination };
+        let mut tx = Pending {
+            addrs: &self.addrs,
+            out: &mut self.pending,
+            unknown: &mut self.unknown_destination,
+            kernel: self.kernel.as_mut(),
+        };
         if self.live.next_timeout() <= now {
             // A fresh reading: probes sent now carry it as their send stamp.
             let fresh = skew.local(time.at(wall_ns()));
@@ -633,6 +686,7 @@ impl NodeAgent<'_> {
             "packets_in": self.packets_in,
             "recv_calls": self.recv_calls,
             "packets_out": l(&tx.packets_out),
+            "replicated_in_kernel": self.kernel.as_ref().map_or(0, |k| k.copies),
             "send_calls": l(&tx.send_calls),
             "send_failed": l(&tx.send_failed),
             "queue_full": l(&tx.queue_full),
