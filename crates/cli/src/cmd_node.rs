@@ -141,7 +141,7 @@ pub enum XdpModeArg {
 
 /// A network interface name as Linux takes one: 1 to 15 bytes, no `/`, no
 /// white space.
-fn iface_name(s: &str) -> Result<String, String> {
+pub(crate) fn iface_name(s: &str) -> Result<String, String> {
     if s.is_empty() || s.len() > 15 || s.contains('/') || s.chars().any(char::is_whitespace) {
         return Err(format!("{s:?} is not an interface name (1 to 15 characters, no '/' or spaces)"));
     }

@@ -44,6 +44,11 @@ pub struct Args {
     /// With --emit: the container image (compose, k8s).
     #[arg(long, default_value = "fairfeed:latest")]
     image: String,
+    /// With --emit: the kernel fast path on this interface of every host (TC
+    /// replication at the sender and proxies, XDP de-duplication at
+    /// receivers, CAP_BPF granted).
+    #[arg(long, value_name = "IFACE", value_parser = crate::cmd_node::iface_name, requires = "emit")]
+    kernel_path: Option<String>,
     /// With --emit systemd: where the fairfeed binary is on each host.
     #[arg(long, default_value = "/usr/local/bin/fairfeed")]
     binary: String,
@@ -81,6 +86,7 @@ fn emit(a: &Args, which: EmitArg, topo: &fairfeed_tree::plan::Topology) -> anyho
         binary: a.binary.clone(),
         image: a.image.clone(),
         metrics_port: a.metrics_port,
+        kernel_iface: a.kernel_path.clone(),
         ..DeployOptions::default()
     };
     let text = toml::to_string(topo).context("serializing the topology as TOML")?;

@@ -113,3 +113,49 @@ fn emit_refuses_nodes_without_addresses_in_one_line() {
     assert!(err.contains("no IP:PORT address") && err.trim().lines().count() == 1, "{err}");
     assert!(!out.exists(), "nothing written");
 }
+
+#[test]
+fn the_kernel_fast_path_is_switched_on_per_role_with_its_capability() {
+    let d = tmp();
+    let out = emit(d.path(), "k8s", &["--kernel-path", "eth0"]);
+    let nodes = std::fs::read_to_string(out.join("10-nodes.yaml")).unwrap();
+    let docs: Vec<&str> = nodes.split("\n---\n").collect();
+    assert_eq!(docs.len(), 7);
+    for doc in &docs {
+        let role = ["sender", "proxy", "receiver"]
+            .into_iter()
+            .find(|r| doc.contains(&format!("fairfeed.io/role: {r}")))
+            .unwrap();
+        assert!(doc.contains("- BPF"), "CAP_BPF granted: {doc}");
+        match role {
+            "receiver" => assert!(doc.contains("- --xdp-dedup\n") && !doc.contains("--tc-replicate"), "{doc}"),
+            _ => assert!(doc.contains("- --tc-replicate\n") && !doc.contains("--xdp-dedup"), "{doc}"),
+        }
+        assert!(doc.contains("- eth0\n"), "{doc}");
+    }
+    if have_tool("kubernetes-validate", &["--version"]) {
+        check("kubernetes-validate", &["-k", "1.30.0", "--strict", out.join("10-nodes.yaml").to_str().unwrap()]);
+    }
+    let out = emit(d.path(), "systemd", &["--kernel-path", "ens5", "--binary", bin()]);
+    let unit = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("fairfeed-sender-"))
+        .unwrap();
+    let s = std::fs::read_to_string(unit).unwrap();
+    assert!(
+        s.contains("AmbientCapabilities=CAP_SYS_NICE CAP_NET_ADMIN CAP_BPF") && s.contains("--tc-replicate ens5"),
+        "{s}"
+    );
+    let readme = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(readme.contains("kernel fast path is on"), "{readme}");
+    // Without it, nothing of the sort.
+    let out = emit(d.path(), "compose", &[]);
+    let c = std::fs::read_to_string(out.join("compose.yaml")).unwrap();
+    assert!(!c.contains("BPF") && !c.contains("--xdp-dedup"), "{c}");
+    let bad = Command::new(bin())
+        .args(["plan", "--receivers", "4", "--kernel-path", "eth0", "--out", "/tmp/x.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "--kernel-path needs --emit");
+}

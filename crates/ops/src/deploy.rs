@@ -32,6 +32,11 @@ pub struct DeployOptions {
     pub namespace: String,
     /// Extra flags for every node (e.g. `--clock sync`).
     pub node_flags: Vec<String>,
+    /// The kernel fast path on this interface of every host: TC replication
+    /// at the sender and proxies (`--tc-replicate`, where a node has 2 to 64
+    /// targets), XDP de-duplication at receivers (`--xdp-dedup`), and the
+    /// capability to load eBPF programs (CAP_BPF).
+    pub kernel_iface: Option<String>,
 }
 
 impl Default for DeployOptions {
@@ -42,6 +47,7 @@ impl Default for DeployOptions {
             metrics_port: 9400,
             namespace: "fairfeed".into(),
             node_flags: vec!["--clock".into(), "sync".into()],
+            kernel_iface: None,
         }
     }
 }
@@ -97,7 +103,28 @@ fn args(n: &Node, addr: SocketAddr, key: &str, o: &DeployOptions) -> Vec<String>
         SocketAddr::new(addr.ip(), o.metrics_port).to_string(),
     ];
     v.extend(o.node_flags.iter().cloned());
+    if let Some(iface) = &o.kernel_iface {
+        let targets = n.children.len() + n.hedge_targets.len();
+        match n.role {
+            Role::Receiver => v.extend(["--xdp-dedup".into(), iface.clone()]),
+            _ if (2..=TC_TARGETS_MAX).contains(&targets) => v.extend(["--tc-replicate".into(), iface.clone()]),
+            // One target: nothing for the kernel to copy.
+            _ => {}
+        }
+    }
     v
+}
+
+/// Targets the TC replicator takes (fairfeed_xdp::replicate::TARGETS_MAX).
+const TC_TARGETS_MAX: usize = 64;
+
+/// The capabilities a node needs, as Linux names them without `CAP_`.
+fn capabilities(o: &DeployOptions) -> Vec<&'static str> {
+    let mut c = vec!["SYS_NICE", "NET_ADMIN"];
+    if o.kernel_iface.is_some() {
+        c.push("BPF");
+    }
+    c
 }
 
 fn name(n: &Node) -> String {
@@ -158,7 +185,7 @@ fn unit(n: &Node, addr: SocketAddr, o: &DeployOptions) -> String {
          # command line), locked memory for --mlock, and the capabilities --fifo and --busy-poll-us need.\n\
          CPUAffinity=1\n\
          LimitMEMLOCK=infinity\n\
-         AmbientCapabilities=CAP_SYS_NICE CAP_NET_ADMIN\n\
+         AmbientCapabilities={caps}\n\
          NoNewPrivileges=yes\n\
          \n\
          [Install]\n\
@@ -167,6 +194,7 @@ fn unit(n: &Node, addr: SocketAddr, o: &DeployOptions) -> String {
         id = n.id,
         ip = addr.ip(),
         port = o.metrics_port,
+        caps = capabilities(o).iter().map(|c| format!("CAP_{c}")).collect::<Vec<_>>().join(" "),
     )
 }
 
@@ -189,7 +217,7 @@ fn compose(nodes: &[(&Node, SocketAddr)], o: &DeployOptions) -> Result<String, S
                 // Latency hints: one core per node; locked memory for --mlock.
                 "cpuset": "1",
                 "ulimits": {"memlock": -1},
-                "cap_add": ["SYS_NICE", "NET_ADMIN"],
+                "cap_add": capabilities(o),
                 "labels": {
                     "io.fairfeed.node": n.id.to_string(),
                     "io.fairfeed.role": role_name(n.role),
@@ -261,7 +289,7 @@ fn deployment(n: &Node, addr: SocketAddr, o: &DeployOptions) -> serde_json::Valu
                             "requests": {"cpu": "1", "memory": "512Mi"},
                             "limits": {"cpu": "1", "memory": "512Mi"},
                         },
-                        "securityContext": {"capabilities": {"add": ["SYS_NICE", "NET_ADMIN", "IPC_LOCK"]}},
+                        "securityContext": {"capabilities": {"add": capabilities(o).into_iter().chain(["IPC_LOCK"]).collect::<Vec<_>>()}},
                         "volumeMounts": [
                             {"name": "topology", "mountPath": "/etc/fairfeed/topology.toml", "subPath": "topology.toml", "readOnly": true},
                             {"name": "key", "mountPath": KEY_DIR_K8S, "readOnly": true},
@@ -289,7 +317,8 @@ fn yaml(docs: &[serde_json::Value]) -> Result<String, String> {
 }
 
 const DOCKERFILE: &str = "# The image the Compose services and Kubernetes pods run: the fairfeed binary on Debian.\n\
-# Build: copy the binary of `cargo build --release -p fairfeed` next to this file, then\n\
+# Build: copy the binary of `cargo build --release -p fairfeed` next to this file (built where\n\
+# clang is installed, so that it carries the eBPF programs of the kernel fast path), then\n\
 #   docker build -t fairfeed:latest .\n\
 FROM debian:bookworm-slim\n\
 COPY fairfeed /usr/local/bin/fairfeed\n\
@@ -344,7 +373,17 @@ fn readme(t: &Topology, nodes: &[(&Node, SocketAddr)], platform: Platform, o: &D
          with `topology.toml` and the tree's key (make it once and copy it to every host: `{key}`).\n\n\
          {table}\n{how}\n\n\
          Each node answers SIGTERM by stopping and writing its counters; `fairfeed stat` needs a \
-         `--control` address (add one to the node's flags).\n",
+         `--control` address (add one to the node's flags).\n{kernel}",
+        kernel = match &o.kernel_iface {
+            Some(i) => format!(
+                "\nThe kernel fast path is on: the sender and proxies replicate with TC on `{i}` \
+                 (`--tc-replicate`), receivers drop hedged duplicates with XDP on `{i}` (`--xdp-dedup`). \
+                 Every host needs `{i}` (its packets' interface), a kernel with BPF (5.10 or later), the \
+                 capabilities BPF and NET_ADMIN (granted here), and a fairfeed built where clang was \
+                 installed.\n"
+            ),
+            None => String::new(),
+        },
         n = t.receivers,
         f = t.fanout,
         d = t.depth,
