@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use crate::arb::{latency, measure, Latency};
 use fairfeed_io::batch::BatchSend;
+use fairfeed_io::send::Backend;
 use fairfeed_io::tuning::Tuning;
 use fairfeed_net::arb::live::IdleStrategy;
 use fairfeed_net::tree::agent::{run_agent, AgentConfig, AgentError, AgentReport, Job, Threading};
@@ -54,7 +55,7 @@ fn start_proxy(
     children: &[SocketAddr],
     idle: IdleStrategy,
     tuning: Tuning,
-    threads: Threading,
+    (threads, io): (Threading, Backend),
 ) -> std::io::Result<ProxyUnderTest> {
     let k = children.len() as u32;
     let (addr, control) = (free_addr()?, free_addr()?);
@@ -105,6 +106,7 @@ fn start_proxy(
         publish: None,
         extra: Vec::new(),
         replicate: None,
+        io,
     };
     let handle = thread::Builder::new().name("proxy".into()).spawn(move || run_agent(&cfg, |_, _| {}))?;
     thread::sleep(Duration::from_millis(100));
@@ -148,7 +150,7 @@ fn hop_rounds(samples: usize, idle: IdleStrategy, tuning: Tuning, spin: bool) ->
     let rx = UdpSocket::bind(any)?;
     rx.set_read_timeout(Some(Duration::from_secs(1)))?;
     let pinned = !tuning.pin.is_empty();
-    let p = start_proxy(tx.local_addr()?, &[rx.local_addr()?], idle, tuning, Threading::One)?;
+    let p = start_proxy(tx.local_addr()?, &[rx.local_addr()?], idle, tuning, (Threading::One, Backend::Udp))?;
     const ROUNDS: usize = 10;
     let per = (samples / ROUNDS).max(1);
     let mut via = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).expect("valid bounds");
@@ -242,6 +244,8 @@ pub struct ProxyPpsReport {
     pub rounds: usize,
     pub round_seconds: f64,
     pub threads: Threading,
+    /// The proxy's send back-end (the baseline is always a bare `sendmmsg` loop).
+    pub io: Backend,
     pub proxy_rounds_pps: Vec<f64>,
     pub baseline_rounds_pps: Vec<f64>,
 }
@@ -287,13 +291,13 @@ pub fn proxy_pps(
     fanout: usize,
     packet_bytes: usize,
     (rounds, round_seconds): (usize, f64),
-    threads: Threading,
+    (threads, io): (Threading, Backend),
 ) -> std::io::Result<ProxyPpsReport> {
     assert!((1..=1_000).contains(&fanout), "fan-out 1..=1000");
     let sinks: Vec<UdpSocket> = (0..fanout).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     let dests: Vec<SocketAddr> = sinks.iter().map(UdpSocket::local_addr).collect::<Result<_, _>>()?;
     let feed_sock = UdpSocket::bind("127.0.0.1:0")?;
-    let p = start_proxy(feed_sock.local_addr()?, &dests, IdleStrategy::Spin, Tuning::default(), threads)?;
+    let p = start_proxy(feed_sock.local_addr()?, &dests, IdleStrategy::Spin, Tuning::default(), (threads, io))?;
     let ctl = UdpSocket::bind("127.0.0.1:0")?;
     ctl.set_read_timeout(Some(Duration::from_secs(2)))?;
     let base_sock = UdpSocket::bind("127.0.0.1:0")?;
@@ -334,6 +338,7 @@ pub fn proxy_pps(
         rounds,
         round_seconds,
         threads,
+        io,
         proxy_rounds_pps: ours,
         baseline_rounds_pps: base,
     })

@@ -2,12 +2,14 @@
 
 use fairfeed_bench::arb::arb_latency;
 use fairfeed_bench::tree::{proxy_hop, proxy_ladder, proxy_pps};
+use fairfeed_net::send::Backend;
 use fairfeed_net::tree::agent::Threading;
 
 /// A replication path of `bench proxy-pps`.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum IoArg {
     Udp,
+    Uring,
     Tc,
 }
 
@@ -45,10 +47,11 @@ pub enum Bench {
         /// Run the proxy's send side on its own thread (SPSC ring between; `--io udp`).
         #[arg(long)]
         split: bool,
-        /// The replication path: `udp` (the proxy agent's sendmmsg, on
-        /// loopback) or `tc` (one datagram per packet, copies made by the TC
-        /// egress replicator, over a veth link between two namespaces the
-        /// bench makes; needs root and a fairfeed built with clang).
+        /// The replication path: `udp` (the proxy agent sending with
+        /// sendmmsg, on loopback), `uring` (the same agent sending through
+        /// io_uring), or `tc` (one datagram per packet, copies made by the
+        /// TC egress replicator, over a veth link between two namespaces
+        /// the bench makes; needs root and a fairfeed built with clang).
         #[arg(long, value_enum, default_value_t = IoArg::Udp)]
         io: IoArg,
         /// Print the report as JSON on stdout.
@@ -210,20 +213,21 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             anyhow::ensure!((2..=64).contains(&fanout), "--fanout {fanout}: TC replication makes 2 to 64 copies");
             tc_pps(fanout, packet_bytes, (rounds, round_seconds), json)
         }
-        Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, io: IoArg::Udp, json } => {
+        Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, io, json } => {
             let threads = if split { Threading::Split } else { Threading::One };
+            let backend = if io == IoArg::Uring { Backend::Uring } else { Backend::Udp };
             // Each round times the bare loop, then the proxy.
             let tick =
                 crate::fmt::ticker(2.0 * rounds as f64 * round_seconds, "bare sendmmsg and proxy, alternating rounds");
-            let r = proxy_pps(fanout, packet_bytes, (rounds, round_seconds), threads)?;
+            let r = proxy_pps(fanout, packet_bytes, (rounds, round_seconds), (threads, backend))?;
             drop(tick);
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!(
-                    "proxy replicating to {fanout}: {:.0} copies/s ({:.0} packets/s in); bare sendmmsg loop: {:.0} copies/s; \
+                    "proxy replicating to {fanout} ({:?}): {:.0} copies/s ({:.0} packets/s in); bare sendmmsg loop: {:.0} copies/s; \
                      ratio {:.2} (medians of {rounds} rounds of {round_seconds} s)",
-                    r.proxy_pps, r.proxy_input_pps, r.baseline_pps, r.ratio
+                    r.io, r.proxy_pps, r.proxy_input_pps, r.baseline_pps, r.ratio
                 );
             }
             Ok(())

@@ -30,6 +30,14 @@ enum ThreadsArg {
     Dedicated,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum IoArg {
+    /// sendmmsg(2), 32 datagrams per call.
+    Udp,
+    /// io_uring, 64 SENDMSG submissions per io_uring_enter(2).
+    Uring,
+}
+
 /// What every node takes.
 #[derive(clap::Args)]
 pub struct Common {
@@ -59,6 +67,10 @@ pub struct Common {
     /// Threading mode.
     #[arg(long, value_enum, default_value_t = ThreadsArg::One)]
     threads: ThreadsArg,
+    /// What sends the node's datagrams: `udp` (sendmmsg) or `uring` (io_uring
+    /// submissions; receiving stays on recvmmsg).
+    #[arg(long, value_enum, default_value_t = IoArg::Udp)]
+    io: IoArg,
     /// Pin the node's threads to these CPUs (work thread first), e.g. `2,3`.
     #[arg(long, value_delimiter = ',')]
     pin: Vec<usize>,
@@ -409,6 +421,10 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         publish: c.metrics.map(|_| PublishSlot::default()),
         extra,
         replicate,
+        io: match c.io {
+            IoArg::Udp => fairfeed_net::send::Backend::Udp,
+            IoArg::Uring => fairfeed_net::send::Backend::Uring,
+        },
     })
 }
 

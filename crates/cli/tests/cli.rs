@@ -465,6 +465,30 @@ fn bench_proxy_hop_reports_against_a_same_run_baseline() {
 }
 
 #[test]
+fn bench_proxy_pps_runs_the_proxy_on_each_user_space_back_end() {
+    for io in ["udp", "uring"] {
+        let out = fairfeed(&[
+            "bench",
+            "proxy-pps",
+            "--io",
+            io,
+            "--fanout",
+            "4",
+            "--rounds",
+            "1",
+            "--round-seconds",
+            "0.3",
+            "--json",
+        ]);
+        let r = json(&out);
+        assert_eq!(r["io"], io, "{r}");
+        for k in ["proxy_pps", "baseline_pps", "ratio"] {
+            assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{io}: {k}: {r}");
+        }
+    }
+}
+
+#[test]
 fn clock_sync_over_real_sockets_and_its_flags() {
     // Node agents on loopback with injected ±10 ms offsets and ±100 ppm drifts.
     let out = Command::new(bin())

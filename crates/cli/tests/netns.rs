@@ -139,7 +139,7 @@ fn n(v: &serde_json::Value) -> u64 {
 /// proxy; a layer-0 proxy killed mid-feed. Every receiver must release every
 /// message once and never early; returns the receivers' and the
 /// replicating nodes' stats.
-fn kernel_path_tree(salt: u32, tc: bool) -> (Cluster, Vec<serde_json::Value>, Vec<serde_json::Value>) {
+fn kernel_path_tree(salt: u32, tc: bool, io: &str) -> (Cluster, Vec<serde_json::Value>, Vec<serde_json::Value>) {
     let probe = Cluster::plan(6, 2, 1, &[]);
     let ids: Vec<u32> = probe.nodes.iter().map(|n| n.id).collect();
     let addrs: Vec<String> =
@@ -149,7 +149,7 @@ fn kernel_path_tree(salt: u32, tc: bool) -> (Cluster, Vec<serde_json::Value>, Ve
     c.netns = Some(map);
     let victim = c.nodes.iter().find(|n| n.role == "proxy" && n.layer == 0).unwrap().id;
     let args = |id: u32, flag: &str| -> Vec<String> {
-        let mut a = vec!["--seconds".to_string(), "30".to_string()];
+        let mut a = vec!["--seconds".to_string(), "30".to_string(), "--io".to_string(), io.to_string()];
         if !flag.is_empty() {
             a.extend([flag.to_string(), iface(id, salt)]);
         }
@@ -164,7 +164,10 @@ fn kernel_path_tree(salt: u32, tc: bool) -> (Cluster, Vec<serde_json::Value>, Ve
     }
     let sender = c.ids("sender")[0];
     // The sender stops by itself when its feed is sent (no --seconds).
-    let mut feed: Vec<String> = if tc { vec![rep.to_string(), iface(sender, salt)] } else { Vec::new() };
+    let mut feed: Vec<String> = vec!["--io".to_string(), io.to_string()];
+    if tc {
+        feed.extend([rep.to_string(), iface(sender, salt)]);
+    }
     feed.extend(
         ["--rate", "1000", "--feed-seconds", "3", "--start-delay-ms", "700", "--linger-ms", "800"].map(String::from),
     );
@@ -200,7 +203,7 @@ fn hedged_copies_are_dropped_in_the_kernel_and_a_proxy_crash_loses_nothing() {
     if !xdp_ready() {
         return;
     }
-    let (_c, rx, _) = kernel_path_tree(1, false);
+    let (_c, rx, _) = kernel_path_tree(1, false, "udp");
     let (mut dropped, mut user_dups) = (0, 0);
     for s in &rx {
         let x = &s["counters"]["xdp"];
@@ -226,7 +229,7 @@ fn the_kernel_replicates_and_deduplicates_and_a_proxy_crash_loses_nothing() {
     if !xdp_ready() {
         return;
     }
-    let (_c, rx, reps) = kernel_path_tree(2, true);
+    let (_c, rx, reps) = kernel_path_tree(2, true, "udp");
     assert!(!reps.is_empty());
     for s in &reps {
         let t = &s["counters"]["tc"];
@@ -327,7 +330,23 @@ fn bench_proxy_pps_with_tc_replication_reports_beside_its_baseline() {
     // Seven clones per packet at F = 8; a clone the veth refuses (its queue
     // full: the far end's poll is behind) is counted, not lost silently.
     assert_eq!(n(&r["tc"]["copies"]) + n(&r["tc"]["failed"]), 7 * n(&r["tc"]["packets"]), "{r}");
-    let bad = Command::new(common::bin()).args(["bench", "proxy-pps", "--io", "uring"]).output().unwrap();
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("uring"));
+    let bad = Command::new(common::bin()).args(["bench", "proxy-pps", "--io", "afxdp"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2), "not built: refused at parse time");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("afxdp"));
+}
+
+/// Goal: every node sending through io_uring (the middle rung, where eBPF
+/// is not allowed) runs the same tree, through the same proxy crash.
+#[test]
+fn the_tree_sending_through_io_uring_loses_nothing_when_a_proxy_crashes() {
+    if !xdp_ready() {
+        return;
+    }
+    let (c, rx, _) = kernel_path_tree(3, false, "uring");
+    for s in &rx {
+        assert_eq!(n(&s["counters"]["send_failed"]), 0, "{}", s["counters"]);
+    }
+    let s = c.stats(c.ids("sender")[0]);
+    assert_eq!(n(&s["counters"]["feed_sent"]), 3_000);
+    assert!(n(&s["counters"]["packets_out"]) >= 6_000, "{}", s["counters"]);
 }

@@ -5,14 +5,16 @@
 //! ([`agent`]), UDP sockets ([`socket`]), `recvmmsg`/`sendmmsg`
 //! batching with kernel receive stamps ([`batch`]), thread and socket tuning
 //! ([`tuning`]), precise pacing ([`pace`]), how loops wait for work
-//! ([`idle`]) and the wall clock ([`clock`]). Nothing here knows a protocol;
-//! a kernel-bypass back-end (AF_XDP, io_uring) would be one more module beside
-//! [`batch`].
+//! ([`idle`]) and the wall clock ([`clock`]). Nothing here knows a protocol.
+//! Send back-ends sit side by side behind [`send::SendPath`]: `sendmmsg`
+//! ([`batch`]) and io_uring ([`uring`]); AF_XDP would be one more.
 
 pub mod agent;
 pub mod batch;
 pub mod clock;
 pub mod idle;
 pub mod pace;
+pub mod send;
 pub mod socket;
 pub mod tuning;
+pub mod uring;

@@ -9,7 +9,7 @@
 //! `fairfeed-bench`. Everything that owns a socket, a thread or a clock lives
 //! in these crates, never in the cores.
 
-pub use fairfeed_io::{batch, idle, pace, tuning};
+pub use fairfeed_io::{batch, idle, pace, send, tuning};
 
 pub mod arb;
 pub mod exchange;

@@ -14,8 +14,9 @@ use fairfeed_io::agent::{Agent, Turn};
 
 use super::mailbox::{Incoming, Outgoing};
 use super::TimeBase;
-use crate::batch::{BatchSend, Sent};
+use crate::batch::Sent;
 use crate::tuning::Applied;
+use fairfeed_io::send::SendPath;
 
 /// Copies waiting in the delay queue at most; beyond it copies are dropped and counted.
 pub const DELAY_QUEUE_MAX: usize = 1 << 20;
@@ -118,7 +119,7 @@ pub struct Egress {
     slots: Vec<Option<Copy>>,
     free: Vec<usize>,
     order: u64,
-    batch: BatchSend,
+    batch: SendPath,
     due: Vec<Copy>,
     counters: Arc<TxCounters>,
     tap: Option<Arc<Tap>>,
@@ -128,6 +129,7 @@ impl Egress {
     pub fn new(
         sock: UdpSocket,
         fanout_sock: Option<UdpSocket>,
+        batch: SendPath,
         counters: Arc<TxCounters>,
         tap: Option<Arc<Tap>>,
     ) -> Self {
@@ -139,7 +141,7 @@ impl Egress {
             slots: Vec::new(),
             free: Vec::new(),
             order: 0,
-            batch: BatchSend::default(),
+            batch,
             due: Vec::new(),
             counters,
         }

@@ -194,6 +194,8 @@ pub struct AgentConfig {
     pub extra: Vec<ExtraCounters>,
     /// The kernel makes the node's fan-out copies; `None`: user space sends each.
     pub replicate: Option<Replicate>,
+    /// What sends the node's datagrams: `sendmmsg` or io_uring.
+    pub io: fairfeed_io::send::Backend,
 }
 
 /// The kernel makes this node's fan-out copies (Jasper's TC egress

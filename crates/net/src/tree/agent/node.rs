@@ -25,6 +25,7 @@ use crate::arb::live::bind_udp;
 use crate::batch::BatchRecv;
 use crate::idle::IdleStrategy;
 use crate::tuning::{report, Applied};
+use fairfeed_io::send::SendPath;
 
 /// Why a node could not start.
 #[derive(Debug)]
@@ -226,9 +227,14 @@ fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Re
         Some(r) => Some(r.sock.try_clone().map_err(|e| AgentError::Io("cloning the replication socket".into(), e))?),
         None => None,
     };
+    // Made here for the inline sender, and tried here for a send thread (which makes its own).
+    let path =
+        SendPath::new(cfg.io).map_err(|e| AgentError::Io(format!("starting the {:?} send back-end", cfg.io), e))?;
     if cfg.threads == Threading::One {
-        return Ok(Outbox::Inline(Egress::new(send_sock, fanout_sock, tx.clone(), cfg.tap.clone())));
+        return Ok(Outbox::Inline(Egress::new(send_sock, fanout_sock, path, tx.clone(), cfg.tap.clone())));
     }
+    drop(path);
+    let backend = cfg.io;
     let (ring, incoming) = mailbox(RING_CAPACITY).map_err(|e| AgentError::Io("making the send ring".into(), e))?;
     let (tuning, counters, tap, time, idle) = (cfg.tuning.clone(), tx.clone(), cfg.tap.clone(), cfg.time, cfg.idle);
     // Built on its thread: the batch headers hold raw pointers and stay there.
@@ -237,7 +243,11 @@ fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Re
         if idle != IdleStrategy::Spin {
             let _ = nix::sys::prctl::set_timerslack(1_000);
         }
-        EgressAgent::new(incoming, Egress::new(send_sock, fanout_sock, counters, tap), time, applied)
+        let path = SendPath::new(backend).unwrap_or_else(|e| {
+            tracing::warn!("the {backend:?} send back-end failed on the send thread ({e}); sending with sendmmsg");
+            SendPath::new(fairfeed_io::send::Backend::Udp).expect("sendmmsg needs no set-up")
+        });
+        EgressAgent::new(incoming, Egress::new(send_sock, fanout_sock, path, counters, tap), time, applied)
     };
     let rc = RunConfig { idle, spin_ahead_ns: SPIN_AHEAD_NS, park_max_ns: PARK_MAX_NS, stop: None };
     let thread = fairfeed_io::agent::spawn("fairfeed-tx", rc, make, |a, _| a.applied)
