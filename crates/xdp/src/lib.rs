@@ -25,6 +25,7 @@ pub mod neigh;
 pub mod netns;
 pub mod replicate;
 pub mod sink;
+mod testrun;
 
 use aya::maps::{Array, PerCpuArray};
 use aya::programs::{Xdp, XdpFlags};
@@ -110,6 +111,46 @@ pub enum XdpError {
     Map(String),
 }
 
+/// What the program answered for one frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// `XDP_DROP`: a repeat of a copy already passed.
+    Drop,
+    /// `XDP_PASS`: on to the stack.
+    Pass,
+    /// Anything else (a bug: the program returns only the two above).
+    Other(u32),
+}
+
+fn load_err(e: &(dyn std::error::Error + 'static)) -> XdpError {
+    if is_permission(e) {
+        XdpError::Permission(e.to_string())
+    } else {
+        XdpError::Load(e.to_string())
+    }
+}
+
+/// The de-duplicator's object loaded, watching UDP destination `port`.
+fn load_dedup(port: u16) -> Result<Ebpf, XdpError> {
+    built()?;
+    let mut ebpf = Ebpf::load(OBJECT).map_err(|e| load_err(&e))?;
+    let map = ebpf.map_mut("ff_config").ok_or_else(|| XdpError::Map("no map ff_config".into()))?;
+    let mut cfg: Array<_, u32> = Array::try_from(map).map_err(|e| XdpError::Map(e.to_string()))?;
+    cfg.set(0, u32::from(port), 0).map_err(|e| XdpError::Map(e.to_string()))?;
+    Ok(ebpf)
+}
+
+/// The de-duplicator's program, loaded into the kernel (the verifier's pass).
+fn dedup_program(ebpf: &mut Ebpf) -> Result<&mut Xdp, XdpError> {
+    let prog: &mut Xdp = ebpf
+        .program_mut(PROGRAM)
+        .ok_or_else(|| XdpError::Load(format!("no program {PROGRAM}")))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| XdpError::Load(e.to_string()))?;
+    prog.load().map_err(|e| load_err(&e))?;
+    Ok(prog)
+}
+
 /// The de-duplicator attached to one interface; detached when dropped.
 pub struct XdpDedup {
     ebpf: Ebpf,
@@ -150,31 +191,8 @@ impl XdpDedup {
     /// every port) and attaches it to `iface` of the calling thread's network
     /// namespace in `mode`; `None` tries native, then generic.
     pub fn attach(iface: &str, port: u16, mode: Option<Mode>) -> Result<XdpDedup, XdpError> {
-        built()?;
-        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| {
-            if is_permission(&e) {
-                XdpError::Permission(e.to_string())
-            } else {
-                XdpError::Load(e.to_string())
-            }
-        })?;
-        {
-            let map = ebpf.map_mut("ff_config").ok_or_else(|| XdpError::Map("no map ff_config".into()))?;
-            let mut cfg: Array<_, u32> = Array::try_from(map).map_err(|e| XdpError::Map(e.to_string()))?;
-            cfg.set(0, u32::from(port), 0).map_err(|e| XdpError::Map(e.to_string()))?;
-        }
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROGRAM)
-            .ok_or_else(|| XdpError::Load(format!("no program {PROGRAM}")))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| XdpError::Load(e.to_string()))?;
-        prog.load().map_err(|e| {
-            if is_permission(&e) {
-                XdpError::Permission(e.to_string())
-            } else {
-                XdpError::Load(e.to_string())
-            }
-        })?;
+        let mut ebpf = load_dedup(port)?;
+        let prog = dedup_program(&mut ebpf)?;
         let modes: &[Mode] = match mode {
             Some(m) => &[m][..],
             None => &[Mode::Native, Mode::Generic],
@@ -188,6 +206,34 @@ impl XdpDedup {
             }
         }
         Err(last.unwrap_or_else(|| XdpError::Load("no mode to try".into())))
+    }
+
+    /// The program loaded into the kernel but attached nowhere: for running
+    /// it on frames one at a time ([`XdpDedup::run`]), in tests.
+    pub fn unattached(port: u16) -> Result<XdpDedup, XdpError> {
+        let mut ebpf = load_dedup(port)?;
+        dedup_program(&mut ebpf)?;
+        Ok(XdpDedup { ebpf, iface: String::new(), mode: Mode::Generic })
+    }
+
+    /// Runs the loaded program once on the Ethernet frame `frame`
+    /// (`BPF_PROG_TEST_RUN`: the kernel's own execution of it, maps
+    /// included) and returns its verdict.
+    pub fn run(&self, frame: &[u8]) -> Result<Verdict, XdpError> {
+        let prog: &Xdp = self
+            .ebpf
+            .program(PROGRAM)
+            .ok_or_else(|| XdpError::Load(format!("no program {PROGRAM}")))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| XdpError::Load(e.to_string()))?;
+        let fd = prog.fd().map_err(|e| XdpError::Load(e.to_string()))?;
+        let code =
+            testrun::run(std::os::fd::AsFd::as_fd(fd), frame).map_err(|e| XdpError::Load(format!("test run: {e}")))?;
+        Ok(match code {
+            1 => Verdict::Drop,
+            2 => Verdict::Pass,
+            c => Verdict::Other(c),
+        })
     }
 
     /// The interface it is attached to.
