@@ -130,6 +130,43 @@ fn tree_delivers_fairly_across_namespaces_and_veth() {
     eprintln!("across namespaces: delivery window p50 {} ns, p99 {} ns", w[w.len() / 2], w[w.len() * 99 / 100]);
 }
 
+/// `GET /metrics` from inside namespace `ns` (the tree's addresses exist only there).
+fn scrape_in(ns: &str, addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        fairfeed_xdp::netns::enter(&ns).unwrap();
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: fairfeed\r\n\r\n").unwrap();
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+    })
+    .join()
+    .unwrap()
+}
+
+/// `promtool check metrics` accepts `body` without a lint finding (where promtool is installed).
+fn promtool_ok(body: &str) {
+    use std::io::Write;
+    use std::process::Stdio;
+    if !common::have_tool("promtool", &["--version"]) {
+        return;
+    }
+    let mut c = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let o = c.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && said.trim().is_empty(), "promtool: {said}");
+}
+
 fn n(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
@@ -150,6 +187,7 @@ fn kernel_path_tree(salt: u32, tc: bool, io: &str) -> (Cluster, Vec<serde_json::
     let victim = c.nodes.iter().find(|n| n.role == "proxy" && n.layer == 0).unwrap().id;
     let args = |id: u32, flag: &str| -> Vec<String> {
         let mut a = vec!["--seconds".to_string(), "30".to_string(), "--io".to_string(), io.to_string()];
+        a.extend(["--metrics".to_string(), format!("10.231.0.{}:9500", id + 1)]);
         if !flag.is_empty() {
             a.extend([flag.to_string(), iface(id, salt)]);
         }
@@ -174,6 +212,21 @@ fn kernel_path_tree(salt: u32, tc: bool, io: &str) -> (Cluster, Vec<serde_json::
     c.start(sender, &feed);
     std::thread::sleep(Duration::from_millis(700 + 1_200));
     c.crash(victim);
+    // Mid-feed, every node's kernel-path counters are on its /metrics, in a form promtool accepts.
+    std::thread::sleep(Duration::from_millis(500));
+    let ns = c.netns.clone().unwrap();
+    for id in c.ids("receiver").into_iter().take(1).chain(c.ids("proxy").into_iter().filter(|&p| p != victim).take(1)) {
+        let body = scrape_in(&ns[&id], format!("10.231.0.{}:9500", id + 1).parse().unwrap());
+        let want = if c.node(id).role == "receiver" {
+            "fairfeed_agent_xdp_duplicate_total"
+        } else if tc {
+            "fairfeed_agent_tc_copies_total"
+        } else {
+            "fairfeed_agent_packets_out_total"
+        };
+        assert!(body.contains(want), "node {id}: no {want} in\n{body}");
+        promtool_ok(&body);
+    }
     c.wait(sender, Duration::from_secs(20));
     c.stop_all();
     drop(guard);
