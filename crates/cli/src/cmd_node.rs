@@ -34,7 +34,7 @@ enum ThreadsArg {
 enum IoArg {
     /// sendmmsg(2), 32 datagrams per call.
     Udp,
-    /// io_uring, 64 SENDMSG submissions per io_uring_enter(2).
+    /// io_uring: 64 SENDMSG submissions per io_uring_enter(2), 32 RECVMSG kept posted.
     Uring,
 }
 
@@ -67,8 +67,8 @@ pub struct Common {
     /// Threading mode.
     #[arg(long, value_enum, default_value_t = ThreadsArg::One)]
     threads: ThreadsArg,
-    /// What sends the node's datagrams: `udp` (sendmmsg) or `uring` (io_uring
-    /// submissions; receiving stays on recvmmsg).
+    /// How the node sends and receives: `udp` (sendmmsg/recvmmsg) or `uring`
+    /// (io_uring: batched SENDMSG submissions, 32 RECVMSG kept posted).
     #[arg(long, value_enum, default_value_t = IoArg::Udp)]
     io: IoArg,
     /// Pin the node's threads to these CPUs (work thread first), e.g. `2,3`.

@@ -388,10 +388,11 @@ fn bench_proxy_pps_with_tc_replication_reports_beside_its_baseline() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("afxdp"));
 }
 
-/// Goal: every node sending through io_uring (the middle rung, where eBPF
-/// is not allowed) runs the same tree, through the same proxy crash.
+/// Goal: every node sending and receiving through io_uring (the middle
+/// rung, where eBPF is not allowed) runs the same tree, through the same
+/// proxy crash.
 #[test]
-fn the_tree_sending_through_io_uring_loses_nothing_when_a_proxy_crashes() {
+fn the_tree_on_io_uring_loses_nothing_when_a_proxy_crashes() {
     if !xdp_ready() {
         return;
     }

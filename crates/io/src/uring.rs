@@ -133,9 +133,204 @@ impl UringSend {
     }
 }
 
+/// Receives posted at once, each with a datagram buffer of its own.
+pub const URING_RECV_SLOTS: usize = 32;
+/// Control-message room per receive: one `SCM_TIMESTAMPNS` (a `timespec`).
+const CMSG_ROOM: usize = 64;
+
+/// io_uring as a receive back-end: [`URING_RECV_SLOTS`] `IORING_OP_RECVMSG`
+/// operations stay posted on the socket, each into a buffer of its own; a
+/// completion hands its datagram (and the kernel's receive stamp, when the
+/// socket has them) to the caller, and the slot is posted again. The ring's
+/// descriptor becomes readable when completions wait, so a loop parks on it
+/// instead of the socket (which io_uring now reads).
+///
+/// Like [`UringSend`], every pointer the kernel holds points into boxes this
+/// type owns, which never move; unlike a send, a posted receive outlives a
+/// call, so dropping the receiver first cancels what is posted and waits for
+/// the cancellations before the buffers go.
+pub struct UringRecv {
+    ring: IoUring,
+    /// A descriptor of its own for the socket, open until the receives are cancelled.
+    _sock: UdpSocket,
+    fd: std::os::fd::RawFd,
+    bufs: Box<[[u8; crate::batch::DATAGRAM_MAX]]>,
+    addrs: Box<[libc::sockaddr_in; URING_RECV_SLOTS]>,
+    iovs: Box<[libc::iovec; URING_RECV_SLOTS]>,
+    cmsgs: Box<[[u64; CMSG_ROOM / 8]; URING_RECV_SLOTS]>,
+    hdrs: Box<[libc::msghdr; URING_RECV_SLOTS]>,
+    posted: usize,
+}
+
+impl std::fmt::Debug for UringRecv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringRecv").field("posted", &self.posted).finish_non_exhaustive()
+    }
+}
+
+impl UringRecv {
+    /// Posts the receives on `sock` (on a descriptor of its own).
+    pub fn new(sock: &UdpSocket) -> std::io::Result<UringRecv> {
+        let ring = IoUring::new((2 * URING_RECV_SLOTS) as u32)?;
+        // SAFETY: all-zero is a valid value of these plain C structs.
+        let zero_hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+        let zero_addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let sock = sock.try_clone()?;
+        let mut r = UringRecv {
+            ring,
+            fd: sock.as_raw_fd(),
+            _sock: sock,
+            bufs: vec![[0u8; crate::batch::DATAGRAM_MAX]; URING_RECV_SLOTS].into_boxed_slice(),
+            addrs: Box::new([zero_addr; URING_RECV_SLOTS]),
+            iovs: Box::new([libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; URING_RECV_SLOTS]),
+            cmsgs: Box::new([[0u64; CMSG_ROOM / 8]; URING_RECV_SLOTS]),
+            hdrs: Box::new([zero_hdr; URING_RECV_SLOTS]),
+            posted: 0,
+        };
+        for i in 0..URING_RECV_SLOTS {
+            r.post(i)?;
+        }
+        r.ring.submit()?;
+        Ok(r)
+    }
+
+    /// The ring's descriptor: readable when completions wait.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the ring's descriptor is open for as long as `self` (the borrow's lifetime).
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.ring.as_raw_fd()) }
+    }
+
+    fn post(&mut self, i: usize) -> std::io::Result<()> {
+        self.iovs[i] = libc::iovec { iov_base: self.bufs[i].as_mut_ptr().cast(), iov_len: crate::batch::DATAGRAM_MAX };
+        let h = &mut self.hdrs[i];
+        h.msg_name = (&raw mut self.addrs[i]).cast();
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        h.msg_iov = &raw mut self.iovs[i];
+        h.msg_iovlen = 1;
+        h.msg_control = self.cmsgs[i].as_mut_ptr().cast();
+        h.msg_controllen = CMSG_ROOM;
+        h.msg_flags = 0;
+        let e = opcode::RecvMsg::new(types::Fd(self.fd), &raw mut self.hdrs[i]).build().user_data(i as u64);
+        // SAFETY: the header, iovec, address, control room and buffer of slot
+        // `i` are boxed here and stay put until its completion is reaped (or
+        // the receive is cancelled in `drop`).
+        unsafe { self.ring.submission().push(&e) }
+            .map_err(|_| std::io::Error::other("io_uring submission queue full"))?;
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// The kernel's receive stamp in slot `i`'s control messages (CLOCK_REALTIME ns).
+    fn stamp(&self, i: usize) -> Option<u64> {
+        let h = &self.hdrs[i];
+        // SAFETY: the kernel wrote `msg_controllen` bytes of well-formed
+        // control messages into slot i's room; the CMSG_* macros walk them.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(h);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let t = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                    return Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64);
+                }
+                c = libc::CMSG_NXTHDR(h, c);
+            }
+        }
+        None
+    }
+
+    /// Hands every datagram completed so far to `f` (with its kernel receive
+    /// stamp, when the socket has [`crate::batch::enable_rx_timestamps`]),
+    /// posts their slots again, and returns how many there were. Never waits.
+    pub fn recv_stamped(&mut self, mut f: impl FnMut(&mut [u8], Option<u64>)) -> usize {
+        let mut done: [(usize, i32); URING_RECV_SLOTS] = [(0, 0); URING_RECV_SLOTS];
+        let mut k = 0;
+        for c in self.ring.completion() {
+            if k < URING_RECV_SLOTS {
+                done[k] = (c.user_data() as usize, c.result());
+                k += 1;
+            }
+        }
+        let mut n = 0;
+        for &(i, res) in &done[..k] {
+            self.posted -= 1;
+            if i >= URING_RECV_SLOTS {
+                continue;
+            }
+            if res >= 0 {
+                let len = (res as usize).min(crate::batch::DATAGRAM_MAX);
+                let stamp = self.stamp(i);
+                f(&mut self.bufs[i][..len], stamp);
+                n += 1;
+            }
+            let _ = self.post(i);
+        }
+        if k > 0 {
+            let _ = self.ring.submit();
+        }
+        n
+    }
+}
+
+impl Drop for UringRecv {
+    fn drop(&mut self) {
+        // Cancel every posted receive and wait for them all before the buffers go.
+        let e =
+            opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(self.fd)).all()).build().user_data(u64::MAX);
+        // SAFETY: the cancel request carries no pointer.
+        if unsafe { self.ring.submission().push(&e) }.is_err() {
+            return;
+        }
+        let mut left = self.posted + 1;
+        while left > 0 {
+            if self.ring.submit_and_wait(1).is_err() {
+                // Cannot wait: leak the buffers rather than free what the kernel may still write.
+                std::mem::forget(std::mem::take(&mut self.bufs));
+                return;
+            }
+            left -= self.ring.completion().count().min(left);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn posted_receives_deliver_every_datagram_with_its_kernel_stamp_and_drop_cleanly() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_nonblocking(true).unwrap(); // as the nodes' sockets are
+        crate::batch::enable_rx_timestamps(&rx).unwrap();
+        let Ok(mut r) = UringRecv::new(&rx) else {
+            eprintln!("SKIPPED: no io_uring on this kernel");
+            return;
+        };
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        let mut got: Vec<(Vec<u8>, Option<u64>)> = Vec::new();
+        let t0 = crate::clock::wall_ns();
+        // More than the posted slots, in bursts, so slots are posted again.
+        for burst in 0..5u8 {
+            for i in 0..20u8 {
+                tx.send_to(&[burst, i, 7, 7], to).unwrap();
+            }
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while got.len() < usize::from(burst + 1) * 20 && std::time::Instant::now() < until {
+                r.recv_stamped(|b, s| got.push((b.to_vec(), s)));
+            }
+        }
+        assert_eq!(got.len(), 100);
+        let mut seen: Vec<(u8, u8)> = got.iter().map(|(b, _)| (b[0], b[1])).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..5).flat_map(|b| (0..20).map(move |i| (b, i))).collect::<Vec<_>>());
+        assert!(got.iter().all(|(b, s)| b.len() == 4 && s.is_some_and(|s| s >= t0)), "every datagram stamped");
+        drop(r); // cancels the posted receives and waits for them
+        tx.send_to(b"after", to).unwrap();
+        let mut buf = [0u8; 16];
+        rx.set_nonblocking(false).unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(1))).unwrap();
+        assert_eq!(rx.recv(&mut buf).unwrap(), 5, "the socket reads normally again");
+    }
 
     #[test]
     fn a_batch_reaches_every_socket_once_and_refusals_are_counted() {

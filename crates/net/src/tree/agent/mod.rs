@@ -194,7 +194,7 @@ pub struct AgentConfig {
     pub extra: Vec<ExtraCounters>,
     /// The kernel makes the node's fan-out copies; `None`: user space sends each.
     pub replicate: Option<Replicate>,
-    /// What sends the node's datagrams: `sendmmsg` or io_uring.
+    /// What sends and receives the node's datagrams: `sendmmsg`/`recvmmsg` or io_uring.
     pub io: fairfeed_io::send::Backend,
 }
 

@@ -1,7 +1,7 @@
 //! The node loop.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -22,10 +22,9 @@ use super::mailbox::{mailbox, Incoming, Outgoing};
 use super::{wall_ns, AgentConfig, AgentReport, Job, ReleaseAt, ReleaseRow, Threading, LOG_ROWS_MAX, RING_CAPACITY};
 use super::{SOCKET_RECV_BUFFER, SPIN_AHEAD_NS};
 use crate::arb::live::bind_udp;
-use crate::batch::BatchRecv;
 use crate::idle::IdleStrategy;
 use crate::tuning::{report, Applied};
-use fairfeed_io::send::SendPath;
+use fairfeed_io::send::{RecvPath, SendPath};
 
 /// Why a node could not start.
 #[derive(Debug)]
@@ -156,7 +155,7 @@ pub struct NodeAgent<'c> {
     kernel: Option<KernelFanout>,
     outbox: Outbox,
     tx: Arc<TxCounters>,
-    recv: BatchRecv,
+    recv: RecvPath,
     packets_in: u64,
     recv_calls: u64,
     unknown_destination: u64,
@@ -328,6 +327,9 @@ impl<'c> NodeAgent<'c> {
         let live = state_machine(cfg, &me)?;
         let tx = Arc::new(TxCounters::default());
         let outbox = start_outbox(cfg, &sock, &tx)?;
+        let stamps = cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off;
+        let recv = RecvPath::new(cfg.io, &sock, stamps)
+            .map_err(|e| AgentError::Io(format!("starting the {:?} receive back-end", cfg.io), e))?;
         let emu = cfg
             .link
             .map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
@@ -337,7 +339,7 @@ impl<'c> NodeAgent<'c> {
             who: format!("{} {}", format!("{:?}", me.role).to_lowercase(), me.id),
             role: me.role,
             addr,
-            recv: BatchRecv::new(cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off),
+            recv,
             sock,
             addrs,
             live,
@@ -650,7 +652,7 @@ impl Agent for NodeAgent<'_> {
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
-        let mut fds = vec![self.sock.as_fd()];
+        let mut fds = vec![self.recv.fd(&self.sock)];
         fds.extend(self.feed.iter().map(Incoming::fd));
         fds.extend(self.poster.iter().map(Poster::fd));
         fds
