@@ -51,14 +51,17 @@ fn hedged_tree_loses_nothing_when_a_proxy_crashes() {
     let mut c = Cluster::plan(6, 2, 1, &["--loopback-port".into(), "9310".into()]);
     let victim = c.nodes.iter().find(|n| n.role == "proxy" && n.layer == 0).unwrap().id;
     for id in c.ids("receiver") {
-        c.start(id, &common_args());
+        let mut a = common_args();
+        a.extend(["--control".into(), ready_addr(id, 9317)]);
+        c.start(id, &a);
     }
     // The proxies that survive send on a second thread (the split threading mode).
     for id in c.ids("proxy") {
         let mut a = common_args();
-        a.extend(["--threads".into(), "split".into()]);
+        a.extend(["--threads".into(), "split".into(), "--control".into(), ready_addr(id, 9317)]);
         c.start(id, &a);
     }
+    wait_up(c.ids("receiver").into_iter().chain(c.ids("proxy")), 9317);
     let sender = c.ids("sender")[0];
     c.start(sender, &sender_args(&[]));
     std::thread::sleep(Duration::from_millis(700 + 1_200));
@@ -101,6 +104,21 @@ fn collect(sock: UdpSocket, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(V
     })
 }
 
+/// A node's control address in a crash test (one port per test), to ask whether it is up.
+fn ready_addr(id: u32, port: u16) -> String {
+    format!("127.0.4.{}:{port}", id + 1)
+}
+
+/// Waits until every node in `ids` answers `stat` at its [`ready_addr`].
+fn wait_up(ids: impl IntoIterator<Item = u32>, port: u16) {
+    // On a loaded machine a process can take longer to come up than the
+    // sender's start delay, and a receiver that joins late rightly starts
+    // its stream where it joined.
+    for id in ids {
+        common::fairfeed(&["stat", &ready_addr(id, port), "--timeout-ms", "20000"]);
+    }
+}
+
 #[test]
 fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
     let mut c = Cluster::plan(4, 2, 0, &["--loopback-port".into(), "9320".into()]);
@@ -121,11 +139,15 @@ fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
         // Delivery and the arbitrator that fills gaps on a thread of their own.
         a.extend(["--deliver".into(), deliver, "--retransmit".into(), server.into()]);
         a.extend(["--threads".into(), "dedicated".into()]);
+        a.extend(["--control".into(), ready_addr(id, 9327)]);
         c.start(id, &a);
     }
     for id in c.ids("proxy") {
-        c.start(id, &common_args());
+        let mut a = common_args();
+        a.extend(["--control".into(), ready_addr(id, 9327)]);
+        c.start(id, &a);
     }
+    wait_up(c.ids("receiver").into_iter().chain(c.ids("proxy")), 9327);
     let sender = c.ids("sender")[0];
     let control = "127.0.0.1:9328";
     // Feed, data path, send side and control each on a thread of their own.
