@@ -329,6 +329,11 @@ pub struct ReceiverArgs {
     /// Fill what the tree lost from this MoldUDP64 retransmission server.
     #[arg(long)]
     retransmit: Option<SocketAddr>,
+    /// With --retransmit: deliver the session from this sequence number (1:
+    /// from its beginning, filling whatever came before the first release);
+    /// default: from the first packet released (joining a running feed).
+    #[arg(long, requires = "retransmit", value_parser = clap::value_parser!(u64).range(1..))]
+    retransmit_from: Option<u64>,
     /// Write one CSV row per release (sequence, send, deadline, arrival, release ns).
     #[arg(long)]
     log: Option<PathBuf>,
@@ -518,7 +523,12 @@ pub fn run_proxy(a: ProxyArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
-    let job = Job::Receiver(ReceiverJob { deliver: a.deliver, retransmit: a.retransmit, keep_log: a.log.is_some() });
+    let job = Job::Receiver(ReceiverJob {
+        deliver: a.deliver,
+        retransmit: a.retransmit,
+        fill_from: a.retransmit_from,
+        keep_log: a.log.is_some(),
+    });
     let cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("receiver {}: {e}", a.common.id))?;

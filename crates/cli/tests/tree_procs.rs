@@ -137,7 +137,15 @@ fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
         collectors.push((id, collect(sock, stop.clone())));
         let mut a = common_args();
         // Delivery and the arbitrator that fills gaps on a thread of their own.
-        a.extend(["--deliver".into(), deliver, "--retransmit".into(), server.into()]);
+        // The receivers are up before the session starts: they deliver it from sequence 1.
+        a.extend([
+            "--deliver".into(),
+            deliver,
+            "--retransmit".into(),
+            server.into(),
+            "--retransmit-from".into(),
+            "1".into(),
+        ]);
         a.extend(["--threads".into(), "dedicated".into()]);
         a.extend(["--control".into(), ready_addr(id, 9327)]);
         c.start(id, &a);
@@ -176,6 +184,13 @@ fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
         let unique: BTreeSet<u64> = seqs.iter().copied().collect();
         assert_eq!(unique.len(), seqs.len(), "receiver {id} delivered a message twice");
         let (first, last) = (*unique.first().unwrap(), *unique.last().unwrap());
+        eprintln!(
+            "DEBUG receiver {id} orphan {} first {first} last {last} n {} counters {} node {}",
+            orphans.contains(&id),
+            seqs.len(),
+            s["counters"],
+            s["node"]
+        );
         assert_eq!(
             unique.len() as u64,
             last - first + 1,

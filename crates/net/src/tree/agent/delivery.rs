@@ -102,7 +102,7 @@ impl DeliveryAgent {
                 let cfg = ArbConfig {
                     lines: 1,
                     window: Window { mode: Mode::Time, max_hold_ns: FILL_HOLD_NS, max_count_msgs: 1_000_000 },
-                    start: Start::First,
+                    start: job.fill_from.map_or(Start::First, Start::Seq),
                     retransmit: Some(RetransmitConfig {
                         grace_ns: FILL_GRACE_NS,
                         adaptive_grace: false,

@@ -148,6 +148,11 @@ pub struct ReceiverJob {
     pub deliver: Option<SocketAddr>,
     /// Fill what the tree lost from this MoldUDP64 retransmission server.
     pub retransmit: Option<SocketAddr>,
+    /// The MoldUDP64 sequence number the filled stream starts at (1: the
+    /// session from its beginning); `None`: wherever the first release is
+    /// (joining a running feed — an earlier packet released after it is then
+    /// before the stream's start, and not delivered).
+    pub fill_from: Option<u64>,
     /// Keep one row per release for the log.
     pub keep_log: bool,
 }
