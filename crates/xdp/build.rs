@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const PROGRAMS: &[&str] = &["dedup", "replicate", "sink"];
+const PROGRAMS: &[&str] = &["dedup", "replicate", "sink", "xsk"];
 
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));

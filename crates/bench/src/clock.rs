@@ -254,6 +254,7 @@ fn spawn_nodes(
             publish: None,
             extra: Vec::new(),
             replicate: None,
+            external: None,
             io: fairfeed_io::send::Backend::Udp,
         };
         let h = thread::Builder::new()

@@ -106,6 +106,7 @@ fn start_proxy(
         publish: None,
         extra: Vec::new(),
         replicate: None,
+        external: None,
         io,
     };
     let handle = thread::Builder::new().name("proxy".into()).spawn(move || run_agent(&cfg, |_, _| {}))?;

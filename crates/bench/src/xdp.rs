@@ -389,7 +389,7 @@ const REPLICA_PORT: u16 = 47_100;
 /// loop sending every copy itself, on one veth link, same run.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplicationReport {
-    /// The I/O path measured against the baseline: "tc".
+    /// The I/O path measured against the baseline: "tc" or "afxdp".
     pub io: &'static str,
     /// Copies per second that reached the far end with TC replication (median over rounds).
     pub proxy_pps: f64,
@@ -405,12 +405,33 @@ pub struct ReplicationReport {
     pub round_seconds: f64,
     pub proxy_rounds_pps: Vec<f64>,
     pub baseline_rounds_pps: Vec<f64>,
-    /// The replicator's counters over all TC rounds.
+    /// The replicator's counters over all TC rounds (zero for AF_XDP).
     pub tc: fairfeed_xdp::ReplicateCounters,
+    /// The AF_XDP socket's counters over all its rounds, and its mode (AF_XDP only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub afxdp: Option<fairfeed_xdp::afxdp::XskCounters>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub afxdp_mode: Option<fairfeed_xdp::afxdp::XskMode>,
     /// Whether the far end's veth polled in a kernel thread of its own (off the sending core).
     pub threaded_napi: bool,
     /// What is timed.
     pub what: &'static str,
+}
+
+/// How a replication round's sending core makes its copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// The kernel's TC egress hook clones one datagram per packet.
+    Tc,
+    /// Every copy is a frame written to an AF_XDP socket's TX ring.
+    AfXdp,
+}
+
+/// What a round's sender counted besides its datagrams.
+#[derive(Debug, Clone, Copy, Default)]
+struct RoundCounters {
+    tc: fairfeed_xdp::ReplicateCounters,
+    xsk: Option<(fairfeed_xdp::afxdp::XskCounters, fairfeed_xdp::afxdp::XskMode)>,
 }
 
 fn sink_count(sink: &fairfeed_xdp::sink::XdpSink) -> std::io::Result<u64> {
@@ -425,18 +446,22 @@ fn replication_round(
     link: &Link,
     sink: &fairfeed_xdp::sink::XdpSink,
     (fanout, packet_bytes, seconds): (usize, usize, f64),
-    tc: bool,
-) -> std::io::Result<(f64, f64, fairfeed_xdp::ReplicateCounters)> {
+    path: Option<Replication>,
+) -> std::io::Result<(f64, f64, RoundCounters)> {
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
     let (l, st) = (link.clone(), stop.clone());
-    let h = thread::spawn(move || -> std::io::Result<(u64, fairfeed_xdp::ReplicateCounters)> {
+    let h = thread::spawn(move || -> std::io::Result<(u64, RoundCounters)> {
         netns::enter(&l.ns[0])?;
         pin(0);
         let targets: Vec<SocketAddrV4> =
             (0..fanout as u16).map(|i| SocketAddrV4::new(l.addrs[1], REPLICA_PORT + i)).collect();
-        let port = if tc { PORT } else { PORT + 1 };
-        let rep = if tc {
+        let port = match path {
+            Some(Replication::Tc) => PORT,
+            Some(Replication::AfXdp) => PORT + 2,
+            None => PORT + 1,
+        };
+        let rep = if path == Some(Replication::Tc) {
             Some(
                 fairfeed_xdp::TcReplicator::attach(&l.ifaces[0], port, &targets, None)
                     .map_err(std::io::Error::other)?,
@@ -456,17 +481,46 @@ fn replication_round(
         h.emit(&mut packet).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
         let first = SocketAddr::V4(targets[0]);
         let all: Vec<SocketAddr> = targets.iter().map(|&t| SocketAddr::V4(t)).collect();
+        if path == Some(Replication::AfXdp) {
+            use fairfeed_xdp::afxdp::{mac_of, sum, UdpHeaders, Xsk};
+            let mut xsk = Xsk::open(&l.ifaces[0], 0, None).map_err(std::io::Error::other)?;
+            let macs = fairfeed_xdp::neigh::next_hop_macs(&l.ifaces[0], &targets).map_err(std::io::Error::other)?;
+            let hdr = UdpHeaders {
+                src_mac: mac_of(&l.ifaces[0]).map_err(std::io::Error::other)?,
+                src: SocketAddrV4::new(l.addrs[0], port),
+            };
+            let _ = tx.send(());
+            let mut sent = 0u64;
+            while !st.load(Ordering::Relaxed) {
+                // One packet in (a new sequence number each), a frame per target out.
+                for _ in 0..fairfeed_io::batch::BATCH_MAX {
+                    sent += 1;
+                    packet[8..16].copy_from_slice(&sent.to_be_bytes());
+                    let s = sum(&packet);
+                    for (t, mac) in targets.iter().zip(&macs) {
+                        xsk.send(|f| hdr.write(f, *mac, *t, &packet, s));
+                    }
+                }
+                xsk.flush();
+            }
+            xsk.flush();
+            let c = xsk.counters();
+            return Ok((
+                c.tx_frames - c.tx_full,
+                RoundCounters { xsk: Some((c, xsk.mode())), ..RoundCounters::default() },
+            ));
+        }
         let _ = tx.send(());
         let (mut bs, mut sent) = (BatchSend::default(), 0u64);
         while !st.load(Ordering::Relaxed) {
-            sent += if tc {
+            sent += if rep.is_some() {
                 bs.send(&sock, (0..fairfeed_io::batch::BATCH_MAX).map(|_| (&packet[..], first))).sent
             } else {
                 bs.send(&sock, all.iter().map(|&d| (&packet[..], d))).sent
             };
         }
         let c = rep.map(|r| r.counters()).transpose().map_err(std::io::Error::other)?.unwrap_or_default();
-        Ok((sent, c))
+        Ok((sent, RoundCounters { tc: c, xsk: None }))
     });
     rx.recv_timeout(Duration::from_secs(10)).map_err(|_| std::io::Error::other("the sending thread did not start"))?;
     thread::sleep(Duration::from_millis(100));
@@ -489,6 +543,7 @@ pub fn replication_pps(
     fanout: usize,
     packet_bytes: usize,
     (rounds, round_seconds): (usize, f64),
+    path: Replication,
 ) -> std::io::Result<ReplicationReport> {
     assert!((2..=fairfeed_xdp::replicate::TARGETS_MAX).contains(&fanout), "fan-out 2..=64 with TC replication");
     fairfeed_xdp::built().map_err(std::io::Error::other)?;
@@ -518,21 +573,34 @@ pub fn replication_pps(
         .is_ok_and(|o| o.status.success());
     let (mut ours, mut base, mut sent, mut tc) =
         (Vec::new(), Vec::new(), Vec::new(), fairfeed_xdp::ReplicateCounters::default());
+    let (mut xsk, mut xsk_mode) = (None::<fairfeed_xdp::afxdp::XskCounters>, None);
     for _ in 0..rounds {
-        base.push(replication_round(&link, &sink, (fanout, packet_bytes, round_seconds), false)?.0);
-        let (pps, s, c) = replication_round(&link, &sink, (fanout, packet_bytes, round_seconds), true)?;
+        base.push(replication_round(&link, &sink, (fanout, packet_bytes, round_seconds), None)?.0);
+        let (pps, s, c) = replication_round(&link, &sink, (fanout, packet_bytes, round_seconds), Some(path))?;
         ours.push(pps);
         sent.push(s);
-        tc.packets += c.packets;
-        tc.copies += c.copies;
-        tc.failed += c.failed;
-        tc.passed += c.passed;
+        tc.packets += c.tc.packets;
+        tc.copies += c.tc.copies;
+        tc.failed += c.tc.failed;
+        tc.passed += c.tc.passed;
+        if let Some((x, m)) = c.xsk {
+            let t = xsk.get_or_insert_with(Default::default);
+            t.tx_frames += x.tx_frames;
+            t.tx_full += x.tx_full;
+            t.kicks += x.kicks;
+            xsk_mode = Some(m);
+        }
     }
     drop(sink);
     let (o, b) = (median(&ours), median(&base));
     Ok(ReplicationReport {
         threaded_napi: threaded,
-        io: "tc",
+        io: match path {
+            Replication::Tc => "tc",
+            Replication::AfXdp => "afxdp",
+        },
+        afxdp: xsk,
+        afxdp_mode: xsk_mode,
         proxy_pps: o,
         baseline_pps: b,
         ratio: if b > 0.0 { o / b } else { 0.0 },
@@ -544,7 +612,15 @@ pub fn replication_pps(
         proxy_rounds_pps: ours,
         baseline_rounds_pps: base,
         tc,
-        what: "copies/s from one sending core over veth, counted at the far end by an XDP sink; \
-               TC: one datagram per packet from user space, copies made by bpf_clone_redirect() on egress",
+        what: match path {
+            Replication::Tc => {
+                "copies/s from one sending core over veth, counted at the far end by an XDP sink; \
+                 TC: one datagram per packet from user space, copies made by bpf_clone_redirect() on egress"
+            }
+            Replication::AfXdp => {
+                "copies/s from one sending core over veth, counted at the far end by an XDP sink; \
+                 AF_XDP: one Ethernet/IPv4/UDP frame per copy written to the socket's TX ring, the kernel told every 32"
+            }
+        },
     })
 }

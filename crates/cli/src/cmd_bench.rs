@@ -2,6 +2,7 @@
 
 use fairfeed_bench::arb::arb_latency;
 use fairfeed_bench::tree::{proxy_hop, proxy_ladder, proxy_pps};
+use fairfeed_bench::xdp::Replication;
 use fairfeed_net::send::Backend;
 use fairfeed_net::tree::agent::Threading;
 
@@ -11,6 +12,7 @@ pub enum IoArg {
     Udp,
     Uring,
     Tc,
+    Afxdp,
 }
 
 #[derive(clap::Subcommand)]
@@ -51,7 +53,9 @@ pub enum Bench {
         /// sendmmsg, on loopback), `uring` (the same agent sending through
         /// io_uring), or `tc` (one datagram per packet, copies made by the
         /// TC egress replicator, over a veth link between two namespaces
-        /// the bench makes; needs root and a fairfeed built with clang).
+        /// the bench makes; needs root and a fairfeed built with clang), or
+        /// `afxdp` (every copy a frame written to an AF_XDP socket's TX
+        /// ring, over the same kind of link).
         #[arg(long, value_enum, default_value_t = IoArg::Udp)]
         io: IoArg,
         /// Print the report as JSON on stdout.
@@ -184,34 +188,20 @@ fn clock_sync_cmd(b: Bench) -> anyhow::Result<()> {
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         b @ Bench::ClockSync { .. } => clock_sync_cmd(b),
-        Bench::ProxyHop { samples, ladder: true, json, .. } => {
-            let rungs = proxy_ladder(samples)?;
-            if json {
-                println!("{}", serde_json::to_string(&rungs)?);
-            } else {
-                println!("| rung | via proxy p50 / p99 / p99.9 µs | direct p50 / p99 µs | added p50 µs | ratio |");
-                println!("|---|---|---|---|---|");
-                for r in &rungs {
-                    let (v, d) = (&r.report.via_proxy, &r.report.direct);
-                    println!(
-                        "| {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | {:.2} |",
-                        r.name,
-                        v.p50_us,
-                        v.p99_us,
-                        v.p999_us,
-                        d.p50_us,
-                        d.p99_us,
-                        r.report.proxy_hop_p50_us,
-                        r.report.ratio
-                    );
-                }
-            }
-            Ok(())
-        }
-        Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, io: IoArg::Tc, json } => {
+        Bench::ProxyHop { samples, ladder: true, json, .. } => ladder_cmd(samples, json),
+        Bench::ProxyPps {
+            fanout,
+            packet_bytes,
+            rounds,
+            round_seconds,
+            split,
+            io: io @ (IoArg::Tc | IoArg::Afxdp),
+            json,
+        } => {
             anyhow::ensure!(!split, "--split applies to --io udp (the proxy agent's send thread)");
-            anyhow::ensure!((2..=64).contains(&fanout), "--fanout {fanout}: TC replication makes 2 to 64 copies");
-            tc_pps(fanout, packet_bytes, (rounds, round_seconds), json)
+            anyhow::ensure!((2..=64).contains(&fanout), "--fanout {fanout}: --io tc and afxdp make 2 to 64 copies");
+            let path = if io == IoArg::Tc { Replication::Tc } else { Replication::AfXdp };
+            kernel_pps(fanout, packet_bytes, (rounds, round_seconds), path, json)
         }
         Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, io, json } => {
             let threads = if split { Threading::Split } else { Threading::One };
@@ -311,15 +301,50 @@ fn xdp_dedup(
     Ok(())
 }
 
-fn tc_pps(fanout: usize, packet_bytes: usize, (rounds, round_seconds): (usize, f64), json: bool) -> anyhow::Result<()> {
-    let tick = crate::fmt::ticker(
-        2.0 * rounds as f64 * (round_seconds + 0.2),
-        "bare sendmmsg and TC replication, alternating rounds",
-    );
-    let r = fairfeed_bench::xdp::replication_pps(fanout, packet_bytes, (rounds, round_seconds))?;
+fn ladder_cmd(samples: usize, json: bool) -> anyhow::Result<()> {
+    let rungs = proxy_ladder(samples)?;
+    if json {
+        println!("{}", serde_json::to_string(&rungs)?);
+    } else {
+        println!("| rung | via proxy p50 / p99 / p99.9 µs | direct p50 / p99 µs | added p50 µs | ratio |");
+        println!("|---|---|---|---|---|");
+        for r in &rungs {
+            let (v, d) = (&r.report.via_proxy, &r.report.direct);
+            println!(
+                "| {} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | {:.2} |",
+                r.name, v.p50_us, v.p99_us, v.p999_us, d.p50_us, d.p99_us, r.report.proxy_hop_p50_us, r.report.ratio
+            );
+        }
+    }
+    Ok(())
+}
+
+fn kernel_pps(
+    fanout: usize,
+    packet_bytes: usize,
+    (rounds, round_seconds): (usize, f64),
+    path: Replication,
+    json: bool,
+) -> anyhow::Result<()> {
+    let what = match path {
+        Replication::Tc => "bare sendmmsg and TC replication, alternating rounds",
+        Replication::AfXdp => "bare sendmmsg and AF_XDP, alternating rounds",
+    };
+    let tick = crate::fmt::ticker(2.0 * rounds as f64 * (round_seconds + 0.2), what);
+    let r = fairfeed_bench::xdp::replication_pps(fanout, packet_bytes, (rounds, round_seconds), path)?;
     drop(tick);
     if json {
         println!("{}", serde_json::to_string(&r)?);
+    } else if path == Replication::AfXdp {
+        println!(
+            "AF_XDP ({:?} mode) to {fanout} over veth: {:.0} copies/s; bare sendmmsg of every copy: {:.0} copies/s; \
+             ratio {:.2} (medians of {rounds} rounds of {round_seconds} s; {} frames found the link full)",
+            r.afxdp_mode.unwrap_or(fairfeed_xdp::afxdp::XskMode::Copy),
+            r.proxy_pps,
+            r.baseline_pps,
+            r.ratio,
+            r.afxdp.map_or(0, |c| c.tx_full)
+        );
     } else {
         println!(
             "TC replication to {fanout} over veth: {:.0} copies/s ({:.0} datagrams/s from user space); bare sendmmsg \

@@ -30,12 +30,16 @@ enum ThreadsArg {
     Dedicated,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum IoArg {
     /// sendmmsg(2), 32 datagrams per call.
     Udp,
     /// io_uring: 64 SENDMSG submissions per io_uring_enter(2), 32 RECVMSG kept posted.
     Uring,
+    /// AF_XDP on the interface the node's address is on: frames through a
+    /// socket's rings, the kernel's IP/UDP stack skipped (root; a fairfeed
+    /// built with clang; not with --xdp-dedup or --tc-replicate).
+    Afxdp,
 }
 
 /// What every node takes.
@@ -67,8 +71,11 @@ pub struct Common {
     /// Threading mode.
     #[arg(long, value_enum, default_value_t = ThreadsArg::One)]
     threads: ThreadsArg,
-    /// How the node sends and receives: `udp` (sendmmsg/recvmmsg) or `uring`
-    /// (io_uring: batched SENDMSG submissions, 32 RECVMSG kept posted).
+    /// How the node sends and receives: `udp` (sendmmsg/recvmmsg), `uring`
+    /// (io_uring: batched SENDMSG submissions, 32 RECVMSG kept posted), or
+    /// `afxdp` (an AF_XDP socket on the interface the node's address is on,
+    /// with an XDP program steering its port there; needs root and a
+    /// fairfeed built with clang; counters in `fairfeed stat` as counters.afxdp).
     #[arg(long, value_enum, default_value_t = IoArg::Udp)]
     io: IoArg,
     /// Pin the node's threads to these CPUs (work thread first), e.g. `2,3`.
@@ -186,6 +193,48 @@ fn attach_xdp(
     let x = fairfeed_xdp::XdpDedup::attach(iface, port, mode).with_context(|| format!("--xdp-dedup {iface}"))?;
     tracing::info!(node = c.id, "node {}: XDP de-duplicator on {iface} ({} mode), UDP port {port}", c.id, x.mode());
     Ok(Some(Arc::new(std::sync::Mutex::new(x))))
+}
+
+/// The AF_XDP back-end on the interface this node's address is on, where asked.
+fn attach_afxdp(
+    c: &Common,
+    topology: &Topology,
+) -> anyhow::Result<Option<(fairfeed_net::send::External, ExtraCounters)>> {
+    if c.io != IoArg::Afxdp {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        c.xdp_dedup.is_none() && c.tc_replicate.is_none(),
+        "--io afxdp: its XDP program owns the interface's XDP hook and its frames skip TC; \
+         leave out --xdp-dedup and --tc-replicate"
+    );
+    let node = topology
+        .trees
+        .first()
+        .and_then(|t| t.nodes.iter().find(|n| n.id == c.id))
+        .with_context(|| format!("no node {} in the topology", c.id))?;
+    let addr = match node.addr.as_deref().and_then(|a| a.parse::<SocketAddr>().ok()) {
+        Some(SocketAddr::V4(v)) => v,
+        _ => anyhow::bail!("--io afxdp: node {} needs an IPv4 address in the topology", c.id),
+    };
+    let iface = fairfeed_xdp::neigh::route(*addr.ip())
+        .map(|(i, _)| i)
+        .with_context(|| format!("--io afxdp: no interface has {}'s network in the routing table", addr.ip()))?;
+    let io = match fairfeed_xdp::afxdp::NodeIo::open(&iface, addr, fairfeed_xdp::Mode::Native) {
+        Err(fairfeed_xdp::XdpError::Attach { .. }) => {
+            fairfeed_xdp::afxdp::NodeIo::open(&iface, addr, fairfeed_xdp::Mode::Generic)
+        }
+        r => r,
+    }
+    .with_context(|| format!("--io afxdp on {iface}"))?;
+    let mode = io.mode();
+    tracing::info!(node = c.id, "node {}: AF_XDP on {iface} queue 0 ({mode:?} mode), UDP port {}", c.id, addr.port());
+    let stats = io.stats.clone();
+    let read = Arc::new(move || stats.json(mode));
+    Ok(Some((
+        fairfeed_net::send::External::new("AF_XDP", Box::new(io.recv), Box::new(io.send)),
+        ExtraCounters { name: "afxdp", read },
+    )))
 }
 
 /// The TC replicator and its socket for a sender or proxy, where asked.
@@ -396,6 +445,10 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         extra.push(e);
         r
     });
+    let external = attach_afxdp(c, &topology)?.map(|(x, e)| {
+        extra.push(e);
+        x
+    });
     Ok(AgentConfig {
         topology: Arc::new(topology),
         id: c.id,
@@ -429,7 +482,9 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         io: match c.io {
             IoArg::Udp => fairfeed_net::send::Backend::Udp,
             IoArg::Uring => fairfeed_net::send::Backend::Uring,
+            IoArg::Afxdp => fairfeed_net::send::Backend::AfXdp,
         },
+        external,
     })
 }
 

@@ -2,7 +2,8 @@
 //! `sendmmsg(2)` ([`crate::batch::BatchSend`]) or io_uring
 //! ([`crate::uring::UringSend`]), receiving with `recvmmsg(2)`
 //! ([`crate::batch::BatchRecv`]) or posted io_uring receives
-//! ([`crate::uring::UringRecv`]).
+//! ([`crate::uring::UringRecv`]), or through a back-end made outside this
+//! crate for an interface ([`External`]: AF_XDP, in fairfeed-xdp).
 
 use std::net::{SocketAddr, UdpSocket};
 
@@ -21,6 +22,60 @@ pub enum Backend {
     /// io_uring: one `SENDMSG` submission per datagram, up to 64 per
     /// `io_uring_enter(2)`; 32 `RECVMSG` operations kept posted.
     Uring,
+    /// AF_XDP: frames through a socket's rings on one interface queue. Made
+    /// outside this crate (fairfeed-xdp) and handed in as an [`External`].
+    AfXdp,
+}
+
+/// A back-end made outside this crate, sending (AF_XDP).
+pub trait ExternalSend: Send {
+    /// Sends each `(bytes, to)`; `sock` is the node's own socket, for what
+    /// the back-end cannot send itself.
+    fn send(&mut self, sock: &UdpSocket, items: &mut dyn Iterator<Item = (&[u8], SocketAddr)>) -> Sent;
+}
+
+/// A back-end made outside this crate, receiving (AF_XDP).
+pub trait ExternalRecv: Send {
+    /// Hands what has arrived to `f` (with a kernel stamp where there is
+    /// one); never waits. Returns how many datagrams.
+    fn recv_stamped(&mut self, f: &mut dyn FnMut(&mut [u8], Option<u64>)) -> usize;
+    /// What a loop waits on for input.
+    fn fd(&self) -> BorrowedFd<'_>;
+}
+
+/// An external back-end's receiving and sending half.
+pub type Halves = (Box<dyn ExternalRecv>, Box<dyn ExternalSend>);
+
+/// Both halves of an external back-end, made once by the caller and taken
+/// once by the node (its configuration is cloned; the back-end is not).
+#[derive(Clone)]
+pub struct External {
+    pub name: &'static str,
+    halves: std::sync::Arc<std::sync::Mutex<Option<Halves>>>,
+}
+
+impl std::fmt::Debug for External {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("External").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl External {
+    pub fn new(name: &'static str, recv: Box<dyn ExternalRecv>, send: Box<dyn ExternalSend>) -> External {
+        External { name, halves: std::sync::Arc::new(std::sync::Mutex::new(Some((recv, send)))) }
+    }
+
+    /// The halves, the first time only.
+    pub fn take(&self) -> Option<Halves> {
+        self.halves.lock().ok()?.take()
+    }
+}
+
+fn external_only(b: Backend) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!("the {b:?} back-end is made for an interface by the caller (fairfeed-xdp), not here"),
+    )
 }
 
 /// A batched sender of either kind.
@@ -28,6 +83,19 @@ pub enum Backend {
 pub enum SendPath {
     Mmsg(BatchSend),
     Uring(Box<UringSend>),
+    External(Box<dyn ExternalSend>),
+}
+
+impl std::fmt::Debug for dyn ExternalSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExternalSend")
+    }
+}
+
+impl std::fmt::Debug for dyn ExternalRecv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExternalRecv")
+    }
 }
 
 impl std::fmt::Debug for BatchSend {
@@ -42,6 +110,7 @@ impl SendPath {
         Ok(match b {
             Backend::Udp => SendPath::Mmsg(BatchSend::default()),
             Backend::Uring => SendPath::Uring(Box::new(UringSend::new()?)),
+            Backend::AfXdp => return Err(external_only(b)),
         })
     }
 
@@ -50,6 +119,7 @@ impl SendPath {
         match self {
             SendPath::Mmsg(b) => b.send(sock, items),
             SendPath::Uring(u) => u.send(sock, items),
+            SendPath::External(e) => e.send(sock, &mut items.into_iter()),
         }
     }
 }
@@ -59,6 +129,7 @@ impl SendPath {
 pub enum RecvPath {
     Mmsg(Box<BatchRecv>),
     Uring(Box<UringRecv>),
+    External(Box<dyn ExternalRecv>),
 }
 
 impl std::fmt::Debug for BatchRecv {
@@ -74,6 +145,7 @@ impl RecvPath {
         Ok(match b {
             Backend::Udp => RecvPath::Mmsg(Box::new(BatchRecv::new(timestamps))),
             Backend::Uring => RecvPath::Uring(Box::new(UringRecv::new(sock)?)),
+            Backend::AfXdp => return Err(external_only(b)),
         })
     }
 
@@ -83,6 +155,10 @@ impl RecvPath {
         match self {
             RecvPath::Mmsg(b) => b.recv_stamped(sock, f),
             RecvPath::Uring(u) => u.recv_stamped(f),
+            RecvPath::External(e) => {
+                let mut f = f;
+                e.recv_stamped(&mut f)
+            }
         }
     }
 
@@ -91,6 +167,7 @@ impl RecvPath {
         match self {
             RecvPath::Mmsg(_) => sock.as_fd(),
             RecvPath::Uring(u) => u.fd(),
+            RecvPath::External(e) => e.fd(),
         }
     }
 }

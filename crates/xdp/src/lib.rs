@@ -21,6 +21,7 @@
 //! first target to every other target, so user space sends one datagram per
 //! packet instead of one per target.
 
+pub mod afxdp;
 pub mod neigh;
 pub mod netns;
 pub mod replicate;

@@ -21,7 +21,7 @@ fn hex_ip(s: &str) -> Option<Ipv4Addr> {
 /// /proc/net/route (longest prefix; the next hop is the gateway, or `ip`
 /// itself on the link).
 pub fn route(ip: Ipv4Addr) -> Option<(String, Ipv4Addr)> {
-    route_in(&std::fs::read_to_string("/proc/net/route").ok()?, ip)
+    route_in(&std::fs::read_to_string("/proc/thread-self/net/route").ok()?, ip)
 }
 
 fn route_in(text: &str, ip: Ipv4Addr) -> Option<(String, Ipv4Addr)> {
@@ -46,7 +46,7 @@ fn route_in(text: &str, ip: Ipv4Addr) -> Option<(String, Ipv4Addr)> {
 
 /// The MAC the neighbour table holds for `ip` on `iface`, when complete.
 pub fn neighbour(ip: Ipv4Addr, iface: &str) -> Option<[u8; 6]> {
-    neighbour_in(&std::fs::read_to_string("/proc/net/arp").ok()?, ip, iface)
+    neighbour_in(&std::fs::read_to_string("/proc/thread-self/net/arp").ok()?, ip, iface)
 }
 
 fn neighbour_in(text: &str, ip: Ipv4Addr, iface: &str) -> Option<[u8; 6]> {

@@ -57,7 +57,7 @@ fn packet(kind: Kind, seq: u64) -> Vec<u8> {
 
 /// UDP InCsumErrors and InErrors of the namespace the calling thread is in.
 fn udp_errors() -> (u64, u64) {
-    let t = std::fs::read_to_string("/proc/net/snmp").unwrap();
+    let t = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
     let rows: Vec<Vec<&str>> =
         t.lines().filter(|l| l.starts_with("Udp:")).map(|l| l.split_whitespace().collect()).collect();
     let at = |k: &str| rows[0].iter().position(|x| *x == k).map_or(0, |i| rows[1][i].parse().unwrap_or(0));

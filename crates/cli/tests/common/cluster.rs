@@ -145,6 +145,13 @@ impl Cluster {
         serde_json::from_str(&text).unwrap()
     }
 
+    /// The node's stats, if it wrote them (a crashed node did not).
+    #[allow(dead_code)]
+    pub fn try_stats(&self, id: u32) -> Option<serde_json::Value> {
+        let text = std::fs::read_to_string(self.path(&format!("stats-{id}.json"))).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
     /// (sequence, release ns) per release of receiver `id`.
     pub fn releases(&self, id: u32) -> Vec<(u64, u64)> {
         let text = std::fs::read_to_string(self.path(&format!("log-{id}.csv"))).unwrap();

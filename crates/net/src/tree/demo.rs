@@ -336,6 +336,7 @@ fn node_config(
         publish: cfg.publish.get(&n.id).cloned(),
         extra: Vec::new(),
         replicate: None,
+        external: None,
         io: fairfeed_io::send::Backend::Udp,
     }
 }

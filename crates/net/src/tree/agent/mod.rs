@@ -199,8 +199,12 @@ pub struct AgentConfig {
     pub extra: Vec<ExtraCounters>,
     /// The kernel makes the node's fan-out copies; `None`: user space sends each.
     pub replicate: Option<Replicate>,
-    /// What sends and receives the node's datagrams: `sendmmsg`/`recvmmsg` or io_uring.
+    /// What sends and receives the node's datagrams: `sendmmsg`/`recvmmsg`,
+    /// io_uring, or (with `external`) AF_XDP.
     pub io: fairfeed_io::send::Backend,
+    /// The back-end made by the caller for `io` = AF_XDP (on the node's
+    /// interface, in fairfeed-xdp); `None` otherwise.
+    pub external: Option<fairfeed_io::send::External>,
 }
 
 /// The kernel makes this node's fan-out copies (Jasper's TC egress

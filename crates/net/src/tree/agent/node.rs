@@ -220,12 +220,25 @@ fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode), A
     Ok((addrs, me))
 }
 
-fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Result<Outbox, AgentError> {
+fn start_outbox(
+    cfg: &AgentConfig,
+    sock: &UdpSocket,
+    tx: &Arc<TxCounters>,
+    external: Option<Box<dyn fairfeed_io::send::ExternalSend>>,
+) -> Result<Outbox, AgentError> {
     let send_sock = sock.try_clone().map_err(|e| AgentError::Io("cloning the socket".into(), e))?;
     let fanout_sock = match &cfg.replicate {
         Some(r) => Some(r.sock.try_clone().map_err(|e| AgentError::Io("cloning the replication socket".into(), e))?),
         None => None,
     };
+    if let Some(ext) = external {
+        // Made by the caller: moved to whichever thread sends.
+        if cfg.threads == Threading::One {
+            let path = SendPath::External(ext);
+            return Ok(Outbox::Inline(Egress::new(send_sock, fanout_sock, path, tx.clone(), cfg.tap.clone())));
+        }
+        return spawn_egress(cfg, send_sock, fanout_sock, tx, move |_| SendPath::External(ext));
+    }
     // Made here for the inline sender, and tried here for a send thread (which makes its own).
     let path =
         SendPath::new(cfg.io).map_err(|e| AgentError::Io(format!("starting the {:?} send back-end", cfg.io), e))?;
@@ -233,6 +246,22 @@ fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Re
         return Ok(Outbox::Inline(Egress::new(send_sock, fanout_sock, path, tx.clone(), cfg.tap.clone())));
     }
     drop(path);
+    spawn_egress(cfg, send_sock, fanout_sock, tx, |backend| {
+        SendPath::new(backend).unwrap_or_else(|e| {
+            tracing::warn!("the {backend:?} send back-end failed on the send thread ({e}); sending with sendmmsg");
+            SendPath::new(fairfeed_io::send::Backend::Udp).expect("sendmmsg needs no set-up")
+        })
+    })
+}
+
+/// The send thread, its path made there by `path`.
+fn spawn_egress(
+    cfg: &AgentConfig,
+    send_sock: UdpSocket,
+    fanout_sock: Option<UdpSocket>,
+    tx: &Arc<TxCounters>,
+    path: impl FnOnce(fairfeed_io::send::Backend) -> SendPath + Send + 'static,
+) -> Result<Outbox, AgentError> {
     let backend = cfg.io;
     let (ring, incoming) = mailbox(RING_CAPACITY).map_err(|e| AgentError::Io("making the send ring".into(), e))?;
     let (tuning, counters, tap, time, idle) = (cfg.tuning.clone(), tx.clone(), cfg.tap.clone(), cfg.time, cfg.idle);
@@ -242,10 +271,7 @@ fn start_outbox(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Re
         if idle != IdleStrategy::Spin {
             let _ = nix::sys::prctl::set_timerslack(1_000);
         }
-        let path = SendPath::new(backend).unwrap_or_else(|e| {
-            tracing::warn!("the {backend:?} send back-end failed on the send thread ({e}); sending with sendmmsg");
-            SendPath::new(fairfeed_io::send::Backend::Udp).expect("sendmmsg needs no set-up")
-        });
+        let path = path(backend);
         EgressAgent::new(incoming, Egress::new(send_sock, fanout_sock, path, counters, tap), time, applied)
     };
     let rc = RunConfig { idle, spin_ahead_ns: SPIN_AHEAD_NS, park_max_ns: PARK_MAX_NS, stop: None };
@@ -326,10 +352,27 @@ impl<'c> NodeAgent<'c> {
         tuning.extend(cfg.tuning.apply_socket(&sock));
         let live = state_machine(cfg, &me)?;
         let tx = Arc::new(TxCounters::default());
-        let outbox = start_outbox(cfg, &sock, &tx)?;
+        let external =
+            match (cfg.io, &cfg.external) {
+                (fairfeed_io::send::Backend::AfXdp, Some(e)) => Some(e.take().ok_or_else(|| {
+                    AgentError::Config(format!("the {} back-end was handed to a node already", e.name))
+                })?),
+                (fairfeed_io::send::Backend::AfXdp, None) => {
+                    return Err(AgentError::Config("AF_XDP needs its back-end made for the node's interface".into()))
+                }
+                _ => None,
+            };
+        let (ext_recv, ext_send) = match external {
+            Some((r, s)) => (Some(r), Some(s)),
+            None => (None, None),
+        };
+        let outbox = start_outbox(cfg, &sock, &tx, ext_send)?;
         let stamps = cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off;
-        let recv = RecvPath::new(cfg.io, &sock, stamps)
-            .map_err(|e| AgentError::Io(format!("starting the {:?} receive back-end", cfg.io), e))?;
+        let recv = match ext_recv {
+            Some(r) => RecvPath::External(r),
+            None => RecvPath::new(cfg.io, &sock, stamps)
+                .map_err(|e| AgentError::Io(format!("starting the {:?} receive back-end", cfg.io), e))?,
+        };
         let emu = cfg
             .link
             .map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
