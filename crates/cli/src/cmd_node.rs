@@ -40,6 +40,13 @@ enum IoArg {
     /// socket's rings, the kernel's IP/UDP stack skipped (root; a fairfeed
     /// built with clang; not with --xdp-dedup or --tc-replicate).
     Afxdp,
+    /// Jasper's eBPF socket interface: UDP sockets, with the XDP
+    /// de-duplicator (receivers) or the TC replicator (sender, proxies) on
+    /// the interface the node's address is on.
+    XdpSocket,
+    /// The fastest this host allows: afxdp, else uring, else udp (what was
+    /// chosen and why the others were not is logged at start).
+    Auto,
 }
 
 /// What every node takes.
@@ -72,10 +79,13 @@ pub struct Common {
     #[arg(long, value_enum, default_value_t = ThreadsArg::One)]
     threads: ThreadsArg,
     /// How the node sends and receives: `udp` (sendmmsg/recvmmsg), `uring`
-    /// (io_uring: batched SENDMSG submissions, 32 RECVMSG kept posted), or
+    /// (io_uring: batched SENDMSG submissions, 32 RECVMSG kept posted),
     /// `afxdp` (an AF_XDP socket on the interface the node's address is on,
     /// with an XDP program steering its port there; needs root and a
-    /// fairfeed built with clang; counters in `fairfeed stat` as counters.afxdp).
+    /// fairfeed built with clang; counters in `fairfeed stat` as
+    /// counters.afxdp), `xdp-socket` (udp, plus --xdp-dedup or
+    /// --tc-replicate on that interface, by the node's role), or `auto`
+    /// (afxdp, else uring, else udp).
     #[arg(long, value_enum, default_value_t = IoArg::Udp)]
     io: IoArg,
     /// Pin the node's threads to these CPUs (work thread first), e.g. `2,3`.
@@ -172,8 +182,9 @@ pub(crate) fn iface_name(s: &str) -> Result<String, String> {
 fn attach_xdp(
     c: &Common,
     topology: &Topology,
+    iface: Option<&String>,
 ) -> anyhow::Result<Option<Arc<std::sync::Mutex<fairfeed_xdp::XdpDedup>>>> {
-    let Some(iface) = &c.xdp_dedup else { return Ok(None) };
+    let Some(iface) = iface else { return Ok(None) };
     let node = topology
         .trees
         .first()
@@ -195,19 +206,18 @@ fn attach_xdp(
     Ok(Some(Arc::new(std::sync::Mutex::new(x))))
 }
 
-/// The AF_XDP back-end on the interface this node's address is on, where asked.
-fn attach_afxdp(
-    c: &Common,
-    topology: &Topology,
-) -> anyhow::Result<Option<(fairfeed_net::send::External, ExtraCounters)>> {
-    if c.io != IoArg::Afxdp {
-        return Ok(None);
-    }
-    anyhow::ensure!(
-        c.xdp_dedup.is_none() && c.tc_replicate.is_none(),
-        "--io afxdp: its XDP program owns the interface's XDP hook and its frames skip TC; \
-         leave out --xdp-dedup and --tc-replicate"
-    );
+/// What `--io` comes to on this host: the back-end and the interfaces the
+/// kernel programs go on.
+struct IoPlan {
+    io: IoArg,
+    xdp_dedup: Option<String>,
+    tc_replicate: Option<String>,
+    /// An AF_XDP back-end opened while resolving `auto`.
+    afxdp: Option<(fairfeed_net::send::External, ExtraCounters)>,
+}
+
+/// The node's IPv4 address and the interface whose route covers it.
+fn own_iface(c: &Common, topology: &Topology, flag: &str) -> anyhow::Result<(std::net::SocketAddrV4, String)> {
     let node = topology
         .trees
         .first()
@@ -215,11 +225,91 @@ fn attach_afxdp(
         .with_context(|| format!("no node {} in the topology", c.id))?;
     let addr = match node.addr.as_deref().and_then(|a| a.parse::<SocketAddr>().ok()) {
         Some(SocketAddr::V4(v)) => v,
-        _ => anyhow::bail!("--io afxdp: node {} needs an IPv4 address in the topology", c.id),
+        _ => anyhow::bail!("{flag}: node {} needs an IPv4 address in the topology", c.id),
     };
-    let iface = fairfeed_xdp::neigh::route(*addr.ip())
-        .map(|(i, _)| i)
-        .with_context(|| format!("--io afxdp: no interface has {}'s network in the routing table", addr.ip()))?;
+    anyhow::ensure!(
+        !addr.ip().is_loopback() && !addr.ip().is_unspecified(),
+        "{flag}: node {} is at {addr}; the kernel paths need its address on a real interface, not loopback",
+        c.id
+    );
+    let iface = fairfeed_xdp::neigh::iface_with(*addr.ip())
+        .with_context(|| format!("{flag}: no interface of this host holds node {}'s address {}", c.id, addr.ip()))?;
+    Ok((addr, iface))
+}
+
+fn resolve_io(c: &Common, topology: &Topology) -> anyhow::Result<IoPlan> {
+    let given = IoPlan { io: c.io, xdp_dedup: c.xdp_dedup.clone(), tc_replicate: c.tc_replicate.clone(), afxdp: None };
+    match c.io {
+        IoArg::Udp | IoArg::Uring | IoArg::Afxdp => Ok(given),
+        IoArg::XdpSocket => {
+            anyhow::ensure!(
+                c.xdp_dedup.is_none() && c.tc_replicate.is_none(),
+                "--io xdp-socket picks the interface itself; leave out --xdp-dedup and --tc-replicate"
+            );
+            let (_, iface) = own_iface(c, topology, "--io xdp-socket")?;
+            let me = topology
+                .trees
+                .first()
+                .and_then(|t| t.nodes.iter().find(|n| n.id == c.id))
+                .with_context(|| format!("no node {} in the topology", c.id))?;
+            let mut plan = IoPlan { io: IoArg::Udp, xdp_dedup: None, tc_replicate: None, afxdp: None };
+            if me.role == fairfeed_tree::plan::Role::Receiver {
+                plan.xdp_dedup = Some(iface);
+            } else {
+                let targets = me.children.len() + me.hedge_targets.len();
+                if (2..=fairfeed_xdp::replicate::TARGETS_MAX).contains(&targets) && c.link == "none" {
+                    plan.tc_replicate = Some(iface);
+                } else {
+                    tracing::warn!(
+                        node = c.id,
+                        "--io xdp-socket: node {} sends its {targets} copies itself (TC replication takes 2 to {} \
+                         targets and --link none; --link is {})",
+                        c.id,
+                        fairfeed_xdp::replicate::TARGETS_MAX,
+                        c.link
+                    );
+                }
+            }
+            Ok(plan)
+        }
+        IoArg::Auto => {
+            let why_not = if c.xdp_dedup.is_some() || c.tc_replicate.is_some() {
+                "--xdp-dedup or --tc-replicate holds the XDP hook".to_string()
+            } else {
+                match attach_afxdp(c, topology) {
+                    Ok(x) => {
+                        tracing::info!(node = c.id, "--io auto: node {} runs on AF_XDP", c.id);
+                        return Ok(IoPlan { io: IoArg::Afxdp, afxdp: Some(x), ..given });
+                    }
+                    Err(e) => format!("{e:#}"),
+                }
+            };
+            match fairfeed_net::send::SendPath::new(fairfeed_net::send::Backend::Uring) {
+                Ok(_) => {
+                    tracing::info!(node = c.id, "--io auto: node {} runs on io_uring (not AF_XDP: {why_not})", c.id);
+                    Ok(IoPlan { io: IoArg::Uring, ..given })
+                }
+                Err(e) => {
+                    tracing::info!(
+                        node = c.id,
+                        "--io auto: node {} runs on sendmmsg/recvmmsg (not AF_XDP: {why_not}; not io_uring: {e})",
+                        c.id
+                    );
+                    Ok(IoPlan { io: IoArg::Udp, ..given })
+                }
+            }
+        }
+    }
+}
+
+/// The AF_XDP back-end on the interface the node's address is on, where asked.
+fn attach_afxdp(c: &Common, topology: &Topology) -> anyhow::Result<(fairfeed_net::send::External, ExtraCounters)> {
+    anyhow::ensure!(
+        c.xdp_dedup.is_none() && c.tc_replicate.is_none(),
+        "--io afxdp: its XDP program owns the interface's XDP hook and its frames skip TC; \
+         leave out --xdp-dedup and --tc-replicate"
+    );
+    let (addr, iface) = own_iface(c, topology, "--io afxdp")?;
     let io = match fairfeed_xdp::afxdp::NodeIo::open(&iface, addr, fairfeed_xdp::Mode::Native) {
         Err(fairfeed_xdp::XdpError::Attach { .. }) => {
             fairfeed_xdp::afxdp::NodeIo::open(&iface, addr, fairfeed_xdp::Mode::Generic)
@@ -231,15 +321,19 @@ fn attach_afxdp(
     tracing::info!(node = c.id, "node {}: AF_XDP on {iface} queue 0 ({mode:?} mode), UDP port {}", c.id, addr.port());
     let stats = io.stats.clone();
     let read = Arc::new(move || stats.json(mode));
-    Ok(Some((
+    Ok((
         fairfeed_net::send::External::new("AF_XDP", Box::new(io.recv), Box::new(io.send)),
         ExtraCounters { name: "afxdp", read },
-    )))
+    ))
 }
 
 /// The TC replicator and its socket for a sender or proxy, where asked.
-fn attach_tc(c: &Common, topology: &Topology) -> anyhow::Result<Option<(Replicate, ExtraCounters)>> {
-    let Some(iface) = &c.tc_replicate else { return Ok(None) };
+fn attach_tc(
+    c: &Common,
+    topology: &Topology,
+    iface: Option<&String>,
+) -> anyhow::Result<Option<(Replicate, ExtraCounters)>> {
+    let Some(iface) = iface else { return Ok(None) };
     anyhow::ensure!(
         c.link == "none",
         "--tc-replicate: the kernel sends every copy at once; it cannot emulate links (--link {})",
@@ -435,8 +529,9 @@ fn load_link(s: &str) -> anyhow::Result<Option<LinkModel>> {
 fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfig> {
     let stop = crate::fmt::stop_on_signals()?;
     let topology = load_topology(&c.topology)?;
-    let xdp = attach_xdp(c, &topology)?;
-    let tc = attach_tc(c, &topology)?;
+    let plan = resolve_io(c, &topology)?;
+    let xdp = attach_xdp(c, &topology, plan.xdp_dedup.as_ref())?;
+    let tc = attach_tc(c, &topology, plan.tc_replicate.as_ref())?;
     let mut extra: Vec<ExtraCounters> = Vec::new();
     if let Some(x) = xdp {
         extra.push(ExtraCounters { name: "xdp", read: Arc::new(move || xdp_counters(&x)) });
@@ -445,7 +540,12 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         extra.push(e);
         r
     });
-    let external = attach_afxdp(c, &topology)?.map(|(x, e)| {
+    let afxdp = match (plan.io, plan.afxdp) {
+        (_, Some(x)) => Some(x),
+        (IoArg::Afxdp, None) => Some(attach_afxdp(c, &topology)?),
+        _ => None,
+    };
+    let external = afxdp.map(|(x, e)| {
         extra.push(e);
         x
     });
@@ -479,8 +579,8 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         publish: c.metrics.map(|_| PublishSlot::default()),
         extra,
         replicate,
-        io: match c.io {
-            IoArg::Udp => fairfeed_net::send::Backend::Udp,
+        io: match plan.io {
+            IoArg::Udp | IoArg::XdpSocket | IoArg::Auto => fairfeed_net::send::Backend::Udp,
             IoArg::Uring => fairfeed_net::send::Backend::Uring,
             IoArg::Afxdp => fairfeed_net::send::Backend::AfXdp,
         },

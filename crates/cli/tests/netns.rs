@@ -195,7 +195,9 @@ fn kernel_path_tree(salt: u32, tc: bool, io: &str) -> (Cluster, Vec<serde_json::
     };
     let rep = if tc { "--tc-replicate" } else { "" };
     // AF_XDP's steering program owns the XDP hook: de-duplication stays in user space.
-    let dedup = if io == "afxdp" { "" } else { "--xdp-dedup" };
+    // `xdp-socket` picks its programs itself; `auto` picks AF_XDP here.
+    let picks = matches!(io, "afxdp" | "xdp-socket" | "auto");
+    let dedup = if picks { "" } else { "--xdp-dedup" };
     for id in c.ids("receiver") {
         c.start(id, &args(id, dedup));
     }
@@ -219,7 +221,13 @@ fn kernel_path_tree(salt: u32, tc: bool, io: &str) -> (Cluster, Vec<serde_json::
     let ns = c.netns.clone().unwrap();
     for id in c.ids("receiver").into_iter().take(1).chain(c.ids("proxy").into_iter().filter(|&p| p != victim).take(1)) {
         let body = scrape_in(&ns[&id], format!("10.231.0.{}:9500", id + 1).parse().unwrap());
-        let want = if io == "afxdp" {
+        let want = if io == "xdp-socket" {
+            if c.node(id).role == "receiver" {
+                "fairfeed_agent_xdp_duplicate_total"
+            } else {
+                "fairfeed_agent_tc_copies_total"
+            }
+        } else if matches!(io, "afxdp" | "auto") {
             "fairfeed_agent_afxdp_rx_frames_total"
         } else if c.node(id).role == "receiver" {
             "fairfeed_agent_xdp_duplicate_total"
@@ -359,6 +367,26 @@ fn a_missing_xdp_interface_is_named_in_one_line() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "refused at parse time");
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an interface name"));
+    // A loopback node has no interface for AF_XDP or the eBPF programs:
+    // refused in one line (never bound to the host's default route's NIC).
+    for io in ["afxdp", "xdp-socket"] {
+        let out = Command::new(common::bin())
+            .args(["receiver", "--topology", &topo, "--id", &id, "--seconds", "1", "--io", io])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{io}: {err}");
+        assert!(err.contains(&format!("--io {io}")) && err.contains("not loopback"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    // `auto` falls back, saying why, and runs.
+    let out = Command::new(common::bin())
+        .args(["receiver", "--topology", &topo, "--id", &id, "--seconds", "1", "--io", "auto"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("--io auto: node") && err.contains("not AF_XDP"), "{err}");
 }
 
 #[test]
@@ -468,4 +496,25 @@ fn bench_proxy_pps_with_af_xdp_reports_beside_its_baseline() {
     assert_eq!(r["io"], "afxdp");
     assert_eq!(r["afxdp_mode"], "copy", "veth has no zero-copy: {r}");
     assert!(n(&r["afxdp"]["tx_frames"]) > 0, "{r}");
+}
+
+/// Goal: `--io xdp-socket` — Jasper's eBPF socket interface picked by role,
+/// on the interface each node's address is on: the XDP de-duplicator at
+/// every receiver, the TC replicator at the sender and every proxy, with no
+/// interface named on the command line; and `--io auto` picks AF_XDP where
+/// it can (root, clang, an interface). Both through a proxy crash.
+#[test]
+fn io_xdp_socket_and_auto_pick_the_kernel_paths_themselves() {
+    if !xdp_ready() {
+        return;
+    }
+    let (c, rx, _) = kernel_path_tree(5, false, "xdp-socket");
+    let dropped: u64 = rx.iter().map(|s| n(&s["counters"]["xdp"]["duplicate"])).sum();
+    assert!(dropped >= 6 * 3_000 / 2, "hedged copies dropped in the driver: {dropped}");
+    let s = c.stats(c.ids("sender")[0]);
+    assert!(n(&s["counters"]["tc"]["copies"]) >= 3_000, "the sender's TC replicator: {}", s["counters"]);
+    let (c, rx, _) = kernel_path_tree(6, false, "auto");
+    for s in rx.iter().chain([&c.stats(c.ids("sender")[0])]) {
+        assert_eq!(s["counters"]["afxdp"]["mode"], "copy", "auto picked AF_XDP: {}", s["counters"]);
+    }
 }

@@ -44,6 +44,15 @@ fn route_in(text: &str, ip: Ipv4Addr) -> Option<(String, Ipv4Addr)> {
     best.map(|(_, i, h)| (i, h))
 }
 
+/// The interface that holds address `ip` in the calling thread's namespace
+/// (`getifaddrs`), if any.
+pub fn iface_with(ip: Ipv4Addr) -> Option<String> {
+    nix::ifaddrs::getifaddrs().ok()?.find_map(|a| {
+        let sin = a.address?.as_sockaddr_in().copied()?;
+        (sin.ip() == ip).then(|| a.interface_name.clone())
+    })
+}
+
 /// The MAC the neighbour table holds for `ip` on `iface`, when complete.
 pub fn neighbour(ip: Ipv4Addr, iface: &str) -> Option<[u8; 6]> {
     neighbour_in(&std::fs::read_to_string("/proc/thread-self/net/arp").ok()?, ip, iface)
