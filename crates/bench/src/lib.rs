@@ -18,5 +18,6 @@ pub mod arb;
 pub mod clock;
 pub mod exchange;
 pub mod exchange_attack;
+pub mod hop;
 pub mod tree;
 pub mod xdp;

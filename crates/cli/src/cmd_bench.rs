@@ -6,6 +6,14 @@ use fairfeed_bench::xdp::Replication;
 use fairfeed_net::send::Backend;
 use fairfeed_net::tree::agent::Threading;
 
+/// A back-end of `bench hop-latency`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HopIoArg {
+    Udp,
+    Uring,
+    Afxdp,
+}
+
 /// A replication path of `bench proxy-pps`.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum IoArg {
@@ -88,6 +96,24 @@ pub enum Bench {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Seed 003's ladder extended to the I/O back-ends: round trips over a
+    /// veth link between two namespaces the bench makes, one end on each
+    /// back-end in turn (spinning), the other a kernel UDP echo; same run
+    /// (needs root; afxdp needs a fairfeed built with clang).
+    HopLatency {
+        /// Back-ends, in the order each round runs them.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "udp,uring,afxdp")]
+        io: Vec<HopIoArg>,
+        /// Round trips per back-end per round.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(100..=1_000_000))]
+        samples: usize,
+        /// Rounds (each runs every back-end once).
+        #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
+        rounds: usize,
+        /// Print the report as JSON on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -222,6 +248,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Bench::HopLatency { io, samples, rounds, json } => hop_cmd(&io, samples, rounds, json),
         Bench::XdpDedup { hedge, messages, rate, payload_bytes, rounds, json } => {
             xdp_dedup(hedge, (messages, rate, payload_bytes), rounds, json)
         }
@@ -297,6 +324,39 @@ fn xdp_dedup(
             r.baseline_cpu_ns_per_delivered,
             r.cpu_ratio
         );
+    }
+    Ok(())
+}
+
+fn hop_cmd(io: &[HopIoArg], samples: usize, rounds: usize, json: bool) -> anyhow::Result<()> {
+    use fairfeed_bench::hop::HopIo;
+    let mut ios: Vec<HopIo> = Vec::new();
+    for i in io {
+        let h = match i {
+            HopIoArg::Udp => HopIo::Udp,
+            HopIoArg::Uring => HopIo::Uring,
+            HopIoArg::Afxdp => HopIo::Afxdp,
+        };
+        anyhow::ensure!(!ios.contains(&h), "--io: {h:?} named twice");
+        ios.push(h);
+    }
+    let tick = crate::fmt::ticker(
+        (ios.len() * rounds * samples) as f64 * 30e-6 + ios.len() as f64 * rounds as f64 * 0.3,
+        "round trips over veth, back-ends in turn",
+    );
+    let r = fairfeed_bench::hop::hop_latency(&ios, samples, rounds)?;
+    drop(tick);
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!("| back-end | round trip p50 / p90 / p99 / p99.9 µs | one way p50 µs | × udp | lost |");
+        println!("|---|---|---|---|---|");
+        for w in &r.rows {
+            println!(
+                "| {:?} | {:.1} / {:.1} / {:.1} / {:.1} | {:.2} | {:.2} | {} |",
+                w.io, w.rtt_p50_us, w.rtt_p90_us, w.rtt_p99_us, w.rtt_p999_us, w.oneway_p50_us, w.ratio_to_udp, w.lost
+            );
+        }
     }
     Ok(())
 }

@@ -518,3 +518,26 @@ fn io_xdp_socket_and_auto_pick_the_kernel_paths_themselves() {
         assert_eq!(s["counters"]["afxdp"]["mode"], "copy", "auto picked AF_XDP: {}", s["counters"]);
     }
 }
+
+/// Goal: the latency ladder over veth runs every back-end — sendmmsg,
+/// io_uring, AF_XDP — in one run and reports each beside the udp row.
+#[test]
+fn bench_hop_latency_runs_every_back_end_over_veth() {
+    if !xdp_ready() {
+        return;
+    }
+    let out = common::fairfeed(&["bench", "hop-latency", "--samples", "300", "--rounds", "1", "--json"]);
+    let r = common::json(&out);
+    let rows = r["rows"].as_array().unwrap();
+    let ios: Vec<&str> = rows.iter().map(|w| w["io"].as_str().unwrap()).collect();
+    assert_eq!(ios, ["udp", "uring", "afxdp"]);
+    for w in rows {
+        assert_eq!(n(&w["samples"]) + n(&w["lost"]), 300, "{w}");
+        assert!(n(&w["lost"]) <= 3, "{w}");
+        assert!(w["rtt_p50_us"].as_f64().unwrap() > 0.0, "{w}");
+    }
+    assert_eq!(rows[0]["ratio_to_udp"].as_f64(), Some(1.0));
+    let bad = Command::new(common::bin()).args(["bench", "hop-latency", "--io", "udp,udp"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("named twice"));
+}
