@@ -171,7 +171,16 @@ impl std::fmt::Debug for UringRecv {
 impl UringRecv {
     /// Posts the receives on `sock` (on a descriptor of its own).
     pub fn new(sock: &UdpSocket) -> std::io::Result<UringRecv> {
-        let ring = IoUring::new((2 * URING_RECV_SLOTS) as u32)?;
+        // Completions of posted receives are finished by task work of this
+        // thread. By default the kernel interrupts a thread busy in user
+        // space to run it (measured: ≈ 21 µs late on a spinning loop);
+        // cooperatively, it only raises a flag in the ring, which
+        // `recv_stamped` checks and answers with one io_uring_enter(2).
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build((2 * URING_RECV_SLOTS) as u32)
+            .or_else(|_| IoUring::new((2 * URING_RECV_SLOTS) as u32))?;
         // SAFETY: all-zero is a valid value of these plain C structs.
         let zero_hdr: libc::msghdr = unsafe { std::mem::zeroed() };
         let zero_addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
@@ -244,6 +253,10 @@ impl UringRecv {
     pub fn recv_stamped(&mut self, mut f: impl FnMut(&mut [u8], Option<u64>)) -> usize {
         let mut done: [(usize, i32); URING_RECV_SLOTS] = [(0, 0); URING_RECV_SLOTS];
         let mut k = 0;
+        if self.ring.completion().is_empty() && self.ring.submission().taskrun() {
+            // Task work is waiting to post completions: let it run.
+            let _ = self.ring.submit();
+        }
         for c in self.ring.completion() {
             if k < URING_RECV_SLOTS {
                 done[k] = (c.user_data() as usize, c.result());
