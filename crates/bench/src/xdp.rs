@@ -492,10 +492,14 @@ fn replication_round(
             let _ = tx.send(());
             let mut sent = 0u64;
             while !st.load(Ordering::Relaxed) {
-                // One packet in (a new sequence number each), a frame per target out.
+                // One packet in (a new payload each), a frame per target out.
                 for _ in 0..fairfeed_io::batch::BATCH_MAX {
                     sent += 1;
-                    packet[8..16].copy_from_slice(&sent.to_be_bytes());
+                    // A new payload each packet (the header stays as emitted).
+                    let n = packet.len();
+                    if n >= HEADER_LEN + 8 {
+                        packet[n - 8..].copy_from_slice(&sent.to_be_bytes());
+                    }
                     let s = sum(&packet);
                     for (t, mac) in targets.iter().zip(&macs) {
                         xsk.send(|f| hdr.write(f, *mac, *t, &packet, s));

@@ -243,6 +243,24 @@ fn setsockopt<T>(fd: i32, opt: i32, v: &T) -> std::io::Result<()> {
     }
 }
 
+/// The kernel's counts for socket `fd` (`XDP_STATISTICS`): frames it
+/// dropped on receive (no room on the RX ring, or invalid) and the times it
+/// found the fill ring empty.
+fn kernel_stats(fd: i32) -> Option<XskCounters> {
+    // SAFETY: zeroed plain-old-data, filled by getsockopt.
+    let mut s: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::xdp_statistics>() as u32;
+    // SAFETY: `s` has `len` bytes of room.
+    let r = unsafe {
+        libc::getsockopt(fd, libc::SOL_XDP, libc::XDP_STATISTICS, &mut s as *mut _ as *mut libc::c_void, &mut len)
+    };
+    (r == 0).then(|| XskCounters {
+        rx_dropped: s.rx_dropped + s.rx_ring_full,
+        rx_fill_empty: s.rx_fill_ring_empty_descs,
+        ..XskCounters::default()
+    })
+}
+
 /// Binds socket `raw` to `queue` of interface `ifindex`: zero-copy, copy
 /// mode, or the first of the two the driver takes (`zero_copy` None).
 fn bind(raw: i32, ifindex: u32, queue: u32, zero_copy: Option<bool>) -> std::io::Result<XskMode> {
@@ -422,25 +440,8 @@ impl XskRx {
 
     /// Frames read, and the kernel's receive drop counts (`XDP_STATISTICS`).
     pub fn counters(&self) -> XskCounters {
-        let mut c = XskCounters { rx_frames: self.rx_frames, ..XskCounters::default() };
-        // SAFETY: zeroed plain-old-data, filled by getsockopt.
-        let mut s: libc::xdp_statistics = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::xdp_statistics>() as u32;
-        // SAFETY: `s` has `len` bytes of room.
-        let r = unsafe {
-            libc::getsockopt(
-                self.core.fd.as_raw_fd(),
-                libc::SOL_XDP,
-                libc::XDP_STATISTICS,
-                &mut s as *mut _ as *mut libc::c_void,
-                &mut len,
-            )
-        };
-        if r == 0 {
-            c.rx_dropped = s.rx_dropped + s.rx_ring_full;
-            c.rx_fill_empty = s.rx_fill_ring_empty_descs;
-        }
-        c
+        let k = kernel_stats(self.core.fd.as_raw_fd()).unwrap_or_default();
+        XskCounters { rx_frames: self.rx_frames, ..k }
     }
 
     /// Hands each received frame to `f` and gives its buffer back to the
@@ -651,13 +652,18 @@ pub struct NodeStats {
     /// Datagrams not sent: the TX ring full, a payload over a frame, or not IPv4.
     pub tx_dropped: std::sync::atomic::AtomicU64,
     pub kicks: std::sync::atomic::AtomicU64,
+    /// The socket (a duplicate descriptor), for the kernel's own counts.
+    socket: Option<OwnedFd>,
 }
 
 impl NodeStats {
     /// The counters as JSON (a node's `stat` and metrics).
     pub fn json(&self, mode: XskMode) -> serde_json::Value {
         let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let k = self.socket.as_ref().and_then(|fd| kernel_stats(fd.as_raw_fd())).unwrap_or_default();
         serde_json::json!({
+            "rx_dropped_in_kernel": k.rx_dropped,
+            "rx_fill_empty": k.rx_fill_empty,
             "mode": mode,
             "rx_frames": g(&self.rx_frames),
             "rx_malformed": g(&self.rx_malformed),
@@ -697,7 +703,8 @@ impl NodeIo {
         steer.bind(xsk.rx_half())?;
         let headers = UdpHeaders { src_mac: mac_of(iface)?, src: addr };
         let (rx, tx) = xsk.split();
-        let stats = Arc::new(NodeStats::default());
+        let socket = rx.core.fd.try_clone().ok();
+        let stats = Arc::new(NodeStats { socket, ..NodeStats::default() });
         Ok(NodeIo {
             recv: NodeRecv { rx, _steer: steer, stats: stats.clone() },
             send: NodeSend { tx, headers, iface: iface.to_string(), macs: Default::default(), stats: stats.clone() },
