@@ -34,7 +34,7 @@ enum ThreadsArg {
 enum IoArg {
     /// sendmmsg(2), 32 datagrams per call.
     Udp,
-    /// io_uring: 64 SENDMSG submissions per io_uring_enter(2), 32 RECVMSG kept posted.
+    /// io_uring: 64 SENDMSG submissions per io_uring_enter(2); one multishot RECVMSG (32 posted before Linux 6.0).
     Uring,
     /// AF_XDP on the interface the node's address is on: frames through a
     /// socket's rings, the kernel's IP/UDP stack skipped (root; a fairfeed
@@ -79,7 +79,7 @@ pub struct Common {
     #[arg(long, value_enum, default_value_t = ThreadsArg::One)]
     threads: ThreadsArg,
     /// How the node sends and receives: `udp` (sendmmsg/recvmmsg), `uring`
-    /// (io_uring: batched SENDMSG submissions, 32 RECVMSG kept posted),
+    /// (io_uring: batched SENDMSG submissions, one multishot RECVMSG),
     /// `afxdp` (an AF_XDP socket on the interface the node's address is on,
     /// with an XDP program steering its port there; needs root and a
     /// fairfeed built with clang; counters in `fairfeed stat` as

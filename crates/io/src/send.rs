@@ -10,7 +10,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::batch::{BatchRecv, BatchSend, Sent};
-use crate::uring::{UringRecv, UringSend};
+use crate::uring::{UringMultiRecv, UringRecv, UringSend};
 
 /// Which back-end sends a node's datagrams.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -129,6 +129,7 @@ impl SendPath {
 pub enum RecvPath {
     Mmsg(Box<BatchRecv>),
     Uring(Box<UringRecv>),
+    UringMulti(Box<UringMultiRecv>),
     External(Box<dyn ExternalRecv>),
 }
 
@@ -144,7 +145,11 @@ impl RecvPath {
     pub fn new(b: Backend, sock: &UdpSocket, timestamps: bool) -> std::io::Result<RecvPath> {
         Ok(match b {
             Backend::Udp => RecvPath::Mmsg(Box::new(BatchRecv::new(timestamps))),
-            Backend::Uring => RecvPath::Uring(Box::new(UringRecv::new(sock)?)),
+            // One multishot receive where the kernel has it (6.0), else 32 posted.
+            Backend::Uring => match UringMultiRecv::new(sock) {
+                Ok(m) => RecvPath::UringMulti(Box::new(m)),
+                Err(_) => RecvPath::Uring(Box::new(UringRecv::new(sock)?)),
+            },
             Backend::AfXdp => return Err(external_only(b)),
         })
     }
@@ -155,6 +160,7 @@ impl RecvPath {
         match self {
             RecvPath::Mmsg(b) => b.recv_stamped(sock, f),
             RecvPath::Uring(u) => u.recv_stamped(f),
+            RecvPath::UringMulti(u) => u.recv_stamped(f),
             RecvPath::External(e) => {
                 let mut f = f;
                 e.recv_stamped(&mut f)
@@ -167,6 +173,7 @@ impl RecvPath {
         match self {
             RecvPath::Mmsg(_) => sock.as_fd(),
             RecvPath::Uring(u) => u.fd(),
+            RecvPath::UringMulti(u) => u.fd(),
             RecvPath::External(e) => e.fd(),
         }
     }

@@ -305,6 +305,244 @@ impl Drop for UringRecv {
     }
 }
 
+/// Buffers of the multishot receiver's provided-buffer ring (a power of two).
+pub const MULTI_BUFS: u16 = 64;
+const MULTI_GROUP: u16 = 0x0ff0;
+const MULTI_USER: u64 = 1;
+const CANCEL_USER: u64 = 2;
+/// One provided buffer: the kernel's `io_uring_recvmsg_out` header, the
+/// source address, the control room, the datagram.
+const MULTI_BUF_SIZE: usize = 16 + std::mem::size_of::<libc::sockaddr_in>() + CMSG_ROOM + crate::batch::DATAGRAM_MAX;
+const _: () = assert!(MULTI_BUFS.is_power_of_two());
+
+/// Receives with one multishot `IORING_OP_RECVMSG` (Linux ≥ 6.0): the
+/// kernel picks a buffer from a ring of [`MULTI_BUFS`] provided buffers for
+/// each datagram and keeps the request armed, so nothing is re-posted per
+/// datagram; a buffer goes back to the ring once its datagram is handed on.
+/// [`crate::send::RecvPath`] takes it where the kernel has it, else
+/// [`UringRecv`].
+pub struct UringMultiRecv {
+    ring: IoUring,
+    _sock: UdpSocket,
+    fd: std::os::fd::RawFd,
+    /// The provided-buffer ring (page-aligned, shared with the kernel).
+    bufring: *mut types::BufRingEntry,
+    bufring_len: usize,
+    bufs: Box<[u8]>,
+    /// The template: name and control sizes the kernel lays each buffer out by.
+    hdr: Box<libc::msghdr>,
+    tail: u16,
+    armed: bool,
+}
+
+// The raw pointer is our own mapping, used by the owning thread only.
+unsafe impl Send for UringMultiRecv {}
+
+impl std::fmt::Debug for UringMultiRecv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringMultiRecv").field("armed", &self.armed).finish_non_exhaustive()
+    }
+}
+
+impl UringMultiRecv {
+    /// Registers the buffer ring and arms the receive on `sock` (a descriptor
+    /// of its own); fails where the kernel has no multishot receive.
+    pub fn new(sock: &UdpSocket) -> std::io::Result<UringMultiRecv> {
+        let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(2 * u32::from(MULTI_BUFS))
+            .or_else(|_| IoUring::new(2 * u32::from(MULTI_BUFS)))?;
+        let bufring_len = 4096usize.max(usize::from(MULTI_BUFS) * std::mem::size_of::<types::BufRingEntry>());
+        // SAFETY: an anonymous private mapping of our own (page-aligned, as the kernel requires).
+        let mem = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bufring_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if mem == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: all-zero is a valid msghdr.
+        let mut hdr: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+        hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        hdr.msg_controllen = CMSG_ROOM;
+        let sock = sock.try_clone()?;
+        let mut r = UringMultiRecv {
+            ring,
+            fd: sock.as_raw_fd(),
+            _sock: sock,
+            bufring: mem.cast(),
+            bufring_len,
+            bufs: vec![0u8; usize::from(MULTI_BUFS) * MULTI_BUF_SIZE].into_boxed_slice(),
+            hdr,
+            tail: 0,
+            armed: false,
+        };
+        // SAFETY: the ring memory is page-aligned, zeroed, MULTI_BUFS entries, and outlives the registration.
+        unsafe { r.ring.submitter().register_buf_ring_with_flags(r.bufring as u64, MULTI_BUFS, MULTI_GROUP, 0) }?;
+        for bid in 0..MULTI_BUFS {
+            r.give_back(bid);
+        }
+        r.publish();
+        r.arm()?;
+        r.ring.submit()?;
+        Ok(r)
+    }
+
+    /// Puts buffer `bid` on the ring (published by [`Self::publish`]).
+    fn give_back(&mut self, bid: u16) {
+        let i = usize::from(self.tail & (MULTI_BUFS - 1));
+        let addr = self.bufs[usize::from(bid) * MULTI_BUF_SIZE..].as_mut_ptr() as u64;
+        // SAFETY: entry `i` of our ring mapping; the kernel reads entries only up to the published tail.
+        let e = unsafe { &mut *self.bufring.add(i) };
+        e.set_addr(addr);
+        e.set_len(MULTI_BUF_SIZE as u32);
+        e.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    fn publish(&self) {
+        // SAFETY: the tail field of the ring's first entry, 2-byte aligned, in our mapping.
+        let tail = unsafe { &*(types::BufRingEntry::tail(self.bufring).cast::<std::sync::atomic::AtomicU16>()) };
+        tail.store(self.tail, std::sync::atomic::Ordering::Release);
+    }
+
+    fn arm(&mut self) -> std::io::Result<()> {
+        let e = opcode::RecvMsgMulti::new(types::Fd(self.fd), &raw const *self.hdr, MULTI_GROUP)
+            .build()
+            .user_data(MULTI_USER);
+        // SAFETY: the template header is boxed and lives as long as the request (cancelled in drop).
+        unsafe { self.ring.submission().push(&e) }
+            .map_err(|_| std::io::Error::other("io_uring submission queue full"))?;
+        self.armed = true;
+        Ok(())
+    }
+
+    /// The ring's descriptor: readable when completions wait.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: the ring's descriptor is open for as long as `self`.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.ring.as_raw_fd()) }
+    }
+
+    /// Hands every datagram received so far to `f` with its kernel stamp
+    /// (when the socket has them enabled); never waits.
+    pub fn recv_stamped(&mut self, mut f: impl FnMut(&mut [u8], Option<u64>)) -> usize {
+        if self.ring.completion().is_empty() && self.ring.submission().taskrun() {
+            let _ = self.ring.submit();
+        }
+        let mut done: [(u64, i32, u32); MULTI_BUFS as usize] = [(0, 0, 0); MULTI_BUFS as usize];
+        let mut k = 0;
+        let mut cq = self.ring.completion();
+        // Take no more than there is room for: the rest stay queued for the next call.
+        while k < done.len() {
+            let Some(c) = cq.next() else { break };
+            done[k] = (c.user_data(), c.result(), c.flags());
+            k += 1;
+        }
+        drop(cq);
+        let mut n = 0;
+        let mut returned = false;
+        for &(user, res, flags) in &done[..k] {
+            if user != MULTI_USER {
+                continue;
+            }
+            if !io_uring::cqueue::more(flags) {
+                self.armed = false;
+            }
+            let Some(bid) = io_uring::cqueue::buffer_select(flags) else { continue };
+            if res >= 0 && bid < MULTI_BUFS {
+                let start = usize::from(bid) * MULTI_BUF_SIZE;
+                let len = (res as usize).min(MULTI_BUF_SIZE);
+                let (off, plen, stamp) = match types::RecvMsgOut::parse(&self.bufs[start..start + len], &self.hdr) {
+                    Ok(out) if !out.is_payload_truncated() => {
+                        let off = 16 + self.hdr.msg_namelen as usize + self.hdr.msg_controllen;
+                        (off, out.payload_data().len(), timestamp_ns(out.control_data()))
+                    }
+                    _ => (0, 0, None),
+                };
+                if plen > 0 || off > 0 {
+                    f(&mut self.bufs[start + off..start + off + plen], stamp);
+                    n += 1;
+                }
+            }
+            self.give_back(bid);
+            returned = true;
+        }
+        if returned {
+            self.publish();
+        }
+        if !self.armed && self.arm().is_ok() {
+            let _ = self.ring.submit();
+        }
+        n
+    }
+}
+
+/// The `SCM_TIMESTAMPNS` stamp among `control` messages (CLOCK_REALTIME ns).
+fn timestamp_ns(control: &[u8]) -> Option<u64> {
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    let mut at = 0;
+    while at + hdr <= control.len() {
+        // SAFETY: `hdr` bytes are in bounds; read unaligned.
+        let c: libc::cmsghdr = unsafe { std::ptr::read_unaligned(control[at..].as_ptr().cast()) };
+        let len = c.cmsg_len as usize;
+        if len < hdr || at + len > control.len() {
+            return None;
+        }
+        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_TIMESTAMPNS && len >= hdr + 16 {
+            // SAFETY: 16 bytes of timespec are in bounds (checked); read unaligned.
+            let ts: libc::timespec = unsafe { std::ptr::read_unaligned(control[at + hdr..].as_ptr().cast()) };
+            return u64::try_from(ts.tv_sec).ok().map(|s| s * 1_000_000_000 + ts.tv_nsec as u64);
+        }
+        at += (len + 7) & !7;
+    }
+    None
+}
+
+impl Drop for UringMultiRecv {
+    fn drop(&mut self) {
+        // Cancel the armed receive and wait until the kernel is done with the buffers.
+        let e = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(self.fd)).all())
+            .build()
+            .user_data(CANCEL_USER);
+        // SAFETY: the cancel request carries no pointer.
+        let pushed = unsafe { self.ring.submission().push(&e) }.is_ok();
+        let (mut cancelled, mut tries) = (!pushed, 0);
+        let ts = types::Timespec::new().nsec(10_000_000);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        while (self.armed || !cancelled) && tries < 100 {
+            tries += 1;
+            // Waits at most 10 ms a time (a second in all).
+            match self.ring.submitter().submit_with_args(1, &args) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ETIME) || e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(_) => break,
+            }
+            for c in self.ring.completion() {
+                match c.user_data() {
+                    CANCEL_USER => cancelled = true,
+                    MULTI_USER if !io_uring::cqueue::more(c.flags()) => self.armed = false,
+                    _ => {}
+                }
+            }
+        }
+        if self.armed {
+            // Not confirmed: leak the buffers and the ring rather than free what the kernel may still write.
+            std::mem::forget(std::mem::take(&mut self.bufs));
+            return;
+        }
+        let _ = self.ring.submitter().unregister_buf_ring(MULTI_GROUP);
+        // SAFETY: our mapping, no longer registered.
+        unsafe { libc::munmap(self.bufring.cast(), self.bufring_len) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +576,55 @@ mod tests {
         assert_eq!(seen, (0..5).flat_map(|b| (0..20).map(move |i| (b, i))).collect::<Vec<_>>());
         assert!(got.iter().all(|(b, s)| b.len() == 4 && s.is_some_and(|s| s >= t0)), "every datagram stamped");
         drop(r); // cancels the posted receives and waits for them
+        tx.send_to(b"after", to).unwrap();
+        let mut buf = [0u8; 16];
+        rx.set_nonblocking(false).unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(1))).unwrap();
+        assert_eq!(rx.recv(&mut buf).unwrap(), 5, "the socket reads normally again");
+    }
+
+    #[test]
+    fn multishot_receive_delivers_every_datagram_with_its_kernel_stamp_and_drops_cleanly() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_nonblocking(true).unwrap(); // as the nodes' sockets are
+        crate::batch::enable_rx_timestamps(&rx).unwrap();
+        let Ok(mut r) = UringMultiRecv::new(&rx) else {
+            eprintln!("SKIPPED: no multishot receive on this kernel");
+            return;
+        };
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        let mut got: Vec<(Vec<u8>, Option<u64>)> = Vec::new();
+        let t0 = crate::clock::wall_ns();
+        // More than the buffers, in bursts, so buffers go round the ring.
+        for burst in 0..5u8 {
+            for i in 0..40u8 {
+                tx.send_to(&[burst, i, 7, 7], to).unwrap();
+            }
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while got.len() < usize::from(burst + 1) * 40 && std::time::Instant::now() < until {
+                r.recv_stamped(|b, s| got.push((b.to_vec(), s)));
+            }
+        }
+        assert_eq!(got.len(), 200);
+        let mut seen: Vec<(u8, u8)> = got.iter().map(|(b, _)| (b[0], b[1])).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..5).flat_map(|b| (0..40).map(move |i| (b, i))).collect::<Vec<_>>());
+        assert!(got.iter().all(|(b, s)| b.len() == 4 && s.is_some_and(|s| s >= t0)), "every datagram stamped");
+        // More at once than there are buffers: the kernel ends the request
+        // (no buffer left), the datagrams wait in the socket, and the
+        // re-armed request takes them all.
+        for i in 0..150u8 {
+            tx.send_to(&[9, i, 7, 7], to).unwrap();
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut more: Vec<u8> = Vec::new();
+        while more.len() < 150 && std::time::Instant::now() < until {
+            r.recv_stamped(|b, _| more.push(b[1]));
+        }
+        more.sort_unstable();
+        assert_eq!(more, (0..150).collect::<Vec<u8>>(), "none lost past the buffer ring");
+        drop(r); // cancels the armed receive and waits for it
         tx.send_to(b"after", to).unwrap();
         let mut buf = [0u8; 16];
         rx.set_nonblocking(false).unwrap();
