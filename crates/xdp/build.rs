@@ -12,6 +12,7 @@ fn main() {
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
     println!("cargo:rerun-if-env-changed=CLANG");
     let mut status = String::from("ok");
+    println!("cargo:rerun-if-changed=bpf/ff.h");
     for p in PROGRAMS {
         let src = format!("bpf/{p}.bpf.c");
         println!("cargo:rerun-if-changed={src}");

@@ -547,36 +547,45 @@ impl Drop for UringMultiRecv {
 mod tests {
     use super::*;
 
-    #[test]
-    fn posted_receives_deliver_every_datagram_with_its_kernel_stamp_and_drop_cleanly() {
+    /// A socket as the nodes have it: non-blocking, kernel stamps on.
+    fn stamped_socket() -> UdpSocket {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        rx.set_nonblocking(true).unwrap(); // as the nodes' sockets are
+        rx.set_nonblocking(true).unwrap();
         crate::batch::enable_rx_timestamps(&rx).unwrap();
-        let Ok(mut r) = UringRecv::new(&rx) else {
-            eprintln!("SKIPPED: no io_uring on this kernel");
-            return;
-        };
+        rx
+    }
+
+    /// Sends five bursts of `burst` datagrams to `rx`, reading after each
+    /// with `recv`; every one must arrive once, with a kernel stamp.
+    fn bursts_arrive_once_stamped(
+        rx: &UdpSocket,
+        burst: u8,
+        mut recv: impl FnMut(&mut dyn FnMut(&mut [u8], Option<u64>)),
+    ) {
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx.local_addr().unwrap();
         let mut got: Vec<(Vec<u8>, Option<u64>)> = Vec::new();
         let t0 = crate::clock::wall_ns();
-        // More than the posted slots, in bursts, so slots are posted again.
-        for burst in 0..5u8 {
-            for i in 0..20u8 {
-                tx.send_to(&[burst, i, 7, 7], to).unwrap();
+        for b in 0..5u8 {
+            for i in 0..burst {
+                tx.send_to(&[b, i, 7, 7], to).unwrap();
             }
             let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
-            while got.len() < usize::from(burst + 1) * 20 && std::time::Instant::now() < until {
-                r.recv_stamped(|b, s| got.push((b.to_vec(), s)));
+            while got.len() < usize::from(b + 1) * usize::from(burst) && std::time::Instant::now() < until {
+                recv(&mut |d, s| got.push((d.to_vec(), s)));
             }
         }
-        assert_eq!(got.len(), 100);
-        let mut seen: Vec<(u8, u8)> = got.iter().map(|(b, _)| (b[0], b[1])).collect();
+        assert_eq!(got.len(), 5 * usize::from(burst));
+        let mut seen: Vec<(u8, u8)> = got.iter().map(|(d, _)| (d[0], d[1])).collect();
         seen.sort_unstable();
-        assert_eq!(seen, (0..5).flat_map(|b| (0..20).map(move |i| (b, i))).collect::<Vec<_>>());
-        assert!(got.iter().all(|(b, s)| b.len() == 4 && s.is_some_and(|s| s >= t0)), "every datagram stamped");
-        drop(r); // cancels the posted receives and waits for them
-        tx.send_to(b"after", to).unwrap();
+        assert_eq!(seen, (0..5).flat_map(|b| (0..burst).map(move |i| (b, i))).collect::<Vec<_>>());
+        assert!(got.iter().all(|(d, s)| d.len() == 4 && s.is_some_and(|s| s >= t0)), "every datagram stamped");
+    }
+
+    /// After the receiver is gone, the socket reads as before.
+    fn socket_reads_normally(rx: &UdpSocket) {
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.send_to(b"after", rx.local_addr().unwrap()).unwrap();
         let mut buf = [0u8; 16];
         rx.set_nonblocking(false).unwrap();
         rx.set_read_timeout(Some(std::time::Duration::from_secs(1))).unwrap();
@@ -584,38 +593,37 @@ mod tests {
     }
 
     #[test]
+    fn posted_receives_deliver_every_datagram_with_its_kernel_stamp_and_drop_cleanly() {
+        let rx = stamped_socket();
+        let Ok(mut r) = UringRecv::new(&rx) else {
+            eprintln!("SKIPPED: no io_uring on this kernel");
+            return;
+        };
+        // More than the posted slots, in bursts, so slots are posted again.
+        bursts_arrive_once_stamped(&rx, 20, |f| {
+            r.recv_stamped(f);
+        });
+        drop(r); // cancels the posted receives and waits for them
+        socket_reads_normally(&rx);
+    }
+
+    #[test]
     fn multishot_receive_delivers_every_datagram_with_its_kernel_stamp_and_drops_cleanly() {
-        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        rx.set_nonblocking(true).unwrap(); // as the nodes' sockets are
-        crate::batch::enable_rx_timestamps(&rx).unwrap();
+        let rx = stamped_socket();
         let Ok(mut r) = UringMultiRecv::new(&rx) else {
             eprintln!("SKIPPED: no multishot receive on this kernel");
             return;
         };
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let to = rx.local_addr().unwrap();
-        let mut got: Vec<(Vec<u8>, Option<u64>)> = Vec::new();
-        let t0 = crate::clock::wall_ns();
         // More than the buffers, in bursts, so buffers go round the ring.
-        for burst in 0..5u8 {
-            for i in 0..40u8 {
-                tx.send_to(&[burst, i, 7, 7], to).unwrap();
-            }
-            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
-            while got.len() < usize::from(burst + 1) * 40 && std::time::Instant::now() < until {
-                r.recv_stamped(|b, s| got.push((b.to_vec(), s)));
-            }
-        }
-        assert_eq!(got.len(), 200);
-        let mut seen: Vec<(u8, u8)> = got.iter().map(|(b, _)| (b[0], b[1])).collect();
-        seen.sort_unstable();
-        assert_eq!(seen, (0..5).flat_map(|b| (0..40).map(move |i| (b, i))).collect::<Vec<_>>());
-        assert!(got.iter().all(|(b, s)| b.len() == 4 && s.is_some_and(|s| s >= t0)), "every datagram stamped");
+        bursts_arrive_once_stamped(&rx, 40, |f| {
+            r.recv_stamped(f);
+        });
         // More at once than there are buffers: the kernel ends the request
         // (no buffer left), the datagrams wait in the socket, and the
         // re-armed request takes them all.
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         for i in 0..150u8 {
-            tx.send_to(&[9, i, 7, 7], to).unwrap();
+            tx.send_to(&[9, i, 7, 7], rx.local_addr().unwrap()).unwrap();
         }
         let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
         let mut more: Vec<u8> = Vec::new();
@@ -625,11 +633,7 @@ mod tests {
         more.sort_unstable();
         assert_eq!(more, (0..150).collect::<Vec<u8>>(), "none lost past the buffer ring");
         drop(r); // cancels the armed receive and waits for it
-        tx.send_to(b"after", to).unwrap();
-        let mut buf = [0u8; 16];
-        rx.set_nonblocking(false).unwrap();
-        rx.set_read_timeout(Some(std::time::Duration::from_secs(1))).unwrap();
-        assert_eq!(rx.recv(&mut buf).unwrap(), 5, "the socket reads normally again");
+        socket_reads_normally(&rx);
     }
 
     #[test]

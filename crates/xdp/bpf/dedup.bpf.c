@@ -19,24 +19,7 @@
 // Self-contained on purpose: no kernel or libbpf headers are needed, only
 // clang with its BPF target.
 
-typedef unsigned char __u8;
-typedef unsigned short __u16;
-typedef unsigned int __u32;
-typedef unsigned long long __u64;
-
-#define SEC(name) __attribute__((section(name), used))
-#define __uint(name, val) int(*name)[val]
-#define __type(name, val) typeof(val) *name
-#define INLINE static inline __attribute__((always_inline))
-
-struct xdp_md {
-    __u32 data;
-    __u32 data_end;
-    __u32 data_meta;
-    __u32 ingress_ifindex;
-    __u32 rx_queue_index;
-    __u32 egress_ifindex;
-};
+#include "ff.h"
 
 enum { XDP_ABORTED = 0, XDP_DROP = 1, XDP_PASS = 2 };
 enum { BPF_MAP_TYPE_ARRAY = 2, BPF_MAP_TYPE_PERCPU_ARRAY = 6 };

@@ -13,15 +13,7 @@
 // else pass untouched. The copies are addressed to other targets, so they
 // never match again when they come back through this hook.
 
-typedef unsigned char __u8;
-typedef unsigned short __u16;
-typedef unsigned int __u32;
-typedef unsigned long long __u64;
-
-#define SEC(name) __attribute__((section(name), used))
-#define __uint(name, val) int(*name)[val]
-#define __type(name, val) typeof(val) *name
-#define INLINE static inline __attribute__((always_inline))
+#include "ff.h"
 
 // Marks a clone for its way back through this hook (skb->mark is host-local
 // metadata, cleared when a packet crosses into another namespace).

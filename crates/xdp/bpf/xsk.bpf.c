@@ -6,18 +6,7 @@
 // and the port's datagrams on a queue with no socket — passes to the
 // kernel stack as before.
 
-typedef unsigned char __u8;
-typedef unsigned short __u16;
-typedef unsigned int __u32;
-typedef unsigned long long __u64;
-
-#define SEC(name) __attribute__((section(name), used))
-#define __uint(name, val) int(*name)[val]
-#define __type(name, val) typeof(val) *name
-
-struct xdp_md {
-    __u32 data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex;
-};
+#include "ff.h"
 
 enum { XDP_DROP = 1, XDP_PASS = 2 };
 enum { BPF_MAP_TYPE_ARRAY = 2, BPF_MAP_TYPE_PERCPU_ARRAY = 6, BPF_MAP_TYPE_XSKMAP = 17 };

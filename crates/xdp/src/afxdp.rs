@@ -29,12 +29,11 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use aya::maps::{Array, PerCpuArray, XskMap};
-use aya::programs::{Xdp, XdpFlags};
+use aya::maps::{PerCpuArray, XskMap};
 use aya::Ebpf;
 use serde::Serialize;
 
-use crate::{built, is_permission, Mode, XdpError};
+use crate::{Mode, XdpError};
 
 /// Bytes per UMEM frame (one datagram each).
 pub const FRAME_SIZE: u32 = 2048;
@@ -580,35 +579,10 @@ impl XskSteer {
     /// Attaches to `iface` (native mode, or generic where `mode` says),
     /// steering UDP destination `port` to the sockets given to [`XskSteer::bind`].
     pub fn attach(iface: &str, port: u16, mode: Mode) -> Result<XskSteer, XdpError> {
-        built()?;
-        let load_err = |e: &(dyn std::error::Error + 'static)| {
-            if is_permission(e) {
-                XdpError::Permission(e.to_string())
-            } else {
-                XdpError::Load(e.to_string())
-            }
-        };
-        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| load_err(&e))?;
-        {
-            let map = ebpf.map_mut("ff_xsk_port").ok_or_else(|| XdpError::Map("no map ff_xsk_port".into()))?;
-            let mut p: Array<_, u32> = Array::try_from(map).map_err(|e| XdpError::Map(e.to_string()))?;
-            p.set(0, u32::from(port), 0).map_err(|e| XdpError::Map(e.to_string()))?;
-        }
-        let prog: &mut Xdp = ebpf
-            .program_mut("ff_xdp_xsk")
-            .ok_or_else(|| XdpError::Load("no program ff_xdp_xsk".into()))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| XdpError::Load(e.to_string()))?;
-        prog.load().map_err(|e| load_err(&e))?;
-        let flags = match mode {
-            Mode::Native => XdpFlags::DRV_MODE,
-            Mode::Generic => XdpFlags::SKB_MODE,
-        };
-        match prog.attach(iface, flags) {
-            Ok(_) => Ok(XskSteer { ebpf, mode }),
-            Err(aya::programs::ProgramError::UnknownInterface { name }) => Err(XdpError::NoInterface(name)),
-            Err(e) => Err(XdpError::Attach { iface: iface.to_string(), mode, why: e.to_string() }),
-        }
+        let mut ebpf = crate::open_object(OBJECT)?;
+        crate::set_u32s(&mut ebpf, "ff_xsk_port", &[u32::from(port)])?;
+        let mode = crate::attach_in(crate::xdp_program(&mut ebpf, "ff_xdp_xsk")?, iface, &[mode])?;
+        Ok(XskSteer { ebpf, mode })
     }
 
     /// Sends the port's datagrams arriving on `rx`'s queue to it.

@@ -123,7 +123,7 @@ pub enum Verdict {
     Other(u32),
 }
 
-fn load_err(e: &(dyn std::error::Error + 'static)) -> XdpError {
+pub(crate) fn load_err(e: &(dyn std::error::Error + 'static)) -> XdpError {
     if is_permission(e) {
         XdpError::Permission(e.to_string())
     } else {
@@ -131,25 +131,56 @@ fn load_err(e: &(dyn std::error::Error + 'static)) -> XdpError {
     }
 }
 
-/// The de-duplicator's object loaded, watching UDP destination `port`.
-fn load_dedup(port: u16) -> Result<Ebpf, XdpError> {
+/// An object of this crate's, opened (its maps made; no program loaded yet).
+pub(crate) fn open_object(object: &[u8]) -> Result<Ebpf, XdpError> {
     built()?;
-    let mut ebpf = Ebpf::load(OBJECT).map_err(|e| load_err(&e))?;
-    let map = ebpf.map_mut("ff_config").ok_or_else(|| XdpError::Map("no map ff_config".into()))?;
-    let mut cfg: Array<_, u32> = Array::try_from(map).map_err(|e| XdpError::Map(e.to_string()))?;
-    cfg.set(0, u32::from(port), 0).map_err(|e| XdpError::Map(e.to_string()))?;
+    Ebpf::load(object).map_err(|e| load_err(&e))
+}
+
+/// Sets entries `0..` of the `u32` array map `name`.
+pub(crate) fn set_u32s(ebpf: &mut Ebpf, name: &str, values: &[u32]) -> Result<(), XdpError> {
+    let map = ebpf.map_mut(name).ok_or_else(|| XdpError::Map(format!("no map {name}")))?;
+    let mut a: Array<_, u32> = Array::try_from(map).map_err(|e| XdpError::Map(e.to_string()))?;
+    for (i, v) in values.iter().enumerate() {
+        a.set(i as u32, *v, 0).map_err(|e| XdpError::Map(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// XDP program `name` of `ebpf`, loaded into the kernel (the verifier's pass).
+pub(crate) fn xdp_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp, XdpError> {
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .ok_or_else(|| XdpError::Load(format!("no program {name}")))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| XdpError::Load(e.to_string()))?;
+    prog.load().map_err(|e| load_err(&e))?;
+    Ok(prog)
+}
+
+/// Attaches `prog` to `iface` in the first of `modes` that works.
+pub(crate) fn attach_in(prog: &mut Xdp, iface: &str, modes: &[Mode]) -> Result<Mode, XdpError> {
+    let mut last = None;
+    for &m in modes {
+        match prog.attach(iface, m.flags()) {
+            Ok(_) => return Ok(m),
+            Err(aya::programs::ProgramError::UnknownInterface { name }) => return Err(XdpError::NoInterface(name)),
+            Err(e) => last = Some(XdpError::Attach { iface: iface.to_string(), mode: m, why: e.to_string() }),
+        }
+    }
+    Err(last.unwrap_or_else(|| XdpError::Load("no mode to try".into())))
+}
+
+/// The de-duplicator's object opened, watching UDP destination `port`.
+fn load_dedup(port: u16) -> Result<Ebpf, XdpError> {
+    let mut ebpf = open_object(OBJECT)?;
+    set_u32s(&mut ebpf, "ff_config", &[u32::from(port)])?;
     Ok(ebpf)
 }
 
 /// The de-duplicator's program, loaded into the kernel (the verifier's pass).
 fn dedup_program(ebpf: &mut Ebpf) -> Result<&mut Xdp, XdpError> {
-    let prog: &mut Xdp = ebpf
-        .program_mut(PROGRAM)
-        .ok_or_else(|| XdpError::Load(format!("no program {PROGRAM}")))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| XdpError::Load(e.to_string()))?;
-    prog.load().map_err(|e| load_err(&e))?;
-    Ok(prog)
+    xdp_program(ebpf, PROGRAM)
 }
 
 /// The de-duplicator attached to one interface; detached when dropped.
@@ -198,15 +229,8 @@ impl XdpDedup {
             Some(m) => &[m][..],
             None => &[Mode::Native, Mode::Generic],
         };
-        let mut last = None;
-        for &m in modes {
-            match prog.attach(iface, m.flags()) {
-                Ok(_) => return Ok(XdpDedup { ebpf, iface: iface.to_string(), mode: m }),
-                Err(aya::programs::ProgramError::UnknownInterface { name }) => return Err(XdpError::NoInterface(name)),
-                Err(e) => last = Some(XdpError::Attach { iface: iface.to_string(), mode: m, why: e.to_string() }),
-            }
-        }
-        Err(last.unwrap_or_else(|| XdpError::Load("no mode to try".into())))
+        let mode = attach_in(prog, iface, modes)?;
+        Ok(XdpDedup { ebpf, iface: iface.to_string(), mode })
     }
 
     /// The program loaded into the kernel but attached nowhere: for running

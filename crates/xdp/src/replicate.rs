@@ -14,7 +14,7 @@ use aya::programs::{tc::TcAttachType, SchedClassifier};
 use aya::Ebpf;
 use serde::Serialize;
 
-use crate::{built, is_permission, XdpError};
+use crate::{built, XdpError};
 
 /// Targets one packet is replicated to at most (`TARGETS_MAX` in the program).
 pub const TARGETS_MAX: usize = 64;
@@ -80,14 +80,7 @@ impl TcReplicator {
         if macs.is_some_and(|m| m.len() != targets.len()) {
             return Err(XdpError::Load("one MAC per target, or none".into()));
         }
-        let load_err = |e: &(dyn std::error::Error + 'static)| {
-            if is_permission(e) {
-                XdpError::Permission(e.to_string())
-            } else {
-                XdpError::Load(e.to_string())
-            }
-        };
-        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| load_err(&e))?;
+        let mut ebpf = crate::open_object(OBJECT)?;
         {
             let map = ebpf.map_mut("ff_targets").ok_or_else(|| XdpError::Map("no map ff_targets".into()))?;
             let mut t: Array<_, [u8; 16]> = Array::try_from(map).map_err(|e| XdpError::Map(e.to_string()))?;
@@ -110,7 +103,7 @@ impl TcReplicator {
             .ok_or_else(|| XdpError::Load(format!("no program {PROGRAM}")))?
             .try_into()
             .map_err(|e: aya::programs::ProgramError| XdpError::Load(e.to_string()))?;
-        prog.load().map_err(|e| load_err(&e))?;
+        prog.load().map_err(|e| crate::load_err(&e))?;
         match prog.attach(iface, TcAttachType::Egress) {
             Ok(_) => Ok(TcReplicator { ebpf, iface: iface.to_string() }),
             Err(aya::programs::ProgramError::UnknownInterface { name }) => Err(XdpError::NoInterface(name)),

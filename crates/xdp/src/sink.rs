@@ -5,11 +5,10 @@
 
 use std::ops::RangeInclusive;
 
-use aya::maps::{Array, PerCpuArray};
-use aya::programs::{Xdp, XdpFlags};
+use aya::maps::PerCpuArray;
 use aya::Ebpf;
 
-use crate::{built, is_permission, XdpError};
+use crate::{attach_in, open_object, set_u32s, xdp_program, XdpError};
 
 const OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sink.bpf.o"));
 
@@ -28,32 +27,10 @@ impl XdpSink {
     /// Attaches to `iface` of the calling thread's namespace in driver mode,
     /// dropping and counting datagrams to `ports`.
     pub fn attach(iface: &str, ports: RangeInclusive<u16>) -> Result<XdpSink, XdpError> {
-        built()?;
-        let load_err = |e: &(dyn std::error::Error + 'static)| {
-            if is_permission(e) {
-                XdpError::Permission(e.to_string())
-            } else {
-                XdpError::Load(e.to_string())
-            }
-        };
-        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| load_err(&e))?;
-        {
-            let map = ebpf.map_mut("ff_sink_ports").ok_or_else(|| XdpError::Map("no map ff_sink_ports".into()))?;
-            let mut p: Array<_, u32> = Array::try_from(map).map_err(|e| XdpError::Map(e.to_string()))?;
-            p.set(0, u32::from(*ports.start()), 0).map_err(|e| XdpError::Map(e.to_string()))?;
-            p.set(1, u32::from(*ports.end()), 0).map_err(|e| XdpError::Map(e.to_string()))?;
-        }
-        let prog: &mut Xdp = ebpf
-            .program_mut("ff_xdp_sink")
-            .ok_or_else(|| XdpError::Load("no program ff_xdp_sink".into()))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| XdpError::Load(e.to_string()))?;
-        prog.load().map_err(|e| load_err(&e))?;
-        match prog.attach(iface, XdpFlags::DRV_MODE) {
-            Ok(_) => Ok(XdpSink { ebpf }),
-            Err(aya::programs::ProgramError::UnknownInterface { name }) => Err(XdpError::NoInterface(name)),
-            Err(e) => Err(XdpError::Attach { iface: iface.to_string(), mode: crate::Mode::Native, why: e.to_string() }),
-        }
+        let mut ebpf = open_object(OBJECT)?;
+        set_u32s(&mut ebpf, "ff_sink_ports", &[u32::from(*ports.start()), u32::from(*ports.end())])?;
+        attach_in(xdp_program(&mut ebpf, "ff_xdp_sink")?, iface, &[crate::Mode::Native])?;
+        Ok(XdpSink { ebpf })
     }
 
     /// Datagrams dropped so far (summed over CPUs).

@@ -16,41 +16,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fairfeed_xdp::afxdp::{mac_of, parse_udp, sum, UdpHeaders, Xsk, XskMode, XskSteer};
-use fairfeed_xdp::netns::{self, VethPair};
+use fairfeed_xdp::netns;
 use fairfeed_xdp::Mode;
+
+mod common;
+use common::{setup, udp_errors};
 
 const XSK_PORT: u16 = 46_500;
 const OTHER_PORT: u16 = 46_501;
 const FAR_PORT: u16 = 46_600;
-
-fn require(var: &str) -> bool {
-    std::env::var(var).as_deref() == Ok("1")
-}
-
-fn setup() -> Option<VethPair> {
-    if let Err(e) = fairfeed_xdp::built() {
-        assert!(!require("FAIRFEED_REQUIRE_TOOLS"), "{e} and FAIRFEED_REQUIRE_TOOLS=1");
-        eprintln!("SKIPPED: {e}");
-        return None;
-    }
-    match VethPair::create() {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let msg = format!("cannot make a veth pair between namespaces (needs root and iproute2): {e}");
-            assert!(!require("FAIRFEED_REQUIRE_NETNS"), "{msg} and FAIRFEED_REQUIRE_NETNS=1");
-            eprintln!("SKIPPED: {msg}");
-            None
-        }
-    }
-}
-
-fn udp_errors() -> (u64, u64) {
-    let t = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
-    let rows: Vec<Vec<&str>> =
-        t.lines().filter(|l| l.starts_with("Udp:")).map(|l| l.split_whitespace().collect()).collect();
-    let at = |k: &str| rows[0].iter().position(|x| *x == k).map_or(0, |i| rows[1][i].parse().unwrap_or(0));
-    (at("InCsumErrors"), at("InErrors"))
-}
 
 fn payload(i: u32, n: usize) -> Vec<u8> {
     let mut p: Vec<u8> = (0..n).map(|k| (k as u32).wrapping_mul(7).wrapping_add(i) as u8).collect();

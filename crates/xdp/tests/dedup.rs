@@ -18,32 +18,14 @@ use std::time::Duration;
 use fairfeed_tree::auth::Auth;
 use fairfeed_tree::dedup::{Dedup, Seen};
 use fairfeed_wire::overlay::{HeaderRepr, Kind, HEADER_LEN};
-use fairfeed_xdp::netns::{self, Link, VethPair};
+use fairfeed_xdp::netns::{self, Link};
 use fairfeed_xdp::{DedupCounters, Mode, XdpDedup};
+
+mod common;
+use common::setup;
 
 const PORT: u16 = 46_100;
 const OTHER_PORT: u16 = 46_101;
-
-fn setup() -> Option<VethPair> {
-    if let Err(e) = fairfeed_xdp::built() {
-        if std::env::var("FAIRFEED_REQUIRE_TOOLS").as_deref() == Ok("1") {
-            panic!("{e} and FAIRFEED_REQUIRE_TOOLS=1");
-        }
-        eprintln!("SKIPPED: {e}");
-        return None;
-    }
-    match VethPair::create() {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let msg = format!("cannot make a veth pair between namespaces (needs root and iproute2): {e}");
-            if std::env::var("FAIRFEED_REQUIRE_NETNS").as_deref() == Ok("1") {
-                panic!("{msg} and FAIRFEED_REQUIRE_NETNS=1");
-            }
-            eprintln!("SKIPPED: {msg}");
-            None
-        }
-    }
-}
 
 fn now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64

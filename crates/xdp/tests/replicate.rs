@@ -17,33 +17,15 @@ use std::thread;
 use std::time::Duration;
 
 use fairfeed_wire::overlay::{HeaderRepr, Kind, HEADER_LEN};
-use fairfeed_xdp::netns::{self, Link, VethPair};
+use fairfeed_xdp::netns::{self, Link};
 use fairfeed_xdp::{ReplicateCounters, TcReplicator};
+
+mod common;
+use common::{require, setup, udp_errors};
 
 const SPORT: u16 = 46_200;
 const SINK_PORT: u16 = 46_300;
 const SINKS: u16 = 8;
-
-fn require(var: &str) -> bool {
-    std::env::var(var).as_deref() == Ok("1")
-}
-
-fn setup() -> Option<VethPair> {
-    if let Err(e) = fairfeed_xdp::built() {
-        assert!(!require("FAIRFEED_REQUIRE_TOOLS"), "{e} and FAIRFEED_REQUIRE_TOOLS=1");
-        eprintln!("SKIPPED: {e}");
-        return None;
-    }
-    match VethPair::create() {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let msg = format!("cannot make a veth pair between namespaces (needs root and iproute2): {e}");
-            assert!(!require("FAIRFEED_REQUIRE_NETNS"), "{msg} and FAIRFEED_REQUIRE_NETNS=1");
-            eprintln!("SKIPPED: {msg}");
-            None
-        }
-    }
-}
 
 fn packet(kind: Kind, seq: u64) -> Vec<u8> {
     let mut b = vec![0u8; HEADER_LEN + 100];
@@ -53,15 +35,6 @@ fn packet(kind: Kind, seq: u64) -> Vec<u8> {
     let h = HeaderRepr { kind: Some(kind), sequence: seq, payload_len: 100, ..HeaderRepr::default() };
     h.emit(&mut b).unwrap();
     b
-}
-
-/// UDP InCsumErrors and InErrors of the namespace the calling thread is in.
-fn udp_errors() -> (u64, u64) {
-    let t = std::fs::read_to_string("/proc/thread-self/net/snmp").unwrap();
-    let rows: Vec<Vec<&str>> =
-        t.lines().filter(|l| l.starts_with("Udp:")).map(|l| l.split_whitespace().collect()).collect();
-    let at = |k: &str| rows[0].iter().position(|x| *x == k).map_or(0, |i| rows[1][i].parse().unwrap_or(0));
-    (at("InCsumErrors"), at("InErrors"))
 }
 
 /// Sends `datagrams` (bytes, source port) to the first sink from the first
