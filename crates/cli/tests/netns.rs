@@ -389,25 +389,18 @@ fn a_missing_xdp_interface_is_named_in_one_line() {
     assert!(err.contains("--io auto: node") && err.contains("not AF_XDP"), "{err}");
 }
 
+/// One short round of `bench proxy-pps --io IO` at F = 8, its JSON.
+fn proxy_pps_json(io: &str) -> serde_json::Value {
+    let args = ["bench", "proxy-pps", "--io", io, "--fanout", "8", "--rounds", "1", "--round-seconds", "0.5", "--json"];
+    common::json(&common::fairfeed(&args))
+}
+
 #[test]
 fn bench_proxy_pps_with_tc_replication_reports_beside_its_baseline() {
     if !xdp_ready() {
         return;
     }
-    let out = common::fairfeed(&[
-        "bench",
-        "proxy-pps",
-        "--io",
-        "tc",
-        "--fanout",
-        "8",
-        "--rounds",
-        "1",
-        "--round-seconds",
-        "0.5",
-        "--json",
-    ]);
-    let r = common::json(&out);
+    let r = proxy_pps_json("tc");
     for k in ["proxy_pps", "baseline_pps", "ratio", "packets_pps"] {
         assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {r}");
     }
@@ -476,20 +469,7 @@ fn bench_proxy_pps_with_af_xdp_reports_beside_its_baseline() {
     if !xdp_ready() {
         return;
     }
-    let out = common::fairfeed(&[
-        "bench",
-        "proxy-pps",
-        "--io",
-        "afxdp",
-        "--fanout",
-        "8",
-        "--rounds",
-        "1",
-        "--round-seconds",
-        "0.5",
-        "--json",
-    ]);
-    let r = common::json(&out);
+    let r = proxy_pps_json("afxdp");
     for k in ["proxy_pps", "baseline_pps", "ratio"] {
         assert!(r[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {r}");
     }

@@ -1,8 +1,8 @@
 //! The I/O back-ends side by side behind one call each: sending with
 //! `sendmmsg(2)` ([`crate::batch::BatchSend`]) or io_uring
 //! ([`crate::uring::UringSend`]), receiving with `recvmmsg(2)`
-//! ([`crate::batch::BatchRecv`]) or posted io_uring receives
-//! ([`crate::uring::UringRecv`]), or through a back-end made outside this
+//! ([`crate::batch::BatchRecv`]) or io_uring receives (multishot,
+//! [`crate::uring::UringMultiRecv`], else posted, [`crate::uring::UringRecv`]), or through a back-end made outside this
 //! crate for an interface ([`External`]: AF_XDP, in fairfeed-xdp).
 
 use std::net::{SocketAddr, UdpSocket};
@@ -20,7 +20,7 @@ pub enum Backend {
     #[default]
     Udp,
     /// io_uring: one `SENDMSG` submission per datagram, up to 64 per
-    /// `io_uring_enter(2)`; 32 `RECVMSG` operations kept posted.
+    /// `io_uring_enter(2)`; one multishot `RECVMSG` (32 posted before Linux 6.0).
     Uring,
     /// AF_XDP: frames through a socket's rings on one interface queue. Made
     /// outside this crate (fairfeed-xdp) and handed in as an [`External`].

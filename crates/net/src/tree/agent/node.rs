@@ -231,19 +231,19 @@ fn start_outbox(
         Some(r) => Some(r.sock.try_clone().map_err(|e| AgentError::Io("cloning the replication socket".into(), e))?),
         None => None,
     };
-    if let Some(ext) = external {
+    let path = match external {
         // Made by the caller: moved to whichever thread sends.
-        if cfg.threads == Threading::One {
-            let path = SendPath::External(ext);
-            return Ok(Outbox::Inline(Egress::new(send_sock, fanout_sock, path, tx.clone(), cfg.tap.clone())));
+        Some(ext) => SendPath::External(ext),
+        // Made here: the inline sender's, and a check for a send thread (which makes its own).
+        None => {
+            SendPath::new(cfg.io).map_err(|e| AgentError::Io(format!("starting the {:?} send back-end", cfg.io), e))?
         }
-        return spawn_egress(cfg, send_sock, fanout_sock, tx, move |_| SendPath::External(ext));
-    }
-    // Made here for the inline sender, and tried here for a send thread (which makes its own).
-    let path =
-        SendPath::new(cfg.io).map_err(|e| AgentError::Io(format!("starting the {:?} send back-end", cfg.io), e))?;
+    };
     if cfg.threads == Threading::One {
         return Ok(Outbox::Inline(Egress::new(send_sock, fanout_sock, path, tx.clone(), cfg.tap.clone())));
+    }
+    if let SendPath::External(ext) = path {
+        return spawn_egress(cfg, send_sock, fanout_sock, tx, move |_| SendPath::External(ext));
     }
     drop(path);
     spawn_egress(cfg, send_sock, fanout_sock, tx, |backend| {
@@ -362,10 +362,7 @@ impl<'c> NodeAgent<'c> {
                 }
                 _ => None,
             };
-        let (ext_recv, ext_send) = match external {
-            Some((r, s)) => (Some(r), Some(s)),
-            None => (None, None),
-        };
+        let (ext_recv, ext_send) = external.unzip();
         let outbox = start_outbox(cfg, &sock, &tx, ext_send)?;
         let stamps = cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off;
         let recv = match ext_recv {
