@@ -65,6 +65,68 @@ pub struct BenchReport {
     /// The bridge's p50 ÷ the baseline's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p50_vs_baseline: Option<f64>,
+    /// Each side's CPU time per message (`None` where `/proc` cannot be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuReport>,
+}
+
+/// Where the CPU went, per message, over the feed (connection set-up left out).
+///
+/// The bridge's cost is its router (the caller's thread: MoldUDP64 parsing,
+/// splitting, subjects, the tag) plus its publisher runtime (the NATS
+/// client's encoding and the kernel's TCP sends); the subscribers' is their
+/// runtime's (the kernel's TCP receives, the client's parsing, the tally).
+/// User and system times have the kernel's tick resolution (10 ms here), so
+/// they mean something over runs of seconds; `*_ns` totals are exact.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct CpuReport {
+    /// Router CPU per message routed, ns (thread CPU clock around each packet).
+    pub route_ns_per_message: f64,
+    /// … per publication made.
+    pub route_ns_per_publication: f64,
+    /// Publisher runtime CPU per publication, ns.
+    pub publisher_ns_per_publication: f64,
+    pub publisher_user_ns_per_publication: f64,
+    pub publisher_system_ns_per_publication: f64,
+    /// Router + publisher per publication: the bridge's whole cost.
+    pub bridge_ns_per_publication: f64,
+    /// Subscriber runtime CPU per publication delivered (summed over subscribers), ns.
+    pub subscriber_ns_per_delivery: f64,
+    pub subscriber_user_ns_per_delivery: f64,
+    pub subscriber_system_ns_per_delivery: f64,
+    /// The raw totals.
+    pub route_ns: u64,
+    pub publisher: crate::cpu::ThreadsCpu,
+    pub subscribers: crate::cpu::ThreadsCpu,
+    pub deliveries: u64,
+}
+
+impl CpuReport {
+    fn new(
+        route_ns: u64,
+        publisher: crate::cpu::ThreadsCpu,
+        subscribers: crate::cpu::ThreadsCpu,
+        messages: u64,
+        publications: u64,
+        deliveries: u64,
+    ) -> Self {
+        let per = |ns: u64, n: u64| ns as f64 / n.max(1) as f64;
+        CpuReport {
+            route_ns_per_message: per(route_ns, messages),
+            route_ns_per_publication: per(route_ns, publications),
+            publisher_ns_per_publication: per(publisher.ns, publications),
+            publisher_user_ns_per_publication: per(publisher.user_ns, publications),
+            publisher_system_ns_per_publication: per(publisher.system_ns, publications),
+            bridge_ns_per_publication: per(route_ns + publisher.ns, publications),
+            subscriber_ns_per_delivery: per(subscribers.ns, deliveries),
+            subscriber_user_ns_per_delivery: per(subscribers.user_ns, deliveries),
+            subscriber_system_ns_per_delivery: per(subscribers.system_ns, deliveries),
+            route_ns,
+            publisher,
+            subscribers,
+            deliveries,
+        }
+    }
 }
 
 /// Runs the baseline `bin` against `url`: `subscribers` connections, the
@@ -118,9 +180,11 @@ fn feed(rate_pps: f64, seconds: f64, seed: u64) -> Result<Vec<Vec<u8>>, String> 
     Ok(g.map(|p| p.payload).filter(|p| p.len() > 20).take(packets).collect())
 }
 
-/// Sends `packets` into the bridge at `rate_pps`; returns the achieved rate.
-fn replay(bridge: &mut Bridge, packets: &[Vec<u8>], rate_pps: f64, mut progress: impl FnMut(f64)) -> f64 {
+/// Sends `packets` into the bridge at `rate_pps`; returns the achieved rate
+/// and the CPU time the bridge's router took (the pacing left out), ns.
+fn replay(bridge: &mut Bridge, packets: &[Vec<u8>], rate_pps: f64, mut progress: impl FnMut(f64)) -> (f64, u64) {
     let gap = Duration::from_secs_f64(1.0 / rate_pps);
+    let mut route_ns = 0;
     let t0 = Instant::now();
     for (i, p) in packets.iter().enumerate() {
         let due = gap * i as u32;
@@ -137,12 +201,14 @@ fn replay(bridge: &mut Bridge, packets: &[Vec<u8>], rate_pps: f64, mut progress:
                 std::thread::yield_now();
             }
         }
+        let c0 = crate::cpu::this_thread_ns();
         bridge.handle_packet(p, wall_ns());
+        route_ns += crate::cpu::this_thread_ns() - c0;
         if i % 1_000 == 0 {
             progress(i as f64 / packets.len() as f64);
         }
     }
-    packets.len() as f64 / t0.elapsed().as_secs_f64().max(1e-9)
+    (packets.len() as f64 / t0.elapsed().as_secs_f64().max(1e-9), route_ns)
 }
 
 /// Latency quantiles of a histogram of µs, in ms (zeros when empty).
@@ -159,6 +225,51 @@ fn summary(all: &Histogram<u64>) -> LatencyMs {
         p99_ms: ms(all.value_at_quantile(0.99)),
         max_ms: ms(all.max()),
     }
+}
+
+/// A subscriber's task: its report and latency histogram.
+type SubscriberTask = tokio::task::JoinHandle<Result<(SubscribeReport, Histogram<u64>), String>>;
+
+/// Subscriber tasks, each subscribed to everything under `prefix` and ready,
+/// on a runtime of their own (threads named [`crate::cpu::SUBSCRIBER_THREAD`]).
+fn subscribers(
+    url: &str,
+    prefix: &str,
+    cfg: &BenchConfig,
+) -> Result<(tokio::runtime::Runtime, Vec<SubscriberTask>), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(crate::cpu::SUBSCRIBER_THREAD)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let sub_cfg = SubscribeConfig {
+        url: url.to_string(),
+        subject: format!("{prefix}.>"),
+        jetstream: None,
+        stop: StopWhen {
+            idle: Some(Duration::from_secs(2)),
+            after: Some(Duration::from_secs_f64(cfg.seconds + 120.0)),
+            publications: None,
+            flag: None,
+        },
+        gaps: None,
+        security: Default::default(),
+    };
+    let mut tasks = Vec::new();
+    let mut readies = Vec::new();
+    for _ in 0..cfg.subscribers {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let c = sub_cfg.clone();
+        tasks.push(rt.spawn(async move { subscribe(&c, Some(tx), |_, _| {}).await }));
+        readies.push(rx);
+    }
+    rt.block_on(async {
+        for r in readies {
+            let _ = tokio::time::timeout(Duration::from_secs(10), r).await;
+        }
+    });
+    Ok((rt, tasks))
 }
 
 /// Runs one row.
@@ -190,40 +301,13 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
         }
     };
     let packets = feed(cfg.rate_pps, cfg.seconds, cfg.seed)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
     let route = RouteConfig { granularity: cfg.granularity, by: cfg.by, ..RouteConfig::default() };
-    let sub_cfg = SubscribeConfig {
-        url: url.clone(),
-        subject: format!("{}.>", route.prefix),
-        jetstream: None,
-        stop: StopWhen {
-            idle: Some(Duration::from_secs(2)),
-            after: Some(Duration::from_secs_f64(cfg.seconds + 120.0)),
-            publications: None,
-            flag: None,
-        },
-        gaps: None,
-        security: Default::default(),
-    };
-    let mut tasks = Vec::new();
-    let mut readies = Vec::new();
-    for _ in 0..cfg.subscribers {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let c = sub_cfg.clone();
-        tasks.push(rt.spawn(async move { subscribe(&c, Some(tx), |_, _| {}).await }));
-        readies.push(rx);
-    }
-    rt.block_on(async {
-        for r in readies {
-            let _ = tokio::time::timeout(Duration::from_secs(10), r).await;
-        }
-    });
+    let (rt, tasks) = subscribers(&url, &route.prefix, cfg)?;
     let mut bridge = Bridge::start(route, PublishConfig::new(&url))?;
-    let achieved = replay(&mut bridge, &packets, cfg.rate_pps, progress);
+    // Connections are up: what the threads used so far is set-up, not feed.
+    let cpu0 = crate::cpu::threads_cpu(crate::cpu::PUBLISHER_THREAD)
+        .zip(crate::cpu::threads_cpu(crate::cpu::SUBSCRIBER_THREAD));
+    let (achieved, route_ns) = replay(&mut bridge, &packets, cfg.rate_pps, progress);
     let b = bridge.finish(Duration::from_secs(60));
     let mut per = Vec::new();
     let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
@@ -232,7 +316,15 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
         let _ = all.add(&h);
         per.push(r);
     }
+    let subs_cpu = crate::cpu::threads_cpu(crate::cpu::SUBSCRIBER_THREAD);
     let publications = b.route.publications;
+    let deliveries = per.iter().map(|r| r.publications).sum();
+    let cpu = match (cpu0, b.publisher_cpu, subs_cpu) {
+        (Some((p0, s0)), Some(p1), Some(s1)) => {
+            Some(CpuReport::new(route_ns, p1.since(&p0), s1.since(&s0), b.route.messages, publications, deliveries))
+        }
+        _ => None,
+    };
     let base = match &cfg.baseline {
         Some(bin) => {
             let payload = (b.route.payload_bytes / publications.max(1)) as usize + crate::tag::TAG_LEN;
@@ -263,5 +355,6 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
         per_subscriber: per,
         p50_vs_baseline: base.as_ref().and_then(|v| v["p50_ms"].as_f64()).filter(|&x| x > 0.0).map(|x| p50 / x),
         baseline: base,
+        cpu,
     })
 }

@@ -87,6 +87,8 @@ struct Shared {
     given_up: AtomicU64,
     disconnects: AtomicU64,
     queue_max_seen: AtomicUsize,
+    /// Publications queued and not yet taken by the publisher.
+    pending: AtomicUsize,
 }
 
 /// What the bridge did.
@@ -103,21 +105,41 @@ pub struct BridgeReport {
     pub given_up: u64,
     pub disconnects: u64,
     pub queue_max_seen: usize,
+    /// CPU time of the publisher runtime's threads (publishing, the client's
+    /// connection task, and the kernel's TCP sends), set by [`Bridge::finish`]
+    /// once the queue is published.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publisher_cpu: Option<crate::cpu::ThreadsCpu>,
 }
 
 /// A queued publication (its tag, with when its packet arrived, already appended).
 type Item = Publication;
 
+/// One packet's publications, queued together: one hand-off (and at most one
+/// wake-up of the publisher) per packet, and the client writes them to the
+/// broker together.
+type Batch = Vec<Item>;
+
+/// Publications of one packet held inline before they are queued.
+const BATCH_CAPACITY: usize = 16;
+
 /// The bridge: router in the caller's thread, publisher on its own runtime.
 pub struct Bridge {
     router: Router,
-    tx: Option<mpsc::Sender<Item>>,
+    tx: Option<mpsc::Sender<Batch>>,
     cfg: PublishConfig,
     shared: Arc<Shared>,
     rt: tokio::runtime::Runtime,
     task: Option<tokio::task::JoinHandle<()>>,
     /// `Auto` granularity: batching now (see [`AUTO_BATCH_ON`]).
     batching: bool,
+}
+
+/// A prefix every subject may start with: non-empty dot-separated tokens of
+/// printable ASCII, no wildcards (the router adds only sanitized tokens).
+pub fn valid_prefix(p: &str) -> bool {
+    !p.is_empty()
+        && p.split('.').all(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic() && b != b'*' && b != b'>'))
 }
 
 /// CLOCK_REALTIME in ns.
@@ -147,6 +169,10 @@ async fn connect(
     last: crate::security::LastError,
 ) -> Result<async_nats::Client, String> {
     let o = async_nats::ConnectOptions::new()
+        // The router makes every subject from a checked prefix and sanitized
+        // tokens (`Bridge::start`, `route::token`): the client's own check of
+        // each publication's subject is work done twice.
+        .skip_subject_validation(true)
         .retry_on_initial_connect()
         .max_reconnects(None)
         .reconnect_delay_callback(|n| Duration::from_millis((20 * n as u64).min(500)))
@@ -162,12 +188,22 @@ async fn connect(
     security.apply(o).await?.connect(servers(url)?).await.map_err(|e| format!("connecting to {url}: {e}"))
 }
 
-async fn publish_core(client: async_nats::Client, mut rx: mpsc::Receiver<Item>, s: Arc<Shared>) {
-    while let Some(p) = rx.recv().await {
-        match client.publish(p.subject, p.payload.into()).await {
-            Ok(()) => s.published.fetch_add(1, Ordering::Relaxed),
-            Err(_) => s.publish_errors.fetch_add(1, Ordering::Relaxed),
-        };
+/// Batches taken from the queue at once: everything waiting is handed to the
+/// client before this task yields, so its connection writes it in one go.
+const TAKE_MAX: usize = 64;
+
+async fn publish_core(client: async_nats::Client, mut rx: mpsc::Receiver<Batch>, s: Arc<Shared>) {
+    let mut batches = Vec::with_capacity(TAKE_MAX);
+    while rx.recv_many(&mut batches, TAKE_MAX).await > 0 {
+        for batch in batches.drain(..) {
+            s.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+            for p in batch {
+                match client.publish(p.subject, p.payload.into()).await {
+                    Ok(()) => s.published.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => s.publish_errors.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }
     }
     let _ = client.flush().await;
 }
@@ -201,11 +237,13 @@ const RETRY_AFTER: Duration = Duration::from_millis(100);
 /// `Nats-Msg-Id`: stored at most once), before anything newer. Only such a
 /// retry can land behind a later publication of its subject (counted in
 /// `retries`; a subscriber counts it as reordered).
-async fn publish_js(js: jetstream::Context, mut rx: mpsc::Receiver<Item>, s: Arc<Shared>, in_flight_max: usize) {
+async fn publish_js(js: jetstream::Context, mut rx: mpsc::Receiver<Batch>, s: Arc<Shared>, in_flight_max: usize) {
     let mut pending: FuturesUnordered<Ack> = FuturesUnordered::new();
+    // Taken from the queue, not yet sent (in queue order).
+    let mut taken: std::collections::VecDeque<Item> = std::collections::VecDeque::new();
     let mut retry: std::collections::VecDeque<(tokio::time::Instant, Item, u32)> = std::collections::VecDeque::new();
     let mut open = true;
-    while open || !pending.is_empty() || !retry.is_empty() {
+    while open || !pending.is_empty() || !retry.is_empty() || !taken.is_empty() {
         let room = pending.len() < in_flight_max;
         let due = retry.front().map(|r| r.0);
         tokio::select! {
@@ -233,11 +271,17 @@ async fn publish_js(js: jetstream::Context, mut rx: mpsc::Receiver<Item>, s: Arc
                     s.given_up.fetch_add(1, Ordering::Relaxed);
                 }
             },
-            item = rx.recv(), if open && room && retry.is_empty() => match item {
-                Some(item) => {
+            () = std::future::ready(()), if room && retry.is_empty() && !taken.is_empty() => {
+                if let Some(item) = taken.pop_front() {
                     let ack = send_js(&js, item, 0).await;
                     pending.push(ack);
                     s.published.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            batch = rx.recv(), if open && room && retry.is_empty() && taken.is_empty() => match batch {
+                Some(batch) => {
+                    s.pending.fetch_sub(batch.len(), Ordering::Relaxed);
+                    taken.extend(batch);
                 }
                 None => open = false,
             },
@@ -251,13 +295,20 @@ impl Bridge {
     pub fn start(route: RouteConfig, cfg: PublishConfig) -> Result<Bridge, String> {
         assert!(cfg.buffer > 0 && cfg.in_flight_max > 0, "queue and in-flight limits must be positive");
         assert!((1..=5).contains(&cfg.replicas), "JetStream keeps 1 to 5 replicas");
+        if !valid_prefix(&route.prefix) {
+            return Err(format!(
+                "subject prefix {:?}: dot-separated tokens of printable ASCII without '*', '>' or spaces",
+                route.prefix
+            ));
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
+            .thread_name(crate::cpu::PUBLISHER_THREAD)
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
         let shared = Arc::new(Shared::default());
-        let (tx, rx) = mpsc::channel::<Item>(cfg.buffer);
+        let (tx, rx) = mpsc::channel::<Batch>(cfg.buffer);
         let prefix = route.prefix.clone();
         let task = rt.block_on(async {
             // Connecting retries in the background; a flush is a round trip, so
@@ -299,16 +350,20 @@ impl Bridge {
         Ok(Bridge { router: Router::new(route), tx: Some(tx), cfg, shared, rt, task: Some(task), batching: false })
     }
 
-    /// Routes one MoldUDP64 packet that arrived at `ingress_ns` and queues its publications.
+    /// Routes one MoldUDP64 packet that arrived at `ingress_ns` and queues its
+    /// publications, together. The queue holds at most `buffer` publications:
+    /// with [`Overflow::Drop`] a packet whose publications do not fit is
+    /// dropped whole and counted; with [`Overflow::Block`] the caller waits.
     pub fn handle_packet(&mut self, packet: &[u8], ingress_ns: u64) {
         let Some(tx) = &self.tx else { return };
+        let s = &self.shared;
         if self.router.config().granularity == crate::route::Granularity::Auto {
-            let depth = tx.max_capacity() - tx.capacity();
-            let on = if self.batching { depth > AUTO_BATCH_OFF } else { depth >= AUTO_BATCH_ON.min(tx.max_capacity()) };
+            let depth = s.pending.load(Ordering::Relaxed);
+            let on = if self.batching { depth > AUTO_BATCH_OFF } else { depth >= AUTO_BATCH_ON.min(self.cfg.buffer) };
             self.batching = on;
             self.router.set_batching(on);
         }
-        let (s, overflow) = (&self.shared, self.cfg.overflow);
+        let mut batch: Batch = Vec::with_capacity(BATCH_CAPACITY);
         self.router.route(packet, |mut p| {
             let tag = crate::tag::Tag {
                 seq: p.seq,
@@ -318,18 +373,40 @@ impl Bridge {
                 ingress_ns,
             };
             tag.append(&mut p.payload);
-            let depth = tx.max_capacity() - tx.capacity();
-            s.queue_max_seen.fetch_max(depth + 1, Ordering::Relaxed);
-            let ok = match overflow {
-                Overflow::Drop => tx.try_send(p).is_ok(),
-                Overflow::Block => tx.blocking_send(p).is_ok(),
-            };
-            if ok {
-                s.queued.fetch_add(1, Ordering::Relaxed);
-            } else {
-                s.dropped_overflow.fetch_add(1, Ordering::Relaxed);
-            }
+            batch.push(p);
         });
+        let n = batch.len();
+        if n == 0 {
+            return;
+        }
+        let limit = self.cfg.buffer.max(n);
+        let ok = match self.cfg.overflow {
+            Overflow::Drop => {
+                let before = s.pending.fetch_add(n, Ordering::Relaxed);
+                let ok = before + n <= limit && tx.try_send(batch).is_ok();
+                if !ok {
+                    s.pending.fetch_sub(n, Ordering::Relaxed);
+                }
+                ok
+            }
+            Overflow::Block => {
+                while s.pending.load(Ordering::Relaxed) + n > limit && !tx.is_closed() {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                s.pending.fetch_add(n, Ordering::Relaxed);
+                let ok = tx.blocking_send(batch).is_ok();
+                if !ok {
+                    s.pending.fetch_sub(n, Ordering::Relaxed);
+                }
+                ok
+            }
+        };
+        s.queue_max_seen.fetch_max(s.pending.load(Ordering::Relaxed), Ordering::Relaxed);
+        if ok {
+            s.queued.fetch_add(n as u64, Ordering::Relaxed);
+        } else {
+            s.dropped_overflow.fetch_add(n as u64, Ordering::Relaxed);
+        }
     }
 
     /// The counters so far.
@@ -348,6 +425,7 @@ impl Bridge {
             given_up: l(&s.given_up),
             disconnects: l(&s.disconnects),
             queue_max_seen: s.queue_max_seen.load(Ordering::Relaxed),
+            publisher_cpu: None,
         }
     }
 
@@ -357,6 +435,8 @@ impl Bridge {
         if let Some(t) = self.task.take() {
             let _ = self.rt.block_on(async { tokio::time::timeout(limit, t).await });
         }
-        self.report()
+        // Read while the runtime's threads still live (they go with `self`).
+        // Another bridge in the same process would be counted too.
+        BridgeReport { publisher_cpu: crate::cpu::threads_cpu(crate::cpu::PUBLISHER_THREAD), ..self.report() }
     }
 }

@@ -155,15 +155,93 @@ pub fn token(s: &str) -> String {
     }
 }
 
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A subject token's place in [`Tokens`].
+type TokenId = u32;
+/// A subject's place in [`Subjects`].
+type SubjectId = u32;
+
+/// Subject tokens (symbols, services, `_SYS`, `_L<locate>`), each built once.
+/// Hostile input can name any number of stocks: past [`SUBJECTS_MAX`] tokens
+/// a new one is built for its message and not kept.
+#[derive(Debug, Default)]
+struct Tokens {
+    strings: Vec<String>,
+    by_stock: Map<[u8; 8], TokenId>,
+    /// Names learned from the feed (a directory or any message naming the stock).
+    by_locate: Map<u16, TokenId>,
+    /// `_L<locate>` for locates not named yet.
+    unknown: Map<u16, TokenId>,
+}
+
+/// The fixed tokens' ids.
+const TOKEN_SYS: TokenId = 0;
+const TOKEN_MIXED: TokenId = 1;
+const TOKEN_SERVICE0: TokenId = 2;
+const SERVICES: [&str; 5] = ["system", "reference", "orders", "trades", "imbalance"];
+
+fn service_token(msg_type: u8) -> TokenId {
+    let name = service(msg_type);
+    TOKEN_SERVICE0 + SERVICES.iter().position(|s| *s == name).unwrap_or(1) as TokenId
+}
+
+impl Tokens {
+    fn new() -> Self {
+        let mut t = Tokens::default();
+        t.strings.push("_SYS".into());
+        t.strings.push("_MIXED".into());
+        t.strings.extend(SERVICES.iter().map(|s| s.to_string()));
+        t
+    }
+
+    fn add(&mut self, s: String) -> Option<TokenId> {
+        (self.strings.len() < SUBJECTS_MAX).then(|| {
+            self.strings.push(s);
+            (self.strings.len() - 1) as TokenId
+        })
+    }
+}
+
+/// Subjects (`<prefix>.<session>.<token>.<kind>`), each built once per
+/// session and numbered: a message's subject is a lookup of its (token, kind),
+/// not a string built and hashed per message.
+#[derive(Debug, Default)]
+struct Subjects {
+    names: Vec<String>,
+    /// Publications so far on each subject.
+    counts: Vec<u64>,
+    /// Subjects by name: the same name reached from two tokens (a symbol
+    /// named by the message and by its locate) shares one count.
+    by_name: Map<String, SubjectId>,
+    /// (token, kind) → subject in the current session; kind is the ITCH
+    /// message type, or [`KIND_BATCH`] / [`KIND_PACKET`].
+    by_key: Map<(TokenId, u16), SubjectId>,
+}
+
+/// Kinds of subject besides a message type (any byte off the wire, 0..=255).
+const KIND_BATCH: u16 = 256;
+const KIND_PACKET: u16 = 257;
+
+/// What a publication's subject is.
+enum Subject {
+    /// A numbered subject.
+    Known(SubjectId),
+    /// Beyond [`SUBJECTS_MAX`]: the name, its publications not counted.
+    Untracked(String),
+}
+
 /// The router: subjects, symbol names learned from the feed, counters.
 #[derive(Debug)]
 pub struct Router {
     cfg: RouteConfig,
-    names: HashMap<u16, String>,
-    subject_seq: HashMap<String, u64>,
+    tokens: Tokens,
+    subjects: Subjects,
+    /// The session's subject token, and the raw session it was made from.
+    session: Option<(Session, String)>,
     pub_seq: u64,
     pub stats: RouteStats,
-    groups: Vec<(String, u64, u16, Vec<u8>)>,
+    groups: Vec<(TokenId, u64, u16, Vec<u8>)>,
     /// The session and the sequence number expected next on it.
     expect: Option<(Session, u64)>,
     /// The session whose end was published (a second end of it is a duplicate).
@@ -172,12 +250,25 @@ pub struct Router {
     batching: bool,
 }
 
+/// Bytes a publication's payload is given beyond its content: room for the
+/// bridge's tag, so appending it never moves the payload.
+const PAYLOAD_SPARE: usize = crate::tag::TAG_LEN;
+
+fn payload_of(parts: &[&[u8]]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>() + PAYLOAD_SPARE);
+    for p in parts {
+        v.extend_from_slice(p);
+    }
+    v
+}
+
 impl Router {
     pub fn new(cfg: RouteConfig) -> Self {
         Router {
             cfg,
-            names: HashMap::new(),
-            subject_seq: HashMap::new(),
+            tokens: Tokens::new(),
+            subjects: Subjects::default(),
+            session: None,
             pub_seq: 0,
             stats: RouteStats::default(),
             groups: Vec::new(),
@@ -199,50 +290,138 @@ impl Router {
         self.batching = on;
     }
 
-    /// The symbol or service token of one message (learning names from the directory).
-    fn key(&mut self, m: &[u8]) -> String {
-        let t = m[0];
-        if self.cfg.by == By::Service {
-            return service(t).to_string();
-        }
-        let locate = if m.len() >= 3 { u16::from_be_bytes([m[1], m[2]]) } else { 0 };
-        if let Ok(msg) = Message::parse(m) {
-            if let Some(stock) = msg.stock() {
-                let name = token(&String::from_utf8_lossy(stock.trimmed()));
-                if locate != 0 && self.names.len() < LOCATES_MAX {
-                    self.names.entry(locate).or_insert_with(|| name.clone());
-                }
-                return name;
-            }
-        }
-        if locate == 0 {
-            return "_SYS".into();
-        }
-        match self.names.get(&locate) {
-            Some(n) => n.clone(),
-            None => {
-                self.stats.unknown_locates += 1;
-                format!("_L{locate}")
+    /// The session's token; a new session starts its subjects afresh.
+    fn session_token(&mut self, session: Session) -> String {
+        match &self.session {
+            Some((s, t)) if *s == session => t.clone(),
+            _ => {
+                let t = token(&String::from_utf8_lossy(session.trimmed()));
+                self.session = Some((session, t.clone()));
+                self.subjects.by_key.clear();
+                t
             }
         }
     }
 
-    fn emit(&mut self, subject: String, seq: u64, count: u16, payload: Vec<u8>, out: &mut impl FnMut(Publication)) {
+    /// The symbol or service token of one message (learning names from the feed).
+    fn key(&mut self, m: &[u8]) -> TokenId {
+        let t = m[0];
+        if self.cfg.by == By::Service {
+            return service_token(t);
+        }
+        let locate = if m.len() >= 3 { u16::from_be_bytes([m[1], m[2]]) } else { 0 };
+        if let Ok(msg) = Message::parse(m) {
+            if let Some(stock) = msg.stock() {
+                let mut raw = [b' '; 8];
+                let trimmed = stock.trimmed();
+                raw[..trimmed.len().min(8)].copy_from_slice(&trimmed[..trimmed.len().min(8)]);
+                let id = match self.tokens.by_stock.get(&raw) {
+                    Some(&id) => Some(id),
+                    None => {
+                        let id = self.tokens.add(token(&String::from_utf8_lossy(trimmed)));
+                        if let Some(id) = id {
+                            self.tokens.by_stock.insert(raw, id);
+                        }
+                        id
+                    }
+                };
+                let Some(id) = id else {
+                    // Past the token limit: this message's subject is not numbered.
+                    return TokenId::MAX;
+                };
+                if locate != 0 && self.tokens.by_locate.len() < LOCATES_MAX {
+                    self.tokens.by_locate.entry(locate).or_insert(id);
+                }
+                return id;
+            }
+        }
+        if locate == 0 {
+            return TOKEN_SYS;
+        }
+        if let Some(&id) = self.tokens.by_locate.get(&locate) {
+            return id;
+        }
+        self.stats.unknown_locates += 1;
+        match self.tokens.unknown.get(&locate) {
+            Some(&id) => id,
+            None => match self.tokens.add(format!("_L{locate}")) {
+                Some(id) => {
+                    self.tokens.unknown.insert(locate, id);
+                    id
+                }
+                None => TokenId::MAX,
+            },
+        }
+    }
+
+    /// The name of `tok` for a message `m` (rebuilt when it is past the limit).
+    fn token_name(&self, tok: TokenId, m: Option<&[u8]>) -> String {
+        if let Some(s) = self.tokens.strings.get(tok as usize) {
+            return s.clone();
+        }
+        let Some(m) = m else { return "_MIXED".into() };
+        match Message::parse(m).ok().and_then(|msg| msg.stock()) {
+            Some(stock) => token(&String::from_utf8_lossy(stock.trimmed())),
+            None if m.len() >= 3 => format!("_L{}", u16::from_be_bytes([m[1], m[2]])),
+            None => "_SYS".into(),
+        }
+    }
+
+    /// The subject of (token, kind) in `session`; `m` is the message, to name
+    /// a token past the limit.
+    fn subject(&mut self, session: &str, tok: TokenId, kind: u16, m: Option<&[u8]>) -> Subject {
+        if let Some(&id) = self.subjects.by_key.get(&(tok, kind)) {
+            return Subject::Known(id);
+        }
+        let suffix: std::borrow::Cow<'static, str> = match kind {
+            KIND_BATCH => "batch".into(),
+            KIND_PACKET => "".into(),
+            // A message type from the wire: letters and digits as they are,
+            // anything else (a space, a wildcard) as `_`, like every token.
+            t if (t as u8).is_ascii_alphanumeric() => ((t as u8) as char).to_string().into(),
+            _ => "_".into(),
+        };
+        let name = match kind {
+            KIND_PACKET => format!("{}.{session}.pkt.{}", self.cfg.prefix, self.token_name(tok, m)),
+            _ => format!("{}.{session}.{}.{suffix}", self.cfg.prefix, self.token_name(tok, m)),
+        };
+        if tok == TokenId::MAX {
+            return self.subject_named(name);
+        }
+        let s = self.subject_named(name);
+        if let Subject::Known(id) = s {
+            self.subjects.by_key.insert((tok, kind), id);
+        }
+        s
+    }
+
+    /// The subject called `name` (control subjects, and the slow path).
+    fn subject_named(&mut self, name: String) -> Subject {
+        if let Some(&id) = self.subjects.by_name.get(name.as_str()) {
+            return Subject::Known(id);
+        }
+        if self.subjects.names.len() >= SUBJECTS_MAX {
+            return Subject::Untracked(name);
+        }
+        let id = self.subjects.names.len() as SubjectId;
+        self.subjects.names.push(name.clone());
+        self.subjects.counts.push(0);
+        self.subjects.by_name.insert(name, id);
+        self.stats.subjects = self.subjects.names.len();
+        Subject::Known(id)
+    }
+
+    fn emit(&mut self, subject: Subject, seq: u64, count: u16, payload: Vec<u8>, out: &mut impl FnMut(Publication)) {
         self.pub_seq += 1;
-        let room = self.subject_seq.len() < SUBJECTS_MAX;
-        let subject_seq = match self.subject_seq.get_mut(&subject) {
-            Some(n) => {
+        let (subject, subject_seq) = match subject {
+            Subject::Known(id) => {
+                let n = &mut self.subjects.counts[id as usize];
                 *n += 1;
-                *n
+                (self.subjects.names[id as usize].clone(), *n)
             }
-            None if room => {
-                self.subject_seq.insert(subject.clone(), 1);
-                self.stats.subjects = self.subject_seq.len();
-                1
-            }
-            None => {
+            Subject::Untracked(name) => {
                 self.stats.subjects_overflow += 1;
-                0
+                (name, 0)
             }
         };
         self.stats.publications += 1;
@@ -265,9 +444,9 @@ impl Router {
             let missing = seq - next;
             self.stats.feed_gaps += 1;
             self.stats.feed_gap_messages += missing;
-            let mut payload = next.to_be_bytes().to_vec();
-            payload.extend_from_slice(&missing.to_be_bytes());
-            self.emit(format!("{}.{session}.control.gap", self.cfg.prefix), next, 0, payload, out);
+            let payload = payload_of(&[&next.to_be_bytes(), &missing.to_be_bytes()]);
+            let subject = self.subject_named(format!("{}.{session}.control.gap", self.cfg.prefix));
+            self.emit(subject, next, 0, payload, out);
         }
         self.expect = Some((p.session(), next.max(seq + carried)));
         let behind = next.saturating_sub(seq).min(carried);
@@ -279,6 +458,61 @@ impl Router {
         behind
     }
 
+    /// One publication per (packet, subject): the packet's messages for it
+    /// as MoldUDP64-style blocks, in the order their subjects first appear.
+    fn route_batched(
+        &mut self,
+        session: &str,
+        keys: Vec<(u64, u8, TokenId, &[u8])>,
+        out: &mut impl FnMut(Publication),
+    ) {
+        let mut groups = std::mem::take(&mut self.groups);
+        groups.clear();
+        // Tokens past the limit are named per message, so each gets a group of its own name.
+        let mut untracked: Vec<(String, u64, u16, Vec<u8>)> = Vec::new();
+        for (seq, _, k, m) in keys {
+            let block = |v: &mut Vec<u8>| {
+                v.extend_from_slice(&(m.len() as u16).to_be_bytes());
+                v.extend_from_slice(m);
+            };
+            if k == TokenId::MAX {
+                let name = self.token_name(k, Some(m));
+                match untracked.iter_mut().find(|g| g.0 == name) {
+                    Some(g) => {
+                        g.2 += 1;
+                        block(&mut g.3);
+                    }
+                    None => {
+                        let mut v = Vec::with_capacity(64 + PAYLOAD_SPARE);
+                        block(&mut v);
+                        untracked.push((name, seq, 1, v));
+                    }
+                }
+                continue;
+            }
+            match groups.iter_mut().find(|g| g.0 == k) {
+                Some(g) => {
+                    g.2 += 1;
+                    block(&mut g.3);
+                }
+                None => {
+                    let mut v = Vec::with_capacity(64 + PAYLOAD_SPARE);
+                    block(&mut v);
+                    groups.push((k, seq, 1, v));
+                }
+            }
+        }
+        for (k, seq, count, payload) in groups.drain(..) {
+            let subject = self.subject(session, k, KIND_BATCH, None);
+            self.emit(subject, seq, count, payload, out);
+        }
+        for (name, seq, count, payload) in untracked {
+            let subject = self.subject_named(format!("{}.{session}.{name}.batch", self.cfg.prefix));
+            self.emit(subject, seq, count, payload, out);
+        }
+        self.groups = groups;
+    }
+
     /// Routes one MoldUDP64 packet; returns the publications it made.
     pub fn route(&mut self, packet: &[u8], mut out: impl FnMut(Publication)) -> usize {
         let before = self.stats.publications;
@@ -287,8 +521,7 @@ impl Router {
             return 0;
         };
         self.stats.packets += 1;
-        let session = token(&String::from_utf8_lossy(p.session().trimmed()));
-        let prefix = self.cfg.prefix.clone();
+        let session = self.session_token(p.session());
         let behind = self.sequence_check(&p, &session, &mut out);
         // `count`, not `message_count` (0 for an end of session as for a heartbeat).
         let carried = p.count();
@@ -306,13 +539,14 @@ impl Router {
             }
             COUNT_END_OF_SESSION => {
                 self.ended = Some(p.session());
-                self.emit(format!("{prefix}.{session}.control.eos"), p.sequence(), 0, packet.to_vec(), &mut out);
+                let subject = self.subject_named(format!("{}.{session}.control.eos", self.cfg.prefix));
+                self.emit(subject, p.sequence(), 0, payload_of(&[packet]), &mut out);
                 return (self.stats.publications - before) as usize;
             }
             _ => {}
         }
         let base = p.sequence();
-        let mut keys: Vec<(u64, u8, String, &[u8])> = Vec::new();
+        let mut keys: Vec<(u64, u8, TokenId, &[u8])> = Vec::with_capacity(usize::from(p.message_count()));
         for (i, m) in p.messages().enumerate().skip(behind as usize) {
             match m {
                 Ok(m) if !m.is_empty() => {
@@ -333,41 +567,19 @@ impl Router {
         };
         match granularity {
             Granularity::Packet => {
-                let first = keys.first().map(|k| k.2.clone()).unwrap_or_else(|| "_MIXED".into());
-                let tok = if keys.iter().all(|k| k.2 == first) { first } else { "_MIXED".into() };
-                let count = p.message_count();
-                self.emit(format!("{prefix}.{session}.pkt.{tok}"), base, count, packet.to_vec(), &mut out);
+                let first = keys.first().map_or(TOKEN_MIXED, |k| k.2);
+                let same = first != TokenId::MAX && keys.iter().all(|k| k.2 == first);
+                let tok = if same { first } else { TOKEN_MIXED };
+                let subject = self.subject(&session, tok, KIND_PACKET, None);
+                self.emit(subject, base, p.message_count(), payload_of(&[packet]), &mut out);
             }
             Granularity::Message | Granularity::Auto => {
                 for (seq, t, k, m) in keys {
-                    self.emit(format!("{prefix}.{session}.{k}.{}", t as char), seq, 1, m.to_vec(), &mut out);
+                    let subject = self.subject(&session, k, u16::from(t), Some(m));
+                    self.emit(subject, seq, 1, payload_of(&[m]), &mut out);
                 }
             }
-            Granularity::Batched => {
-                let mut groups = std::mem::take(&mut self.groups);
-                groups.clear();
-                for (seq, _, k, m) in keys {
-                    let block = |v: &mut Vec<u8>| {
-                        v.extend_from_slice(&(m.len() as u16).to_be_bytes());
-                        v.extend_from_slice(m);
-                    };
-                    match groups.iter_mut().find(|g| g.0 == k) {
-                        Some(g) => {
-                            g.2 += 1;
-                            block(&mut g.3);
-                        }
-                        None => {
-                            let mut v = Vec::with_capacity(64);
-                            block(&mut v);
-                            groups.push((k, seq, 1, v));
-                        }
-                    }
-                }
-                for (k, seq, count, payload) in groups.drain(..) {
-                    self.emit(format!("{prefix}.{session}.{k}.batch"), seq, count, payload, &mut out);
-                }
-                self.groups = groups;
-            }
+            Granularity::Batched => self.route_batched(&session, keys, &mut out),
         }
         (self.stats.publications - before) as usize
     }
@@ -523,6 +735,93 @@ mod tests {
         assert_eq!(subjects(batched), ["ff.itch.SESS_1.BRK_B.batch", "ff.itch.SESS_1._L9.batch"]);
         let packet = RouteConfig { granularity: Granularity::Packet, ..RouteConfig::default() };
         assert_eq!(subjects(packet), ["ff.itch.SESS_1.pkt._MIXED"]);
+    }
+
+    /// Subjects go to the broker unchecked by the client (the bridge skips
+    /// its validation), so a message type off the wire must not put a space
+    /// or a wildcard into one.
+    #[test]
+    fn hostile_message_types_make_valid_subjects() {
+        let session = Session::from_str_padded("S");
+        for t in [b' ', b'>', b'*', b'\n', b'.', 0xE9, 0] {
+            let mut m = [0u8; 12];
+            m[0] = t;
+            m[1..3].copy_from_slice(&9u16.to_be_bytes());
+            let mut buf = vec![0u8; 200];
+            let mut b = PacketBuilder::new(&mut buf, session, 1).unwrap();
+            b.push(&m).unwrap();
+            let n = b.finish();
+            let mut r = Router::new(RouteConfig::default());
+            let mut subjects = Vec::new();
+            r.route(&buf[..n], |p| subjects.push(p.subject));
+            assert_eq!(subjects, ["ff.itch.S._L9._"], "type {t:#04x}");
+            assert!(crate::publish::valid_prefix(&subjects[0]));
+        }
+        for bad in ["", "a b", "a..b", ".a", "a.", "a.*", "a.>", "a\tb", "é"] {
+            assert!(!crate::publish::valid_prefix(bad), "{bad:?}");
+        }
+        assert!(crate::publish::valid_prefix("ff.itch-2_x"));
+    }
+
+    /// A feed naming more stocks than the router keeps subjects for: every
+    /// message is still published on its own symbol's subject, the subjects
+    /// past the limit are named per message and counted, and nothing kept
+    /// grows past its limit.
+    #[test]
+    fn more_symbols_than_subjects_are_published_untracked_and_counted() {
+        let names = SUBJECTS_MAX + 50;
+        let session = Session::from_str_padded("S");
+        let mut buf = vec![0u8; 1400];
+        let mut packets = Vec::new();
+        let mut seq = 1;
+        for chunk in (0..names).collect::<Vec<_>>().chunks(30) {
+            let mut b = PacketBuilder::new(&mut buf, session, seq).unwrap();
+            for &i in chunk {
+                let dir = fairfeed_wire::itch::StockDirectoryRepr {
+                    // Locates repeat: names learned first keep their locate.
+                    stock_locate: (i % 60_000) as u16 + 1,
+                    stock: fairfeed_wire::Alpha::from_str_padded(&format!("Z{i}")),
+                    ..Default::default()
+                };
+                let mut m = [0u8; 39];
+                dir.emit(&mut m).unwrap();
+                b.push(&m).unwrap();
+            }
+            seq += chunk.len() as u64;
+            let n = b.finish();
+            packets.push(buf[..n].to_vec());
+        }
+        for g in [Granularity::Message, Granularity::Batched, Granularity::Packet] {
+            let mut r = Router::new(RouteConfig { granularity: g, ..RouteConfig::default() });
+            let mut published = 0;
+            let mut untracked = 0;
+            for p in &packets {
+                r.route(p, |p| {
+                    published += u64::from(p.count);
+                    if p.subject_seq == 0 {
+                        untracked += 1;
+                    }
+                    if g != Granularity::Packet {
+                        let name = p.subject.split('.').nth(3).unwrap();
+                        let body =
+                            if g == Granularity::Message { p.payload.clone() } else { blocks(&p.payload)[0].clone() };
+                        let want =
+                            format!("Z{}", String::from_utf8_lossy(&body[11..19]).trim().trim_start_matches('Z'));
+                        assert_eq!(name, want, "{g:?}");
+                    }
+                });
+            }
+            assert_eq!(published, names as u64, "{g:?}");
+            assert_eq!(r.stats.bad_messages, 0);
+            assert!(r.stats.subjects <= SUBJECTS_MAX, "{g:?}");
+            assert!(r.tokens.strings.len() <= SUBJECTS_MAX);
+            assert!(r.tokens.by_stock.len() <= SUBJECTS_MAX && r.tokens.by_locate.len() <= LOCATES_MAX);
+            if g == Granularity::Message {
+                assert_eq!(r.stats.subjects, SUBJECTS_MAX);
+                assert_eq!(r.stats.subjects_overflow, untracked);
+                assert!(untracked >= 50, "{untracked}");
+            }
+        }
     }
 
     #[test]

@@ -44,6 +44,20 @@ fn bridge_bench_prints_the_documented_fields() {
     assert_eq!(v["duplicates"], 0);
     assert!(v["publications"].as_u64().unwrap() > 500, "message granularity publishes per message: {v}");
     assert!(v["p50_ms"].as_f64().unwrap() > 0.0);
+    // Each side's CPU per message: the threads were found, and their time was counted.
+    let cpu = &v["cpu"];
+    assert_eq!(cpu["publisher"]["threads"], 1, "{cpu}");
+    assert_eq!(cpu["subscribers"]["threads"], 2, "{cpu}");
+    assert_eq!(cpu["deliveries"].as_u64(), v["publications"].as_u64().map(|p| p * 2), "{cpu}");
+    for k in [
+        "route_ns_per_message",
+        "publisher_ns_per_publication",
+        "bridge_ns_per_publication",
+        "subscriber_ns_per_delivery",
+    ] {
+        let x = cpu[k].as_f64().unwrap_or(0.0);
+        assert!(x > 0.0 && x < 1e7, "{k} = {x}: {cpu}");
+    }
 }
 
 #[test]
