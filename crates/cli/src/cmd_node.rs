@@ -319,6 +319,18 @@ fn attach_afxdp(c: &Common, topology: &Topology) -> anyhow::Result<(fairfeed_net
     .with_context(|| format!("--io afxdp on {iface}"))?;
     let mode = io.mode();
     tracing::info!(node = c.id, "node {}: AF_XDP on {iface} queue 0 ({mode:?} mode), UDP port {}", c.id, addr.port());
+    if fairfeed_net::send::ExternalRecv::reads_socket(&io.recv) {
+        let queues =
+            fairfeed_xdp::afxdp::rx_queues(&iface).map_or("an unknown number of".to_string(), |q| q.to_string());
+        tracing::warn!(
+            node = c.id,
+            "node {}: {iface} has {queues} receive queues; datagrams the NIC puts on queues other than 0 take the \
+             kernel's path (read from the node's socket, counted rx_via_kernel) — steer them to queue 0: \
+             ethtool -N {iface} flow-type udp4 dst-port {} action 0",
+            c.id,
+            addr.port()
+        );
+    }
     let stats = io.stats.clone();
     let read = Arc::new(move || stats.json(mode));
     Ok((

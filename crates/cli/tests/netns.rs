@@ -64,8 +64,9 @@ fn tag(salt: u32) -> u32 {
     (std::process::id() % 40_000) * 2 + salt
 }
 
-/// A bridge in its own namespace and one namespace per node id, node i at 10.231.0.(i+1).
-fn build(ids: &[u32], salt: u32) -> (Namespaces, HashMap<u32, String>) {
+/// A bridge in its own namespace and one namespace per node id, node i at
+/// 10.231.0.(i+1); each veth with `queues` receive and transmit queues.
+fn build(ids: &[u32], salt: u32, queues: u32) -> (Namespaces, HashMap<u32, String>) {
     let tag = tag(salt);
     let sw = format!("ffsw{tag}");
     let mut made = Namespaces(Vec::new());
@@ -80,7 +81,10 @@ fn build(ids: &[u32], salt: u32) -> (Namespaces, HashMap<u32, String>) {
         made.0.push(ns.clone());
         let (a, b) = (iface(i, salt), format!("ffb{i}x{tag}"));
         let (a, b) = (&a[..], &b[..b.len().min(15)]);
-        must(&["link", "add", a, "type", "veth", "peer", "name", b]);
+        let q = queues.to_string();
+        let multi = ["numtxqueues", &q, "numrxqueues", &q];
+        let multi: &[&str] = if queues > 1 { &multi } else { &[] };
+        must(&[&["link", "add", a][..], multi, &["type", "veth", "peer", "name", b], multi].concat());
         must(&["link", "set", a, "netns", &ns]);
         must(&["link", "set", b, "netns", &sw]);
         must(&["-n", &sw, "link", "set", b, "master", "br0", "up"]);
@@ -103,7 +107,7 @@ fn tree_delivers_fairly_across_namespaces_and_veth() {
     let addrs: Vec<String> =
         ids.iter().flat_map(|i| ["--address".to_string(), format!("{i}=10.231.0.{}:9400", i + 1)]).collect();
     let mut c = Cluster::plan(4, 2, 1, &addrs);
-    let (_guard, map) = build(&ids, 0);
+    let (_guard, map) = build(&ids, 0, 1);
     c.netns = Some(map);
     let common: Vec<String> = ["--seconds", "30"].iter().map(|s| s.to_string()).collect();
     for id in c.ids("receiver").into_iter().chain(c.ids("proxy")) {
@@ -176,13 +180,18 @@ fn n(v: &serde_json::Value) -> u64 {
 /// proxy; a layer-0 proxy killed mid-feed. Every receiver must release every
 /// message once and never early; returns the receivers' and the
 /// replicating nodes' stats.
+/// Receive queues of each veth in the AF_XDP tree.
+const AFXDP_QUEUES: u32 = 4;
+
 fn kernel_path_tree(salt: u32, tc: bool, io: &str) -> (Cluster, Vec<serde_json::Value>, Vec<serde_json::Value>) {
     let probe = Cluster::plan(6, 2, 1, &[]);
     let ids: Vec<u32> = probe.nodes.iter().map(|n| n.id).collect();
     let addrs: Vec<String> =
         ids.iter().flat_map(|i| ["--address".to_string(), format!("{i}=10.231.0.{}:9400", i + 1)]).collect();
     let mut c = Cluster::plan(6, 2, 1, &addrs);
-    let (guard, map) = build(&ids, salt);
+    // AF_XDP on interfaces with several receive queues: its socket is on
+    // queue 0, and what lands on the others must still arrive (the kernel's path).
+    let (guard, map) = build(&ids, salt, if io == "afxdp" { AFXDP_QUEUES } else { 1 });
     c.netns = Some(map);
     let victim = c.nodes.iter().find(|n| n.role == "proxy" && n.layer == 0).unwrap().id;
     let args = |id: u32, flag: &str| -> Vec<String> {
@@ -441,13 +450,18 @@ fn the_tree_on_af_xdp_loses_nothing_when_a_proxy_crashes() {
         return;
     }
     let (c, rx, _) = kernel_path_tree(4, false, "afxdp");
+    let mut via_kernel = 0;
     for s in &rx {
         let a = &s["counters"]["afxdp"];
-        assert!(n(&a["rx_frames"]) >= 3_000, "{a}");
+        // Each receiver's two parents' flows land on any of the veth's queues.
+        assert!(n(&a["rx_frames"]) + n(&a["rx_via_kernel"]) >= 3_000, "{a}");
+        via_kernel += n(&a["rx_via_kernel"]);
         assert_eq!(n(&a["rx_malformed"]), 0, "{a}");
         assert_eq!(n(&a["tx_dropped"]), 0, "{a}");
         assert_eq!(n(&s["counters"]["send_failed"]), 0, "{}", s["counters"]);
     }
+    // 12 flows into receivers over 4 queues each: all on queue 0 has odds 4^-12.
+    assert!(via_kernel > 0, "datagrams on queues 1..{AFXDP_QUEUES} took the kernel's path and arrived");
     let s = c.stats(c.ids("sender")[0]);
     assert_eq!(n(&s["counters"]["feed_sent"]), 3_000);
     let a = &s["counters"]["afxdp"];
@@ -457,7 +471,7 @@ fn the_tree_on_af_xdp_loses_nothing_when_a_proxy_crashes() {
     assert!(n(&a["tx_frames"]) >= 5_900, "the sender's copies left as AF_XDP frames: {a}");
     for id in c.ids("proxy") {
         if let Some(a) = c.try_stats(id).map(|s| s["counters"]["afxdp"].clone()) {
-            assert!(n(&a["tx_frames"]) > 0 && n(&a["rx_frames"]) > 0, "proxy {id}: {a}");
+            assert!(n(&a["tx_frames"]) > 0 && n(&a["rx_frames"]) + n(&a["rx_via_kernel"]) > 0, "proxy {id}: {a}");
         }
     }
 }

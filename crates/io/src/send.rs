@@ -37,10 +37,16 @@ pub trait ExternalSend: Send {
 /// A back-end made outside this crate, receiving (AF_XDP).
 pub trait ExternalRecv: Send {
     /// Hands what has arrived to `f` (with a kernel stamp where there is
-    /// one); never waits. Returns how many datagrams.
-    fn recv_stamped(&mut self, f: &mut dyn FnMut(&mut [u8], Option<u64>)) -> usize;
+    /// one); never waits. Returns how many datagrams. `sock` is the node's
+    /// own socket, for what the back-end leaves to the kernel.
+    fn recv_stamped(&mut self, sock: &UdpSocket, f: &mut dyn FnMut(&mut [u8], Option<u64>)) -> usize;
     /// What a loop waits on for input.
     fn fd(&self) -> BorrowedFd<'_>;
+    /// The back-end reads the node's socket too (some datagrams take the
+    /// kernel's path): a loop must wait on that as well.
+    fn reads_socket(&self) -> bool {
+        false
+    }
 }
 
 /// An external back-end's receiving and sending half.
@@ -163,9 +169,14 @@ impl RecvPath {
             RecvPath::UringMulti(u) => u.recv_stamped(f),
             RecvPath::External(e) => {
                 let mut f = f;
-                e.recv_stamped(&mut f)
+                e.recv_stamped(sock, &mut f)
             }
         }
+    }
+
+    /// The loop must also wait on the node's socket, beside [`RecvPath::fd`].
+    pub fn waits_on_socket_too(&self) -> bool {
+        matches!(self, RecvPath::External(e) if e.reads_socket())
     }
 
     /// What a loop waits on for input: the socket, or the ring that reads it.

@@ -603,7 +603,13 @@ impl XskSteer {
 
 /// A node's AF_XDP back-end on one interface: the steering program, the
 /// socket's two halves as fairfeed-io's external back-end, and counters.
-/// Datagrams to the node's port on queue 0 arrive through the socket;
+/// Datagrams to the node's port on queue 0 arrive through the socket. On an
+/// interface with more receive queues, the port's datagrams that the NIC
+/// hashes to another queue pass to the kernel stack (the steering program
+/// has no socket there), and the receive half reads them from the node's
+/// own UDP socket (`rx_via_kernel`): none is lost, those take the slower
+/// path. Steering the port's flows to queue 0 (`ethtool -N IFACE flow-type
+/// udp4 dst-port PORT action 0`) keeps every datagram on the fast path;
 /// everything the node sends leaves as frames on the TX ring, but for a
 /// next hop whose MAC the kernel has not resolved yet: that one datagram
 /// goes through the node's own UDP socket (which makes the kernel resolve
@@ -621,6 +627,9 @@ pub struct NodeStats {
     /// Frames that were not a whole UDP/IPv4 datagram (dropped).
     pub rx_malformed: std::sync::atomic::AtomicU64,
     pub tx_frames: std::sync::atomic::AtomicU64,
+    /// Datagrams read from the node's UDP socket: they arrived on a receive
+    /// queue without an AF_XDP socket (an interface with several).
+    pub rx_via_kernel: std::sync::atomic::AtomicU64,
     /// Datagrams sent through the kernel socket: next hop not yet resolved.
     pub tx_via_kernel: std::sync::atomic::AtomicU64,
     /// Datagrams not sent: the TX ring full, a payload over a frame, or not IPv4.
@@ -641,6 +650,7 @@ impl NodeStats {
             "mode": mode,
             "rx_frames": g(&self.rx_frames),
             "rx_malformed": g(&self.rx_malformed),
+            "rx_via_kernel": g(&self.rx_via_kernel),
             "tx_frames": g(&self.tx_frames),
             "tx_via_kernel": g(&self.tx_via_kernel),
             "tx_dropped": g(&self.tx_dropped),
@@ -654,6 +664,52 @@ pub struct NodeRecv {
     rx: XskRx,
     _steer: XskSteer,
     stats: Arc<NodeStats>,
+    /// The node's socket's reader, on an interface with several receive queues.
+    kernel: Option<Box<fairfeed_io::batch::BatchRecv>>,
+    /// Calls since the node's socket was last read.
+    since_kernel: u32,
+}
+
+/// With several receive queues, the node's socket is read at least every
+/// this many calls while AF_XDP frames keep coming (and on every call that
+/// finds none).
+const KERNEL_READ_EVERY: u32 = 8;
+
+/// Receive queues of `iface` in the calling thread's namespace (ethtool's
+/// channels: receive-only plus combined; sysfs shows the mounting
+/// process's namespace); `None` where the driver does not say.
+pub fn rx_queues(iface: &str) -> Option<u32> {
+    /// `struct ethtool_channels`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct Channels {
+        cmd: u32,
+        max_rx: u32,
+        max_tx: u32,
+        max_other: u32,
+        max_combined: u32,
+        rx_count: u32,
+        tx_count: u32,
+        other_count: u32,
+        combined_count: u32,
+    }
+    const ETHTOOL_GCHANNELS: u32 = 0x3c;
+    let name = iface.as_bytes();
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    let mut ch = Channels { cmd: ETHTOOL_GCHANNELS, ..Channels::default() };
+    // SAFETY: zeroed plain-old-data.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, &c) in req.ifr_name.iter_mut().zip(name) {
+        *d = c as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut ch as *mut Channels).cast();
+    // SAFETY: SIOCETHTOOL reads the name and the command, and writes `ch`,
+    // which lives across the call.
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut req) };
+    (r == 0).then(|| (ch.rx_count + ch.combined_count).max(1))
 }
 
 /// The sending half of [`NodeIo`].
@@ -679,8 +735,11 @@ impl NodeIo {
         let (rx, tx) = xsk.split();
         let socket = rx.core.fd.try_clone().ok();
         let stats = Arc::new(NodeStats { socket, ..NodeStats::default() });
+        // Kernel receive stamps for what takes the kernel's path (where the socket has them on).
+        // A driver that does not say how many queues it has may have several.
+        let kernel = (rx_queues(iface) != Some(1)).then(|| Box::new(fairfeed_io::batch::BatchRecv::new(true)));
         Ok(NodeIo {
-            recv: NodeRecv { rx, _steer: steer, stats: stats.clone() },
+            recv: NodeRecv { rx, _steer: steer, stats: stats.clone(), kernel, since_kernel: 0 },
             send: NodeSend { tx, headers, iface: iface.to_string(), macs: Default::default(), stats: stats.clone() },
             stats,
         })
@@ -692,7 +751,7 @@ impl NodeIo {
 }
 
 impl fairfeed_io::send::ExternalRecv for NodeRecv {
-    fn recv_stamped(&mut self, f: &mut dyn FnMut(&mut [u8], Option<u64>)) -> usize {
+    fn recv_stamped(&mut self, sock: &std::net::UdpSocket, f: &mut dyn FnMut(&mut [u8], Option<u64>)) -> usize {
         let (mut good, mut bad) = (0usize, 0u64);
         self.rx.recv(|frame| match parse_udp(frame) {
             Ok((_, p)) => {
@@ -705,11 +764,24 @@ impl fairfeed_io::send::ExternalRecv for NodeRecv {
         if bad > 0 {
             self.stats.rx_malformed.fetch_add(bad, Ordering::Relaxed);
         }
+        if let Some(k) = self.kernel.as_mut() {
+            self.since_kernel += 1;
+            if good == 0 || self.since_kernel >= KERNEL_READ_EVERY {
+                self.since_kernel = 0;
+                let n = k.recv_stamped(sock, |b, stamp| f(b, stamp));
+                self.stats.rx_via_kernel.fetch_add(n as u64, Ordering::Relaxed);
+                good += n;
+            }
+        }
         good
     }
 
     fn fd(&self) -> BorrowedFd<'_> {
         self.rx.fd()
+    }
+
+    fn reads_socket(&self) -> bool {
+        self.kernel.is_some()
     }
 }
 

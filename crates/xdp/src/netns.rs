@@ -43,6 +43,13 @@ impl VethPair {
     /// Makes the pair; names carry the process id and a counter, so tests
     /// running side by side never meet. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN).
     pub fn create() -> std::io::Result<VethPair> {
+        VethPair::with_queues(1)
+    }
+
+    /// As [`VethPair::create`], each end with `queues` receive and transmit
+    /// queues (veth hands a datagram to the peer's queue its sender picked).
+    pub fn with_queues(queues: u32) -> std::io::Result<VethPair> {
+        assert!((1..=64).contains(&queues), "1 to 64 queues");
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let tag = format!("ffx{pid}-{n}");
@@ -58,20 +65,18 @@ impl VethPair {
             // From here on, dropping `made` removes what was made.
             made.link.ns[i] = ns.clone();
         }
-        ip(&[
-            "-n",
-            &v.ns[0],
-            "link",
-            "add",
-            &v.ifaces[0],
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &v.ifaces[1],
-            "netns",
-            &v.ns[1],
-        ])?;
+        let q = queues.to_string();
+        let mut args = vec!["-n", &v.ns[0], "link", "add", &v.ifaces[0]];
+        let multi = ["numtxqueues", &q, "numrxqueues", &q];
+        if queues > 1 {
+            args.extend(multi);
+        }
+        args.extend(["type", "veth", "peer", "name", &v.ifaces[1]]);
+        if queues > 1 {
+            args.extend(multi);
+        }
+        args.extend(["netns", &v.ns[1]]);
+        ip(&args)?;
         for i in 0..2 {
             let cidr = format!("{}/30", v.addrs[i]);
             ip(&["-n", &v.ns[i], "addr", "add", &cidr, "dev", &v.ifaces[i]])?;

@@ -20,7 +20,7 @@ use fairfeed_xdp::netns;
 use fairfeed_xdp::Mode;
 
 mod common;
-use common::{setup, udp_errors};
+use common::{setup, setup_queues, udp_errors};
 
 const XSK_PORT: u16 = 46_500;
 const OTHER_PORT: u16 = 46_501;
@@ -210,14 +210,17 @@ fn malformed_frames_are_counted_and_the_good_ones_around_them_arrive() {
     });
     netns::enter(&link.ns[0]).unwrap();
     let iface = &link.ifaces[0];
-    let mut io = fairfeed_xdp::afxdp::NodeIo::open(iface, SocketAddrV4::new(link.addrs[0], XSK_PORT), Mode::Native)
-        .expect("AF_XDP node back-end");
+    let me = SocketAddrV4::new(link.addrs[0], XSK_PORT);
+    let sock = UdpSocket::bind(me).unwrap();
+    sock.set_nonblocking(true).unwrap();
+    let mut io = fairfeed_xdp::afxdp::NodeIo::open(iface, me, Mode::Native).expect("AF_XDP node back-end");
+    assert!(!io.recv.reads_socket(), "one receive queue: everything through AF_XDP");
     mac_tx.send(mac_of(iface).unwrap()).unwrap();
     let mut got: Vec<Vec<u8>> = Vec::new();
     let t0 = Instant::now();
     let mut finished = false;
     while t0.elapsed() < Duration::from_secs(10) {
-        let n = io.recv.recv_stamped(&mut |p, stamp| {
+        let n = io.recv.recv_stamped(&sock, &mut |p, stamp| {
             assert!(stamp.is_none());
             got.push(p.to_vec());
         });
@@ -238,4 +241,66 @@ fn malformed_frames_are_counted_and_the_good_ones_around_them_arrive() {
     assert_eq!(j["rx_malformed"], u64::from(GOOD / 2), "{j}");
     assert_eq!(j["rx_frames"], u64::from(GOOD + GOOD / 2), "{j}");
     assert_eq!(j["rx_dropped_in_kernel"], 0, "{j}");
+}
+
+/// Goal: on an interface with several receive queues, the datagrams to the
+/// node's port that land on a queue with no AF_XDP socket are not lost: the
+/// node's receive half reads them from its own UDP socket (`rx_via_kernel`)
+/// beside those that arrive through AF_XDP on queue 0 — every one once.
+#[test]
+fn datagrams_on_other_receive_queues_arrive_through_the_kernel() {
+    use fairfeed_io::send::ExternalRecv;
+    const QUEUES: u32 = 4;
+    const FLOWS: u32 = 48;
+    const EACH: u32 = 20;
+    let Some(veth) = setup_queues(QUEUES) else { return };
+    let link = veth.link().clone();
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    let fl = link.clone();
+    let far = thread::spawn(move || {
+        netns::enter(&fl.ns[1]).unwrap();
+        // One socket per flow: veth hands each flow to the queue its hash picks.
+        let socks: Vec<UdpSocket> =
+            (0..FLOWS).map(|_| UdpSocket::bind(SocketAddrV4::new(fl.addrs[1], 0)).unwrap()).collect();
+        ready_rx.recv().unwrap();
+        let to = SocketAddrV4::new(fl.addrs[0], XSK_PORT);
+        for k in 0..EACH {
+            for (f, s) in socks.iter().enumerate() {
+                s.send_to(&payload(f as u32 * 1_000 + k, 64), to).unwrap();
+            }
+            thread::sleep(Duration::from_micros(300));
+        }
+    });
+    netns::enter(&link.ns[0]).unwrap();
+    let iface = &link.ifaces[0];
+    assert_eq!(fairfeed_xdp::afxdp::rx_queues(iface), Some(QUEUES), "the veth end's queues, by ethtool");
+    let me = SocketAddrV4::new(link.addrs[0], XSK_PORT);
+    let sock = UdpSocket::bind(me).unwrap();
+    sock.set_nonblocking(true).unwrap();
+    let mut io = fairfeed_xdp::afxdp::NodeIo::open(iface, me, Mode::Native).expect("AF_XDP node back-end");
+    assert!(io.recv.reads_socket(), "several receive queues: the socket is read too");
+    ready_tx.send(()).unwrap();
+    let mut got = std::collections::BTreeMap::new();
+    let t0 = Instant::now();
+    while got.len() < (FLOWS * EACH) as usize && t0.elapsed() < Duration::from_secs(10) {
+        let n = io.recv.recv_stamped(&sock, &mut |p, _| {
+            *got.entry(p.to_vec()).or_insert(0u32) += 1;
+        });
+        if n == 0 {
+            thread::sleep(Duration::from_micros(100));
+        }
+    }
+    far.join().unwrap();
+    let j = io.stats.json(io.mode());
+    assert_eq!(got.len(), (FLOWS * EACH) as usize, "every datagram, stats {j}");
+    assert!(got.values().all(|&c| c == 1), "each once");
+    for f in 0..FLOWS {
+        for k in 0..EACH {
+            assert!(got.contains_key(&payload(f * 1_000 + k, 64)), "flow {f} datagram {k}");
+        }
+    }
+    let (via_kernel, frames) = (j["rx_via_kernel"].as_u64().unwrap(), j["rx_frames"].as_u64().unwrap());
+    assert_eq!(via_kernel + frames, u64::from(FLOWS * EACH), "{j}");
+    // 48 flows, each on a random one of 4 queues: none on queue 0 has odds (3/4)^48 ≈ 1e-6.
+    assert!(via_kernel > 0 && frames > 0, "both paths used: {j}");
 }

@@ -12,12 +12,17 @@ pub fn require(var: &str) -> bool {
 /// eBPF programs or the process may not make namespaces; a failure instead
 /// when FAIRFEED_REQUIRE_TOOLS=1 or FAIRFEED_REQUIRE_NETNS=1 says they must be there.
 pub fn setup() -> Option<VethPair> {
+    setup_queues(1)
+}
+
+/// As [`setup`], each end with `queues` receive and transmit queues.
+pub fn setup_queues(queues: u32) -> Option<VethPair> {
     if let Err(e) = fairfeed_xdp::built() {
         assert!(!require("FAIRFEED_REQUIRE_TOOLS"), "{e} and FAIRFEED_REQUIRE_TOOLS=1");
         eprintln!("SKIPPED: {e}");
         return None;
     }
-    match VethPair::create() {
+    match VethPair::with_queues(queues) {
         Ok(v) => Some(v),
         Err(e) => {
             let msg = format!("cannot make a veth pair between namespaces (needs root and iproute2): {e}");

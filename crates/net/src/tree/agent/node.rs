@@ -1,7 +1,7 @@
 //! The node loop.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -693,6 +693,9 @@ impl Agent for NodeAgent<'_> {
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = vec![self.recv.fd(&self.sock)];
+        if self.recv.waits_on_socket_too() {
+            fds.push(self.sock.as_fd());
+        }
         fds.extend(self.feed.iter().map(Incoming::fd));
         fds.extend(self.poster.iter().map(Poster::fd));
         fds
