@@ -220,6 +220,7 @@ fn load(
                 ioc: cross,
                 hidden: false,
                 stamp,
+                min_qty: 0,
             };
             client::enter_order(&order, &mut c.out);
             // Order `token` was due at (token − 1) × gap.
@@ -393,6 +394,7 @@ pub fn in_process(commands: usize, products: usize, runs: usize) -> (f64, u64) {
             tif: if cross { Tif::Ioc } else { Tif::Day },
             market: false,
             hidden: false,
+            min_qty: 0,
         }));
         if !cross {
             live.push((client, i));

@@ -148,6 +148,7 @@ fn slow_reader(addr: SocketAddr, user: &(String, String), symbol: &str, stop: &A
                 ioc: false,
                 hidden: false,
                 stamp: None,
+                min_qty: 0,
             };
             client::enter_order(&o, &mut out);
         }

@@ -1,9 +1,9 @@
 //! The bridge's router on one thread, per ITCH message: MoldUDP64 parsing,
-//! subjects, sequence numbers and the tag, at every granularity — the
+//! subjects, sequence numbers and the tag, at every granularity (each
+//! publication as the bridge queues it, tagged) — the
 //! user-space part of the bridge's hot path, without the broker.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fairfeed_bridge::route::{By, Granularity, RouteConfig, Router};
-use fairfeed_bridge::tag::Tag;
 use fairfeed_feed::gen::{GenConfig, Generator};
 
 fn routes(c: &mut Criterion) {
@@ -12,7 +12,7 @@ fn routes(c: &mut Criterion) {
     let mut r = Router::new(RouteConfig::default());
     let mut messages = 0;
     for p in &feed {
-        messages += r.route(p, |_| {}) as u64;
+        messages += r.route(p, 1, |_| {}) as u64;
     }
     let messages = messages.max(r.stats.messages);
     let mut group = c.benchmark_group("route");
@@ -29,16 +29,7 @@ fn routes(c: &mut Criterion) {
                 |mut r| {
                     let mut n = 0u64;
                     for p in &feed {
-                        r.route(p, |mut publication| {
-                            // What the bridge does with each publication before queueing it.
-                            let tag = Tag {
-                                seq: publication.seq,
-                                count: publication.count,
-                                pub_seq: publication.pub_seq,
-                                subject_seq: publication.subject_seq,
-                                ingress_ns: 1,
-                            };
-                            tag.append(&mut publication.payload);
+                        r.route(p, 1, |publication| {
                             n += publication.payload.len() as u64 + publication.subject.len() as u64;
                         });
                     }

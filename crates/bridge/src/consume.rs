@@ -182,7 +182,6 @@ pub async fn consume(
 mod tests {
     use super::*;
     use crate::route::{By, Granularity, RouteConfig, Router};
-    use crate::tag::Tag;
     use fairfeed_feed::gen::{GenConfig, Generator};
 
     /// (subject, tagged payload) per publication.
@@ -206,12 +205,7 @@ mod tests {
             for (k, m) in pk.messages().enumerate() {
                 want.insert(pk.sequence() + k as u64, m.unwrap().to_vec());
             }
-            r.route(p, |mut x| {
-                let t =
-                    Tag { seq: x.seq, count: x.count, pub_seq: x.pub_seq, subject_seq: x.subject_seq, ingress_ns: 1 };
-                t.append(&mut x.payload);
-                out.push((x.subject, x.payload));
-            });
+            r.route(p, 1, |x| out.push((x.subject.to_string(), x.payload.to_vec())));
         }
         (want, out)
     }

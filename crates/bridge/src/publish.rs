@@ -7,7 +7,7 @@
 //! Every publication's payload ends with the 36-byte tag of [`crate::tag`]
 //! (first MoldUDP64 sequence number, messages, the bridge's publication
 //! number, its number on its subject, when the bridge received the packet —
-//! the latency tag), appended when it is queued. No NATS headers, but
+//! the latency tag), written by the router. No NATS headers, but
 //! `Nats-Msg-Id` for JetStream's deduplication.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -112,7 +112,7 @@ pub struct BridgeReport {
     pub publisher_cpu: Option<crate::cpu::ThreadsCpu>,
 }
 
-/// A queued publication (its tag, with when its packet arrived, already appended).
+/// A queued publication (tagged by the router, with when its packet arrived).
 type Item = Publication;
 
 /// One packet's publications, queued together: one hand-off (and at most one
@@ -198,7 +198,7 @@ async fn publish_core(client: async_nats::Client, mut rx: mpsc::Receiver<Batch>,
         for batch in batches.drain(..) {
             s.pending.fetch_sub(batch.len(), Ordering::Relaxed);
             for p in batch {
-                match client.publish(p.subject, p.payload.into()).await {
+                match client.publish(p.subject, p.payload).await {
                     Ok(()) => s.published.fetch_add(1, Ordering::Relaxed),
                     Err(_) => s.publish_errors.fetch_add(1, Ordering::Relaxed),
                 };
@@ -215,7 +215,7 @@ type Ack = std::pin::Pin<Box<dyn std::future::Future<Output = (Item, u32, Result
 /// acknowledgement, which may overlap the others'.
 async fn send_js(js: &jetstream::Context, item: Item, attempt: u32) -> Ack {
     let h = message_id(&item);
-    match js.publish_with_headers(item.subject.clone(), h, item.payload.clone().into()).await {
+    match js.publish_with_headers(item.subject.clone(), h, item.payload.clone()).await {
         Ok(ack) => Box::pin(async move {
             let r = match ack.await {
                 Ok(a) => Ok(a.duplicate),
@@ -364,17 +364,7 @@ impl Bridge {
             self.router.set_batching(on);
         }
         let mut batch: Batch = Vec::with_capacity(BATCH_CAPACITY);
-        self.router.route(packet, |mut p| {
-            let tag = crate::tag::Tag {
-                seq: p.seq,
-                count: p.count,
-                pub_seq: p.pub_seq,
-                subject_seq: p.subject_seq,
-                ingress_ns,
-            };
-            tag.append(&mut p.payload);
-            batch.push(p);
-        });
+        self.router.route(packet, ingress_ns, |p| batch.push(p));
         let n = batch.len();
         if n == 0 {
             return;

@@ -45,6 +45,10 @@
 //! (a bridge joining mid-day reports no gap for what came before).
 
 use std::collections::HashMap;
+use std::ops::Range;
+
+use async_nats::Subject;
+use bytes::{Bytes, BytesMut};
 
 use fairfeed_wire::itch::Message;
 use fairfeed_wire::moldudp64::{Packet, Session, COUNT_END_OF_SESSION, COUNT_HEARTBEAT};
@@ -91,10 +95,12 @@ impl Default for RouteConfig {
     }
 }
 
-/// One thing to publish.
+/// One thing to publish. Its subject is shared with the router's own copy
+/// and its payload is a slice of one buffer per packet, so routing a packet
+/// allocates once, however many publications it makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Publication {
-    pub subject: String,
+    pub subject: Subject,
     /// MoldUDP64 sequence number of its first message.
     pub seq: u64,
     /// Messages it carries.
@@ -103,7 +109,15 @@ pub struct Publication {
     pub pub_seq: u64,
     /// Its number on its subject, from 1, consecutive per subject.
     pub subject_seq: u64,
-    pub payload: Vec<u8>,
+    /// The content, then the bridge's tag ([`crate::tag`]).
+    pub payload: Bytes,
+}
+
+impl Publication {
+    /// The content without the tag.
+    pub fn body(&self) -> &[u8] {
+        &self.payload[..self.payload.len().saturating_sub(crate::tag::TAG_LEN)]
+    }
 }
 
 /// Router counters.
@@ -208,7 +222,7 @@ impl Tokens {
 /// not a string built and hashed per message.
 #[derive(Debug, Default)]
 struct Subjects {
-    names: Vec<String>,
+    names: Vec<Subject>,
     /// Publications so far on each subject.
     counts: Vec<u64>,
     /// Subjects by name: the same name reached from two tokens (a symbol
@@ -224,11 +238,22 @@ const KIND_BATCH: u16 = 256;
 const KIND_PACKET: u16 = 257;
 
 /// What a publication's subject is.
-enum Subject {
+enum Named {
     /// A numbered subject.
     Known(SubjectId),
     /// Beyond [`SUBJECTS_MAX`]: the name, its publications not counted.
-    Untracked(String),
+    Untracked(Subject),
+}
+
+/// A publication routed and written into the packet's buffer, not handed on yet.
+#[derive(Debug)]
+struct Pending {
+    subject: Subject,
+    seq: u64,
+    count: u16,
+    pub_seq: u64,
+    subject_seq: u64,
+    range: Range<usize>,
 }
 
 /// The router: subjects, symbol names learned from the feed, counters.
@@ -248,19 +273,16 @@ pub struct Router {
     ended: Option<Session>,
     /// `Auto` granularity: batch now.
     batching: bool,
+    /// The packet being routed: its publications' payloads and tags, one
+    /// after another, and what each is.
+    buf: BytesMut,
+    pending: Vec<Pending>,
+    /// When the packet being routed arrived (the tag's latency stamp).
+    ingress_ns: u64,
 }
 
-/// Bytes a publication's payload is given beyond its content: room for the
-/// bridge's tag, so appending it never moves the payload.
-const PAYLOAD_SPARE: usize = crate::tag::TAG_LEN;
-
-fn payload_of(parts: &[&[u8]]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>() + PAYLOAD_SPARE);
-    for p in parts {
-        v.extend_from_slice(p);
-    }
-    v
-}
+/// Bytes a batch's payload is given beyond its first block.
+const BATCH_SPARE: usize = 64;
 
 impl Router {
     pub fn new(cfg: RouteConfig) -> Self {
@@ -275,6 +297,9 @@ impl Router {
             expect: None,
             ended: None,
             batching: false,
+            buf: BytesMut::new(),
+            pending: Vec::new(),
+            ingress_ns: 0,
         }
     }
 
@@ -369,9 +394,9 @@ impl Router {
 
     /// The subject of (token, kind) in `session`; `m` is the message, to name
     /// a token past the limit.
-    fn subject(&mut self, session: &str, tok: TokenId, kind: u16, m: Option<&[u8]>) -> Subject {
+    fn subject(&mut self, session: &str, tok: TokenId, kind: u16, m: Option<&[u8]>) -> Named {
         if let Some(&id) = self.subjects.by_key.get(&(tok, kind)) {
-            return Subject::Known(id);
+            return Named::Known(id);
         }
         let suffix: std::borrow::Cow<'static, str> = match kind {
             KIND_BATCH => "batch".into(),
@@ -389,50 +414,77 @@ impl Router {
             return self.subject_named(name);
         }
         let s = self.subject_named(name);
-        if let Subject::Known(id) = s {
+        if let Named::Known(id) = s {
             self.subjects.by_key.insert((tok, kind), id);
         }
         s
     }
 
     /// The subject called `name` (control subjects, and the slow path).
-    fn subject_named(&mut self, name: String) -> Subject {
+    fn subject_named(&mut self, name: String) -> Named {
         if let Some(&id) = self.subjects.by_name.get(name.as_str()) {
-            return Subject::Known(id);
+            return Named::Known(id);
         }
         if self.subjects.names.len() >= SUBJECTS_MAX {
-            return Subject::Untracked(name);
+            return Named::Untracked(Subject::from(name));
         }
         let id = self.subjects.names.len() as SubjectId;
-        self.subjects.names.push(name.clone());
+        self.subjects.names.push(Subject::from(name.as_str()));
         self.subjects.counts.push(0);
         self.subjects.by_name.insert(name, id);
         self.stats.subjects = self.subjects.names.len();
-        Subject::Known(id)
+        Named::Known(id)
     }
 
-    fn emit(&mut self, subject: Subject, seq: u64, count: u16, payload: Vec<u8>, out: &mut impl FnMut(Publication)) {
+    /// Numbers a publication of `parts` (concatenated) on `subject` and
+    /// writes it, with its tag, into the packet's buffer.
+    fn emit(&mut self, subject: Named, seq: u64, count: u16, parts: &[&[u8]]) {
         self.pub_seq += 1;
         let (subject, subject_seq) = match subject {
-            Subject::Known(id) => {
+            Named::Known(id) => {
                 let n = &mut self.subjects.counts[id as usize];
                 *n += 1;
                 (self.subjects.names[id as usize].clone(), *n)
             }
-            Subject::Untracked(name) => {
+            Named::Untracked(name) => {
                 self.stats.subjects_overflow += 1;
                 (name, 0)
             }
         };
+        let start = self.buf.len();
+        for p in parts {
+            self.buf.extend_from_slice(p);
+        }
         self.stats.publications += 1;
-        self.stats.payload_bytes += payload.len() as u64;
-        out(Publication { subject, seq, count, pub_seq: self.pub_seq, subject_seq, payload });
+        self.stats.payload_bytes += (self.buf.len() - start) as u64;
+        let tag = crate::tag::Tag { seq, count, pub_seq: self.pub_seq, subject_seq, ingress_ns: self.ingress_ns };
+        tag.write(&mut self.buf);
+        let range = start..self.buf.len();
+        self.pending.push(Pending { subject, seq, count, pub_seq: self.pub_seq, subject_seq, range });
+    }
+
+    /// Hands on the packet's publications, their payloads slices of one buffer.
+    fn flush(&mut self, out: &mut impl FnMut(Publication)) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let all = std::mem::take(&mut self.buf).freeze();
+        for p in self.pending.drain(..) {
+            out(Publication {
+                subject: p.subject,
+                seq: p.seq,
+                count: p.count,
+                pub_seq: p.pub_seq,
+                subject_seq: p.subject_seq,
+                payload: all.slice(p.range),
+            });
+        }
     }
 
     /// Checks `p`'s place in the feed's sequence: publishes a gap marker for
     /// messages skipped, and returns how many of its messages were already
     /// routed (all of them: a duplicate, dropped).
-    fn sequence_check(&mut self, p: &Packet<&[u8]>, session: &str, out: &mut impl FnMut(Publication)) -> u64 {
+    fn sequence_check(&mut self, p: &Packet<&[u8]>, session: &str) -> u64 {
         let (seq, count) = (p.sequence(), p.count());
         let carried = if count == COUNT_HEARTBEAT || count == COUNT_END_OF_SESSION { 0 } else { u64::from(count) };
         let next = match self.expect {
@@ -444,9 +496,8 @@ impl Router {
             let missing = seq - next;
             self.stats.feed_gaps += 1;
             self.stats.feed_gap_messages += missing;
-            let payload = payload_of(&[&next.to_be_bytes(), &missing.to_be_bytes()]);
             let subject = self.subject_named(format!("{}.{session}.control.gap", self.cfg.prefix));
-            self.emit(subject, next, 0, payload, out);
+            self.emit(subject, next, 0, &[&next.to_be_bytes(), &missing.to_be_bytes()]);
         }
         self.expect = Some((p.session(), next.max(seq + carried)));
         let behind = next.saturating_sub(seq).min(carried);
@@ -460,14 +511,10 @@ impl Router {
 
     /// One publication per (packet, subject): the packet's messages for it
     /// as MoldUDP64-style blocks, in the order their subjects first appear.
-    fn route_batched(
-        &mut self,
-        session: &str,
-        keys: Vec<(u64, u8, TokenId, &[u8])>,
-        out: &mut impl FnMut(Publication),
-    ) {
+    fn route_batched(&mut self, session: &str, keys: Vec<(u64, u8, TokenId, &[u8])>) {
+        // Groups are kept between packets (their buffers too): `used` of them are this packet's.
         let mut groups = std::mem::take(&mut self.groups);
-        groups.clear();
+        let mut used = 0;
         // Tokens past the limit are named per message, so each gets a group of its own name.
         let mut untracked: Vec<(String, u64, u16, Vec<u8>)> = Vec::new();
         for (seq, _, k, m) in keys {
@@ -483,38 +530,55 @@ impl Router {
                         block(&mut g.3);
                     }
                     None => {
-                        let mut v = Vec::with_capacity(64 + PAYLOAD_SPARE);
+                        let mut v = Vec::with_capacity(BATCH_SPARE);
                         block(&mut v);
                         untracked.push((name, seq, 1, v));
                     }
                 }
                 continue;
             }
-            match groups.iter_mut().find(|g| g.0 == k) {
+            match groups[..used].iter_mut().find(|g| g.0 == k) {
                 Some(g) => {
                     g.2 += 1;
                     block(&mut g.3);
                 }
                 None => {
-                    let mut v = Vec::with_capacity(64 + PAYLOAD_SPARE);
-                    block(&mut v);
-                    groups.push((k, seq, 1, v));
+                    if used == groups.len() {
+                        groups.push((k, seq, 0, Vec::with_capacity(BATCH_SPARE)));
+                    }
+                    let g = &mut groups[used];
+                    g.3.clear();
+                    (g.0, g.1, g.2) = (k, seq, 1);
+                    block(&mut g.3);
+                    used += 1;
                 }
             }
         }
-        for (k, seq, count, payload) in groups.drain(..) {
-            let subject = self.subject(session, k, KIND_BATCH, None);
-            self.emit(subject, seq, count, payload, out);
+        for g in &groups[..used] {
+            let subject = self.subject(session, g.0, KIND_BATCH, None);
+            self.emit(subject, g.1, g.2, &[&g.3]);
         }
         for (name, seq, count, payload) in untracked {
             let subject = self.subject_named(format!("{}.{session}.{name}.batch", self.cfg.prefix));
-            self.emit(subject, seq, count, payload, out);
+            self.emit(subject, seq, count, &[&payload]);
         }
         self.groups = groups;
     }
 
-    /// Routes one MoldUDP64 packet; returns the publications it made.
-    pub fn route(&mut self, packet: &[u8], mut out: impl FnMut(Publication)) -> usize {
+    /// Routes one MoldUDP64 packet that arrived at `ingress_ns` (CLOCK_REALTIME
+    /// ns, the tag's latency stamp); hands `out` the publications it made,
+    /// each tagged, and returns how many.
+    pub fn route(&mut self, packet: &[u8], ingress_ns: u64, mut out: impl FnMut(Publication)) -> usize {
+        let before = self.stats.publications;
+        self.ingress_ns = ingress_ns;
+        let n = self.route_packet(packet);
+        self.flush(&mut out);
+        debug_assert_eq!(self.stats.publications - before, n as u64);
+        n
+    }
+
+    /// Routes one packet into the buffer; returns the publications it made.
+    fn route_packet(&mut self, packet: &[u8]) -> usize {
         let before = self.stats.publications;
         let Ok(p) = Packet::new_checked(packet) else {
             self.stats.bad_packets += 1;
@@ -522,7 +586,9 @@ impl Router {
         };
         self.stats.packets += 1;
         let session = self.session_token(p.session());
-        let behind = self.sequence_check(&p, &session, &mut out);
+        let behind = self.sequence_check(&p, &session);
+        // Room for the packet's content and a tag per message (one allocation).
+        self.buf.reserve(packet.len() + usize::from(p.message_count().min(512)) * crate::tag::TAG_LEN + 64);
         // `count`, not `message_count` (0 for an end of session as for a heartbeat).
         let carried = p.count();
         if carried != COUNT_HEARTBEAT && carried != COUNT_END_OF_SESSION && behind == u64::from(carried) {
@@ -540,7 +606,7 @@ impl Router {
             COUNT_END_OF_SESSION => {
                 self.ended = Some(p.session());
                 let subject = self.subject_named(format!("{}.{session}.control.eos", self.cfg.prefix));
-                self.emit(subject, p.sequence(), 0, payload_of(&[packet]), &mut out);
+                self.emit(subject, p.sequence(), 0, &[packet]);
                 return (self.stats.publications - before) as usize;
             }
             _ => {}
@@ -571,15 +637,15 @@ impl Router {
                 let same = first != TokenId::MAX && keys.iter().all(|k| k.2 == first);
                 let tok = if same { first } else { TOKEN_MIXED };
                 let subject = self.subject(&session, tok, KIND_PACKET, None);
-                self.emit(subject, base, p.message_count(), payload_of(&[packet]), &mut out);
+                self.emit(subject, base, p.message_count(), &[packet]);
             }
             Granularity::Message | Granularity::Auto => {
                 for (seq, t, k, m) in keys {
                     let subject = self.subject(&session, k, u16::from(t), Some(m));
-                    self.emit(subject, seq, 1, payload_of(&[m]), &mut out);
+                    self.emit(subject, seq, 1, &[m]);
                 }
             }
-            Granularity::Batched => self.route_batched(&session, keys, &mut out),
+            Granularity::Batched => self.route_batched(&session, keys),
         }
         (self.stats.publications - before) as usize
     }
@@ -629,7 +695,7 @@ mod tests {
         let mut r = Router::new(cfg);
         let mut out = Vec::new();
         for p in feed {
-            r.route(p, |x| out.push(x));
+            r.route(p, 1, |x| out.push(x));
         }
         (out, r.stats)
     }
@@ -648,13 +714,11 @@ mod tests {
                         continue;
                     }
                     let parts: Vec<Vec<u8>> = match g {
-                        Granularity::Message => vec![p.payload.clone()],
-                        Granularity::Batched => blocks(&p.payload),
-                        Granularity::Packet => Packet::new_checked(&p.payload[..])
-                            .unwrap()
-                            .messages()
-                            .map(|m| m.unwrap().to_vec())
-                            .collect(),
+                        Granularity::Message => vec![p.body().to_vec()],
+                        Granularity::Batched => blocks(p.body()),
+                        Granularity::Packet => {
+                            Packet::new_checked(p.body()).unwrap().messages().map(|m| m.unwrap().to_vec()).collect()
+                        }
                         Granularity::Auto => unreachable!("not in this loop"),
                     };
                     assert_eq!(parts.len(), usize::from(p.count), "{g:?}: count header matches");
@@ -679,13 +743,13 @@ mod tests {
         let subject_of: HashMap<Vec<u8>, String> = msg_pubs
             .iter()
             .filter(|p| !p.subject.ends_with("eos"))
-            .map(|p| (p.payload.clone(), p.subject.rsplit_once('.').unwrap().0.to_string()))
+            .map(|p| (p.body().to_vec(), p.subject.rsplit_once('.').unwrap().0.to_string()))
             .collect();
         let (pubs, _) = all(RouteConfig { granularity: Granularity::Batched, ..RouteConfig::default() }, &f);
         let mut n = 0;
         for p in pubs.iter().filter(|p| p.subject.ends_with(".batch")) {
             let base = p.subject.strip_suffix(".batch").unwrap();
-            for m in blocks(&p.payload) {
+            for m in blocks(p.body()) {
                 assert_eq!(subject_of[&m], base, "a message in another symbol's batch");
                 n += 1;
             }
@@ -719,7 +783,7 @@ mod tests {
         let subjects = |cfg: RouteConfig| {
             let mut r = Router::new(cfg);
             let mut v = Vec::new();
-            r.route(&pkt, |p| v.push(p.subject));
+            r.route(&pkt, 1, |p| v.push(p.subject.to_string()));
             v
         };
         assert_eq!(
@@ -735,6 +799,31 @@ mod tests {
         assert_eq!(subjects(batched), ["ff.itch.SESS_1.BRK_B.batch", "ff.itch.SESS_1._L9.batch"]);
         let packet = RouteConfig { granularity: Granularity::Packet, ..RouteConfig::default() };
         assert_eq!(subjects(packet), ["ff.itch.SESS_1.pkt._MIXED"]);
+    }
+
+    /// A packet's publications are slices of one buffer, one after another,
+    /// each ending in its tag: routing a packet allocates its payloads once.
+    #[test]
+    fn a_packets_publications_share_one_buffer_each_tagged() {
+        let f = feed(2_000, 9);
+        let mut r = Router::new(RouteConfig::default());
+        let mut checked = 0;
+        for (i, p) in f.iter().enumerate() {
+            let mut pubs = Vec::new();
+            r.route(p, 1_000 + i as u64, |x| pubs.push(x));
+            for w in pubs.windows(2) {
+                let end = w[0].payload.as_ptr() as usize + w[0].payload.len();
+                assert_eq!(w[1].payload.as_ptr() as usize, end, "contiguous in one buffer");
+                checked += 1;
+            }
+            for x in &pubs {
+                let (body, tag) = crate::tag::split(&x.payload).expect("tagged");
+                assert_eq!(body, x.body());
+                assert_eq!((tag.seq, tag.count, tag.pub_seq), (x.seq, x.count, x.pub_seq));
+                assert_eq!((tag.subject_seq, tag.ingress_ns), (x.subject_seq, 1_000 + i as u64));
+            }
+        }
+        assert!(checked > 1_000, "{checked}");
     }
 
     /// Subjects go to the broker unchecked by the client (the bridge skips
@@ -753,7 +842,7 @@ mod tests {
             let n = b.finish();
             let mut r = Router::new(RouteConfig::default());
             let mut subjects = Vec::new();
-            r.route(&buf[..n], |p| subjects.push(p.subject));
+            r.route(&buf[..n], 1, |p| subjects.push(p.subject.to_string()));
             assert_eq!(subjects, ["ff.itch.S._L9._"], "type {t:#04x}");
             assert!(crate::publish::valid_prefix(&subjects[0]));
         }
@@ -796,7 +885,7 @@ mod tests {
             let mut published = 0;
             let mut untracked = 0;
             for p in &packets {
-                r.route(p, |p| {
+                r.route(p, 1, |p| {
                     published += u64::from(p.count);
                     if p.subject_seq == 0 {
                         untracked += 1;
@@ -804,7 +893,7 @@ mod tests {
                     if g != Granularity::Packet {
                         let name = p.subject.split('.').nth(3).unwrap();
                         let body =
-                            if g == Granularity::Message { p.payload.clone() } else { blocks(&p.payload)[0].clone() };
+                            if g == Granularity::Message { p.body().to_vec() } else { blocks(p.body())[0].clone() };
                         let want =
                             format!("Z{}", String::from_utf8_lossy(&body[11..19]).trim().trim_start_matches('Z'));
                         assert_eq!(name, want, "{g:?}");
@@ -827,7 +916,7 @@ mod tests {
     #[test]
     fn bad_packets_are_counted_not_published() {
         let mut r = Router::new(RouteConfig::default());
-        assert_eq!(r.route(&[1, 2, 3], |_| panic!("published garbage")), 0);
+        assert_eq!(r.route(&[1, 2, 3], 1, |_| panic!("published garbage")), 0);
         assert_eq!(r.stats.bad_packets, 1);
         assert_eq!(token("a.b c*>"), "a_b_c__");
     }
@@ -860,8 +949,8 @@ mod tests {
             let first = Packet::new_checked(&f[run[0]][..]).unwrap().sequence();
             let n: u64 = run.iter().map(|&i| u64::from(Packet::new_checked(&f[i][..]).unwrap().message_count())).sum();
             let got = (
-                u64::from_be_bytes(m.payload[..8].try_into().unwrap()),
-                u64::from_be_bytes(m.payload[8..].try_into().unwrap()),
+                u64::from_be_bytes(m.body()[..8].try_into().unwrap()),
+                u64::from_be_bytes(m.body()[8..].try_into().unwrap()),
             );
             assert_eq!((m.seq, m.count, got), (first, 0, (first, n)), "{}", m.subject);
         }
@@ -878,7 +967,7 @@ mod tests {
         let both: Vec<Vec<u8>> = f.iter().flat_map(|p| [p.clone(), p.clone()]).collect();
         let (out, st) = all(RouteConfig::default(), &both);
         let strip =
-            |v: &[Publication]| v.iter().map(|p| (p.subject.clone(), p.seq, p.payload.clone())).collect::<Vec<_>>();
+            |v: &[Publication]| v.iter().map(|p| (p.subject.to_string(), p.seq, p.body().to_vec())).collect::<Vec<_>>();
         assert_eq!(strip(&out), strip(&single), "the second copy of every packet publishes nothing");
         let ends = f.iter().filter(|p| Packet::new_checked(&p[..]).unwrap().is_end_of_session()).count();
         assert_eq!(st.duplicate_packets as usize, data(&f).len() + ends, "every data packet and the end: {st:?}");
@@ -904,9 +993,9 @@ mod tests {
         };
         let mut r = Router::new(RouteConfig::default());
         let mut out = Vec::new();
-        r.route(&pkt(1, 3), |p| out.push(p));
-        r.route(&pkt(2, 3), |p| out.push(p)); // 2 and 3 again, 4 new
-        r.route(&pkt(7, 1), |p| out.push(p)); // 5 and 6 lost
+        r.route(&pkt(1, 3), 1, |p| out.push(p));
+        r.route(&pkt(2, 3), 1, |p| out.push(p)); // 2 and 3 again, 4 new
+        r.route(&pkt(7, 1), 1, |p| out.push(p)); // 5 and 6 lost
         let seqs: Vec<(u64, String)> =
             out.iter().map(|p| (p.seq, p.subject.rsplit('.').next().unwrap().to_string())).collect();
         assert_eq!(
@@ -918,14 +1007,14 @@ mod tests {
         let mut buf = [0u8; 64];
         let b = PacketBuilder::new(&mut buf[..], Session::from_str_padded("TEST000002"), 1).unwrap();
         let len = b.finish();
-        r.route(&buf[..len], |p| out.push(p));
+        r.route(&buf[..len], 1, |p| out.push(p));
         assert_eq!(r.stats.feed_gaps, 1);
         // Its end of session, from both lines: published once.
         let mut eos = buf[..len].to_vec();
         eos[18..20].copy_from_slice(&COUNT_END_OF_SESSION.to_be_bytes());
         let n = out.len();
-        r.route(&eos, |p| out.push(p));
-        r.route(&eos, |p| out.push(p));
+        r.route(&eos, 1, |p| out.push(p));
+        r.route(&eos, 1, |p| out.push(p));
         assert_eq!((out.len() - n, r.stats.duplicate_packets), (1, 1), "{:?}", r.stats);
         assert!(out.last().unwrap().subject.ends_with(".control.eos"));
     }
@@ -939,7 +1028,7 @@ mod tests {
         for (i, p) in f.iter().enumerate() {
             // Batch for a stretch, as a bridge whose broker fell behind would.
             r.set_batching((i / 200) % 2 == 1);
-            r.route(p, |x| out.push(x));
+            r.route(p, 1, |x| out.push(x));
         }
         assert!(r.stats.auto_batched_packets > 0 && r.stats.auto_switches >= 4, "{:?}", r.stats);
         let (mut got, mut per_symbol): (Vec<Vec<u8>>, HashMap<String, Vec<u64>>) = (Vec::new(), HashMap::new());
@@ -947,7 +1036,7 @@ mod tests {
             if p.subject.contains(".control.") {
                 continue;
             }
-            let parts = if p.subject.ends_with(".batch") { blocks(&p.payload) } else { vec![p.payload.clone()] };
+            let parts = if p.subject.ends_with(".batch") { blocks(p.body()) } else { vec![p.body().to_vec()] };
             let symbol = p.subject.split('.').nth(3).unwrap().to_string();
             per_symbol.entry(symbol).or_default().push(p.seq);
             got.extend(parts);

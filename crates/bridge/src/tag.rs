@@ -33,12 +33,17 @@ impl Tag {
     /// Appends the trailer to `payload`.
     pub fn append(&self, payload: &mut Vec<u8>) {
         payload.reserve(TAG_LEN);
-        payload.extend_from_slice(&self.seq.to_be_bytes());
-        payload.extend_from_slice(&self.count.to_be_bytes());
-        payload.extend_from_slice(&self.pub_seq.to_be_bytes());
-        payload.extend_from_slice(&self.subject_seq.to_be_bytes());
-        payload.extend_from_slice(&self.ingress_ns.to_be_bytes());
-        payload.extend_from_slice(&MAGIC);
+        self.write(payload);
+    }
+
+    /// Writes the trailer at the end of `b`.
+    pub fn write(&self, b: &mut impl bytes::BufMut) {
+        b.put_u64(self.seq);
+        b.put_u16(self.count);
+        b.put_u64(self.pub_seq);
+        b.put_u64(self.subject_seq);
+        b.put_u64(self.ingress_ns);
+        b.put_slice(&MAGIC);
     }
 }
 

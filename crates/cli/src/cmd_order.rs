@@ -95,6 +95,10 @@ struct OrderArgs {
     /// Not displayed: rests and trades, never shown on the ITCH feed.
     #[arg(long)]
     hidden: bool,
+    /// Minimum quantity (with --ioc): trade at least this many shares at
+    /// once, or none (OUCH option 3), 1..=999,999,999.
+    #[arg(long, requires = "ioc", value_parser = clap::value_parser!(u32).range(1..=999_999_999))]
+    min_qty: Option<u32>,
     /// The order's token (UserRefNum; default: the next free one, from an OUCH Account Query).
     #[arg(long)]
     token: Option<u32>,
@@ -166,6 +170,7 @@ fn reject_reason(code: u16) -> &'static str {
         5 => "no such order",
         6 => "too many orders",
         7 => "too many price levels",
+        8 => "bad minimum quantity (IOC or market only, at most the quantity)",
         10 => "bad side",
         11 => "message not supported",
         12 => "malformed message",
@@ -269,21 +274,26 @@ fn describe(m: &[u8]) -> Said {
     let s = |v: &[u8]| String::from_utf8_lossy(v).trim().to_string();
     let c = |b: u8| char::from(b).to_string();
     let (text, json) = match Message::parse(m) {
-        Ok(Message::OrderAccepted(o)) => (
-            format!(
-                "accepted   token {} {} {} {} @ {} ref {} {}",
-                o.user_ref_num(),
-                if o.side() == b'B' { "BUY" } else { "SELL" },
-                o.quantity(),
-                s(&o.symbol().0),
-                dollars(o.price().0),
-                o.order_reference_number(),
-                if o.order_state() == b'L' { "live" } else { "dead" }
-            ),
-            json!({"type": "accepted", "token": o.user_ref_num(), "side": c(o.side()), "qty": o.quantity(),
-                   "symbol": s(&o.symbol().0), "price": dollars(o.price().0),
-                   "order_ref": o.order_reference_number(), "state": c(o.order_state())}),
-        ),
+        Ok(Message::OrderAccepted(o)) => {
+            // The minimum quantity the exchange echoed (OUCH option 3), if any.
+            let min = fairfeed_exchange::gateway::min_qty(o.tail()).ok().filter(|&m| m > 0);
+            (
+                format!(
+                    "accepted   token {} {} {} {} @ {} ref {} {}{}",
+                    o.user_ref_num(),
+                    if o.side() == b'B' { "BUY" } else { "SELL" },
+                    o.quantity(),
+                    s(&o.symbol().0),
+                    dollars(o.price().0),
+                    o.order_reference_number(),
+                    if o.order_state() == b'L' { "live" } else { "dead" },
+                    min.map_or(String::new(), |m| format!(" min {m}"))
+                ),
+                json!({"type": "accepted", "token": o.user_ref_num(), "side": c(o.side()), "qty": o.quantity(),
+                       "symbol": s(&o.symbol().0), "price": dollars(o.price().0),
+                       "order_ref": o.order_reference_number(), "state": c(o.order_state()), "min_qty": min}),
+            )
+        }
         Ok(Message::OrderExecuted(e)) => (
             format!(
                 "executed   token {} {} @ {} match {} liquidity {}",
@@ -382,6 +392,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 ioc: o.ioc,
                 hidden: o.hidden,
                 stamp: None,
+                min_qty: o.min_qty.unwrap_or(0),
             };
             client::enter_order(&order, &mut b);
             token

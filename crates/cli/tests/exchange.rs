@@ -59,7 +59,7 @@ fn soup(p: PacketRepr<'_>) -> Vec<u8> {
 fn enter(token: u32, side: u8, qty: u32, price: i64) -> Vec<u8> {
     let mut b = Vec::new();
     client::enter_order(
-        &client::Order { token, side, qty, symbol: "AAPL", price, ioc: false, hidden: false, stamp: None },
+        &client::Order { token, side, qty, symbol: "AAPL", price, ioc: false, hidden: false, stamp: None, min_qty: 0 },
         &mut b,
     );
     b
@@ -342,6 +342,7 @@ fn race(window_ns: u64) -> (u32, u32) {
                 ioc: false,
                 hidden: false,
                 stamp: Some(stamp),
+                min_qty: 0,
             },
             &mut b,
         );
@@ -708,15 +709,24 @@ fn orders_by_hand_trade_cancel_replace_and_say_why_when_refused() {
     let (rc, _, err) = order(port, &["buy", "AAPL", "1", "@", "1.00001"]);
     assert_eq!(rc, Some(1));
     assert!(err.contains("\"@1.00001\"") && err.lines().count() == 1, "names the value: {err}");
+    // A minimum quantity: nothing rests to sell, so an IOC wanting at least
+    // 10 trades nothing and is canceled whole, its minimum echoed; one above
+    // its own quantity is refused.
+    let (rc, out, _) = order(port, &["buy", "AAPL", "20", "@", "1", "--ioc", "--min-qty", "10"]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(out.contains("min 10") && out.contains("canceled   token 5 20 shares"), "{out}");
+    let (rc, out, err) = order(port, &["buy", "AAPL", "20", "@", "1", "--ioc", "--min-qty", "30"]);
+    assert_eq!(rc, Some(1), "{out}{err}");
+    assert!(out.contains("bad minimum quantity") && err.lines().count() == 1, "{out}{err}");
     let (rc, out, _) = order(port, &["next-token"]);
     assert_eq!(rc, Some(0));
-    assert!(out.contains("next token 5"), "tokens 1–4 were used: {out}");
+    assert!(out.contains("next token 7"), "tokens 1–6 were used: {out}");
     // The whole session, from its first message.
     let (rc, out, _) = order(port, &["history", "--json"]);
     assert_eq!(rc, Some(0));
     let kinds: Vec<String> =
         out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].to_string()).collect();
-    assert!(kinds.iter().filter(|k| k.contains("accepted")).count() == 2, "{kinds:?}");
+    assert!(kinds.iter().filter(|k| k.contains("accepted")).count() == 3, "{kinds:?}");
     let _ = ex.kill();
     let _ = ex.wait();
     let (rc, _, err) = order(port, &["buy", "AAPL", "1", "@", "1"]);

@@ -29,6 +29,7 @@ fn flow(n: usize) -> Vec<Command> {
                 tif,
                 market: false,
                 hidden: false,
+                min_qty: 0,
             }));
             if tif == Tif::Day {
                 live.push((client, i));

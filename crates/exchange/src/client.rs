@@ -41,6 +41,8 @@ pub struct Order<'a> {
     pub hidden: bool,
     /// The sender's timestamp for inbound sequencing (appendage tag 0xF0).
     pub stamp: Option<u64>,
+    /// Minimum quantity (OUCH option 3; 0: none; IOC orders only).
+    pub min_qty: u32,
 }
 
 fn unsequenced(m: inbound::MessageRepr, out: &mut Vec<u8>) {
@@ -52,8 +54,21 @@ fn unsequenced(m: inbound::MessageRepr, out: &mut Vec<u8>) {
 
 /// An OUCH 5.0 Enter Order in a SoupBinTCP unsequenced packet.
 pub fn enter_order(o: &Order<'_>, out: &mut Vec<u8>) {
-    let app = o.stamp.map(crate::sequencer::timestamp_appendage);
-    let appendage = app.as_ref().and_then(|a| Appendage::from_slice(a)).unwrap_or(Appendage::EMPTY);
+    let mut app = [0u8; fairfeed_wire::ouch::APPENDAGE_LEN_MAX];
+    let mut n = 0;
+    if let Some(ts) = o.stamp {
+        let t = crate::sequencer::timestamp_appendage(ts);
+        let _ = fairfeed_wire::ouch::push_option(&mut app, &mut n, t[1], &t[2..]);
+    }
+    if o.min_qty > 0 {
+        let _ = fairfeed_wire::ouch::push_option(
+            &mut app,
+            &mut n,
+            fairfeed_wire::ouch::tag::MIN_QTY,
+            &o.min_qty.to_be_bytes(),
+        );
+    }
+    let appendage = Appendage::from_slice(&app[..n]).unwrap_or(Appendage::EMPTY);
     unsequenced(
         inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
             user_ref_num: o.token,

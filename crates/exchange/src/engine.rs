@@ -119,6 +119,11 @@ pub struct NewOrder {
     /// but the ITCH feed never shows it — its executions appear as anonymous
     /// Trade messages.
     pub hidden: bool,
+    /// Minimum quantity (OUCH option 3; 0: none): the order executes on entry
+    /// only if at least this many shares can trade at once at its limit;
+    /// otherwise none does, and it is canceled in full. Only orders that do
+    /// not rest (IOC, market) may carry one (the gateway refuses others).
+    pub min_qty: Qty,
 }
 
 /// What the engine is asked to do.
@@ -151,6 +156,10 @@ pub enum Reject {
     UnknownOrder,
     TooManyOrders,
     TooManyLevels,
+    /// A minimum quantity (OUCH option 3) that is malformed, above the
+    /// order's quantity, or on an order that could rest (only IOC and
+    /// market orders carry one) or on a Replace.
+    BadMinQty,
 }
 
 /// Why shares were canceled.
@@ -301,6 +310,8 @@ pub struct EngineStats {
     pub live_orders: u64,
     /// Orders whose unexecuted rest found no room (orders or levels limit) and was canceled.
     pub no_room: u64,
+    /// Orders with a minimum quantity that could not trade it on entry (canceled unexecuted).
+    pub min_qty_unmet: u64,
 }
 
 /// The books of one engine (one shard of the symbols).
@@ -487,7 +498,24 @@ impl Engine {
             hidden: o.hidden,
         };
         let tif = if o.market { Tif::Ioc } else { o.tif };
+        if o.min_qty > 0 && self.crossing_qty(&t, o.min_qty) < u64::from(o.min_qty) {
+            self.stats.min_qty_unmet += 1;
+            return self.cancel_rest(&t, out);
+        }
         self.execute(t, tif, out);
+    }
+
+    /// Shares resting on the other side that `t` could trade with at once
+    /// (counted up to `enough`).
+    fn crossing_qty(&self, t: &Taker, enough: Qty) -> u64 {
+        let mut sum = 0u64;
+        for l in self.books[usize::from(t.symbol)][side_ix(t.side.opposite())].levels.iter().rev() {
+            if !crosses(t.side, t.limit, l.price) || sum >= u64::from(enough) {
+                break;
+            }
+            sum += l.qty;
+        }
+        sum
     }
 
     /// Matches `t` against the book, then books or cancels what is left.

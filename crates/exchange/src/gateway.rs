@@ -23,6 +23,7 @@
 /// per map so that no client can choose keys that collide (`foldhash`).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
+use fairfeed_wire::macros::Tail;
 use fairfeed_wire::ouch::{inbound, outbound, Appendage, OuchPrice};
 use fairfeed_wire::soupbintcp::{split_packet, PacketRepr, REJECT_NOT_AUTHORIZED, REJECT_SESSION_NOT_AVAILABLE};
 use fairfeed_wire::{Alpha, Stock};
@@ -97,6 +98,9 @@ pub struct GatewayStats {
     pub sequenced_out: u64,
     /// Orders (or replacements) refused because their token names a live order.
     pub duplicate_tokens: u64,
+    /// Enter or Replace orders refused for their minimum quantity (malformed,
+    /// above the quantity, on an order that could rest, on a Replace).
+    pub bad_min_qty: u64,
     /// Cancels of no live order, answered with a Cancel Reject.
     pub cancel_rejects: u64,
     /// Connections closed for not logging in within `login_timeout_ns`.
@@ -160,6 +164,40 @@ struct LiveOrder {
     cross_type: u8,
     cl_ord_id: Alpha<14>,
     open: u32,
+    /// The minimum quantity entered (0: none), echoed in Order Accepted.
+    min_qty: u32,
+}
+
+/// An appendage whose minimum-quantity option is malformed or given twice,
+/// or whose options are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadMinQtyOption;
+
+/// The minimum quantity an appendage asks for (0: none).
+pub fn min_qty(appendage: &[u8]) -> Result<u32, BadMinQtyOption> {
+    let mut found = None;
+    for o in fairfeed_wire::ouch::options(appendage) {
+        let (tag, value) = o.map_err(|_| BadMinQtyOption)?;
+        if tag == fairfeed_wire::ouch::tag::MIN_QTY {
+            let v: [u8; 4] = value.try_into().map_err(|_| BadMinQtyOption)?;
+            if found.replace(u32::from_be_bytes(v)).is_some() {
+                return Err(BadMinQtyOption);
+            }
+        }
+    }
+    Ok(found.unwrap_or(0))
+}
+
+/// The appendage echoing what the gateway accepted of a client's options.
+fn echo_appendage(o: &LiveOrder) -> (u16, Appendage) {
+    if o.min_qty == 0 {
+        return (0, Appendage::EMPTY);
+    }
+    let mut b = [0u8; fairfeed_wire::ouch::APPENDAGE_LEN_MAX];
+    let mut n = 0;
+    let _ =
+        fairfeed_wire::ouch::push_option(&mut b, &mut n, fairfeed_wire::ouch::tag::MIN_QTY, &o.min_qty.to_be_bytes());
+    (n as u16, Appendage::from_slice(&b[..n]).unwrap_or(Appendage::EMPTY))
 }
 
 /// Nanoseconds since (UTC) midnight of `wall_ns`, nanoseconds since the Unix
@@ -206,6 +244,7 @@ pub fn reject_code(r: Reject) -> u16 {
         Reject::UnknownOrder => 5,
         Reject::TooManyOrders => 6,
         Reject::TooManyLevels => 7,
+        Reject::BadMinQty => 8,
     }
 }
 
@@ -469,6 +508,14 @@ impl Gateway {
         let px = o.price().0;
         let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
         let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
+        // A minimum applies on entry: only to an order that does not rest.
+        let min_qty = match min_qty(o.tail()) {
+            Ok(m) if m <= o.quantity() && (m == 0 || market || tif == Tif::Ioc) => m,
+            _ => {
+                self.stats.bad_min_qty += 1;
+                return Err((token, reject_code(Reject::BadMinQty), cl));
+            }
+        };
         let live = LiveOrder {
             symbol,
             side: o.side(),
@@ -479,12 +526,13 @@ impl Gateway {
             cross_type: o.cross_type(),
             cl_ord_id: cl,
             open: o.quantity(),
+            min_qty,
         };
         self.orders.insert((client, token), live);
         let price = if market { 0 } else { u32::try_from(px).unwrap_or(u32::MAX) };
         // Display `N`: a non-displayed order (kept off the ITCH feed).
         let hidden = o.display() == b'N';
-        let new = NewOrder { client, token, symbol, side, price, qty: o.quantity(), tif, market, hidden };
+        let new = NewOrder { client, token, symbol, side, price, qty: o.quantity(), tif, market, hidden, min_qty };
         cmds(Command::New(new), crate::sequencer::client_timestamp(o.tail()));
         Ok(())
     }
@@ -499,6 +547,11 @@ impl Gateway {
     ) -> Result<(), (u32, u16, Alpha<14>)> {
         let (token, cl) = (r.user_ref_num(), r.cl_ord_id());
         self.token_free(client, token, cl)?;
+        // A replacement rests: it takes no minimum quantity.
+        if min_qty(r.tail()) != Ok(0) {
+            self.stats.bad_min_qty += 1;
+            return Err((token, reject_code(Reject::BadMinQty), cl));
+        }
         if let Some(&v) = self.orders.get(&(client, r.orig_user_ref_num())) {
             let live = LiveOrder {
                 time_in_force: r.time_in_force(),
@@ -506,6 +559,7 @@ impl Gateway {
                 iso: r.intermarket_sweep_eligibility(),
                 cl_ord_id: cl,
                 open: r.quantity(),
+                min_qty: 0,
                 ..v
             };
             self.orders.insert((client, token), live);
@@ -559,6 +613,7 @@ impl Gateway {
             cross_type: b'N',
             cl_ord_id: Alpha::default(),
             open: 0,
+            min_qty: 0,
         })
     }
 
@@ -566,6 +621,7 @@ impl Gateway {
     fn accepted(&self, ts: u64, ev: &Event) -> Option<outbound::MessageRepr> {
         let Event::Accepted { client, token, ref_num, symbol, side, price, qty } = *ev else { return None };
         let o = self.live(client, token, symbol, side);
+        let (appendage_length, appendage) = echo_appendage(&o);
         Some(outbound::MessageRepr::OrderAccepted(outbound::OrderAcceptedRepr {
             timestamp: ts,
             user_ref_num: token,
@@ -581,8 +637,8 @@ impl Gateway {
             cross_type: o.cross_type,
             order_state: b'L',
             cl_ord_id: o.cl_ord_id,
-            appendage_length: 0,
-            appendage: Appendage::EMPTY,
+            appendage_length,
+            appendage,
         }))
     }
 

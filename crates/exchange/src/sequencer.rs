@@ -20,20 +20,16 @@ pub const SEQUENCER_MAX: usize = 1 << 16;
 /// epoch, u64 big-endian): a private tag, outside the ones the spec assigns.
 pub const TAG_CLIENT_TIMESTAMP: u8 = 0xF0;
 
-/// The client timestamp in an OUCH 5.0 appendage (options: length byte
-/// counting the tag, tag byte, value), if present and well formed.
+/// The client timestamp in an OUCH 5.0 appendage, if present and well
+/// formed (and the options before it are).
 pub fn client_timestamp(appendage: &[u8]) -> Option<u64> {
-    let mut rest = appendage;
-    while let Some((&len, after)) = rest.split_first() {
-        let len = usize::from(len);
-        if len == 0 || after.len() < len {
-            return None;
+    for o in fairfeed_wire::ouch::options(appendage) {
+        let (tag, value) = o.ok()?;
+        if tag == TAG_CLIENT_TIMESTAMP {
+            if let Ok(v) = <[u8; 8]>::try_from(value) {
+                return Some(u64::from_be_bytes(v));
+            }
         }
-        let (opt, next) = after.split_at(len);
-        if opt[0] == TAG_CLIENT_TIMESTAMP && opt.len() == 9 {
-            return Some(u64::from_be_bytes(opt[1..9].try_into().ok()?));
-        }
-        rest = next;
     }
     None
 }
@@ -170,6 +166,7 @@ mod tests {
             tif: Tif::Day,
             market: false,
             hidden: false,
+            min_qty: 0,
         })
     }
 

@@ -33,7 +33,7 @@ fn login(user: &str, pw: &str, seq: u64) -> Vec<u8> {
 fn enter(token: u32, side: u8, qty: u32, symbol: &str, price: i64) -> Vec<u8> {
     let mut b = Vec::new();
     client::enter_order(
-        &client::Order { token, side, qty, symbol, price, ioc: false, hidden: false, stamp: None },
+        &client::Order { token, side, qty, symbol, price, ioc: false, hidden: false, stamp: None, min_qty: 0 },
         &mut b,
     );
     b
@@ -213,7 +213,23 @@ fn a_connection_that_never_logs_in_is_closed_however_it_trickles() {
 }
 
 /// An Enter Order with every echo field chosen by the test.
-fn enter_full(token: u32, side: u8, qty: u32, price: i64, tif: u8, (display, capacity, iso): (u8, u8, u8)) -> Vec<u8> {
+fn enter_full(token: u32, side: u8, qty: u32, price: i64, tif: u8, flags: (u8, u8, u8)) -> Vec<u8> {
+    enter_any(token, side, qty, price, tif, flags, "CLIENT-ID-0042", &[])
+}
+
+/// An Enter Order for AAPL, every field given; `appendage` raw (its options).
+#[allow(clippy::too_many_arguments)]
+fn enter_any(
+    token: u32,
+    side: u8,
+    qty: u32,
+    price: i64,
+    tif: u8,
+    (display, capacity, iso): (u8, u8, u8),
+    cl_ord_id: &str,
+    appendage: &[u8],
+) -> Vec<u8> {
+    use fairfeed_wire::macros::Tail;
     use fairfeed_wire::ouch::{inbound, Appendage, OuchPrice};
     use fairfeed_wire::{Alpha, Stock};
     let m = inbound::MessageRepr::EnterOrder(inbound::EnterOrderRepr {
@@ -227,9 +243,9 @@ fn enter_full(token: u32, side: u8, qty: u32, price: i64, tif: u8, (display, cap
         capacity,
         intermarket_sweep_eligibility: iso,
         cross_type: b'N',
-        cl_ord_id: Alpha::from_str_padded("CLIENT-ID-0042"),
-        appendage_length: 0,
-        appendage: Appendage::EMPTY,
+        cl_ord_id: Alpha::from_str_padded(cl_ord_id),
+        appendage_length: appendage.len() as u16,
+        appendage: Appendage::from_slice(appendage).unwrap(),
     });
     let mut b = [0u8; 256];
     let n = m.emit(&mut b).unwrap();
@@ -342,4 +358,99 @@ fn an_order_entered_with_display_n_rests_and_trades_but_never_shows_on_itch() {
     }
     assert_eq!(kinds, ['P'], "one anonymous Trade message");
     assert_eq!(e.depth(1, Side::Sell)[0].1, 60, "60 hidden shares still rest");
+}
+
+/// An Enter Order for AAPL with `tif` and the raw `appendage` (options).
+fn enter_with(token: u32, side: u8, qty: u32, price: i64, tif: u8, appendage: &[u8]) -> Vec<u8> {
+    enter_any(token, side, qty, price, tif, (b'Y', b'A', b'N'), "", appendage)
+}
+
+/// OUCH option 3, minimum quantity.
+fn min_qty_option(q: u32) -> Vec<u8> {
+    let mut v = vec![5, fairfeed_wire::ouch::tag::MIN_QTY];
+    v.extend_from_slice(&q.to_be_bytes());
+    v
+}
+
+/// Goal: an IOC with a minimum quantity trades only if that many shares can
+/// trade at once — otherwise it is canceled with nothing executed — and its
+/// Order Accepted echoes the option; a minimum on an order that could rest,
+/// above the quantity, malformed, or on a Replace is refused (reason 8).
+#[test]
+fn a_minimum_quantity_trades_all_or_nothing_on_entry_and_is_echoed() {
+    use fairfeed_exchange::gateway::min_qty;
+    let mut r = Rig::new();
+    let (mut a, mut b) = (Conn::new(0), Conn::new(0));
+    assert_eq!(r.feed(&mut a, 1, &login("ALICE", "pw1", 0)).0, Ok(()));
+    assert_eq!(r.feed(&mut b, 1, &login("BOB", "pw2", 0)).0, Ok(()));
+    // Bob rests 100 at 100.0000 and 100 at 100.0100: 200 shares up to 100.0100.
+    assert_eq!(r.feed(&mut b, 2, &enter_with(1, b'S', 100, 1_000_000, b'0', &[])).0, Ok(()));
+    assert_eq!(r.feed(&mut b, 2, &enter_with(2, b'S', 100, 1_000_100, b'0', &[])).0, Ok(()));
+    let msgs = |v: &[u8]| -> Vec<Vec<u8>> { packets(v).into_iter().filter(|p| p.0 == b'S').map(|p| p.1).collect() };
+    // Minimum 250 of 300: only 200 can trade → nothing trades, all 300 canceled.
+    r.inbox[0].clear();
+    assert_eq!(r.feed(&mut a, 3, &enter_with(10, b'B', 300, 1_000_100, b'3', &min_qty_option(250))).0, Ok(()));
+    let got = msgs(&r.inbox[0]);
+    assert_eq!(got.iter().map(|m| m[0]).collect::<Vec<_>>(), [b'A', b'C'], "accepted, then canceled whole");
+    let outbound::Message::OrderAccepted(acc) = outbound::Message::parse(&got[0]).unwrap() else { panic!() };
+    assert_eq!(acc.tail(), &min_qty_option(250)[..], "the minimum echoed in the appendage");
+    assert_eq!(min_qty(acc.tail()), Ok(250));
+    let outbound::Message::OrderCanceled(c) = outbound::Message::parse(&got[1]).unwrap() else { panic!() };
+    assert_eq!(c.quantity(), 300);
+    assert_eq!(r.e.stats.min_qty_unmet, 1);
+    assert_eq!(r.e.stats.executions, 0, "Bob's orders untouched");
+    // Minimum 150: 200 can trade → both of Bob's orders, the other 100 canceled.
+    r.inbox[0].clear();
+    assert_eq!(r.feed(&mut a, 4, &enter_with(11, b'B', 300, 1_000_100, b'3', &min_qty_option(150))).0, Ok(()));
+    let kinds: Vec<u8> = msgs(&r.inbox[0]).iter().map(|m| m[0]).collect();
+    assert_eq!(kinds, [b'A', b'E', b'E', b'C'], "{kinds:?}");
+    assert_eq!(r.e.stats.executed_qty, 200);
+    // Refused at the gateway, reason 8, nothing reaching the engine: a Day
+    // order with a minimum, a minimum above the quantity, a malformed option,
+    // the option twice.
+    let refused = |r: &mut Rig, c: &mut Conn, bytes: &[u8]| {
+        let commands = r.e.stats.commands;
+        let (res, out) = r.feed(c, 5, bytes);
+        assert_eq!(res, Ok(()));
+        let m = msgs(&out);
+        let outbound::Message::Rejected(j) = outbound::Message::parse(&m[0]).unwrap() else { panic!("{m:?}") };
+        assert_eq!(j.reason(), 8);
+        assert_eq!(r.e.stats.commands, commands);
+    };
+    refused(&mut r, &mut a, &enter_with(12, b'B', 300, 1_000_100, b'0', &min_qty_option(100)));
+    refused(&mut r, &mut a, &enter_with(13, b'B', 300, 1_000_100, b'3', &min_qty_option(301)));
+    refused(&mut r, &mut a, &enter_with(14, b'B', 300, 1_000_100, b'3', &[3, 3, 0, 1]));
+    let twice = [min_qty_option(10), min_qty_option(10)].concat();
+    refused(&mut r, &mut a, &enter_with(15, b'B', 300, 1_000_100, b'3', &twice));
+    assert_eq!(r.g.stats.bad_min_qty, 4);
+    // A Replace carrying a minimum: refused, the order keeps resting.
+    assert_eq!(r.feed(&mut b, 6, &enter_with(3, b'S', 100, 1_000_500, b'0', &[])).0, Ok(()));
+    let replace = {
+        use fairfeed_wire::macros::Tail;
+        use fairfeed_wire::ouch::{inbound, Appendage, OuchPrice};
+        let o = min_qty_option(10);
+        let m = inbound::MessageRepr::ReplaceOrder(inbound::ReplaceOrderRepr {
+            orig_user_ref_num: 3,
+            user_ref_num: 4,
+            quantity: 100,
+            price: OuchPrice(1_000_600),
+            time_in_force: b'0',
+            display: b'Y',
+            intermarket_sweep_eligibility: b'N',
+            cl_ord_id: fairfeed_wire::Alpha::default(),
+            appendage_length: o.len() as u16,
+            appendage: Appendage::from_slice(&o).unwrap(),
+        });
+        let mut buf = [0u8; 256];
+        let n = m.emit(&mut buf).unwrap();
+        packet(PacketRepr::UnsequencedData(&buf[..n]))
+    };
+    refused(&mut r, &mut b, &replace);
+    assert_eq!(r.g.stats.bad_min_qty, 5);
+    // No minimum, no appendage: echoed empty, as before.
+    r.inbox[0].clear();
+    assert_eq!(r.feed(&mut a, 7, &enter_with(16, b'B', 10, 900_000, b'0', &[])).0, Ok(()));
+    let got = msgs(&r.inbox[0]);
+    let outbound::Message::OrderAccepted(acc) = outbound::Message::parse(&got[0]).unwrap() else { panic!() };
+    assert!(acc.tail().is_empty());
 }

@@ -53,6 +53,7 @@ fn flow(names: &[String]) -> (Engine, Vec<Vec<u8>>) {
                     tif: if rng.gen_bool(0.1) { Tif::Ioc } else { Tif::Day },
                     market: rng.gen_bool(0.02),
                     hidden: rng.gen_bool(0.1),
+                    min_qty: 0,
                 })
             }
         };

@@ -13,8 +13,10 @@ use proptest::prelude::*;
 
 fn command() -> impl Strategy<Value = Command> {
     let side = prop_oneof![Just(Side::Buy), Just(Side::Sell)];
-    let new = (1u32..=3, 0u32..12, 1u16..=2, side, 95u32..=105, 1u32..=30, any::<bool>(), 0u8..10).prop_map(
-        |(client, token, symbol, side, price, qty, ioc, kind)| {
+    let new = (1u32..=3, 0u32..12, 1u16..=2, side, 95u32..=105, 1u32..=30, any::<bool>(), 0u8..10, 0u32..=45).prop_map(
+        |(client, token, symbol, side, price, qty, ioc, kind, min)| {
+            // A minimum (on orders that do not rest, as the gateway allows) a third of the time.
+            let min_qty = if (ioc || kind == 0) && min % 3 == 0 { (min / 3 + 1).min(qty) } else { 0 };
             Command::New(NewOrder {
                 client,
                 token,
@@ -25,6 +27,7 @@ fn command() -> impl Strategy<Value = Command> {
                 tif: if ioc { Tif::Ioc } else { Tif::Day },
                 market: kind == 0,
                 hidden: kind == 1,
+                min_qty,
             })
         },
     );
@@ -83,6 +86,35 @@ fn check_priority(
     Ok(())
 }
 
+/// A minimum quantity: all of it trades at once, or nothing does — and
+/// nothing is canceled that could have traded it.
+fn check_min_qty(c: &Command, before: &HashMap<(u16, Side), Queue>, events: &[Event]) -> Result<(), TestCaseError> {
+    let Command::New(o) = *c else { return Ok(()) };
+    if o.min_qty == 0 {
+        return Ok(());
+    }
+    let crosses = |p: u32| o.market || if o.side == Side::Buy { p <= o.price } else { p >= o.price };
+    let avail: u64 = before[&(o.symbol, o.side)].iter().filter(|m| crosses(m.2)).map(|m| u64::from(m.1)).sum();
+    let traded: u64 = events
+        .iter()
+        .map(|ev| match *ev {
+            Event::Executed { taker_client, taker_token, qty, .. }
+                if (taker_client, taker_token) == (o.client, o.token) =>
+            {
+                u64::from(qty)
+            }
+            _ => 0,
+        })
+        .sum();
+    let accepted = events.iter().any(|ev| matches!(ev, Event::Accepted { .. }));
+    if accepted && avail >= u64::from(o.min_qty) {
+        prop_assert!(traded >= u64::from(o.min_qty), "{} available, minimum {}, traded {}", avail, o.min_qty, traded);
+    } else {
+        prop_assert_eq!(traded, 0, "below its minimum {}: {} available", o.min_qty, avail);
+    }
+    Ok(())
+}
+
 fn check(cmds: &[Command]) -> Result<(), TestCaseError> {
     let mut e = Engine::new(Limits { symbols: 2, orders: 64, levels: 8, ..Limits::default() }, 0, 1);
     let mut ledger: HashMap<u64, Ledger> = HashMap::new();
@@ -137,6 +169,7 @@ fn check(cmds: &[Command]) -> Result<(), TestCaseError> {
             }
         }
         check_priority(&order_of_makers, &before, &taken)?;
+        check_min_qty(&c, &before, &events)?;
         // Not crossed at rest.
         for sym in 1..=2 {
             if let (Some(b), Some(a)) = e.top(sym) {

@@ -59,6 +59,57 @@ impl Tail for Appendage {
     }
 }
 
+/// Tags of the OUCH 5.0 optional fields (the specification's appendix) this
+/// code reads or writes. Each option in an appendage is a length byte
+/// (counting the tag and the value), the tag, and the value.
+pub mod tag {
+    /// Minimum quantity to execute, 4-byte integer.
+    pub const MIN_QTY: u8 = 3;
+}
+
+/// The options of an appendage, in order: `(tag, value)` each, or one
+/// error (a zero length, or a length past the end) after which nothing
+/// more is read.
+pub fn options(appendage: &[u8]) -> Options<'_> {
+    Options { rest: appendage }
+}
+
+/// Iterator of [`options`].
+#[derive(Debug, Clone)]
+pub struct Options<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for Options<'a> {
+    type Item = Result<(u8, &'a [u8]), Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (&len, after) = self.rest.split_first()?;
+        let len = usize::from(len);
+        if len == 0 || after.len() < len {
+            let available = after.len();
+            self.rest = &[];
+            return Some(Err(Error::Overrun { needed: len.max(1), available }));
+        }
+        let (opt, next) = after.split_at(len);
+        self.rest = next;
+        Some(Ok((opt[0], &opt[1..])))
+    }
+}
+
+/// Appends option `tag` with `value` to `out` (its length byte first);
+/// `None` if the option would not fit in an appendage or in one length byte.
+pub fn push_option(out: &mut [u8; APPENDAGE_LEN_MAX], used: &mut usize, tag: u8, value: &[u8]) -> Option<()> {
+    let len = u8::try_from(value.len() + 1).ok()?;
+    let end = *used + 1 + usize::from(len);
+    let dst = out.get_mut(*used..end)?;
+    dst[0] = len;
+    dst[1] = tag;
+    dst[2..].copy_from_slice(value);
+    *used = end;
+    Some(())
+}
+
 /// Client → exchange messages (in SoupBinTCP unsequenced data packets).
 pub mod inbound {
     use super::{Appendage, Error};
@@ -243,6 +294,25 @@ pub mod outbound {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn appendage_options_are_read_in_order_and_a_bad_length_stops_them() {
+        let mut a = [0u8; APPENDAGE_LEN_MAX];
+        let mut n = 0;
+        push_option(&mut a, &mut n, tag::MIN_QTY, &300u32.to_be_bytes()).unwrap();
+        push_option(&mut a, &mut n, 0xF0, &7u64.to_be_bytes()).unwrap();
+        let got: Vec<_> = options(&a[..n]).collect();
+        assert_eq!(got, [Ok((3, &300u32.to_be_bytes()[..])), Ok((0xF0, &7u64.to_be_bytes()[..]))]);
+        // A zero length or one past the end: one error, then nothing.
+        assert!(matches!(options(&[0, 3, 1]).collect::<Vec<_>>()[..], [Err(_)]));
+        let cut: Vec<_> = options(&a[..n - 1]).collect();
+        assert!(cut[0].is_ok() && cut[1].is_err() && cut.len() == 2);
+        assert_eq!(options(&[]).count(), 0);
+        // An option that does not fit is refused, and nothing is written.
+        let mut full = n;
+        assert!(push_option(&mut a, &mut full, 1, &[0u8; 200]).is_none());
+        assert_eq!(full, n);
+    }
     use crate::field::{Alpha, Stock};
 
     #[test]
