@@ -25,6 +25,7 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use fairfeed_io::cpu::{this_thread_ns, threads_cpu_where, ThreadsCpu};
 use fairfeed_net::exchange::live::{Exchange, ExchangeConfig, Idle, Pipeline, Step};
 
 /// One row of the matrix.
@@ -64,6 +65,30 @@ pub struct ExchangeBenchReport {
     pub rss_end_kib: u64,
     /// The gateway's counters (refusals, closes, rate limits).
     pub gateway: GatewayStats,
+    /// CPU time during the load: the exchange's threads and the load generator's.
+    pub cpu: ExchangeCpu,
+}
+
+/// Where the CPU went during the load (from `/proc/self/task`, see
+/// [`fairfeed_io::cpu`]): per order sent, and as a share of the load's wall
+/// time (1.0 = one core busy all the time). The kernel's TCP work is in the
+/// side whose call did it — on loopback a send does the receiver's protocol
+/// work too.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ExchangeCpu {
+    /// The exchange's threads (`exchange`; threaded: `gateway`, `engine-N`, `publisher`).
+    pub exchange_ns_per_order: f64,
+    /// Of which in the kernel.
+    pub exchange_system_ns_per_order: f64,
+    pub exchange_busy: f64,
+    /// The load generator (one thread: it sends, reads and times every order).
+    pub generator_ns_per_order: f64,
+    pub generator_busy: f64,
+}
+
+/// The names the exchange gives its threads.
+fn exchange_thread(name: &str) -> bool {
+    matches!(name, "exchange" | "gateway" | "publisher") || name.starts_with("engine-")
 }
 
 /// Bare loopback TCP ping-pong (64 bytes each way, Nagle off): round trips, ns.
@@ -327,7 +352,9 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
         thread::sleep(ATTACK_LEAD);
     }
     let total = ((rate * seconds) as usize).max(1);
+    let (cpu0, gen0, wall0) = (threads_cpu_where(exchange_thread), this_thread_ns(), Instant::now());
     let l = load(x.addr, &users, &symbols, (rate, total, 1, window_ns > 0));
+    let (cpu1, gen1, wall) = (threads_cpu_where(exchange_thread), this_thread_ns(), wall0.elapsed().as_secs_f64());
     stop.store(true, Ordering::Relaxed);
     let attack_stats = attacker.and_then(|t| t.join().ok());
     let rss_end_kib = rss_kib();
@@ -335,6 +362,20 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
     let l = l?;
     let (h, orders, send_secs) = (l.latency, l.sent, l.send_secs);
     let us = |v: u64| v as f64 / 1e3;
+    let per = |ns: u64| ns as f64 / orders.max(1) as f64;
+    let busy = |ns: u64| ns as f64 / 1e9 / wall.max(1e-9);
+    let ex = match (cpu0, cpu1) {
+        (Some(a), Some(b)) => b.since(&a),
+        _ => ThreadsCpu::default(),
+    };
+    let gen_ns = gen1.saturating_sub(gen0);
+    let cpu = ExchangeCpu {
+        exchange_ns_per_order: per(ex.ns),
+        exchange_system_ns_per_order: per(ex.system_ns),
+        exchange_busy: busy(ex.ns),
+        generator_ns_per_order: per(gen_ns),
+        generator_busy: busy(gen_ns),
+    };
     Ok(ExchangeBenchReport {
         pipeline: r.pipeline,
         idle: r.idle.clone(),
@@ -364,6 +405,7 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
         rss_start_kib,
         rss_end_kib,
         gateway: r.gateway,
+        cpu,
     })
 }
 

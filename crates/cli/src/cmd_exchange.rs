@@ -290,6 +290,11 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
         for s in &r.steps {
             println!("  {:<28} p50 {:>8.1} µs  p99 {:>8.1} µs  max {:>9.1} µs", s.name, s.p50_us, s.p99_us, s.max_us);
         }
+        let c = &r.cpu;
+        println!(
+            "  CPU per order: exchange {:.0} ns ({:.0} in the kernel; {:.2} of a core), generator {:.0} ns ({:.2} of a core)",
+            c.exchange_ns_per_order, c.exchange_system_ns_per_order, c.exchange_busy, c.generator_ns_per_order, c.generator_busy
+        );
     }
     Ok(())
 }

@@ -38,6 +38,14 @@ fn bench_prints_the_documented_fields() {
     assert!(v["achieved_rate"].as_f64().unwrap() > 1_500.0);
     assert_eq!(v["steps"].as_array().unwrap().len(), 5, "seed 002's five points");
     assert!(["run-to-completion", "threaded"].contains(&v["pipeline"].as_str().unwrap()), "{v}");
+    // Where the CPU went: the exchange's threads were found and ran, the
+    // generator (a busy-polling thread) ran, per order and as a share of a core.
+    let c = &v["cpu"];
+    assert!(c["exchange_ns_per_order"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(c["exchange_busy"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(c["generator_ns_per_order"].as_f64().unwrap() > 0.0, "{v}");
+    let busy = c["generator_busy"].as_f64().unwrap();
+    assert!(busy > 0.0 && busy < 1.5, "one thread cannot use more than a core: {v}");
     // Both pipelines, and a hostile client beside the load.
     let args = ["exchange", "bench", "--rate", "2000", "--seconds", "1", "--json", "--pipeline", "threaded"];
     let t = json(&fairfeed(&[&args[..], &["--attack", "login-guessing"]].concat()));

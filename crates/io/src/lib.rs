@@ -5,13 +5,14 @@
 //! ([`agent`]), UDP sockets ([`socket`]), `recvmmsg`/`sendmmsg`
 //! batching with kernel receive stamps ([`batch`]), thread and socket tuning
 //! ([`tuning`]), precise pacing ([`pace`]), how loops wait for work
-//! ([`idle`]) and the wall clock ([`clock`]). Nothing here knows a protocol.
+//! ([`idle`]), the wall clock ([`clock`]) and threads' CPU time ([`cpu`]). Nothing here knows a protocol.
 //! Send back-ends sit side by side behind [`send::SendPath`]: `sendmmsg`
 //! ([`batch`]) and io_uring ([`uring`]); AF_XDP would be one more.
 
 pub mod agent;
 pub mod batch;
 pub mod clock;
+pub mod cpu;
 pub mod idle;
 pub mod pace;
 pub mod send;

@@ -1,0 +1,121 @@
+//! CPU time of named threads, read from `/proc/self/task` — how the benches
+//! split a per-message cost between the sides running in one process (the
+//! bridge's publisher runtime and its subscribers', the exchange's threads
+//! and the load generator), the kernel's work on each side included, as
+//! system time.
+//!
+//! Per thread, `schedstat`'s first field is the time it ran, in ns; `stat`'s
+//! `utime` and `stime` (clock ticks) split that into user and system time.
+//! A thread's name (`comm`) is what its runtime's builder gave it, cut to 15
+//! bytes by the kernel.
+
+use serde::Serialize;
+
+/// CPU time of a set of threads, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ThreadsCpu {
+    /// Threads found with the name.
+    pub threads: usize,
+    /// Time on a CPU (`schedstat`), ns.
+    pub ns: u64,
+    /// Of which user space, ns (from `utime`, tick resolution).
+    pub user_ns: u64,
+    /// Of which the kernel, ns (from `stime`, tick resolution).
+    pub system_ns: u64,
+}
+
+impl ThreadsCpu {
+    /// The CPU used between `before` and `self`.
+    pub fn since(&self, before: &ThreadsCpu) -> ThreadsCpu {
+        ThreadsCpu {
+            threads: self.threads,
+            ns: self.ns.saturating_sub(before.ns),
+            user_ns: self.user_ns.saturating_sub(before.user_ns),
+            system_ns: self.system_ns.saturating_sub(before.system_ns),
+        }
+    }
+}
+
+/// Fields 14 and 15 (`utime`, `stime`) of a `/proc/…/stat` line, in ticks.
+/// The name (field 2) may hold spaces and parentheses: fields are counted
+/// after its last `)`.
+pub fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_ascii_whitespace().skip(11);
+    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+}
+
+fn ticks_per_s() -> u64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as u64,
+        _ => 100,
+    }
+}
+
+/// CPU time of this process's threads named `name` (`None` off Linux or
+/// when `/proc` cannot be read).
+pub fn threads_cpu(name: &str) -> Option<ThreadsCpu> {
+    threads_cpu_where(|n| n == name)
+}
+
+/// CPU time of this process's threads whose name passes `pick`, summed.
+pub fn threads_cpu_where(pick: impl Fn(&str) -> bool) -> Option<ThreadsCpu> {
+    let tick_ns = 1_000_000_000 / ticks_per_s();
+    let mut sum = ThreadsCpu::default();
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let dir = task.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else { continue };
+        if !pick(comm.trim_end()) {
+            continue;
+        }
+        // A thread may exit between the reads: skip it rather than fail.
+        let Ok(sched) = std::fs::read_to_string(dir.join("schedstat")) else { continue };
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else { continue };
+        let Some(ns) = sched.split_ascii_whitespace().next().and_then(|v| v.parse::<u64>().ok()) else { continue };
+        let Some((u, s)) = stat_ticks(&stat) else { continue };
+        sum.threads += 1;
+        sum.ns += ns;
+        sum.user_ns += u * tick_ns;
+        sum.system_ns += s * tick_ns;
+    }
+    Some(sum)
+}
+
+/// CPU time of the calling thread, ns (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn this_thread_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(0, |t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_counted_after_the_name() {
+        let line = "4242 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 777 888 0 0 20 0 1 0";
+        assert_eq!(stat_ticks(line), Some((777, 888)));
+        assert_eq!(stat_ticks("4242 (x) S 1 2"), None);
+        assert_eq!(stat_ticks("no name"), None);
+    }
+
+    #[test]
+    fn a_named_busy_thread_is_found_and_its_time_counted() {
+        let h = std::thread::Builder::new()
+            .name("ff-cpu-test".into())
+            .spawn(|| {
+                let t0 = this_thread_ns();
+                let mut x = 0u64;
+                while this_thread_ns() - t0 < 50_000_000 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                }
+                let seen = threads_cpu("ff-cpu-test").expect("/proc is readable");
+                (x, seen)
+            })
+            .unwrap();
+        let (_, seen) = h.join().unwrap();
+        assert_eq!(seen.threads, 1);
+        assert!(seen.ns >= 50_000_000, "{seen:?}");
+        assert_eq!(threads_cpu("no-such-thread").unwrap().threads, 0);
+    }
+}
