@@ -34,6 +34,10 @@ use crate::engine::{CancelReason, Command, Event, NewOrder, Reject, Side, Tif};
 pub const INBUF_MAX: usize = 1 << 17;
 /// Sequenced messages kept per user for replay at most.
 pub const JOURNAL_MAX: usize = 4_000_000;
+/// Bytes of one outbound OUCH message at most (its appendage included).
+const MESSAGE_MAX: usize = 256;
+// A user's journal addresses its bytes with u32 offsets.
+const _: () = assert!(JOURNAL_MAX * MESSAGE_MAX <= u32::MAX as usize);
 
 /// Gateway settings.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -139,10 +143,37 @@ impl Conn {
     }
 }
 
+/// A user's sequenced messages, for SoupBinTCP's replay from a sequence
+/// number: one buffer and the offset each message ends at (a heap
+/// allocation per message cost more than matching the order did).
+#[derive(Default)]
+struct UserJournal {
+    bytes: Vec<u8>,
+    ends: Vec<u32>,
+}
+
+impl UserJournal {
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn push(&mut self, m: &[u8]) {
+        self.bytes.extend_from_slice(m);
+        // JOURNAL_MAX messages of at most MESSAGE_MAX bytes: within u32.
+        self.ends.push(u32::try_from(self.bytes.len()).expect("journal within 4 GiB"));
+    }
+
+    /// Messages from index `from` (0-based) on, oldest first.
+    fn from(&self, from: usize) -> impl Iterator<Item = &[u8]> + '_ {
+        let start = |i: usize| if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        (from..self.ends.len()).map(move |i| &self.bytes[start(i)..self.ends[i] as usize])
+    }
+}
+
 struct User {
     name: Alpha<6>,
     password: Alpha<10>,
-    journal: Vec<Vec<u8>>,
+    journal: UserJournal,
     online: bool,
     /// One past the highest UserRefNum this user has sent (OUCH's Account
     /// Query answers it, so a client that lost track can carry on).
@@ -256,7 +287,7 @@ impl Gateway {
             .map(|(u, p)| User {
                 name: Alpha::from_str_padded(u),
                 password: Alpha::from_str_padded(p),
-                journal: Vec::new(),
+                journal: UserJournal::default(),
                 online: false,
                 next_token: 1,
             })
@@ -405,7 +436,7 @@ impl Gateway {
         let next = user.journal.len() as u64 + 1;
         let from = if sequence == 0 { next } else { sequence.min(next) };
         write(out, PacketRepr::LoginAccepted { session: self.session, sequence: from });
-        for m in &user.journal[(from - 1) as usize..] {
+        for m in user.journal.from((from - 1) as usize) {
             write(out, PacketRepr::SequencedData(m));
             self.stats.replayed += 1;
         }
@@ -573,11 +604,11 @@ impl Gateway {
     /// Journals an outbound message for `client`; writes it to `out` (the
     /// client's connection, if online) as a sequenced data packet.
     fn sequence(&mut self, client: u32, m: outbound::MessageRepr, out: Option<&mut Vec<u8>>) {
-        let mut b = [0u8; 256];
+        let mut b = [0u8; MESSAGE_MAX];
         let Ok(n) = m.emit(&mut b) else { return };
         let Some(user) = self.users.get_mut(client as usize) else { return };
         if user.journal.len() < JOURNAL_MAX {
-            user.journal.push(b[..n].to_vec());
+            user.journal.push(&b[..n]);
         }
         self.stats.sequenced_out += 1;
         if let (Some(out), true) = (out, user.online) {

@@ -32,11 +32,18 @@ pub struct ItchWriter {
     packet_len_max: usize,
     /// Stock names by locate (index = locate).
     names: Vec<Stock>,
-    pending: Vec<Vec<u8>>,
+    /// Messages of the packet being filled, back to back, and where each ends.
+    pending: Vec<u8>,
+    pending_ends: Vec<usize>,
     pending_bytes: usize,
     packets: Vec<Vec<u8>>,
+    /// Buffers of sent packets, given back ([`ItchWriter::recycle`]) to be filled again.
+    spare: Vec<Vec<u8>>,
     pub messages: u64,
 }
+
+/// Sent packets' buffers kept for reuse at most.
+const SPARE_MAX: usize = 64;
 
 impl ItchWriter {
     /// A writer for `session`, numbering messages from 1; `names[i]` is the
@@ -47,9 +54,11 @@ impl ItchWriter {
             next_seq: 1,
             packet_len_max: PACKET_LEN_DEFAULT_MAX,
             names: names.iter().map(|n| Stock::from_str_padded(n)).collect(),
-            pending: Vec::new(),
+            pending: Vec::with_capacity(PACKET_LEN_DEFAULT_MAX),
+            pending_ends: Vec::with_capacity(usize::from(MESSAGES_PER_PACKET_MAX)),
             pending_bytes: 0,
             packets: Vec::new(),
+            spare: Vec::new(),
             messages: 0,
         }
     }
@@ -67,35 +76,51 @@ impl ItchWriter {
         let mut b = [0u8; MESSAGE_LEN_MAX];
         let Ok(n) = m.emit(&mut b) else { return };
         if self.pending_bytes + 2 + n + 20 > self.packet_len_max
-            || self.pending.len() >= usize::from(MESSAGES_PER_PACKET_MAX)
+            || self.pending_ends.len() >= usize::from(MESSAGES_PER_PACKET_MAX)
         {
             self.flush();
         }
-        self.pending.push(b[..n].to_vec());
+        self.pending.extend_from_slice(&b[..n]);
+        self.pending_ends.push(self.pending.len());
         self.pending_bytes += 2 + n;
         self.messages += 1;
     }
 
     /// Closes the packet being filled (if any) so it can be sent.
     pub fn flush(&mut self) {
-        if self.pending.is_empty() {
+        if self.pending_ends.is_empty() {
             return;
         }
-        let mut buf = vec![0u8; self.packet_len_max];
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(self.packet_len_max, 0);
         let Ok(mut b) = PacketBuilder::new(&mut buf, self.session, self.next_seq) else { return };
-        let mut n = 0u64;
-        for m in &self.pending {
-            if b.push(m).is_err() {
+        let (mut n, mut start) = (0u64, 0);
+        for &end in &self.pending_ends {
+            if b.push(&self.pending[start..end]).is_err() {
                 break;
             }
+            start = end;
             n += 1;
         }
         let len = b.finish();
         buf.truncate(len);
         self.next_seq += n;
         self.pending.clear();
+        self.pending_ends.clear();
         self.pending_bytes = 0;
         self.packets.push(buf);
+    }
+
+    /// Gives back packets taken with [`ItchWriter::take_packets`] once sent:
+    /// their buffers are filled again rather than allocated anew.
+    pub fn recycle(&mut self, packets: impl IntoIterator<Item = Vec<u8>>) {
+        for p in packets {
+            if self.spare.len() >= SPARE_MAX {
+                break;
+            }
+            self.spare.push(p);
+        }
     }
 
     /// Finished packets, oldest first.

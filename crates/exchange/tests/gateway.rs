@@ -114,6 +114,7 @@ fn login_orders_execution_and_replay_on_relogin() {
     assert_eq!(p[0].0, b'A');
     assert_eq!(p.len(), 2, "login accepted + one replayed message");
     assert_eq!(p[1].1[0], b'E');
+    assert_eq!(p[1].1, packets(&r.inbox[0])[1].1, "the very bytes first sent");
     assert_eq!(r.g.stats.replayed, 1);
 }
 

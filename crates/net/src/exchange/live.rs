@@ -484,6 +484,7 @@ impl Exchange {
             start,
             stop: stop.clone(),
             metrics,
+            by_user: Vec::new(),
         };
         let name = if pipeline == Pipeline::Threaded { "gateway" } else { "exchange" };
         threads.push(thread::Builder::new().name(name.into()).spawn(move || gateway_loop(g))?);
@@ -693,14 +694,16 @@ impl Publisher {
     }
 
     fn send(&mut self, now: u64) {
-        for pk in self.w.take_packets() {
+        let packets = self.w.take_packets();
+        for pk in &packets {
             for to in self.lines.into_iter().flatten() {
-                let _ = self.sock.send_to(&pk, to);
+                let _ = self.sock.send_to(pk, to);
             }
-            let _ = self.server.journal_mut().append_packet(&pk);
+            let _ = self.server.journal_mut().append_packet(pk);
             self.packets += 1;
             self.last_sent = now;
         }
+        self.w.recycle(packets);
     }
 
     fn on_event(&mut self, now: u64, ev: &Event) {
@@ -906,6 +909,8 @@ struct GatewayLoop {
     start: Instant,
     stop: Arc<AtomicBool>,
     metrics: Option<Arc<ExchangeMetrics>>,
+    /// Session slot of each logged-in user, rebuilt per batch of responses.
+    by_user: Vec<usize>,
 }
 
 /// Takes the connections waiting on the listener: each into a free slot —
@@ -1082,10 +1087,29 @@ fn respond(g: &mut GatewayLoop, outs: &[Out], sessions: &mut [Option<Session>], 
     if outs.is_empty() {
         return;
     }
-    let t3 = ns(g.start);
+    let (t3, wall) = (ns(g.start), wall_ns());
+    // Each user's session, found once per batch rather than per message (a
+    // scan of every connection per message cost the most under the
+    // idle-connections attack).
+    let by_user = &mut g.by_user;
+    by_user.clear();
+    for (i, s) in sessions.iter().enumerate() {
+        let Some((u, closing)) = s.as_ref().and_then(|s| s.conn.user.map(|u| (u as usize, s.closing.is_some()))) else {
+            continue;
+        };
+        if by_user.len() <= u {
+            by_user.resize(u + 1, usize::MAX);
+        }
+        // A user's live session before one still draining on its way out.
+        let held = sessions.get(by_user[u]).and_then(Option::as_ref);
+        if held.is_none_or(|h| h.closing.is_some() && !closing) {
+            by_user[u] = i;
+        }
+    }
     for o in outs {
-        g.gw.on_event(wall_ns(), &o.ev, &mut |client, bytes| {
-            if let Some(s) = sessions.iter_mut().flatten().find(|s| s.conn.user == Some(client)) {
+        g.gw.on_event(wall, &o.ev, &mut |client, bytes| {
+            let at = by_user.get(client as usize).copied().unwrap_or(usize::MAX);
+            if let Some(Some(s)) = sessions.get_mut(at) {
                 s.out.extend_from_slice(bytes);
             }
         });
