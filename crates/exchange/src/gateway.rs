@@ -535,7 +535,15 @@ impl Gateway {
         let Some(&symbol) = self.symbols.get(&o.symbol()) else {
             return Err((token, reject_code(Reject::UnknownSymbol), cl));
         };
-        self.token_free(client, token, cl)?;
+        // One probe of the map for the duplicate check and the insert (it
+        // holds millions of orders: each probe is a cache miss).
+        let slot = match self.orders.entry((client, token)) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.stats.duplicate_tokens += 1;
+                return Err((token, reject_code(Reject::DuplicateToken), cl));
+            }
+            std::collections::hash_map::Entry::Vacant(v) => v,
+        };
         let px = o.price().0;
         let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
         let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
@@ -559,7 +567,7 @@ impl Gateway {
             open: o.quantity(),
             min_qty,
         };
-        self.orders.insert((client, token), live);
+        slot.insert(live);
         let price = if market { 0 } else { u32::try_from(px).unwrap_or(u32::MAX) };
         // Display `N`: a non-displayed order (kept off the ITCH feed).
         let hidden = o.display() == b'N';
