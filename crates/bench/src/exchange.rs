@@ -60,6 +60,15 @@ pub struct ExchangeBenchReport {
     /// The hostile client beside the load, and what it managed.
     pub attack: Option<Attack>,
     pub attack_stats: Option<AttackStats>,
+    /// With `attack_phase_ms`: the attacker ran in alternate phases of this
+    /// length, and the orders due in each half (each phase's first fifth
+    /// left out) give the load's latency with and without it, measured side
+    /// by side under the same conditions.
+    pub attack_phase_ms: Option<u64>,
+    pub attack_on: Option<Quantiles>,
+    pub attack_off: Option<Quantiles>,
+    /// p99 with the attacker ÷ p99 without it (the target: ≤ 1.5).
+    pub attack_p99_ratio: Option<f64>,
     /// The process's resident memory when the exchange had started and when the load was over.
     pub rss_start_kib: u64,
     pub rss_end_kib: u64,
@@ -67,6 +76,27 @@ pub struct ExchangeBenchReport {
     pub gateway: GatewayStats,
     /// CPU time during the load: the exchange's threads and the load generator's.
     pub cpu: ExchangeCpu,
+}
+
+/// Latency quantiles of a share of the orders, µs.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Quantiles {
+    pub orders: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl Quantiles {
+    fn of(h: &Histogram<u64>) -> Quantiles {
+        let us = |v: u64| v as f64 / 1e3;
+        Quantiles {
+            orders: h.len(),
+            p50_us: us(h.value_at_quantile(0.5)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            max_us: us(h.max()),
+        }
+    }
 }
 
 /// Where the CPU went during the load (from `/proc/self/task`, see
@@ -194,9 +224,23 @@ impl Conn {
 /// What the load generator measured.
 struct Load {
     latency: Histogram<u64>,
+    /// With attack phases: orders due while the attacker ran, and while it
+    /// did not (each phase's first [`PHASE_GUARD`] left out of both).
+    on: Option<Histogram<u64>>,
+    off: Option<Histogram<u64>>,
     sent: u64,
     answered: u64,
     send_secs: f64,
+}
+
+/// Attack phases: the start of each phase is in neither half (what one
+/// phase left queued drains into the next).
+const PHASE_GUARD: f64 = 0.2;
+
+/// The attacker on and off in turns of `ns` each, starting on.
+struct Phases<'a> {
+    ns: u64,
+    active: &'a AtomicBool,
 }
 
 /// The load generator: one thread, `users.len()` connections, busy-polling
@@ -211,11 +255,19 @@ fn load(
     users: &[(String, String)],
     symbols: &[String],
     (rate, orders, seed, stamped): (f64, usize, u64, bool),
+    phases: Option<Phases<'_>>,
 ) -> std::io::Result<Load> {
     let mut conns = users.iter().map(|u| Conn::open(addr, u)).collect::<std::io::Result<Vec<_>>>()?;
     // Intended send time + 1 per token (0: answered or never sent).
     let mut due_at = vec![0u64; orders + 1];
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds");
+    let (mut on, mut off) = (latency.clone(), latency.clone());
+    // Which half an order due at `d` (ns from the start) counts in, if any.
+    let half = |d: u64| {
+        let p = phases.as_ref()?;
+        let (k, into) = (d / p.ns, d % p.ns);
+        (into as f64 >= p.ns as f64 * PHASE_GUARD).then_some(k % 2 == 0)
+    };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let gap = 1e9 / rate;
     let (mut sent, mut answered) = (0usize, 0u64);
@@ -224,6 +276,9 @@ fn load(
     let mut last_answer = Instant::now();
     loop {
         let elapsed = start.elapsed().as_nanos() as u64;
+        if let Some(p) = &phases {
+            p.active.store((elapsed / p.ns) % 2 == 0, Ordering::Relaxed);
+        }
         let due = ((elapsed as f64 / gap) as usize + 1).min(orders).min(sent + WRITE_BATCH_MAX * conns.len());
         for (token, due_slot) in due_at.iter_mut().enumerate().take(due + 1).skip(sent + 1) {
             let k = token % conns.len();
@@ -264,7 +319,13 @@ fn load(
         for c in &mut conns {
             let got = c.read(|token| {
                 if let Some(t) = due_at.get_mut(token as usize).filter(|t| **t > 0) {
-                    let _ = latency.record(now.saturating_sub(*t - 1).max(1));
+                    let v = now.saturating_sub(*t - 1).max(1);
+                    let _ = latency.record(v);
+                    match half(*t - 1) {
+                        Some(true) => drop(on.record(v)),
+                        Some(false) => drop(off.record(v)),
+                        None => {}
+                    }
                     *t = 0;
                     answered += 1;
                 }
@@ -284,7 +345,8 @@ fn load(
         client::packet(PacketRepr::LogoutRequest, &mut c.out);
         let _ = c.flush();
     }
-    Ok(Load { latency, sent: sent as u64, answered, send_secs })
+    let (on, off) = if phases.is_some() { (Some(on), Some(off)) } else { (None, None) };
+    Ok(Load { latency, on, off, sent: sent as u64, answered, send_secs })
 }
 
 /// How a row runs besides its rate, products and length.
@@ -300,11 +362,22 @@ pub struct BenchOpts {
     pub idle: Idle,
     /// A hostile client beside the load.
     pub attack: Option<Attack>,
+    /// Turn the attacker on and off in phases of this many ms (0: on
+    /// throughout), and report the load's latency in each half.
+    pub attack_phase_ms: u64,
 }
 
 impl Default for BenchOpts {
     fn default() -> Self {
-        BenchOpts { engines: 1, window_ns: 0, clients: 2, pipeline: Pipeline::Auto, idle: Idle::Auto, attack: None }
+        BenchOpts {
+            engines: 1,
+            window_ns: 0,
+            clients: 2,
+            pipeline: Pipeline::Auto,
+            idle: Idle::Auto,
+            attack: None,
+            attack_phase_ms: 0,
+        }
     }
 }
 
@@ -347,19 +420,28 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
     let x = Exchange::start(cfg)?;
     let rss_start_kib = rss_kib();
     let stop = Arc::new(AtomicBool::new(false));
-    let attacker = o.attack.map(|a| exchange_attack::spawn(a, x.addr, evil.clone(), symbols[0].clone(), stop.clone()));
+    let active = Arc::new(AtomicBool::new(true));
+    let sw = exchange_attack::Switch { stop: stop.clone(), active: active.clone() };
+    let attacker = o.attack.map(|a| exchange_attack::spawn(a, x.addr, evil.clone(), symbols[0].clone(), sw.clone()));
+    let phases = (o.attack.is_some() && o.attack_phase_ms > 0)
+        .then(|| Phases { ns: o.attack_phase_ms.saturating_mul(1_000_000), active: &active });
     if attacker.is_some() {
         thread::sleep(ATTACK_LEAD);
     }
     let total = ((rate * seconds) as usize).max(1);
     let (cpu0, gen0, wall0) = (threads_cpu_where(exchange_thread), this_thread_ns(), Instant::now());
-    let l = load(x.addr, &users, &symbols, (rate, total, 1, window_ns > 0));
+    let l = load(x.addr, &users, &symbols, (rate, total, 1, window_ns > 0), phases);
     let (cpu1, gen1, wall) = (threads_cpu_where(exchange_thread), this_thread_ns(), wall0.elapsed().as_secs_f64());
     stop.store(true, Ordering::Relaxed);
     let attack_stats = attacker.and_then(|t| t.join().ok());
     let rss_end_kib = rss_kib();
     let r = x.finish();
     let l = l?;
+    let (attack_on, attack_off) = (l.on.as_ref().map(Quantiles::of), l.off.as_ref().map(Quantiles::of));
+    let attack_p99_ratio = match (attack_on, attack_off) {
+        (Some(a), Some(b)) if b.p99_us > 0.0 && a.orders > 0 && b.orders > 0 => Some(a.p99_us / b.p99_us),
+        _ => None,
+    };
     let (h, orders, send_secs) = (l.latency, l.sent, l.send_secs);
     let us = |v: u64| v as f64 / 1e3;
     let per = |ns: u64| ns as f64 / orders.max(1) as f64;
@@ -402,6 +484,10 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
         steps: r.steps,
         attack: o.attack,
         attack_stats,
+        attack_phase_ms: l.on.is_some().then_some(o.attack_phase_ms),
+        attack_on,
+        attack_off,
+        attack_p99_ratio,
         rss_start_kib,
         rss_end_kib,
         gateway: r.gateway,

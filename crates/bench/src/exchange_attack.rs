@@ -47,35 +47,57 @@ pub struct AttackStats {
     pub bytes_sent: u64,
 }
 
+/// When the attacker runs: until `stop`, and only while `active` (the bench
+/// turns it on and off in phases to compare the load with and without it
+/// under the same conditions; always on otherwise).
+#[derive(Clone)]
+pub struct Switch {
+    pub stop: Arc<AtomicBool>,
+    pub active: Arc<AtomicBool>,
+}
+
+impl Switch {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn on(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+}
+
 /// Runs `kind` against `addr` until `stop`; `user` is a real account (the slow reader logs in with it).
 pub fn spawn(
     kind: Attack,
     addr: SocketAddr,
     user: (String, String),
     symbol: String,
-    stop: Arc<AtomicBool>,
+    sw: Switch,
 ) -> thread::JoinHandle<AttackStats> {
     thread::spawn(move || {
         let mut st = AttackStats::default();
         match kind {
-            Attack::IdleConnections => idle_connections(addr, &stop, &mut st),
-            Attack::SlowReader => slow_reader(addr, &user, &symbol, &stop, &mut st),
-            Attack::LoginGuessing => paced(GUESSES_PER_S, &stop, || guess(addr, &user.0, &mut st)),
+            Attack::IdleConnections => idle_connections(addr, &sw, &mut st),
+            Attack::SlowReader => slow_reader(addr, &user, &symbol, &sw, &mut st),
+            Attack::LoginGuessing => paced(GUESSES_PER_S, &sw, || guess(addr, &user.0, &mut st)),
             Attack::Garbage => {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64;
-                paced(GARBAGE_PER_S, &stop, || garbage(addr, &mut x, &mut st));
+                paced(GARBAGE_PER_S, &sw, || garbage(addr, &mut x, &mut st));
             }
         }
         st
     })
 }
 
-/// Calls `f` `per_s` times a second until `stop`.
-fn paced(per_s: u64, stop: &AtomicBool, mut f: impl FnMut()) {
+/// Calls `f` `per_s` times a second until `stop`, skipping the calls that
+/// fall while the switch is off.
+fn paced(per_s: u64, sw: &Switch, mut f: impl FnMut()) {
     let gap = Duration::from_nanos(1_000_000_000 / per_s.max(1));
     let mut next = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        f();
+    while !sw.stopped() {
+        if sw.on() {
+            f();
+        }
         next += gap;
         if let Some(d) = next.checked_duration_since(Instant::now()) {
             thread::sleep(d);
@@ -91,21 +113,36 @@ fn connect_from(ip: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
     Ok(s.into())
 }
 
-fn idle_connections(addr: SocketAddr, stop: &AtomicBool, st: &mut AttackStats) {
+fn idle_connections(addr: SocketAddr, sw: &Switch, st: &mut AttackStats) {
     // The bytes of a valid login request, one a second: never complete, never wrong.
     let mut login = Vec::new();
     client::login("NOBODY", "x", 0, &mut login);
     let mut at = 0usize;
     let mut socks: Vec<Option<TcpStream>> = Vec::new();
-    for k in 0..IDLE_CONNECTIONS {
-        let ip = Ipv4Addr::new(127, 0, 2, (k / 4 + 1) as u8);
-        if let Ok(s) = connect_from(ip, addr) {
-            let _ = s.set_nonblocking(true);
-            st.connections += 1;
-            socks.push(Some(s));
+    let (mut next_drip, mut opened) = (Instant::now(), false);
+    while !sw.stopped() {
+        if !sw.on() {
+            // Off: every connection closed; on again: all opened anew.
+            socks.clear();
+            opened = false;
+            thread::sleep(Duration::from_millis(5));
+            continue;
         }
-    }
-    while !stop.load(Ordering::Relaxed) {
+        if !std::mem::replace(&mut opened, true) {
+            for k in 0..IDLE_CONNECTIONS {
+                let ip = Ipv4Addr::new(127, 0, 2, (k / 4 + 1) as u8);
+                if let Ok(s) = connect_from(ip, addr) {
+                    let _ = s.set_nonblocking(true);
+                    st.connections += 1;
+                    socks.push(Some(s));
+                }
+            }
+        }
+        if Instant::now() < next_drip {
+            thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        next_drip = Instant::now() + Duration::from_secs(1);
         for slot in &mut socks {
             let Some(s) = slot else { continue };
             // One byte of a login request that never completes.
@@ -119,11 +156,10 @@ fn idle_connections(addr: SocketAddr, stop: &AtomicBool, st: &mut AttackStats) {
             }
         }
         at += 1;
-        thread::sleep(Duration::from_secs(1));
     }
 }
 
-fn slow_reader(addr: SocketAddr, user: &(String, String), symbol: &str, stop: &AtomicBool, st: &mut AttackStats) {
+fn slow_reader(addr: SocketAddr, user: &(String, String), symbol: &str, sw: &Switch, st: &mut AttackStats) {
     let Ok(mut s) = TcpStream::connect(addr) else { return };
     st.connections += 1;
     // A tiny receive buffer, never read: the exchange's output to it piles up.
@@ -134,7 +170,7 @@ fn slow_reader(addr: SocketAddr, user: &(String, String), symbol: &str, stop: &A
         return;
     }
     let mut token = 0u32;
-    paced(SLOW_READER_RATE / 100, stop, || {
+    paced(SLOW_READER_RATE / 100, sw, || {
         out.clear();
         for _ in 0..100 {
             token += 1;

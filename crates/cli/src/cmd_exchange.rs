@@ -169,6 +169,11 @@ struct BenchArgs {
     /// A hostile client beside the load (paced; see docs/RESULTS.md): 300 idle connections, a client that never reads, password guessing, or garbage bytes.
     #[arg(long, value_enum)]
     attack: Option<AttackArg>,
+    /// Run the attacker in alternate phases of this many ms (on, off, on, …)
+    /// and report the load's latency in each half side by side (the first
+    /// fifth of each phase in neither); 50..=10,000.
+    #[arg(long, requires = "attack", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(50..=10_000))]
+    attack_phases_ms: Option<u64>,
     /// Instead: the matching core's throughput on one thread, in process.
     #[arg(long)]
     in_process: bool,
@@ -264,6 +269,7 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
         pipeline: b.pipeline.pipeline(),
         idle: b.idle.idle(),
         attack: b.attack.map(AttackArg::attack),
+        attack_phase_ms: b.attack_phases_ms.unwrap_or(0),
     };
     let r = exchange_bench(b.rate, b.products, b.seconds, o)?;
     drop(tick);
@@ -289,6 +295,12 @@ fn bench(b: BenchArgs) -> anyhow::Result<()> {
         );
         for s in &r.steps {
             println!("  {:<28} p50 {:>8.1} µs  p99 {:>8.1} µs  max {:>9.1} µs", s.name, s.p50_us, s.p99_us, s.max_us);
+        }
+        if let (Some(on), Some(off), Some(ratio)) = (r.attack_on, r.attack_off, r.attack_p99_ratio) {
+            println!(
+                "  attacker on: p50 {:.1} µs, p99 {:.1} µs ({} orders); off: p50 {:.1} µs, p99 {:.1} µs ({} orders); p99 on ÷ off {:.2}",
+                on.p50_us, on.p99_us, on.orders, off.p50_us, off.p99_us, off.orders, ratio
+            );
         }
         let c = &r.cpu;
         println!(

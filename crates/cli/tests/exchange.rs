@@ -48,7 +48,15 @@ fn bench_prints_the_documented_fields() {
     assert!(busy > 0.0 && busy < 1.5, "one thread cannot use more than a core: {v}");
     // Both pipelines, and a hostile client beside the load.
     let args = ["exchange", "bench", "--rate", "2000", "--seconds", "1", "--json", "--pipeline", "threaded"];
-    let t = json(&fairfeed(&[&args[..], &["--attack", "login-guessing"]].concat()));
+    let t = json(&fairfeed(&[&args[..], &["--attack", "login-guessing", "--attack-phases-ms", "200"]].concat()));
+    // The attacker in alternate phases: both halves measured, side by side.
+    assert_eq!(t["attack_phase_ms"], 200, "{t}");
+    let (on, off) = (&t["attack_on"], &t["attack_off"]);
+    assert!(on["orders"].as_u64().unwrap() > 100 && off["orders"].as_u64().unwrap() > 100, "{t}");
+    let sum = on["orders"].as_u64().unwrap() + off["orders"].as_u64().unwrap();
+    assert!(sum < t["orders"].as_u64().unwrap(), "each phase's start is in neither half: {t}");
+    assert!(t["attack_p99_ratio"].as_f64().unwrap() > 0.0, "{t}");
+    assert!(v["attack_on"].is_null() && v["attack_p99_ratio"].is_null(), "no attack, no halves: {v}");
     assert_eq!(t["pipeline"], "threaded", "{t}");
     assert_eq!(t["orders"], t["responses"], "every order acknowledged under the attack: {t}");
     assert!(t["attack_stats"]["connections"].as_u64().unwrap() > 10, "{t}");
