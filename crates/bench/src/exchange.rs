@@ -114,6 +114,9 @@ pub struct ExchangeCpu {
     /// The load generator (one thread: it sends, reads and times every order).
     pub generator_ns_per_order: f64,
     pub generator_busy: f64,
+    /// The hostile client's thread, if any: its own work on the same host
+    /// (connects, writes, the kernel's loopback delivery done on its behalf).
+    pub attacker_busy: f64,
 }
 
 /// The names the exchange gives its threads.
@@ -429,9 +432,12 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
         thread::sleep(ATTACK_LEAD);
     }
     let total = ((rate * seconds) as usize).max(1);
-    let (cpu0, gen0, wall0) = (threads_cpu_where(exchange_thread), this_thread_ns(), Instant::now());
+    let attacker_cpu = || fairfeed_io::cpu::threads_cpu(exchange_attack::ATTACKER_THREAD);
+    let (cpu0, gen0, wall0, att0) =
+        (threads_cpu_where(exchange_thread), this_thread_ns(), Instant::now(), attacker_cpu());
     let l = load(x.addr, &users, &symbols, (rate, total, 1, window_ns > 0), phases);
-    let (cpu1, gen1, wall) = (threads_cpu_where(exchange_thread), this_thread_ns(), wall0.elapsed().as_secs_f64());
+    let (cpu1, gen1, wall, att1) =
+        (threads_cpu_where(exchange_thread), this_thread_ns(), wall0.elapsed().as_secs_f64(), attacker_cpu());
     stop.store(true, Ordering::Relaxed);
     let attack_stats = attacker.and_then(|t| t.join().ok());
     let rss_end_kib = rss_kib();
@@ -457,6 +463,10 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
         exchange_busy: busy(ex.ns),
         generator_ns_per_order: per(gen_ns),
         generator_busy: busy(gen_ns),
+        attacker_busy: match (att0, att1) {
+            (Some(a), Some(b)) => busy(b.since(&a).ns),
+            _ => 0.0,
+        },
     };
     Ok(ExchangeBenchReport {
         pipeline: r.pipeline,

@@ -74,7 +74,7 @@ pub fn spawn(
     symbol: String,
     sw: Switch,
 ) -> thread::JoinHandle<AttackStats> {
-    thread::spawn(move || {
+    let run = move || {
         let mut st = AttackStats::default();
         match kind {
             Attack::IdleConnections => idle_connections(addr, &sw, &mut st),
@@ -86,8 +86,12 @@ pub fn spawn(
             }
         }
         st
-    })
+    };
+    thread::Builder::new().name(ATTACKER_THREAD.into()).spawn(run).expect("spawn the attacker's thread")
 }
+
+/// The attacker's thread is named this (the bench reads its CPU time by name).
+pub const ATTACKER_THREAD: &str = "ff-attacker";
 
 /// Calls `f` `per_s` times a second until `stop`, skipping the calls that
 /// fall while the switch is off.
