@@ -119,6 +119,47 @@ pub struct ExchangeCpu {
     pub attacker_busy: f64,
 }
 
+/// CPU times at the start of the load (this thread is the generator).
+struct CpuMark {
+    exchange: Option<ThreadsCpu>,
+    generator_ns: u64,
+    attacker: Option<ThreadsCpu>,
+    at: Instant,
+}
+
+impl CpuMark {
+    fn now() -> CpuMark {
+        CpuMark {
+            exchange: threads_cpu_where(exchange_thread),
+            generator_ns: this_thread_ns(),
+            attacker: fairfeed_io::cpu::threads_cpu(exchange_attack::ATTACKER_THREAD),
+            at: Instant::now(),
+        }
+    }
+
+    /// What each side used since the mark, over `orders`.
+    fn until_now(&self, orders: u64) -> ExchangeCpu {
+        let since = |a: Option<ThreadsCpu>, b: Option<ThreadsCpu>| match (a, b) {
+            (Some(a), Some(b)) => b.since(&a),
+            _ => ThreadsCpu::default(),
+        };
+        let ex = since(self.exchange, threads_cpu_where(exchange_thread));
+        let att = since(self.attacker, fairfeed_io::cpu::threads_cpu(exchange_attack::ATTACKER_THREAD));
+        let gen_ns = this_thread_ns().saturating_sub(self.generator_ns);
+        let wall = self.at.elapsed().as_secs_f64().max(1e-9);
+        let per = |ns: u64| ns as f64 / orders.max(1) as f64;
+        let busy = |ns: u64| ns as f64 / 1e9 / wall;
+        ExchangeCpu {
+            exchange_ns_per_order: per(ex.ns),
+            exchange_system_ns_per_order: per(ex.system_ns),
+            exchange_busy: busy(ex.ns),
+            generator_ns_per_order: per(gen_ns),
+            generator_busy: busy(gen_ns),
+            attacker_busy: busy(att.ns),
+        }
+    }
+}
+
 /// The names the exchange gives its threads.
 fn exchange_thread(name: &str) -> bool {
     matches!(name, "exchange" | "gateway" | "publisher") || name.starts_with("engine-")
@@ -432,12 +473,9 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
         thread::sleep(ATTACK_LEAD);
     }
     let total = ((rate * seconds) as usize).max(1);
-    let attacker_cpu = || fairfeed_io::cpu::threads_cpu(exchange_attack::ATTACKER_THREAD);
-    let (cpu0, gen0, wall0, att0) =
-        (threads_cpu_where(exchange_thread), this_thread_ns(), Instant::now(), attacker_cpu());
+    let mark = CpuMark::now();
     let l = load(x.addr, &users, &symbols, (rate, total, 1, window_ns > 0), phases);
-    let (cpu1, gen1, wall, att1) =
-        (threads_cpu_where(exchange_thread), this_thread_ns(), wall0.elapsed().as_secs_f64(), attacker_cpu());
+    let cpu = mark.until_now(l.as_ref().map_or(0, |l| l.sent));
     stop.store(true, Ordering::Relaxed);
     let attack_stats = attacker.and_then(|t| t.join().ok());
     let rss_end_kib = rss_kib();
@@ -450,24 +488,6 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
     };
     let (h, orders, send_secs) = (l.latency, l.sent, l.send_secs);
     let us = |v: u64| v as f64 / 1e3;
-    let per = |ns: u64| ns as f64 / orders.max(1) as f64;
-    let busy = |ns: u64| ns as f64 / 1e9 / wall.max(1e-9);
-    let ex = match (cpu0, cpu1) {
-        (Some(a), Some(b)) => b.since(&a),
-        _ => ThreadsCpu::default(),
-    };
-    let gen_ns = gen1.saturating_sub(gen0);
-    let cpu = ExchangeCpu {
-        exchange_ns_per_order: per(ex.ns),
-        exchange_system_ns_per_order: per(ex.system_ns),
-        exchange_busy: busy(ex.ns),
-        generator_ns_per_order: per(gen_ns),
-        generator_busy: busy(gen_ns),
-        attacker_busy: match (att0, att1) {
-            (Some(a), Some(b)) => busy(b.since(&a).ns),
-            _ => 0.0,
-        },
-    };
     Ok(ExchangeBenchReport {
         pipeline: r.pipeline,
         idle: r.idle.clone(),
