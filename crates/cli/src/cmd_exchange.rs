@@ -83,6 +83,8 @@ enum AttackArg {
     LoginGuessing,
     /// 200 connections a second, each 64 KiB of random bytes.
     Garbage,
+    /// A control, no traffic: a thread busy 250 µs, 200 times a second (about what the garbage attacker's own thread takes).
+    CpuControl,
 }
 
 impl AttackArg {
@@ -92,6 +94,7 @@ impl AttackArg {
             AttackArg::SlowReader => Attack::SlowReader,
             AttackArg::LoginGuessing => Attack::LoginGuessing,
             AttackArg::Garbage => Attack::Garbage,
+            AttackArg::CpuControl => Attack::CpuControl,
         }
     }
 }
