@@ -169,7 +169,7 @@ struct BenchArgs {
     /// How the exchange's threads wait for work.
     #[arg(long, value_enum, default_value_t = IdleArg::Auto)]
     idle: IdleArg,
-    /// A hostile client beside the load (paced; see docs/RESULTS.md): 300 idle connections, a client that never reads, password guessing, or garbage bytes.
+    /// A hostile client beside the load (paced; see docs/RESULTS.md): 300 idle connections, a client that never reads, password guessing, garbage bytes — or a control that only burns CPU.
     #[arg(long, value_enum)]
     attack: Option<AttackArg>,
     /// Run the attacker in alternate phases of this many ms (on, off, on, …)
