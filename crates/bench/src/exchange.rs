@@ -365,10 +365,8 @@ fn load(
                 if let Some(t) = due_at.get_mut(token as usize).filter(|t| **t > 0) {
                     let v = now.saturating_sub(*t - 1).max(1);
                     let _ = latency.record(v);
-                    match half(*t - 1) {
-                        Some(true) => drop(on.record(v)),
-                        Some(false) => drop(off.record(v)),
-                        None => {}
+                    if let Some(during) = half(*t - 1) {
+                        let _ = if during { on.record(v) } else { off.record(v) };
                     }
                     *t = 0;
                     answered += 1;
@@ -466,7 +464,7 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
     let stop = Arc::new(AtomicBool::new(false));
     let active = Arc::new(AtomicBool::new(true));
     let sw = exchange_attack::Switch { stop: stop.clone(), active: active.clone() };
-    let attacker = o.attack.map(|a| exchange_attack::spawn(a, x.addr, evil.clone(), symbols[0].clone(), sw.clone()));
+    let attacker = o.attack.map(|a| exchange_attack::spawn(a, x.addr, evil.clone(), symbols[0].clone(), sw));
     let phases = (o.attack.is_some() && o.attack_phase_ms > 0)
         .then(|| Phases { ns: o.attack_phase_ms.saturating_mul(1_000_000), active: &active });
     if attacker.is_some() {

@@ -237,12 +237,7 @@ fn subscribers(
     prefix: &str,
     cfg: &BenchConfig,
 ) -> Result<(tokio::runtime::Runtime, Vec<SubscriberTask>), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name(crate::cpu::SUBSCRIBER_THREAD)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let rt = crate::cpu::named_runtime(2, crate::cpu::SUBSCRIBER_THREAD)?;
     let sub_cfg = SubscribeConfig {
         url: url.to_string(),
         subject: format!("{prefix}.>"),

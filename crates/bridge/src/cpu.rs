@@ -1,5 +1,5 @@
-//! CPU time of the bridge's threads: [`fairfeed_io::cpu`] and the names the
-//! bridge and its bench give their runtimes' threads.
+//! CPU time of the bridge's threads: [`fairfeed_io::cpu`], the names the
+//! bridge and its bench give their runtimes' threads, and the runtimes.
 
 pub use fairfeed_io::cpu::{stat_ticks, this_thread_ns, threads_cpu, ThreadsCpu};
 
@@ -7,3 +7,14 @@ pub use fairfeed_io::cpu::{stat_ticks, this_thread_ns, threads_cpu, ThreadsCpu};
 pub const PUBLISHER_THREAD: &str = "ff-bridge-pub";
 /// The bench's subscriber runtime names its threads this.
 pub const SUBSCRIBER_THREAD: &str = "ff-bench-subs";
+
+/// A multi-threaded tokio runtime of `workers` threads named `name` (so
+/// their CPU time can be read by name).
+pub fn named_runtime(workers: usize, name: &str) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}

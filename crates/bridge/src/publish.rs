@@ -301,12 +301,7 @@ impl Bridge {
                 route.prefix
             ));
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name(crate::cpu::PUBLISHER_THREAD)
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
+        let rt = crate::cpu::named_runtime(1, crate::cpu::PUBLISHER_THREAD)?;
         let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::channel::<Batch>(cfg.buffer);
         let prefix = route.prefix.clone();
