@@ -16,7 +16,6 @@
 //! node's error against the reference is sampled in true time, and receivers
 //! whose bound is above the limit are left out of the fairness measures.
 
-use std::cmp::Reverse;
 use std::rc::Rc;
 
 use fairfeed_clock::{ClockSync, SyncConfig};
@@ -220,23 +219,9 @@ impl SimNode {
     }
 }
 
-/// The event queue: a 4-ary heap (shallower than a binary heap, so fewer
-/// cache misses per operation), keyed by (time, insertion order) so equal
-/// times pop first-in first-out.
-#[derive(Default)]
-struct EventQueue {
-    heap: dary_heap::QuaternaryHeap<Reverse<(u64, u64, Ev)>>,
-}
-
-impl EventQueue {
-    fn push(&mut self, at: u64, order: u64, ev: Ev) {
-        self.heap.push(Reverse((at, order, ev)));
-    }
-
-    fn pop(&mut self) -> Option<(u64, Ev)> {
-        self.heap.pop().map(|Reverse((t, _, ev))| (t, ev))
-    }
-}
+/// The event queue: a calendar queue ([`crate::queue`]) keyed by (time,
+/// insertion order), so equal times pop first-in first-out.
+type EventQueue = crate::queue::CalendarQueue<Ev>;
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
@@ -337,6 +322,11 @@ struct Tx<'a> {
     from: u32,
 }
 
+/// A packet's overlay sequence number, without checking the rest of its header.
+fn packet_sequence(bytes: &[u8]) -> Option<u64> {
+    bytes.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes)
+}
+
 /// True when `bytes` is an overlay probe.
 fn is_probe(bytes: &[u8]) -> bool {
     bytes.get(3) == Some(&(fairfeed_wire::overlay::Kind::Probe as u8))
@@ -412,6 +402,7 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     let mut events = 0u64;
     let mut crashed = false;
     while let Some((t, ev)) = w.net.queue.pop() {
+        w.prefetch_ahead();
         events += 1;
         assert!(events < EVENTS_MAX, "simulation exceeded {EVENTS_MAX} events");
         w.net.now = t;
@@ -456,7 +447,69 @@ struct World {
     held: usize,
 }
 
+/// Events ahead whose node entry is prefetched, and whose node state is.
+const PREFETCH_ENTRY: usize = 8;
+const PREFETCH_STATE: usize = 4;
+/// Events ahead whose node's windows and logs are prefetched (their addresses
+/// are in the state, which is in cache by then).
+const PREFETCH_LINES: usize = 1;
+/// Bytes of a node's state prefetched at most.
+const PREFETCH_STATE_BYTES: usize = 256;
+
+/// Asks the CPU to bring the line at `p` into its caches.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults, whatever the address, and changes no memory.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 impl World {
+    /// At scale nearly every event touches a node nobody touched lately: a
+    /// chain of cache misses (its entry, its boxed state, the packet). The
+    /// next events are known (the queue's sorted bucket), so their memory is
+    /// requested a few events early, in two steps (the state's address is in
+    /// the entry).
+    fn prefetch_ahead(&self) {
+        let target = |ev: &Ev| match *ev {
+            Ev::Deliver { to, packet } => Some((to as usize, Some(packet))),
+            Ev::Timer { node } => Some((node as usize, None)),
+            Ev::Send | Ev::Sample => None,
+        };
+        if let Some((id, packet)) = self.net.queue.ahead(PREFETCH_ENTRY).and_then(target) {
+            prefetch(self.nodes.as_ptr().wrapping_add(id));
+            prefetch(self.timer_at.as_ptr().wrapping_add(id));
+            prefetch(self.net.counts.as_ptr().wrapping_add(id));
+            if let Some(p) = packet {
+                prefetch(self.net.arena.as_ptr().wrapping_add(p));
+            }
+        }
+        if let Some((id, packet)) = self.net.queue.ahead(PREFETCH_STATE).and_then(target) {
+            if let Some(node) = self.nodes.get(id).and_then(|n| n.node.as_ref()) {
+                let (at, len) = node.state_span();
+                for off in (0..len.min(PREFETCH_STATE_BYTES)).step_by(64) {
+                    prefetch(at.wrapping_add(off));
+                }
+            }
+            if let Some(Some(rc)) = packet.and_then(|p| self.net.arena.get(p)) {
+                prefetch(rc.as_ptr());
+            }
+        }
+        if let Some((id, Some(packet))) = self.net.queue.ahead(PREFETCH_LINES).and_then(target) {
+            let bytes = self.net.arena.get(packet).and_then(Option::as_deref).unwrap_or_default();
+            if let (Some(seq), Some(node)) = (packet_sequence(bytes), self.nodes.get(id).and_then(|n| n.node.as_ref())) {
+                for p in node.hot_lines(seq) {
+                    prefetch(p);
+                }
+            }
+        }
+    }
+
     /// A copy reaches node `to` (or waits, if the node is stalled).
     fn on_deliver(&mut self, cfg: &SimConfig, to: u32, packet: usize) {
         let t = self.net.now;

@@ -13,3 +13,4 @@ pub mod experiment;
 pub use fairfeed_model as model;
 pub mod montecarlo;
 pub mod plot;
+pub mod queue;

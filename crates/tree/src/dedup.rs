@@ -46,6 +46,11 @@ impl Dedup {
         ((i / 64) as usize, 1u64 << (i % 64))
     }
 
+    /// The word [`Dedup::check`] will read for `seq` (a prefetch hint).
+    pub fn line(&self, seq: u64) -> *const u64 {
+        self.bits.as_ptr().wrapping_add(Self::slot(seq).0)
+    }
+
     /// Records `seq` and says whether it was new.
     pub fn check(&mut self, seq: u64) -> Seen {
         if seq < self.base {

@@ -671,7 +671,7 @@ impl Proxy {
 pub struct Released {
     pub sequence: u64,
     /// The MoldUDP64 packet, header stripped.
-    pub payload: Vec<u8>,
+    pub payload: Payload,
     pub deadline_ns: u64,
     pub arrival_ns: u64,
     pub send_ns: u64,
@@ -682,13 +682,20 @@ pub struct Released {
     pub clock_ok: bool,
 }
 
+/// Payload bytes a held message keeps inline, without an allocation (the
+/// simulator's 8-byte payloads, a heartbeat); longer ones go to the heap.
+pub const PAYLOAD_INLINE: usize = 24;
+
+/// A held or released message's payload.
+pub type Payload = smallvec::SmallVec<[u8; PAYLOAD_INLINE]>;
+
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Hold {
     deadline_ns: u64,
     sequence: u64,
     arrival_ns: u64,
     send_ns: u64,
-    payload: Vec<u8>,
+    payload: Payload,
 }
 
 /// Receiver counters.
@@ -813,7 +820,7 @@ impl Receiver {
             sequence: h.sequence,
             arrival_ns: now,
             send_ns: h.send_ns,
-            payload: payload.to_vec(),
+            payload: Payload::from_slice(payload),
         };
         if !self.cfg.hold_and_release {
             self.release(Hold { deadline_ns: now, ..hold });
@@ -902,6 +909,18 @@ impl Receiver {
     /// Messages held now.
     pub fn held(&self) -> usize {
         self.held.len()
+    }
+
+    /// The memory a data packet with `sequence` will touch beyond the
+    /// receiver's own struct (prefetch hints: nothing is read).
+    fn hot_lines(&self, sequence: u64) -> [*const u8; 4] {
+        let held = self.held.as_slice();
+        [
+            self.dedup.line(sequence).cast(),
+            self.owd.next_slot().cast(),
+            held.as_ptr().wrapping_add(held.len()).cast(),
+            self.tail.back().cast(),
+        ]
     }
 }
 
@@ -998,6 +1017,28 @@ impl Node {
         match self {
             Node::Receiver(r) => r.held(),
             _ => 0,
+        }
+    }
+
+    /// The memory beyond [`Node::state_span`] a data packet with `sequence`
+    /// will touch (receivers and proxies: the duplicate window's word, the
+    /// delay logs' next slots) — prefetch hints; nothing is read.
+    pub fn hot_lines(&self, sequence: u64) -> [*const u8; 4] {
+        match self {
+            Node::Receiver(r) => r.hot_lines(sequence),
+            Node::Proxy(p) => [p.dedup.line(sequence).cast(), p.tail.back().cast(), std::ptr::null(), std::ptr::null()],
+            Node::Sender(_) => [std::ptr::null(); 4],
+        }
+    }
+
+    /// Where the node's state lives and how many bytes it spans — for a
+    /// driver that prefetches the state of nodes it will soon hand events
+    /// to (the simulator, where at scale every event is a cache miss).
+    pub fn state_span(&self) -> (*const u8, usize) {
+        match self {
+            Node::Sender(s) => (std::ptr::from_ref::<Sender>(s).cast(), std::mem::size_of::<Sender>()),
+            Node::Proxy(p) => (std::ptr::from_ref::<Proxy>(p).cast(), std::mem::size_of::<Proxy>()),
+            Node::Receiver(r) => (std::ptr::from_ref::<Receiver>(r).cast(), std::mem::size_of::<Receiver>()),
         }
     }
 

@@ -26,6 +26,11 @@ impl OwdWindow {
         self.filled |= self.next == 0;
     }
 
+    /// Where the next sample goes (a prefetch hint).
+    pub fn next_slot(&self) -> *const u64 {
+        self.ring.as_ptr().wrapping_add(self.next)
+    }
+
     pub fn len(&self) -> usize {
         if self.filled {
             OWD_WINDOW

@@ -47,6 +47,11 @@ pub struct TailLog {
 }
 
 impl TailLog {
+    /// The newest entry (a prefetch hint; dangling when empty, never read).
+    pub fn back(&self) -> *const u64 {
+        self.vals.back().map_or(std::ptr::null(), std::ptr::from_ref)
+    }
+
     /// Folds in message `seq`'s delay (max with what is logged).
     pub fn record(&mut self, seq: u64, owd_ns: u64) {
         let v = owd_ns.max(1);

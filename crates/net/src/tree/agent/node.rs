@@ -592,7 +592,7 @@ impl NodeAgent<'_> {
                 });
             }
             if let Some(d) = &mut self.delivery {
-                if d.push(Delivered { true_ns: t, payload: m.payload }).is_err() {
+                if d.push(Delivered { true_ns: t, payload: m.payload.into_vec() }).is_err() {
                     self.delivery_full += 1;
                 }
             }
