@@ -502,7 +502,8 @@ impl World {
         }
         if let Some((id, Some(packet))) = self.net.queue.ahead(PREFETCH_LINES).and_then(target) {
             let bytes = self.net.arena.get(packet).and_then(Option::as_deref).unwrap_or_default();
-            if let (Some(seq), Some(node)) = (packet_sequence(bytes), self.nodes.get(id).and_then(|n| n.node.as_ref())) {
+            if let (Some(seq), Some(node)) = (packet_sequence(bytes), self.nodes.get(id).and_then(|n| n.node.as_ref()))
+            {
                 for p in node.hot_lines(seq) {
                     prefetch(p);
                 }

@@ -172,10 +172,10 @@ mod tests {
 
     fn delta() -> impl Strategy<Value = u64> {
         prop_oneof![
-            0u64..2_000,                     // within a bucket or two
-            0u64..2_000_000,                 // within and beyond the ring
-            Just(0u64),                      // now
-            10_000_000u64..20_000_000_000,   // far out
+            0u64..2_000,                   // within a bucket or two
+            0u64..2_000_000,               // within and beyond the ring
+            Just(0u64),                    // now
+            10_000_000u64..20_000_000_000, // far out
         ]
     }
 
