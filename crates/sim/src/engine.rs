@@ -454,7 +454,7 @@ const PREFETCH_STATE: usize = 4;
 /// are in the state, which is in cache by then).
 const PREFETCH_LINES: usize = 1;
 /// Bytes of a node's state prefetched at most.
-const PREFETCH_STATE_BYTES: usize = 256;
+const PREFETCH_STATE_BYTES: usize = 1_024;
 
 /// Asks the CPU to bring the line at `p` into its caches.
 #[inline(always)]
