@@ -115,8 +115,9 @@ pub struct Common {
     /// Report interval up the tree, ms.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     report_interval_ms: u64,
-    /// Deadline offset before the first report, µs.
-    #[arg(long, default_value_t = 1_000)]
+    /// Deadline offset before the first report, µs (the quantile controller
+    /// holds at least this until its estimate: 200 settled messages).
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     initial_owd_us: u64,
     /// Receivers release on arrival (no hold-and-release).
     #[arg(long)]

@@ -509,6 +509,8 @@ fn clock_sync_over_real_sockets_and_its_flags() {
         vec!["bench", "clock-sync", "--seconds", "NaN"],
         vec!["receiver", "--topology", "t.toml", "--id", "0", "--clock-drift-ppm", "5000"],
         vec!["receiver", "--topology", "t.toml", "--id", "0", "--clock", "atomic"],
+        vec!["sender", "--topology", "t.toml", "--id", "0", "--initial-owd-us", "0"],
+        vec!["sender", "--topology", "t.toml", "--id", "0", "--initial-owd-us", "18446744073709551615"],
     ] {
         let o = Command::new(bin()).args(&bad).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{bad:?}");

@@ -780,6 +780,8 @@ pub struct CalibrationRow {
     pub deadline_offset_us: f64,
     /// Regime changes the controller detected.
     pub surges: u64,
+    /// The controller's estimator at the end (zeros under other rules).
+    pub controller: fairfeed_tree::tail::TailStats,
     /// Messages counted (after warm-up) and never complete.
     pub messages: u64,
     pub incomplete_messages: u64,
@@ -886,6 +888,7 @@ pub fn calibration(
             }),
             deadline_offset_us: r.deadline_offset_us,
             surges: r.controller.surges,
+            controller: r.controller,
             messages: r.messages,
             incomplete_messages: r.incomplete_messages,
             events: r.events,

@@ -410,12 +410,16 @@ impl Sender {
 
     /// The deadline offset in force: OWD_G plus the margin (or the quantile
     /// controller's estimate, once it has one), plus the receivers' largest
-    /// clock bound (a release may be that early or late).
+    /// clock bound (a release may be that early or late). The quantile
+    /// controller holds at least the initial offset until its estimate: on a
+    /// deep tree the first maxima take a report interval per level to climb,
+    /// and OWD_G (a p95 per receiver) is far below the last arrival.
     pub fn deadline_offset_ns(&self) -> u64 {
         if let Some(q) = self.tail_offset_ns {
             return q + self.clock_bound_ns;
         }
         let owd = self.owd_g_ns.unwrap_or(self.cfg.initial_owd_ns) as i64;
+        let owd = if self.tail.is_some() { owd.max(self.cfg.initial_owd_ns as i64) } else { owd };
         let margin = match (self.rule, &self.controller) {
             (DeadlineRule::Paper { margin_ns }, _) => margin_ns,
             (_, Some(c)) => c.margin_ns,

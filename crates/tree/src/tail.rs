@@ -30,6 +30,11 @@ pub const WINDOW_MAX: usize = 65_536;
 pub const SAMPLES_MIN: usize = 200;
 /// Messages the sender tracks while their maxima arrive, at most.
 pub const BOOK_MAX: usize = 1 << 18;
+/// Report intervals a message's maximum is first given to arrive (the
+/// settle time grows, one interval at a time, while maxima arrive later).
+pub const SETTLE_INTERVALS: u64 = 6;
+/// Report intervals the settle time grows to at most.
+pub const SETTLE_INTERVALS_MAX: u64 = 64;
 /// The newest samples compared with the whole window to see a fall.
 pub const RECENT: usize = 2_000;
 /// The recent estimate must stay below this share of the window's ...
@@ -143,9 +148,14 @@ impl TailLog {
 pub struct TailConfig {
     /// The target P(F): the share of messages every receiver has by its deadline.
     pub target: f64,
-    /// A message's maximum is final this long after it was sent (reports
-    /// climb the tree an interval per level).
+    /// A message's maximum is taken as final this long after it was sent, at
+    /// first (reports climb the tree up to an interval per level) ...
     pub settle_ns: u64,
+    /// ... and this much longer after each update that saw maxima arrive for
+    /// messages already settled (a deeper tree, slower reports) ...
+    pub settle_step_ns: u64,
+    /// ... up to this.
+    pub settle_max_ns: u64,
     /// Confidence (standard deviations) of the margin above the estimate.
     pub z: f64,
 }
@@ -153,7 +163,14 @@ pub struct TailConfig {
 impl TailConfig {
     pub fn new(target: f64, report_interval_ns: u64) -> Self {
         assert!((0.0..1.0).contains(&target), "target P(F) must be in [0, 1)");
-        TailConfig { target, settle_ns: 6 * report_interval_ns, z: 1.0 }
+        assert!(report_interval_ns > 0, "report interval must be positive");
+        TailConfig {
+            target,
+            settle_ns: SETTLE_INTERVALS * report_interval_ns,
+            settle_step_ns: report_interval_ns,
+            settle_max_ns: SETTLE_INTERVALS_MAX * report_interval_ns,
+            z: 1.0,
+        }
     }
 }
 
@@ -175,6 +192,11 @@ pub struct TailStats {
     pub rises: u64,
     /// Tail entries for messages already settled or never tracked.
     pub stale_entries: u64,
+    /// Of those, entries for messages settled too early (each update that
+    /// sees some lengthens the settle time).
+    pub late_entries: u64,
+    /// The settle time now, ns.
+    pub settle_ns: u64,
     /// Settled messages no receiver reported (lost everywhere, or reports lost).
     pub unreported: u64,
 }
@@ -186,6 +208,12 @@ pub struct TailEstimator {
     /// Messages sent and not yet settled: (send ns, largest delay so far), from `book_base`.
     book: VecDeque<(u64, u64)>,
     book_base: u64,
+    /// The first sequence of the current run of consecutive sends: entries
+    /// from it up to `book_base` are for messages already settled.
+    run_base: u64,
+    settle_ns: u64,
+    /// Late entries since the last update.
+    late_fresh: u64,
     window: VecDeque<u64>,
     scratch: Vec<u64>,
     estimate: Option<u64>,
@@ -207,6 +235,9 @@ impl TailEstimator {
             cfg,
             book: VecDeque::new(),
             book_base: 1,
+            run_base: 1,
+            settle_ns: cfg.settle_ns,
+            late_fresh: 0,
             window: VecDeque::new(),
             scratch: Vec::new(),
             estimate: None,
@@ -214,7 +245,7 @@ impl TailEstimator {
             fresh_seen: 0,
             surge: None,
             low_streak: 0,
-            stats: TailStats::default(),
+            stats: TailStats { settle_ns: cfg.settle_ns, ..TailStats::default() },
         }
     }
 
@@ -223,10 +254,14 @@ impl TailEstimator {
         if self.book.is_empty() || seq != self.book_base + self.book.len() as u64 {
             self.settle_all();
             self.book_base = seq;
+            self.run_base = seq;
         }
         self.book.push_back((now, 0));
         if self.book.len() > BOOK_MAX {
+            // Settled for room, not by time: maxima that arrive for it later
+            // say nothing about the settle time.
             self.settle_front();
+            self.run_base = self.book_base;
         }
     }
 
@@ -243,6 +278,9 @@ impl TailEstimator {
             for s in first..first + stride {
                 let Some(i) = s.checked_sub(self.book_base).filter(|&i| i < self.book.len() as u64) else {
                     self.stats.stale_entries += 1;
+                    if (self.run_base..self.book_base).contains(&s) {
+                        self.late_fresh += 1;
+                    }
                     continue;
                 };
                 let slot = &mut self.book[i as usize].1;
@@ -279,7 +317,14 @@ impl TailEstimator {
     /// report interval. Returns the offset (ns) the deadline should add to
     /// the send time, before any clock bound, or `None` while samples are too few.
     pub fn update(&mut self, now: u64) -> Option<u64> {
-        while self.book.front().is_some_and(|&(t, _)| now.saturating_sub(t) >= self.cfg.settle_ns) {
+        if self.late_fresh > 0 {
+            self.stats.late_entries += self.late_fresh;
+            self.late_fresh = 0;
+            self.settle_ns =
+                (self.settle_ns + self.cfg.settle_step_ns).min(self.cfg.settle_max_ns.max(self.cfg.settle_ns));
+            self.stats.settle_ns = self.settle_ns;
+        }
+        while self.book.front().is_some_and(|&(t, _)| now.saturating_sub(t) >= self.settle_ns) {
             self.settle_front();
         }
         // A regime change: far more fresh maxima above the estimate than the
@@ -295,7 +340,7 @@ impl TailEstimator {
                 let k = (expected.floor() as usize).min(self.fresh_over.len() - 1);
                 self.fresh_over.sort_unstable_by(|a, b| b.cmp(a));
                 let floor = self.surge.map_or(0, |s| s.0).max(self.fresh_over[k]);
-                self.surge = Some((floor, now + self.cfg.settle_ns * 2));
+                self.surge = Some((floor, now + self.settle_ns * 2));
                 self.window.clear();
                 self.low_streak = 0;
             }
@@ -458,8 +503,51 @@ mod tests {
     }
 
     #[test]
+    fn settle_time_grows_while_maxima_arrive_after_it() {
+        // Maxima arrive 75 ns after the send (a deep tree), the settle time
+        // starts at 50: every message first settles unreported.
+        let cfg = TailConfig { target: 0.99, settle_ns: 50, settle_step_ns: 10, settle_max_ns: 200, z: 1.0 };
+        let mut e = TailEstimator::new(cfg);
+        let mut sent = VecDeque::new();
+        let (mut seq, mut offset) = (0, None);
+        for step in 0..100u64 {
+            let now = step * 10;
+            for _ in 0..10 {
+                seq += 1;
+                e.sent(seq, now);
+                sent.push_back((seq, now));
+            }
+            let mut log = TailLog::default();
+            while sent.front().is_some_and(|&(_, t)| now >= t + 75) {
+                let (s, _) = sent.pop_front().unwrap();
+                log.record(s, 1_000 + s % 7);
+            }
+            if !log.is_empty() {
+                e.merge(&TailView::parse(&tail_of(&mut log)).unwrap().unwrap());
+            }
+            offset = e.update(now);
+        }
+        let st = e.stats;
+        assert_eq!(st.settle_ns, 80, "grown to the first interval past the arrival: {st:?}");
+        assert!(st.late_entries > 0 && st.unreported > 0, "{st:?}");
+        assert!(st.samples >= 500, "{st:?}");
+        assert_eq!(offset, Some(1_006), "{st:?}");
+        // A cap holds it however late maxima come.
+        let cfg = TailConfig { settle_max_ns: 60, ..cfg };
+        let mut e = TailEstimator::new(cfg);
+        for s in 1..=1_000u64 {
+            e.sent(s, s);
+            let mut log = TailLog::default();
+            log.record(s.saturating_sub(100).max(1), 5);
+            e.merge(&TailView::parse(&tail_of(&mut log)).unwrap().unwrap());
+            e.update(s);
+        }
+        assert_eq!(e.stats.settle_ns, 60);
+    }
+
+    #[test]
     fn estimator_settles_samples_and_reacts_to_a_surge() {
-        let cfg = TailConfig { target: 0.99, settle_ns: 50, z: 1.0 };
+        let cfg = TailConfig { target: 0.99, settle_ns: 50, settle_step_ns: 10, settle_max_ns: 100, z: 1.0 };
         let mut e = TailEstimator::new(cfg);
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
         let mut now = 0;

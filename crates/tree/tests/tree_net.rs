@@ -265,6 +265,30 @@ fn controller_hits_its_on_time_target() {
 }
 
 #[test]
+fn controller_holds_its_initial_offset_until_it_has_an_estimate() {
+    // The first 200 messages (20 ms) go out before the estimator has its
+    // 200 settled maxima (settling takes 6 report intervals, 12 ms): they
+    // keep the initial 300 µs, not the receivers' p95 that reports bring
+    // after a few ms (the paper rule, which releases some before the last
+    // copy arrives); later ones follow the estimate, well below it.
+    let o = run(60, 1, false, DeadlineRule::Quantile { target_pf: 0.99 }, 6);
+    check_once_and_on_time(&o);
+    let (mut early, mut after) = (Vec::new(), Vec::new());
+    for m in o.released.values().flatten() {
+        let offset = m.deadline_ns - m.send_ns;
+        if m.sequence <= 200 {
+            assert!(!m.late, "message {} was late at the start", m.sequence);
+            early.push(offset);
+        } else if m.sequence > 1_000 {
+            after.push(offset);
+        }
+    }
+    assert!(early.iter().all(|&o| o >= 300_000), "an offset below the initial one at the start");
+    after.sort_unstable();
+    assert!(after[after.len() / 2] < 250_000, "the estimate took over: p50 offset {} ns", after[after.len() / 2]);
+}
+
+#[test]
 #[ignore = "prints figures; run with --ignored --nocapture"]
 fn print_rule_comparison() {
     for (name, rule) in [
