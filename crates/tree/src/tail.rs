@@ -231,6 +231,7 @@ pub struct TailEstimator {
 
 impl TailEstimator {
     pub fn new(cfg: TailConfig) -> Self {
+        assert!(cfg.settle_max_ns >= cfg.settle_ns, "settle time cap below the initial settle time");
         TailEstimator {
             cfg,
             book: VecDeque::new(),
@@ -320,8 +321,7 @@ impl TailEstimator {
         if self.late_fresh > 0 {
             self.stats.late_entries += self.late_fresh;
             self.late_fresh = 0;
-            self.settle_ns =
-                (self.settle_ns + self.cfg.settle_step_ns).min(self.cfg.settle_max_ns.max(self.cfg.settle_ns));
+            self.settle_ns = (self.settle_ns + self.cfg.settle_step_ns).min(self.cfg.settle_max_ns);
             self.stats.settle_ns = self.settle_ns;
         }
         while self.book.front().is_some_and(|&(t, _)| now.saturating_sub(t) >= self.settle_ns) {
