@@ -132,6 +132,10 @@ pub struct Common {
     /// Random probe peers per node beside parents and hedge parents (same on every node).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(0..=64))]
     clock_peers: u16,
+    /// Most probe pairs per interval on one parent edge: edges above many
+    /// nodes are probed more often (same on every node); 1: every edge once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=16))]
+    clock_rate_max: u32,
     /// A receiver whose clock error bound is above this (ns) is left out of fairness figures.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     clock_bound_limit_ns: u64,
@@ -428,7 +432,12 @@ fn clock_opts(c: &Common) -> fairfeed_net::tree::agent::ClockOpts {
         ClockArg::Measure => SyncMode::MeasureOnly,
     };
     fairfeed_net::tree::agent::ClockOpts {
-        sync: SyncConfig { mode, bound_limit_ns: c.clock_bound_limit_ns, ..SyncConfig::default() },
+        sync: SyncConfig {
+            mode,
+            bound_limit_ns: c.clock_bound_limit_ns,
+            rate_max: c.clock_rate_max,
+            ..SyncConfig::default()
+        },
         random_peers: usize::from(c.clock_peers),
         skew: fairfeed_clock::skew::Skew {
             offset_ns: c.clock_offset_ns,

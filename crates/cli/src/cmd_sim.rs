@@ -93,6 +93,10 @@ pub enum Experiment {
         /// Random probe peers per node, besides its parents (more: a better network solve, more probes); 0..=16.
         #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=16))]
         clock_peers: usize,
+        /// Most probe pairs per interval on one parent edge (edges above many
+        /// nodes are probed more; 1: every edge once per interval); 1..=16.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=16))]
+        clock_rate_max: u32,
     },
     /// The deadline rules against their targets: the new controller, the
     /// previous one, the paper's rule and tree + hedging, at each rate and
@@ -424,7 +428,16 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             let label = latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string());
             calibration_cmd(&CalibrationConfig { base, rates, targets }, &out, &label)
         }
-        Sim::Experiment(Experiment::Clock { receivers, seed, out, latency_model, seconds, rate, clock_peers }) => {
+        Sim::Experiment(Experiment::Clock {
+            receivers,
+            seed,
+            out,
+            latency_model,
+            seconds,
+            rate,
+            clock_peers,
+            clock_rate_max,
+        }) => {
             let mut c = ClockConfig {
                 receivers: receivers as usize,
                 seed,
@@ -433,6 +446,7 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
                 ..ClockConfig::default()
             };
             c.sync.random_peers = clock_peers;
+            c.sync.cfg.rate_max = clock_rate_max;
             if let Some(p) = &latency_model {
                 c.model = read_model(p)?;
             }
@@ -747,11 +761,12 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         "# Clock synchronization, N = {} receivers ({} nodes), seed {}\n\n\
          Raw clocks: ±{} µs offsets, ±{} ppm drift, {} ns mean timestamp noise; links: floor {} µs \
          ({:.0} % unqueued), {:.1} % of directed links {} µs longer one way. Sync warm-up {} s, then \
-         {} s of feed at {} msg/s (Jasper + controller). Each node probes its parents and {} random peers.\n\n\
+         {} s of feed at {} msg/s (Jasper + controller). Each node probes its parents and {} random peers; \
+         an edge to a parent up to {} pairs per interval.\n\n\
          | measure | value |\n|---|---|\n\
          | sync error p50 (ns) | {:.0} |\n| sync error p99 (ns) | {:.0} |\n| sync error max (ns) | {:.0} |\n\
          | converged (s) | {} |\n| bound covers the true error | {:.1} % |\n\
-         | probe share of packets during the feed (mean node / worst receiver) | {:.3} % / {:.3} % |\n\
+         | probe share of packets during the feed (mean node / worst receiver / worst proxy) | {:.3} % / {:.3} % / {:.3} % |\n\
          | probes sent per node per s | {:.1} |\n| pure pairs | {:.1} % |\n\
          | asymmetric links in the probe graph / flaggings | {} / {} |\n| clock steps detected | {} |\n\
          | releases while over the bound limit | {} |\n\
@@ -771,6 +786,7 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         r.feed_seconds,
         c.rate_per_s,
         c.sync.random_peers,
+        c.sync.cfg.rate_max,
         k.sync_error_p50_ns,
         k.sync_error_p99_ns,
         k.sync_error_max_ns,
@@ -778,6 +794,7 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         k.bound_coverage * 100.0,
         k.probe_share * 100.0,
         k.probe_share_max * 100.0,
+        k.probe_share_max_proxy * 100.0,
         k.probes_sent_per_node_s,
         k.pure_fraction * 100.0,
         k.asymmetric_links,

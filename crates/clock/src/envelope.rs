@@ -13,8 +13,11 @@
 
 use std::collections::VecDeque;
 
-/// Samples kept per direction at most.
-pub const WINDOW_SAMPLES_MAX: usize = 512;
+/// Samples kept per direction at most: bounds what one peer can make a node
+/// hold, and must cover a whole window at the highest probe rate
+/// ([`crate::SyncConfig::validate`] checks it; at 512 an edge probed 8 pairs
+/// per interval kept only 8 of its 16 s, and its drift erred twice as much).
+pub const WINDOW_SAMPLES_MAX: usize = 4_096;
 /// The step check's fit is refreshed at least every this many samples.
 pub const REFIT_EVERY: usize = 16;
 
@@ -254,6 +257,20 @@ pub fn joint_fit(fwd: &Envelope, rev: &Envelope, slope_max: f64) -> Option<EdgeF
     Some(EdgeFit { x0, delta0: (mf - mr) / 2.0, slope: b, delay: (mf + mr) / 2.0 + y0 as f64 })
 }
 
+/// θ_receiver − θ_sender of an edge at `x`, for a given slope `b`: the
+/// highest lines of slope `b` under the forward points and of slope `−b`
+/// under the reverse points, at `x`, half their difference (the heights
+/// [`joint_fit`] takes at its own slope). With `b` from more than this edge —
+/// both nodes' drifts, each from all their edges — the height at the window's
+/// end no longer carries this edge's own slope error times half the window.
+pub fn delta_with_slope(fwd: &Envelope, rev: &Envelope, b: f64, x: u64) -> Option<f64> {
+    let lowest = |env: &Envelope, b: f64| {
+        env.samples.iter().map(|&(xi, y)| y as f64 - b * (xi as f64 - x as f64)).fold(f64::INFINITY, f64::min)
+    };
+    let (mf, mr) = (lowest(fwd, b), lowest(rev, -b));
+    (mf.is_finite() && mr.is_finite()).then_some((mf - mr) / 2.0)
+}
+
 /// The lower convex hull of samples sorted by x, relative to (x0, y0), in
 /// floating point (cross products of near-collinear points may round: such a
 /// point is then kept or dropped, which moves no supporting line by more than
@@ -366,5 +383,25 @@ mod tests {
         assert_eq!(lower_fit(&[]), None);
         let l = lower_fit(&[(5, 10), (5, 7)]).unwrap();
         assert_eq!((l.y0, l.slope), (7.0, 0.0));
+    }
+
+    #[test]
+    fn height_on_a_given_slope_matches_the_joint_fit_on_its_own() {
+        // δ(x) = 5,000 + 2e-5·x around a 20 µs floor, some samples queued.
+        let (mut f, mut r) = (Envelope::default(), Envelope::default());
+        for i in 0..200u64 {
+            let x = 1_000_000_000 + i * 50_000_000;
+            let delta = 5_000.0 + 2e-5 * (x - 1_000_000_000) as f64;
+            let q = if i % 3 == 0 { 0.0 } else { (i * 37 % 900) as f64 };
+            f.offer(x, (20_000.0 + delta + q) as i64, 16_000_000_000, 1 << 40, 1000);
+            r.offer(x + 1_000, (20_000.0 - delta + q) as i64, 16_000_000_000, 1 << 40, 1000);
+        }
+        let e = joint_fit(&f, &r, 1e-3).unwrap();
+        let end = 1_000_000_000 + 199 * 50_000_000;
+        let d = delta_with_slope(&f, &r, e.slope, end).unwrap();
+        assert!((d - e.delta_at(end)).abs() < 1e-3, "{d} vs {}", e.delta_at(end));
+        let truth = 5_000.0 + 2e-5 * (end - 1_000_000_000) as f64;
+        assert!((delta_with_slope(&f, &r, 2e-5, end).unwrap() - truth).abs() <= 1.0);
+        assert_eq!(delta_with_slope(&Envelope::default(), &r, 0.0, end), None);
     }
 }

@@ -99,6 +99,9 @@ pub struct ClockResult {
     pub probe_share: f64,
     /// ... the largest share at any receiver (receivers carry the least data).
     pub probe_share_max: f64,
+    /// ... and at any proxy (their upper edges are probed more often, see
+    /// `fairfeed_clock::graph::rates`).
+    pub probe_share_max_proxy: f64,
     /// Probe packets each node sent per second during the feed, mean.
     pub probes_sent_per_node_s: f64,
     pub pure_fraction: f64,
@@ -662,6 +665,8 @@ impl Samples {
                 shares.push(share);
                 if n.is_receiver() {
                     r.probe_share_max = r.probe_share_max.max(share);
+                } else if !sync.is_reference() {
+                    r.probe_share_max_proxy = r.probe_share_max_proxy.max(share);
                 }
             }
             pairs += sync.stats.pairs;
@@ -793,10 +798,15 @@ fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<
         (Some(g), Some(s)) => fairfeed_tree::plan::probe_strides(topo, 0, g, s.cfg.peer_budget),
         _ => Default::default(),
     };
+    let rates = match cfg.sync {
+        Some(s) => fairfeed_tree::plan::probe_rates(topo, 0, s.cfg.rate_max),
+        None => Default::default(),
+    };
     let sync_for = |id: u32| match (&graph, cfg.sync) {
         (Some(g), Some(s)) => {
             let mut c = ClockSync::new(id, g.get(&id).map_or(&[][..], |v| &v[..]), id == sender_id, s.cfg);
             c.set_strides(strides.get(&id).map_or(&[][..], |v| &v[..]));
+            c.set_rates(rates.get(&id).map_or(&[][..], |v| &v[..]));
             c
         }
         _ => ClockSync::off(id),

@@ -9,7 +9,7 @@ use fairfeed_clock::ClockSync;
 use fairfeed_io::agent::{Agent, RunConfig, Turn};
 use fairfeed_model::LinkEmulator;
 use fairfeed_tree::node::{Node, Outcome, Released, Transmit};
-use fairfeed_tree::plan::{probe_graph, probe_strides, Node as PlanNode, Role};
+use fairfeed_tree::plan::{probe_graph, probe_rates, probe_strides, Node as PlanNode, Role};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
@@ -289,6 +289,8 @@ fn start_sync(cfg: &AgentConfig, me: &PlanNode, sender: u32) -> ClockSync {
     let mut sync = ClockSync::new(me.id, &peers, me.id == sender, cfg.clock.sync);
     let strides = probe_strides(&cfg.topology, 0, &graph, cfg.clock.sync.peer_budget);
     sync.set_strides(strides.get(&me.id).map_or(&[][..], |v| &v[..]));
+    let rates = probe_rates(&cfg.topology, 0, cfg.clock.sync.rate_max);
+    sync.set_rates(rates.get(&me.id).map_or(&[][..], |v| &v[..]));
     sync
 }
 
