@@ -53,13 +53,25 @@ struct World {
 
 impl World {
     fn new(n: usize, random: usize, seed: u64, spread_ns: f64, drift_ppm: f64) -> World {
-        let mut rng = ChaCha12Rng::seed_from_u64(seed);
         let members: Vec<Member> =
             (0..n as u32).map(|i| Member { id: i, parents: if i == 0 { vec![] } else { vec![(i - 1) / 4] } }).collect();
         let graph = peers(&members, random, seed);
+        World::with_graph(&members, &graph, seed, spread_ns, drift_ppm)
+    }
+
+    /// Node 0 is the reference; `graph` says who probes whom.
+    fn with_graph(
+        members: &[Member],
+        graph: &std::collections::BTreeMap<u32, Vec<u32>>,
+        seed: u64,
+        spread_ns: f64,
+        drift_ppm: f64,
+    ) -> World {
+        let n = members.len();
+        let mut rng = ChaCha12Rng::seed_from_u64(seed);
         let cfg = SyncConfig::default();
-        let strides = fairfeed_clock::graph::strides(&members, &graph, cfg.peer_budget);
-        let rates = fairfeed_clock::graph::rates(&members, cfg.rate_max);
+        let strides = fairfeed_clock::graph::strides(members, graph, cfg.peer_budget);
+        let rates = fairfeed_clock::graph::rates(members, cfg.rate_max);
         let nodes = graph
             .iter()
             .map(|(&id, p)| {
@@ -377,4 +389,36 @@ fn an_edge_is_probed_at_its_rate_in_steady_state() {
     assert!((pairs(0) - 4.0).abs() <= 0.1, "{sent:?}");
     assert!((pairs(2) - 2.0).abs() <= 0.1, "{sent:?}");
     assert!((pairs(3) - 1.0).abs() <= 0.1, "{sent:?}");
+}
+
+#[test]
+fn one_asymmetric_anchor_and_one_asymmetric_peer_do_not_outvote_two_good_anchors() {
+    // 0 → {1, 2, 3} → {4, 5}: nodes 4 and 5 each receive from 1, 2 and 3,
+    // and probe each other (same level). The links 4 → 1 and 4 → 5 are 5 µs
+    // longer than their way back, so node 4's candidates through 1 and 5 are
+    // both 2.5 µs low: two against two, and an unweighted lower median fell
+    // on them and flagged the good parents (a proxy in the simulator).
+    let members: Vec<Member> = (0..6u32)
+        .map(|i| Member {
+            id: i,
+            parents: match i {
+                0 => vec![],
+                1..=3 => vec![0],
+                _ => vec![1, 2, 3],
+            },
+        })
+        .collect();
+    let mut graph = peers(&members, 0, 1);
+    graph.get_mut(&4).unwrap().push(5);
+    graph.get_mut(&5).unwrap().push(4);
+    let mut w = World::with_graph(&members, &graph, 4, 1e6, 20.0);
+    w.asym.push((4, 1, 5_000));
+    w.asym.push((4, 5, 5_000));
+    let t = 15_000_000_000;
+    w.run(t);
+    let e = w.errors(t);
+    let n4 = &w.nodes[4];
+    let flagged: Vec<u32> = n4.edges().filter(|e| e.2).map(|e| e.0).collect();
+    assert!(e[3].abs() < 300.0, "node 4 error {} ns; edges {:?}", e[3], n4.edges().collect::<Vec<_>>());
+    assert!(flagged.contains(&1) && !flagged.contains(&2) && !flagged.contains(&3), "flagged {flagged:?}");
 }
