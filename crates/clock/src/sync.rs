@@ -36,8 +36,9 @@
 //!   node, are left out. The residuals `θ_i − θ_j − δ_ij` — what is left of
 //!   the loop sums — are the error estimate, and an edge whose residual
 //!   stands far out from the others (a link with asymmetric minimum delays;
-//!   judged by the unweighted median and MAD, since the weights measure
-//!   noise, not asymmetry) is flagged and left out until it agrees again.
+//!   judged by the median and MAD weighted by level only — a peer of the
+//!   node's own level counts ¾ of an anchor — since the candidates' weights
+//!   measure noise, not asymmetry) is flagged and left out until it agrees again.
 //!   When that outvotes every anchor, at least [`PROMOTE_MIN`] agreeing peers
 //!   of the node's own level anchor it instead, one level further down. The
 //!   reference's own edges are never flagged: they are what anchors the graph.
