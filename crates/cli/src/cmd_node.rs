@@ -134,7 +134,7 @@ pub struct Common {
     clock_peers: u16,
     /// Most probe pairs per interval on one parent edge: edges above many
     /// nodes are probed more often (same on every node); 1: every edge once.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=16))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
     clock_rate_max: u32,
     /// A receiver whose clock error bound is above this (ns) is left out of fairness figures.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]

@@ -95,7 +95,7 @@ pub enum Experiment {
         clock_peers: usize,
         /// Most probe pairs per interval on one parent edge (edges above many
         /// nodes are probed more; 1: every edge once per interval); 1..=16.
-        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=16))]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
         clock_rate_max: u32,
     },
     /// The deadline rules against their targets: the new controller, the
@@ -766,7 +766,7 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
          | measure | value |\n|---|---|\n\
          | sync error p50 (ns) | {:.0} |\n| sync error p99 (ns) | {:.0} |\n| sync error max (ns) | {:.0} |\n\
          | converged (s) | {} |\n| bound covers the true error | {:.1} % |\n\
-         | probe share of packets during the feed (mean node / worst receiver / worst proxy) | {:.3} % / {:.3} % / {:.3} % |\n\
+         | probe share of packets during the feed (mean node / worst receiver / worst proxy / sender) | {:.3} % / {:.3} % / {:.3} % / {:.3} % |\n\
          | probes sent per node per s | {:.1} |\n| pure pairs | {:.1} % |\n\
          | asymmetric links in the probe graph / flaggings | {} / {} |\n| clock steps detected | {} |\n\
          | releases while over the bound limit | {} |\n\
@@ -795,6 +795,7 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         k.probe_share * 100.0,
         k.probe_share_max * 100.0,
         k.probe_share_max_proxy * 100.0,
+        k.probe_share_sender * 100.0,
         k.probes_sent_per_node_s,
         k.pure_fraction * 100.0,
         k.asymmetric_links,

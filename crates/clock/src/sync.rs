@@ -144,7 +144,7 @@ pub struct SyncConfig {
     pub peer_budget: usize,
     /// Most pairs per interval on one edge: parent edges above many nodes
     /// are probed up to this often (see [`crate::graph::rates`]); 1: every
-    /// edge once.
+    /// edge once. It bounds the sender's probe share, whose edges are probed most.
     pub rate_max: u32,
 }
 
@@ -163,7 +163,7 @@ impl Default for SyncConfig {
             bound_limit_ns: 1_000,
             max_skew_ns: 10_000_000_000,
             peer_budget: 6,
-            rate_max: 8,
+            rate_max: 3,
         }
     }
 }

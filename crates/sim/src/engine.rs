@@ -100,8 +100,10 @@ pub struct ClockResult {
     /// ... the largest share at any receiver (receivers carry the least data).
     pub probe_share_max: f64,
     /// ... and at any proxy (their upper edges are probed more often, see
-    /// `fairfeed_clock::graph::rates`).
+    /// `fairfeed_clock::graph::rates`) ...
     pub probe_share_max_proxy: f64,
+    /// ... and at the sender (the reference: its edges are probed most).
+    pub probe_share_sender: f64,
     /// Probe packets each node sent per second during the feed, mean.
     pub probes_sent_per_node_s: f64,
     pub pure_fraction: f64,
@@ -665,7 +667,9 @@ impl Samples {
                 shares.push(share);
                 if n.is_receiver() {
                     r.probe_share_max = r.probe_share_max.max(share);
-                } else if !sync.is_reference() {
+                } else if sync.is_reference() {
+                    r.probe_share_sender = share;
+                } else {
                     r.probe_share_max_proxy = r.probe_share_max_proxy.max(share);
                 }
             }
