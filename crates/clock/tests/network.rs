@@ -368,9 +368,10 @@ fn drifts_compose_exactly_down_the_tree() {
 
 #[test]
 fn an_edge_is_probed_at_its_rate_in_steady_state() {
-    let cfg = SyncConfig::default();
+    let cfg = SyncConfig { rate_max: 4, ..SyncConfig::default() };
     let mut c = ClockSync::new(1, &[0, 2, 3], false, cfg);
-    c.set_rates(&[(0, 4), (2, 2)]);
+    // 6 is above the cap: 4.
+    c.set_rates(&[(0, 6), (2, 2)]);
     let mut sent = std::collections::BTreeMap::<u32, u64>::new();
     let mut t = 0u64;
     // Past the start-up phase, then 20 intervals.
