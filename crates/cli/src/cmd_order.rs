@@ -95,9 +95,11 @@ struct OrderArgs {
     /// Not displayed: rests and trades, never shown on the ITCH feed.
     #[arg(long)]
     hidden: bool,
-    /// Minimum quantity (with --ioc): trade at least this many shares at
-    /// once, or none (OUCH option 3), 1..=999,999,999.
-    #[arg(long, requires = "ioc", value_parser = clap::value_parser!(u32).range(1..=999_999_999))]
+    /// Minimum quantity (OUCH option 3), 1..=999,999,999, at most the
+    /// quantity: trade at least this many shares at once on entry, or none;
+    /// a day order that could not then rests hidden and trades only with an
+    /// incoming order of at least this many shares.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=999_999_999))]
     min_qty: Option<u32>,
     /// The order's token (UserRefNum; default: the next free one, from an OUCH Account Query).
     #[arg(long)]
@@ -170,7 +172,7 @@ fn reject_reason(code: u16) -> &'static str {
         5 => "no such order",
         6 => "too many orders",
         7 => "too many price levels",
-        8 => "bad minimum quantity (IOC or market only, at most the quantity)",
+        8 => "bad minimum quantity (at most the quantity, not on a replace)",
         10 => "bad side",
         11 => "message not supported",
         12 => "malformed message",

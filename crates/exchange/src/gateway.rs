@@ -547,9 +547,10 @@ impl Gateway {
         let px = o.price().0;
         let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
         let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
-        // A minimum applies on entry: only to an order that does not rest.
+        // A minimum: at most the order's quantity (the engine applies it on
+        // entry, and to a day order while it rests).
         let min_qty = match min_qty(o.tail()) {
-            Ok(m) if m <= o.quantity() && (m == 0 || market || tif == Tif::Ioc) => m,
+            Ok(m) if m <= o.quantity() => m,
             _ => {
                 self.stats.bad_min_qty += 1;
                 return Err((token, reject_code(Reject::BadMinQty), cl));
@@ -586,7 +587,8 @@ impl Gateway {
     ) -> Result<(), (u32, u16, Alpha<14>)> {
         let (token, cl) = (r.user_ref_num(), r.cl_ord_id());
         self.token_free(client, token, cl)?;
-        // A replacement rests: it takes no minimum quantity.
+        // A replacement keeps the original's minimum (capped at its
+        // quantity); a Replace cannot set one.
         if min_qty(r.tail()) != Ok(0) {
             self.stats.bad_min_qty += 1;
             return Err((token, reject_code(Reject::BadMinQty), cl));
@@ -598,7 +600,7 @@ impl Gateway {
                 iso: r.intermarket_sweep_eligibility(),
                 cl_ord_id: cl,
                 open: r.quantity(),
-                min_qty: 0,
+                min_qty: v.min_qty.min(r.quantity()),
                 ..v
             };
             self.orders.insert((client, token), live);

@@ -59,6 +59,8 @@ struct Rig {
     e: Engine,
     /// Bytes delivered to each client by engine events.
     inbox: Vec<Vec<u8>>,
+    /// The ITCH feed of the same events.
+    itch: fairfeed_exchange::itch_out::ItchWriter,
 }
 
 impl Rig {
@@ -67,7 +69,28 @@ impl Rig {
             g: Gateway::new(cfg()),
             e: Engine::new(Limits { symbols: 2, ..Limits::default() }, 0, 1),
             inbox: vec![Vec::new(); 2],
+            itch: fairfeed_exchange::itch_out::ItchWriter::new("FFTEST0001", &["AAPL".into(), "MSFT".into()]),
         }
+    }
+
+    /// The ITCH messages published since the last call, as (type, order reference, shares).
+    fn itch(&mut self) -> Vec<(u8, u64, u32)> {
+        use fairfeed_wire::itch::Message;
+        self.itch.flush();
+        let mut v = Vec::new();
+        for p in self.itch.take_packets() {
+            let p = fairfeed_wire::moldudp64::Packet::new_checked(&p[..]).unwrap();
+            for m in p.messages() {
+                v.push(match Message::parse(m.unwrap()).unwrap() {
+                    Message::AddOrder(a) => (b'A', a.order_ref(), a.shares()),
+                    Message::OrderExecuted(x) => (b'E', x.order_ref(), x.executed_shares()),
+                    Message::Trade(t) => (b'P', t.order_ref(), t.shares()),
+                    Message::OrderDelete(d) => (b'D', d.order_ref(), 0),
+                    other => (other.msg_type(), 0, 0),
+                });
+            }
+        }
+        v
     }
 
     fn feed(&mut self, c: &mut Conn, now: u64, bytes: &[u8]) -> (Result<(), Close>, Vec<u8>) {
@@ -78,6 +101,7 @@ impl Rig {
             let mut evs = Vec::new();
             self.e.handle(cmd, &mut |ev| evs.push(ev));
             for ev in evs {
+                self.itch.on_event(now, &ev);
                 let inbox = &mut self.inbox;
                 self.g.on_event(now, &ev, &mut |client, b| inbox[client as usize].extend_from_slice(b));
             }
@@ -375,8 +399,8 @@ fn min_qty_option(q: u32) -> Vec<u8> {
 
 /// Goal: an IOC with a minimum quantity trades only if that many shares can
 /// trade at once — otherwise it is canceled with nothing executed — and its
-/// Order Accepted echoes the option; a minimum on an order that could rest,
-/// above the quantity, malformed, or on a Replace is refused (reason 8).
+/// Order Accepted echoes the option; a minimum above the quantity,
+/// malformed, given twice, or on a Replace is refused (reason 8).
 #[test]
 fn a_minimum_quantity_trades_all_or_nothing_on_entry_and_is_echoed() {
     use fairfeed_exchange::gateway::min_qty;
@@ -406,9 +430,9 @@ fn a_minimum_quantity_trades_all_or_nothing_on_entry_and_is_echoed() {
     let kinds: Vec<u8> = msgs(&r.inbox[0]).iter().map(|m| m[0]).collect();
     assert_eq!(kinds, [b'A', b'E', b'E', b'C'], "{kinds:?}");
     assert_eq!(r.e.stats.executed_qty, 200);
-    // Refused at the gateway, reason 8, nothing reaching the engine: a Day
-    // order with a minimum, a minimum above the quantity, a malformed option,
-    // the option twice.
+    // Refused at the gateway, reason 8, nothing reaching the engine: a
+    // minimum above the quantity (IOC or day), a malformed option, the
+    // option twice.
     let refused = |r: &mut Rig, c: &mut Conn, bytes: &[u8]| {
         let commands = r.e.stats.commands;
         let (res, out) = r.feed(c, 5, bytes);
@@ -418,7 +442,7 @@ fn a_minimum_quantity_trades_all_or_nothing_on_entry_and_is_echoed() {
         assert_eq!(j.reason(), 8);
         assert_eq!(r.e.stats.commands, commands);
     };
-    refused(&mut r, &mut a, &enter_with(12, b'B', 300, 1_000_100, b'0', &min_qty_option(100)));
+    refused(&mut r, &mut a, &enter_with(12, b'B', 300, 1_000_100, b'0', &min_qty_option(301)));
     refused(&mut r, &mut a, &enter_with(13, b'B', 300, 1_000_100, b'3', &min_qty_option(301)));
     refused(&mut r, &mut a, &enter_with(14, b'B', 300, 1_000_100, b'3', &[3, 3, 0, 1]));
     let twice = [min_qty_option(10), min_qty_option(10)].concat();
@@ -454,4 +478,84 @@ fn a_minimum_quantity_trades_all_or_nothing_on_entry_and_is_echoed() {
     let got = msgs(&r.inbox[0]);
     let outbound::Message::OrderAccepted(acc) = outbound::Message::parse(&got[0]).unwrap() else { panic!() };
     assert!(acc.tail().is_empty());
+}
+
+/// Goal: a day order with a minimum quantity that cannot trade it on entry
+/// rests, hidden from the ITCH feed; incoming orders smaller than its minimum
+/// pass it by (trading with the orders behind it, or resting across it), and
+/// the first incoming order that meets it trades with it, shown on ITCH as an
+/// anonymous Trade; a Replace keeps the minimum.
+#[test]
+fn a_day_order_with_a_minimum_rests_hidden_and_trades_only_with_orders_that_meet_it() {
+    let mut r = Rig::new();
+    let (mut a, mut b) = (Conn::new(0), Conn::new(0));
+    assert_eq!(r.feed(&mut a, 1, &login("ALICE", "pw1", 0)).0, Ok(()));
+    assert_eq!(r.feed(&mut b, 1, &login("BOB", "pw2", 0)).0, Ok(()));
+    let msgs = |v: &[u8]| -> Vec<u8> { packets(v).into_iter().filter(|p| p.0 == b'S').map(|p| p.1[0]).collect() };
+    // Bob offers 100 at 100.0000 (displayed: an Add Order).
+    assert_eq!(r.feed(&mut b, 2, &enter_with(1, b'S', 100, 1_000_000, b'0', &[])).0, Ok(()));
+    let bob_ref = r.e.depth(1, Side::Sell)[0].2[0].0;
+    assert_eq!(r.itch(), [(b'A', bob_ref, 100)]);
+    // Alice bids for 500 at 100.0100, at least 300 at once: only 100 are
+    // offered, so nothing trades and the order rests, hidden.
+    r.inbox = vec![Vec::new(); 2];
+    assert_eq!(r.feed(&mut a, 3, &enter_with(10, b'B', 500, 1_000_100, b'0', &min_qty_option(300))).0, Ok(()));
+    assert_eq!(msgs(&r.inbox[0]), [b'A'], "accepted, nothing executed, nothing canceled");
+    assert_eq!(r.e.stats.min_qty_unmet, 1);
+    assert_eq!(r.e.depth(1, Side::Buy)[0].1, 500, "it rests");
+    assert!(r.e.displayed_depth(1, Side::Buy).is_empty(), "... not displayed");
+    assert_eq!(r.itch(), [], "no Add Order for it");
+    assert_eq!(r.e.depth(1, Side::Sell)[0].1, 100, "Bob's offer untouched");
+    // Bob sells 200 at 100.0000: below Alice's minimum, it passes her by and
+    // rests beside his first offer (the book is crossed only by her hidden bid).
+    r.inbox = vec![Vec::new(); 2];
+    assert_eq!(r.feed(&mut b, 4, &enter_with(2, b'S', 200, 1_000_000, b'0', &[])).0, Ok(()));
+    assert_eq!(msgs(&r.inbox[1]), [b'A']);
+    assert_eq!(r.e.stats.executions, 0);
+    assert_eq!(r.e.stats.min_qty_passed, 1);
+    assert_eq!(r.e.depth(1, Side::Sell)[0].1, 300);
+    assert_eq!(r.itch().iter().map(|m| (m.0, m.2)).collect::<Vec<_>>(), [(b'A', 200)]);
+    // Bob sells 300 IOC at 100.0100: that meets her minimum — 300 trade at her price.
+    r.inbox = vec![Vec::new(); 2];
+    assert_eq!(r.feed(&mut b, 6, &enter_with(3, b'S', 300, 1_000_100, b'3', &[])).0, Ok(()));
+    assert_eq!(msgs(&r.inbox[0]), [b'E'], "Alice executed");
+    assert_eq!(msgs(&r.inbox[1]), [b'A', b'E']);
+    assert_eq!((r.e.stats.executions, r.e.stats.executed_qty), (1, 300));
+    assert_eq!(r.itch().iter().map(|m| (m.0, m.2)).collect::<Vec<_>>(), [(b'P', 300)], "an anonymous Trade");
+    assert_eq!(r.e.depth(1, Side::Buy)[0].1, 200, "200 still rest");
+    // Replaced at 100.0200 for 400 shares: it keeps its minimum (300), so a
+    // 299-share sell passes it by and a 300-share one trades.
+    let replace = {
+        use fairfeed_wire::ouch::{inbound, Appendage, OuchPrice};
+        let m = inbound::MessageRepr::ReplaceOrder(inbound::ReplaceOrderRepr {
+            orig_user_ref_num: 10,
+            user_ref_num: 12,
+            quantity: 400,
+            price: OuchPrice(1_000_200),
+            time_in_force: b'0',
+            display: b'Y',
+            intermarket_sweep_eligibility: b'N',
+            cl_ord_id: fairfeed_wire::Alpha::default(),
+            appendage_length: 0,
+            appendage: Appendage::EMPTY,
+        });
+        let mut buf = [0u8; 256];
+        let n = m.emit(&mut buf).unwrap();
+        packet(PacketRepr::UnsequencedData(&buf[..n]))
+    };
+    // The replacement re-enters as a new order: 400 at 100.0200, minimum
+    // still 300 — Bob's two offers at 100.0000 (300 shares) meet it, so
+    // they trade (displayed makers: Order Executed on ITCH) and 100 rest, hidden.
+    assert_eq!(r.feed(&mut a, 7, &replace).0, Ok(()));
+    assert_eq!((r.e.stats.executions, r.e.stats.executed_qty), (3, 600));
+    let feed = r.itch();
+    assert_eq!(feed.iter().filter(|m| m.0 == b'E').map(|m| m.2).collect::<Vec<_>>(), [100, 200]);
+    assert_eq!(feed.iter().filter(|m| m.0 == b'A').count(), 0, "the rest is still hidden");
+    assert_eq!(r.e.depth(1, Side::Buy)[0], (1_000_200, 100, r.e.depth(1, Side::Buy)[0].2.clone()));
+    // Its 100 shares still need an incoming order of 300: 299 pass it by.
+    assert_eq!(r.feed(&mut b, 8, &enter_with(4, b'S', 299, 1_000_200, b'3', &[])).0, Ok(()));
+    assert_eq!(r.e.stats.executions, 3, "299 < 300: passed by");
+    assert_eq!(r.feed(&mut b, 9, &enter_with(5, b'S', 300, 1_000_200, b'3', &[])).0, Ok(()));
+    assert_eq!((r.e.stats.executions, r.e.stats.executed_qty), (4, 700));
+    assert!(r.e.depth(1, Side::Buy).is_empty());
 }

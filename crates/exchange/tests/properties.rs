@@ -1,10 +1,14 @@
 //! Goal: the matching engine keeps its invariants under any sequence of
-//! orders, cancels and replaces — no crossed book at rest, shares conserved
-//! for every order, price-time priority, executions at the resting price and
-//! never through the incoming order's limit, levels that add up. Method:
-//! proptest drives random commands (a narrow price band, few tokens, so
-//! duplicates, unknown orders, partial fills and crossing replaces are common)
-//! and checks each against the book before and after.
+//! orders, cancels and replaces — no crossed book at rest among orders
+//! without a minimum, shares conserved for every order, price-time priority
+//! (passing by only resting orders whose minimum quantity the incoming order
+//! does not meet), minimums met on entry or nothing traded, executions at the
+//! resting price and never through the incoming order's limit, levels that
+//! add up. Method: proptest drives random commands (a narrow price band, few
+//! tokens, so duplicates, unknown orders, partial fills, crossing replaces
+//! and minimums are common) and checks each against the book before and
+//! after: every incoming order's executions must be exactly those a walk of
+//! the queue it met predicts.
 
 use std::collections::HashMap;
 
@@ -15,8 +19,8 @@ fn command() -> impl Strategy<Value = Command> {
     let side = prop_oneof![Just(Side::Buy), Just(Side::Sell)];
     let new = (1u32..=3, 0u32..12, 1u16..=2, side, 95u32..=105, 1u32..=30, any::<bool>(), 0u8..10, 0u32..=45).prop_map(
         |(client, token, symbol, side, price, qty, ioc, kind, min)| {
-            // A minimum (on orders that do not rest, as the gateway allows) a third of the time.
-            let min_qty = if (ioc || kind == 0) && min % 3 == 0 { (min / 3 + 1).min(qty) } else { 0 };
+            // A minimum (at most the quantity, as the gateway allows) a third of the time.
+            let min_qty = if min % 3 == 0 { (min / 3 + 1).min(qty) } else { 0 };
             Command::New(NewOrder {
                 client,
                 token,
@@ -67,50 +71,51 @@ fn resting(e: &Engine) -> HashMap<u64, u64> {
     m
 }
 
-/// Price-time priority: the makers one order hit are a prefix of the queue it
-/// met (`before`), each fully taken except possibly the last.
-fn check_priority(
-    makers: &[u64],
-    before: &HashMap<(u16, Side), Queue>,
-    taken: &HashMap<u64, u32>,
-) -> Result<(), TestCaseError> {
-    if let Some(&first) = makers.first() {
-        let q = before.values().find(|q| q.iter().any(|o| o.0 == first)).unwrap();
-        for (k, r) in makers.iter().enumerate() {
-            prop_assert_eq!(q[k].0, *r, "priority violated");
-            if k + 1 < makers.len() {
-                prop_assert_eq!(taken[r], q[k].1, "an earlier maker was not taken in full");
-            }
+/// The executions (maker, shares) an incoming order of `qty` shares at
+/// `limit` must make against `queue` (the opposite side, best price first,
+/// then time): every maker in turn whose minimum its remaining shares meet —
+/// unless the incoming order's own minimum cannot be met that way, when
+/// nothing trades.
+fn walk(
+    queue: &Queue,
+    mins: &HashMap<u64, u32>,
+    side: Side,
+    limit: Option<u32>,
+    qty: u32,
+    min: u32,
+) -> Vec<(u64, u32)> {
+    let crosses = |p: u32| limit.is_none_or(|l| if side == Side::Buy { p <= l } else { p >= l });
+    let (mut left, mut fills) = (qty, Vec::new());
+    for &(r, q, p) in queue {
+        if left == 0 || !crosses(p) {
+            break;
+        }
+        if mins.get(&r).copied().unwrap_or(0) <= left {
+            let take = q.min(left);
+            fills.push((r, take));
+            left -= take;
         }
     }
-    Ok(())
+    let traded: u32 = fills.iter().map(|f| f.1).sum();
+    if traded < min {
+        fills.clear();
+    }
+    fills
 }
 
-/// A minimum quantity: all of it trades at once, or nothing does — and
-/// nothing is canceled that could have traded it.
-fn check_min_qty(c: &Command, before: &HashMap<(u16, Side), Queue>, events: &[Event]) -> Result<(), TestCaseError> {
-    let Command::New(o) = *c else { return Ok(()) };
-    if o.min_qty == 0 {
-        return Ok(());
-    }
-    let crosses = |p: u32| o.market || if o.side == Side::Buy { p <= o.price } else { p >= o.price };
-    let avail: u64 = before[&(o.symbol, o.side)].iter().filter(|m| crosses(m.2)).map(|m| u64::from(m.1)).sum();
-    let traded: u64 = events
-        .iter()
-        .map(|ev| match *ev {
-            Event::Executed { taker_client, taker_token, qty, .. }
-                if (taker_client, taker_token) == (o.client, o.token) =>
-            {
-                u64::from(qty)
-            }
-            _ => 0,
-        })
-        .sum();
-    let accepted = events.iter().any(|ev| matches!(ev, Event::Accepted { .. }));
-    if accepted && avail >= u64::from(o.min_qty) {
-        prop_assert!(traded >= u64::from(o.min_qty), "{} available, minimum {}, traded {}", avail, o.min_qty, traded);
-    } else {
-        prop_assert_eq!(traded, 0, "below its minimum {}: {} available", o.min_qty, avail);
+/// Not crossed at rest among orders without a minimum (one with a minimum
+/// may rest across orders too small to trade with it).
+fn check_uncrossed(e: &Engine, mins: &HashMap<u64, u32>) -> Result<(), TestCaseError> {
+    for sym in 1..=2u16 {
+        let best = |side: Side| {
+            e.depth(sym, side)
+                .into_iter()
+                .find(|(_, _, os)| os.iter().any(|(r, _)| mins.get(r).copied().unwrap_or(0) == 0))
+                .map(|l| l.0)
+        };
+        if let (Some(b), Some(a)) = (best(Side::Buy), best(Side::Sell)) {
+            prop_assert!(b < a, "crossed book: bid {} ask {}", b, a);
+        }
     }
     Ok(())
 }
@@ -118,28 +123,32 @@ fn check_min_qty(c: &Command, before: &HashMap<(u16, Side), Queue>, events: &[Ev
 fn check(cmds: &[Command]) -> Result<(), TestCaseError> {
     let mut e = Engine::new(Limits { symbols: 2, orders: 64, levels: 8, ..Limits::default() }, 0, 1);
     let mut ledger: HashMap<u64, Ledger> = HashMap::new();
+    // What the test knows of live orders: (client, token) → reference, reference → minimum.
+    let mut refs: HashMap<(u32, u32), u64> = HashMap::new();
+    let mut mins: HashMap<u64, u32> = HashMap::new();
     for &c in cmds {
-        // The priority queue an incoming order meets: opposite side, best price first, then time.
-        let queue = |e: &Engine, sym: u16, side: Side| -> Queue {
-            e.depth(sym, side.opposite())
-                .into_iter()
-                .flat_map(|(p, _, os)| os.into_iter().map(move |(r, q)| (r, q, p)))
-                .collect()
-        };
-        let before: HashMap<(u16, Side), Queue> = [1u16, 2]
-            .iter()
-            .flat_map(|&s| [Side::Buy, Side::Sell].map(|side| ((s, side), queue(&e, s, side))))
-            .collect();
+        let before = queues(&e);
         let mut events = Vec::new();
         e.handle(c, &mut |ev| events.push(ev));
-        let mut taken: HashMap<u64, u32> = HashMap::new();
-        let mut order_of_makers: Vec<u64> = Vec::new();
+        // The minimum an accepted order of this command carries.
+        let min_of = match c {
+            Command::New(o) => o.min_qty,
+            Command::Replace { client, token, qty, .. } => {
+                refs.get(&(client, token)).and_then(|r| mins.get(r)).copied().unwrap_or(0).min(qty)
+            }
+            Command::Cancel { .. } => 0,
+        };
+        let mut fills: Vec<(u64, u32)> = Vec::new();
         let mut limit_of: HashMap<u64, (Side, u32)> = HashMap::new();
+        let mut entered: Option<(u16, Side, u32, u32)> = None;
         for ev in &events {
             match *ev {
-                Event::Accepted { ref_num, qty, side, price, .. } => {
+                Event::Accepted { client, token, ref_num, symbol, qty, side, price } => {
                     ledger.entry(ref_num).or_default().entered += u64::from(qty);
                     limit_of.insert(ref_num, (side, price));
+                    refs.insert((client, token), ref_num);
+                    mins.insert(ref_num, min_of);
+                    entered = Some((symbol, side, price, qty));
                 }
                 Event::Executed { symbol, price, qty, maker_ref, taker_ref, taker_side, .. } => {
                     ledger.entry(maker_ref).or_default().executed += u64::from(qty);
@@ -154,28 +163,26 @@ fn check(cmds: &[Command]) -> Result<(), TestCaseError> {
                     let q = &before[&(symbol, taker_side)];
                     let pos = q.iter().position(|o| o.0 == maker_ref).expect("maker was resting before");
                     prop_assert_eq!(q[pos].2, price, "executed at the resting price");
-                    if order_of_makers.last() != Some(&maker_ref) {
-                        order_of_makers.push(maker_ref);
-                    }
-                    *taken.entry(maker_ref).or_default() += qty;
+                    fills.push((maker_ref, qty));
                 }
                 Event::Canceled { ref_num, qty, .. } => ledger.entry(ref_num).or_default().canceled += u64::from(qty),
-                Event::Replaced { old_ref, new_ref, qty, .. } => {
+                Event::Replaced { client, new_token, old_ref, new_ref, qty, symbol, price, .. } => {
                     let old = ledger.entry(old_ref).or_default();
                     old.canceled = old.entered - old.executed;
                     ledger.entry(new_ref).or_default().entered += u64::from(qty);
+                    refs.insert((client, new_token), new_ref);
+                    mins.insert(new_ref, min_of);
+                    // It traded nothing: the walk must say so too.
+                    let side =
+                        before.iter().find_map(|(k, q)| q.iter().any(|o| o.0 == old_ref).then_some(k.1.opposite()));
+                    entered = side.map(|s| (symbol, s, price, qty));
                 }
                 Event::Booked { .. } | Event::Rejected { .. } => {}
             }
         }
-        check_priority(&order_of_makers, &before, &taken)?;
-        check_min_qty(&c, &before, &events)?;
-        // Not crossed at rest.
-        for sym in 1..=2 {
-            if let (Some(b), Some(a)) = e.top(sym) {
-                prop_assert!(b.0 < a.0, "crossed book: bid {} ask {}", b.0, a.0);
-            }
-        }
+        // Exactly the executions the walk predicts (none for a rejected command).
+        prop_assert_eq!(&fills, &expected(c, entered, &before, &mins, min_of), "executions of {:?}", c);
+        check_uncrossed(&e, &mins)?;
         // Conservation: entered = executed + canceled + resting, for every order.
         let rest = resting(&e);
         for (r, l) in &ledger {
@@ -184,6 +191,38 @@ fn check(cmds: &[Command]) -> Result<(), TestCaseError> {
         }
     }
     Ok(())
+}
+
+/// What `c` must trade, given what of it was entered (symbol, side, limit,
+/// shares; none if rejected) with minimum `min`.
+fn expected(
+    c: Command,
+    entered: Option<(u16, Side, u32, u32)>,
+    before: &HashMap<(u16, Side), Queue>,
+    mins: &HashMap<u64, u32>,
+    min: u32,
+) -> Vec<(u64, u32)> {
+    match (c, entered) {
+        (Command::New(o), Some(_)) => {
+            walk(&before[&(o.symbol, o.side)], mins, o.side, (!o.market).then_some(o.price), o.qty, o.min_qty)
+        }
+        (Command::Replace { .. }, Some((symbol, side, price, qty))) => {
+            walk(&before[&(symbol, side)], mins, side, Some(price), qty, min)
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Per (symbol, side of an incoming order): the priority queue it meets —
+/// the opposite side, best price first, then time.
+fn queues(e: &Engine) -> HashMap<(u16, Side), Queue> {
+    let queue = |sym: u16, side: Side| -> Queue {
+        e.depth(sym, side.opposite())
+            .into_iter()
+            .flat_map(|(p, _, os)| os.into_iter().map(move |(r, q)| (r, q, p)))
+            .collect()
+    };
+    [1u16, 2].iter().flat_map(|&s| [Side::Buy, Side::Sell].map(|side| ((s, side), queue(s, side)))).collect()
 }
 
 proptest! {
