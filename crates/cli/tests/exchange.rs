@@ -734,15 +734,19 @@ fn orders_by_hand_trade_cancel_replace_and_say_why_when_refused() {
     let (rc, out, err) = order(port, &["buy", "AAPL", "20", "@", "1", "--ioc", "--min-qty", "30"]);
     assert_eq!(rc, Some(1), "{out}{err}");
     assert!(out.contains("bad minimum quantity") && err.lines().count() == 1, "{out}{err}");
+    // A day order with a minimum: it cannot trade it, so it rests (hidden), live.
+    let (rc, out, _) = order(port, &["buy", "AAPL", "20", "@", "1", "--min-qty", "10"]);
+    assert_eq!(rc, Some(0), "{out}");
+    assert!(out.contains("min 10") && out.contains("live") && !out.contains("canceled"), "{out}");
     let (rc, out, _) = order(port, &["next-token"]);
     assert_eq!(rc, Some(0));
-    assert!(out.contains("next token 7"), "tokens 1–6 were used: {out}");
+    assert!(out.contains("next token 8"), "tokens 1–7 were used: {out}");
     // The whole session, from its first message.
     let (rc, out, _) = order(port, &["history", "--json"]);
     assert_eq!(rc, Some(0));
     let kinds: Vec<String> =
         out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].to_string()).collect();
-    assert!(kinds.iter().filter(|k| k.contains("accepted")).count() == 3, "{kinds:?}");
+    assert!(kinds.iter().filter(|k| k.contains("accepted")).count() == 4, "{kinds:?}");
     let _ = ex.kill();
     let _ = ex.wait();
     let (rc, _, err) = order(port, &["buy", "AAPL", "1", "@", "1"]);

@@ -425,6 +425,28 @@ impl Engine {
         (b[0].best().map(f), b[1].best().map(f))
     }
 
+    /// The best price of one side among orders without a minimum quantity
+    /// (those never rest crossed: an order with a minimum may rest across
+    /// orders too small to trade with it).
+    pub fn best_without_minimum(&self, symbol: u16, side: Side) -> Option<Price> {
+        let b = self.books.get(usize::from(symbol))?;
+        b[side_ix(side)].levels.iter().rev().find(|l| self.level_has_plain(l)).map(|l| l.price)
+    }
+
+    fn level_has_plain(&self, l: &Level) -> bool {
+        if l.min_orders == 0 {
+            return true;
+        }
+        let mut i = l.head;
+        while i != NIL {
+            if self.orders[i as usize].min_qty == 0 {
+                return true;
+            }
+            i = self.orders[i as usize].next;
+        }
+        false
+    }
+
     /// Every level of one side, best first: (price, shares, orders in time order as (ref, qty)).
     pub fn depth(&self, symbol: u16, side: Side) -> Vec<DepthLevel> {
         self.depth_where(symbol, side, |_| true)

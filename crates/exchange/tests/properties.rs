@@ -116,6 +116,9 @@ fn check_uncrossed(e: &Engine, mins: &HashMap<u64, u32>) -> Result<(), TestCaseE
         if let (Some(b), Some(a)) = (best(Side::Buy), best(Side::Sell)) {
             prop_assert!(b < a, "crossed book: bid {} ask {}", b, a);
         }
+        // The engine's own view agrees.
+        prop_assert_eq!(e.best_without_minimum(sym, Side::Buy), best(Side::Buy));
+        prop_assert_eq!(e.best_without_minimum(sym, Side::Sell), best(Side::Sell));
     }
     Ok(())
 }
