@@ -696,6 +696,8 @@ impl Gateway {
             Side::Buy,
         ));
         self.orders.insert((client, new_token), LiveOrder { open: qty, ..o });
+        // The minimum the replacement kept, as Order Accepted would echo it.
+        let (appendage_length, appendage) = echo_appendage(&o);
         Some(outbound::MessageRepr::OrderReplaced(outbound::OrderReplacedRepr {
             timestamp: ts,
             orig_user_ref_num: old_token,
@@ -712,8 +714,8 @@ impl Gateway {
             cross_type: o.cross_type,
             order_state: b'L',
             cl_ord_id: o.cl_ord_id,
-            appendage_length: 0,
-            appendage: Appendage::EMPTY,
+            appendage_length,
+            appendage,
         }))
     }
 

@@ -525,24 +525,7 @@ fn a_day_order_with_a_minimum_rests_hidden_and_trades_only_with_orders_that_meet
     assert_eq!(r.e.depth(1, Side::Buy)[0].1, 200, "200 still rest");
     // Replaced at 100.0200 for 400 shares: it keeps its minimum (300), so a
     // 299-share sell passes it by and a 300-share one trades.
-    let replace = {
-        use fairfeed_wire::ouch::{inbound, Appendage, OuchPrice};
-        let m = inbound::MessageRepr::ReplaceOrder(inbound::ReplaceOrderRepr {
-            orig_user_ref_num: 10,
-            user_ref_num: 12,
-            quantity: 400,
-            price: OuchPrice(1_000_200),
-            time_in_force: b'0',
-            display: b'Y',
-            intermarket_sweep_eligibility: b'N',
-            cl_ord_id: fairfeed_wire::Alpha::default(),
-            appendage_length: 0,
-            appendage: Appendage::EMPTY,
-        });
-        let mut buf = [0u8; 256];
-        let n = m.emit(&mut buf).unwrap();
-        packet(PacketRepr::UnsequencedData(&buf[..n]))
-    };
+    let replace = replace_of(10, 12, 400, 1_000_200);
     // The replacement re-enters as a new order: 400 at 100.0200, minimum
     // still 300 — Bob's two offers at 100.0000 (300 shares) meet it, so
     // they trade (displayed makers: Order Executed on ITCH) and 100 rest, hidden.
@@ -558,4 +541,33 @@ fn a_day_order_with_a_minimum_rests_hidden_and_trades_only_with_orders_that_meet
     assert_eq!(r.feed(&mut b, 9, &enter_with(5, b'S', 300, 1_000_200, b'3', &[])).0, Ok(()));
     assert_eq!((r.e.stats.executions, r.e.stats.executed_qty), (4, 700));
     assert!(r.e.depth(1, Side::Buy).is_empty());
+    // Replaced in place (nothing to trade with): Order Replaced echoes the
+    // minimum the replacement kept, capped at its new quantity.
+    assert_eq!(r.feed(&mut a, 10, &enter_with(20, b'B', 100, 990_000, b'0', &min_qty_option(90))).0, Ok(()));
+    r.inbox = vec![Vec::new(); 2];
+    assert_eq!(r.feed(&mut a, 11, &replace_of(20, 21, 80, 991_000)).0, Ok(()));
+    let got: Vec<Vec<u8>> = packets(&r.inbox[0]).into_iter().filter(|p| p.0 == b'S').map(|p| p.1).collect();
+    let outbound::Message::OrderReplaced(u) = outbound::Message::parse(&got[0]).unwrap() else { panic!("{got:?}") };
+    assert_eq!(u.tail(), &min_qty_option(80)[..]);
+    assert_eq!(r.e.depth(1, Side::Buy)[0].1, 80);
+}
+
+/// A Replace Order for AAPL (no appendage).
+fn replace_of(orig: u32, token: u32, qty: u32, price: i64) -> Vec<u8> {
+    use fairfeed_wire::ouch::{inbound, Appendage, OuchPrice};
+    let m = inbound::MessageRepr::ReplaceOrder(inbound::ReplaceOrderRepr {
+        orig_user_ref_num: orig,
+        user_ref_num: token,
+        quantity: qty,
+        price: OuchPrice(price),
+        time_in_force: b'0',
+        display: b'Y',
+        intermarket_sweep_eligibility: b'N',
+        cl_ord_id: fairfeed_wire::Alpha::default(),
+        appendage_length: 0,
+        appendage: Appendage::EMPTY,
+    });
+    let mut buf = [0u8; 256];
+    let n = m.emit(&mut buf).unwrap();
+    packet(PacketRepr::UnsequencedData(&buf[..n]))
 }
