@@ -73,6 +73,15 @@ impl Rig {
         }
     }
 
+    /// A rig with ALICE (`a`) and BOB (`b`) logged in.
+    fn alice_and_bob() -> (Rig, Conn, Conn) {
+        let mut r = Rig::new();
+        let (mut a, mut b) = (Conn::new(0), Conn::new(0));
+        assert_eq!(r.feed(&mut a, 1, &login("ALICE", "pw1", 0)).0, Ok(()));
+        assert_eq!(r.feed(&mut b, 1, &login("BOB", "pw2", 0)).0, Ok(()));
+        (r, a, b)
+    }
+
     /// The ITCH messages published since the last call, as (type, order reference, shares).
     fn itch(&mut self) -> Vec<(u8, u64, u32)> {
         use fairfeed_wire::itch::Message;
@@ -404,10 +413,7 @@ fn min_qty_option(q: u32) -> Vec<u8> {
 #[test]
 fn a_minimum_quantity_trades_all_or_nothing_on_entry_and_is_echoed() {
     use fairfeed_exchange::gateway::min_qty;
-    let mut r = Rig::new();
-    let (mut a, mut b) = (Conn::new(0), Conn::new(0));
-    assert_eq!(r.feed(&mut a, 1, &login("ALICE", "pw1", 0)).0, Ok(()));
-    assert_eq!(r.feed(&mut b, 1, &login("BOB", "pw2", 0)).0, Ok(()));
+    let (mut r, mut a, mut b) = Rig::alice_and_bob();
     // Bob rests 100 at 100.0000 and 100 at 100.0100: 200 shares up to 100.0100.
     assert_eq!(r.feed(&mut b, 2, &enter_with(1, b'S', 100, 1_000_000, b'0', &[])).0, Ok(()));
     assert_eq!(r.feed(&mut b, 2, &enter_with(2, b'S', 100, 1_000_100, b'0', &[])).0, Ok(()));
@@ -487,10 +493,7 @@ fn a_minimum_quantity_trades_all_or_nothing_on_entry_and_is_echoed() {
 /// anonymous Trade; a Replace keeps the minimum.
 #[test]
 fn a_day_order_with_a_minimum_rests_hidden_and_trades_only_with_orders_that_meet_it() {
-    let mut r = Rig::new();
-    let (mut a, mut b) = (Conn::new(0), Conn::new(0));
-    assert_eq!(r.feed(&mut a, 1, &login("ALICE", "pw1", 0)).0, Ok(()));
-    assert_eq!(r.feed(&mut b, 1, &login("BOB", "pw2", 0)).0, Ok(()));
+    let (mut r, mut a, mut b) = Rig::alice_and_bob();
     let msgs = |v: &[u8]| -> Vec<u8> { packets(v).into_iter().filter(|p| p.0 == b'S').map(|p| p.1[0]).collect() };
     // Bob offers 100 at 100.0000 (displayed: an Add Order).
     assert_eq!(r.feed(&mut b, 2, &enter_with(1, b'S', 100, 1_000_000, b'0', &[])).0, Ok(()));
@@ -554,20 +557,7 @@ fn a_day_order_with_a_minimum_rests_hidden_and_trades_only_with_orders_that_meet
 
 /// A Replace Order for AAPL (no appendage).
 fn replace_of(orig: u32, token: u32, qty: u32, price: i64) -> Vec<u8> {
-    use fairfeed_wire::ouch::{inbound, Appendage, OuchPrice};
-    let m = inbound::MessageRepr::ReplaceOrder(inbound::ReplaceOrderRepr {
-        orig_user_ref_num: orig,
-        user_ref_num: token,
-        quantity: qty,
-        price: OuchPrice(price),
-        time_in_force: b'0',
-        display: b'Y',
-        intermarket_sweep_eligibility: b'N',
-        cl_ord_id: fairfeed_wire::Alpha::default(),
-        appendage_length: 0,
-        appendage: Appendage::EMPTY,
-    });
-    let mut buf = [0u8; 256];
-    let n = m.emit(&mut buf).unwrap();
-    packet(PacketRepr::UnsequencedData(&buf[..n]))
+    let mut b = Vec::new();
+    client::replace_order(orig, token, qty, price, &mut b);
+    b
 }
