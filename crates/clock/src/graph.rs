@@ -24,7 +24,12 @@ fn splitmix(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Every node's peers: parents, `random` random others, made symmetric.
+/// Peers of its own level each child of the reference probes (each
+/// picks the next ones in a ring, so most have twice as many).
+pub const SIBLING_PEERS: usize = 1;
+
+/// Every node's peers: parents, the reference's children's siblings (see
+/// [`SIBLING_PEERS`]), `random` random others, made symmetric.
 pub fn peers(members: &[Member], random: usize, seed: u64) -> BTreeMap<u32, Vec<u32>> {
     let ids: Vec<u32> = members.iter().map(|m| m.id).collect();
     let known: BTreeSet<u32> = ids.iter().copied().collect();
@@ -46,6 +51,20 @@ pub fn peers(members: &[Member], random: usize, seed: u64) -> BTreeMap<u32, Vec<
     // as its only anchor — one sparsely probed edge instead of its parents
     // (366 ns in the simulator).
     let roots: BTreeSet<u32> = members.iter().filter(|m| m.parents.is_empty()).map(|m| m.id).collect();
+    // A node whose only parents are the reference has one anchor: if that
+    // edge is asymmetric nothing can say so, and the node (and every node
+    // below it) sits half the asymmetry off under a small bound (2.5 µs on
+    // seeds 5 and 6 of the simulator). Each such node also probes the next
+    // `SIBLING_PEERS` of them (a ring in id order): peers of its own level,
+    // synchronized over their own edges, whose vote outweighs one bad anchor.
+    let firsts = reference_children(members);
+    if firsts.len() > 1 {
+        for (i, &a) in firsts.iter().enumerate() {
+            for k in 1..=SIBLING_PEERS.min(firsts.len() - 1) {
+                link(a, firsts[(i + k) % firsts.len()], &mut adj);
+            }
+        }
+    }
     let mut state = seed;
     if ids.len() > 2 {
         for m in members {
@@ -149,7 +168,33 @@ pub fn rates(members: &[Member], rate_max: u32) -> BTreeMap<u32, Vec<(u32, u32)>
             }
         }
     }
+    // The reference's children's sibling edges stand in for their parent
+    // edge when it is flagged: probed as often.
+    let firsts = reference_children(members);
+    let rate = |id: u32| ((((reach(id) as f64 + 1.0) / RATE_SCALE).sqrt() + 0.5).floor() as u32).clamp(1, rate_max);
+    if firsts.len() > 1 {
+        for (i, &a) in firsts.iter().enumerate() {
+            for k in 1..=SIBLING_PEERS.min(firsts.len() - 1) {
+                let b = firsts[(i + k) % firsts.len()];
+                if a != b && !out.get(&a).is_some_and(|v| v.iter().any(|e| e.0 == b)) {
+                    let r = rate(a).min(rate(b));
+                    out.entry(a).or_default().push((b, r));
+                    out.entry(b).or_default().push((a, r));
+                }
+            }
+        }
+    }
     out
+}
+
+/// The nodes whose parents are all references (nodes without parents), in id order.
+fn reference_children(members: &[Member]) -> Vec<u32> {
+    let roots: BTreeSet<u32> = members.iter().filter(|m| m.parents.is_empty()).map(|m| m.id).collect();
+    members
+        .iter()
+        .filter(|m| !m.parents.is_empty() && m.parents.iter().all(|p| roots.contains(p)))
+        .map(|m| m.id)
+        .collect()
 }
 
 #[cfg(test)]

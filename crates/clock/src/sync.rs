@@ -40,8 +40,10 @@
 //!   node's own level counts ¾ of an anchor — since the candidates' weights
 //!   measure noise, not asymmetry) is flagged and left out until it agrees again.
 //!   When that outvotes every anchor, at least [`PROMOTE_MIN`] agreeing peers
-//!   of the node's own level anchor it instead, one level further down. The
-//!   reference's own edges are never flagged: they are what anchors the graph.
+//!   of the node's own level anchor it instead, one level further down. An
+//!   edge to the reference itself is flagged only when at least two other
+//!   edges agree against it (a child of the reference outvoted by the
+//!   siblings it probes, `graph::SIBLING_PEERS`): it is what anchors the graph.
 //! - **Bound.** `bound_ns` is a statistical bound: a timestamping floor plus
 //!   3 × the combination's standard deviation (widened to the residuals' rms
 //!   when the peers disagree more), plus the drift's uncertainty since the
@@ -396,7 +398,7 @@ struct Candidate {
     slope: Option<f64>,
     weight: f64,
     hard: f64,
-    /// The peer is the reference: its edge is never flagged.
+    /// The peer is the reference: its edge is flagged only against two agreeing others.
     reference: bool,
 }
 
@@ -958,10 +960,14 @@ impl ClockSync {
         let med = weighted_median(cands.iter().map(|c| (c.theta, vote(c))).collect());
         let mad = weighted_median(cands.iter().map(|c| ((c.theta - med).abs(), vote(c))).collect()) * 1.4826;
         let thr = (ASYM_K * mad).max(ASYM_MIN_NS);
+        // An edge to the reference itself is flagged only when at least two
+        // other edges agree with each other against it (a child of the
+        // reference and its siblings): otherwise nothing would be left.
+        let agreeing = cands.iter().filter(|c| !c.reference && (c.theta - med).abs() <= thr).count();
         for c in cands.iter() {
             let d = (c.theta - med).abs();
             let p = &mut self.peers[c.peer];
-            if !p.asymmetric && d > thr && !c.reference {
+            if !p.asymmetric && d > thr && (!c.reference || agreeing >= 2) {
                 p.asymmetric = true;
                 self.stats.asymmetric_flagged += 1;
             } else if p.asymmetric && d < thr / 2.0 {

@@ -423,3 +423,29 @@ fn one_asymmetric_anchor_and_one_asymmetric_peer_do_not_outvote_two_good_anchors
     assert!(e[3].abs() < 300.0, "node 4 error {} ns; edges {:?}", e[3], n4.edges().collect::<Vec<_>>());
     assert!(flagged.contains(&1) && !flagged.contains(&2) && !flagged.contains(&3), "flagged {flagged:?}");
 }
+
+#[test]
+fn a_child_of_the_reference_with_an_asymmetric_edge_to_it_is_corrected_by_its_siblings() {
+    // 0 → {1, 2, 3, 4}: the reference's children, probing each other in a
+    // ring (`graph::SIBLING_PEERS`). The link 1 → 0 is 5 µs longer than its
+    // way back: through its only anchor node 1 sits 2.5 µs off, and an edge
+    // to the reference used never to be flagged (seeds 5 and 6 of the
+    // simulator: a level-1 proxy 2.5 µs off under a bound of ~110 ns).
+    let members: Vec<Member> =
+        (0..5u32).map(|i| Member { id: i, parents: if i == 0 { vec![] } else { vec![0] } }).collect();
+    let graph = peers(&members, 0, 1);
+    assert!(graph[&1].contains(&2) && graph[&1].contains(&4), "siblings in a ring: {graph:?}");
+    let mut w = World::with_graph(&members, &graph, 5, 1e6, 20.0);
+    w.asym.push((1, 0, 5_000));
+    let t = 15_000_000_000;
+    w.run(t);
+    let e = w.errors(t);
+    let n1 = &w.nodes[1];
+    let flagged: Vec<u32> = n1.edges().filter(|e| e.2).map(|e| e.0).collect();
+    assert!(e[0].abs() < 300.0, "node 1 error {} ns; edges {:?}", e[0], n1.edges().collect::<Vec<_>>());
+    assert_eq!(flagged, [0], "its edge to the reference flagged");
+    assert!(e[0].abs() <= n1.bound_ns(w.clocks[1].local(t)) as f64 + 100.0, "and its bound about covers it");
+    for (i, x) in e.iter().enumerate().skip(1) {
+        assert!(x.abs() < 300.0, "node {} error {x} ns", i + 1);
+    }
+}
