@@ -186,6 +186,15 @@ impl World {
     }
 
     /// Each node's synchronized clock minus the reference's, at true time `t`, ns.
+    /// Runs 15 s; returns the time, every node's error then, and the edges
+    /// node `id` has flagged.
+    fn settle(&mut self, id: usize) -> (u64, Vec<f64>, Vec<u32>) {
+        let t = 15_000_000_000;
+        self.run(t);
+        let flagged = self.nodes[id].edges().filter(|e| e.2).map(|e| e.0).collect();
+        (t, self.errors(t), flagged)
+    }
+
     fn errors(&self, t: u64) -> Vec<f64> {
         let r = self.clocks[0].local(t) as f64;
         (1..self.nodes.len()).map(|i| self.nodes[i].now_sync(self.clocks[i].local(t)) as f64 - r).collect()
@@ -415,12 +424,8 @@ fn one_asymmetric_anchor_and_one_asymmetric_peer_do_not_outvote_two_good_anchors
     let mut w = World::with_graph(&members, &graph, 4, 1e6, 20.0);
     w.asym.push((4, 1, 5_000));
     w.asym.push((4, 5, 5_000));
-    let t = 15_000_000_000;
-    w.run(t);
-    let e = w.errors(t);
-    let n4 = &w.nodes[4];
-    let flagged: Vec<u32> = n4.edges().filter(|e| e.2).map(|e| e.0).collect();
-    assert!(e[3].abs() < 300.0, "node 4 error {} ns; edges {:?}", e[3], n4.edges().collect::<Vec<_>>());
+    let (_, e, flagged) = w.settle(4);
+    assert!(e[3].abs() < 300.0, "node 4 error {} ns; edges {:?}", e[3], w.nodes[4].edges().collect::<Vec<_>>());
     assert!(flagged.contains(&1) && !flagged.contains(&2) && !flagged.contains(&3), "flagged {flagged:?}");
 }
 
@@ -437,11 +442,8 @@ fn a_child_of_the_reference_with_an_asymmetric_edge_to_it_is_corrected_by_its_si
     assert!(graph[&1].contains(&2) && graph[&1].contains(&4), "siblings in a ring: {graph:?}");
     let mut w = World::with_graph(&members, &graph, 5, 1e6, 20.0);
     w.asym.push((1, 0, 5_000));
-    let t = 15_000_000_000;
-    w.run(t);
-    let e = w.errors(t);
+    let (t, e, flagged) = w.settle(1);
     let n1 = &w.nodes[1];
-    let flagged: Vec<u32> = n1.edges().filter(|e| e.2).map(|e| e.0).collect();
     assert!(e[0].abs() < 300.0, "node 1 error {} ns; edges {:?}", e[0], n1.edges().collect::<Vec<_>>());
     assert_eq!(flagged, [0], "its edge to the reference flagged");
     assert!(e[0].abs() <= n1.bound_ns(w.clocks[1].local(t)) as f64 + 100.0, "and its bound about covers it");
