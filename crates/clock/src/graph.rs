@@ -1,7 +1,8 @@
 //! The probe graph: which nodes exchange probes.
 //!
 //! Each node probes its parents (its tree parent and the proxies that hedge
-//! for it) and a few random nodes of the same tree (never the reference); edges are made symmetric,
+//! for it), a few random nodes of the same tree (never the reference) and,
+//! for the reference's children, their siblings in a ring; edges are made symmetric,
 //! so both ends probe each other and see both directions. The random edges
 //! close loops across subtrees — the loops the network effect needs — and the
 //! graph is a pure function of the node list and a seed, so every node
@@ -46,10 +47,10 @@ pub fn peers(members: &[Member], random: usize, seed: u64) -> BTreeMap<u32, Vec<
         }
     }
     // Random edges never touch the reference (a node without parents): its
-    // edges are never flagged, so one asymmetric random edge to it could
-    // not be outvoted, and a receiver whose nearest peer it is would take it
-    // as its only anchor — one sparsely probed edge instead of its parents
-    // (366 ns in the simulator).
+    // edges are flagged only against two agreeing others, so one asymmetric
+    // random edge to it could rarely be outvoted, and a receiver whose
+    // nearest peer it is would take it as its only anchor — one sparsely
+    // probed edge instead of its parents (366 ns in the simulator).
     let roots: BTreeSet<u32> = members.iter().filter(|m| m.parents.is_empty()).map(|m| m.id).collect();
     // A node whose only parents are the reference has one anchor: if that
     // edge is asymmetric nothing can say so, and the node (and every node
@@ -57,13 +58,8 @@ pub fn peers(members: &[Member], random: usize, seed: u64) -> BTreeMap<u32, Vec<
     // seeds 5 and 6 of the simulator). Each such node also probes the next
     // `SIBLING_PEERS` of them (a ring in id order): peers of its own level,
     // synchronized over their own edges, whose vote outweighs one bad anchor.
-    let firsts = reference_children(members);
-    if firsts.len() > 1 {
-        for (i, &a) in firsts.iter().enumerate() {
-            for k in 1..=SIBLING_PEERS.min(firsts.len() - 1) {
-                link(a, firsts[(i + k) % firsts.len()], &mut adj);
-            }
-        }
+    for (a, b) in sibling_edges(members) {
+        link(a, b, &mut adj);
     }
     let mut state = seed;
     if ids.len() > 2 {
@@ -118,7 +114,9 @@ pub fn strides(members: &[Member], graph: &BTreeMap<u32, Vec<u32>>, budget: usiz
 /// Nodes under an edge per pair per interval, in the square-root rule of [`rates`].
 pub const RATE_SCALE: f64 = 9.0;
 
-/// Pairs per interval on the parent edges: the edge from `c` to a parent is
+/// Pairs per interval on the parent edges (and the sibling edges of
+/// [`SIBLING_PEERS`], at the lower rate of their two ends' parent edges,
+/// since they stand in for those when flagged): the edge from `c` to a parent is
 /// probed ⌊√((r + 1) ÷ [`RATE_SCALE`]) + ½⌋ times per interval (at least
 /// once, at most `rate_max`), r the nodes `c` forwards to directly or through
 /// others; other edges once. A node's error is inherited by every node it
@@ -154,13 +152,13 @@ pub fn rates(members: &[Member], rate_max: u32) -> BTreeMap<u32, Vec<(u32, u32)>
         }
         seen.len()
     };
+    let rate = |id: u32| ((((reach(id) as f64 + 1.0) / RATE_SCALE).sqrt() + 0.5).floor() as u32).clamp(1, rate_max);
     let mut out: BTreeMap<u32, Vec<(u32, u32)>> = BTreeMap::new();
     for m in members {
         if m.parents.is_empty() {
             continue;
         }
-        let r = (((reach(m.id) as f64 + 1.0) / RATE_SCALE).sqrt() + 0.5).floor() as u32;
-        let r = r.clamp(1, rate_max);
+        let r = rate(m.id);
         for &p in &m.parents {
             if p != m.id {
                 out.entry(m.id).or_default().push((p, r));
@@ -168,33 +166,33 @@ pub fn rates(members: &[Member], rate_max: u32) -> BTreeMap<u32, Vec<(u32, u32)>
             }
         }
     }
-    // The reference's children's sibling edges stand in for their parent
-    // edge when it is flagged: probed as often.
-    let firsts = reference_children(members);
-    let rate = |id: u32| ((((reach(id) as f64 + 1.0) / RATE_SCALE).sqrt() + 0.5).floor() as u32).clamp(1, rate_max);
-    if firsts.len() > 1 {
-        for (i, &a) in firsts.iter().enumerate() {
-            for k in 1..=SIBLING_PEERS.min(firsts.len() - 1) {
-                let b = firsts[(i + k) % firsts.len()];
-                if a != b && !out.get(&a).is_some_and(|v| v.iter().any(|e| e.0 == b)) {
-                    let r = rate(a).min(rate(b));
-                    out.entry(a).or_default().push((b, r));
-                    out.entry(b).or_default().push((a, r));
-                }
-            }
-        }
+    // The sibling edges stand in for a parent edge when it is flagged: probed as often.
+    for (a, b) in sibling_edges(members) {
+        let r = rate(a).min(rate(b));
+        out.entry(a).or_default().push((b, r));
+        out.entry(b).or_default().push((a, r));
     }
     out
 }
 
-/// The nodes whose parents are all references (nodes without parents), in id order.
-fn reference_children(members: &[Member]) -> Vec<u32> {
+/// The edges between the reference's children (nodes whose parents are all
+/// references): each to the next [`SIBLING_PEERS`] in id order, in a ring,
+/// each edge once.
+fn sibling_edges(members: &[Member]) -> BTreeSet<(u32, u32)> {
     let roots: BTreeSet<u32> = members.iter().filter(|m| m.parents.is_empty()).map(|m| m.id).collect();
-    members
+    let firsts: Vec<u32> = members
         .iter()
         .filter(|m| !m.parents.is_empty() && m.parents.iter().all(|p| roots.contains(p)))
         .map(|m| m.id)
-        .collect()
+        .collect();
+    let mut edges = BTreeSet::new();
+    for (i, &a) in firsts.iter().enumerate() {
+        for k in 1..=SIBLING_PEERS.min(firsts.len().saturating_sub(1)) {
+            let b = firsts[(i + k) % firsts.len()];
+            edges.insert((a.min(b), a.max(b)));
+        }
+    }
+    edges
 }
 
 #[cfg(test)]

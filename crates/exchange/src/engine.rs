@@ -430,21 +430,9 @@ impl Engine {
     /// orders too small to trade with it).
     pub fn best_without_minimum(&self, symbol: u16, side: Side) -> Option<Price> {
         let b = self.books.get(usize::from(symbol))?;
-        b[side_ix(side)].levels.iter().rev().find(|l| self.level_has_plain(l)).map(|l| l.price)
-    }
-
-    fn level_has_plain(&self, l: &Level) -> bool {
-        if l.min_orders == 0 {
-            return true;
-        }
-        let mut i = l.head;
-        while i != NIL {
-            if self.orders[i as usize].min_qty == 0 {
-                return true;
-            }
-            i = self.orders[i as usize].next;
-        }
-        false
+        // An order without a minimum is one that trades with an incoming order of 0 shares.
+        let plain = |l: &&Level| l.min_orders == 0 || self.first_eligible(l.head, 0) != NIL;
+        b[side_ix(side)].levels.iter().rev().find(plain).map(|l| l.price)
     }
 
     /// Every level of one side, best first: (price, shares, orders in time order as (ref, qty)).

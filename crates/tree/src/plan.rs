@@ -420,8 +420,9 @@ pub fn probe_strides(
     fairfeed_clock::graph::strides(&probe_members(t, tree), graph, budget)
 }
 
-/// Every node's parent edges with the pairs per interval each is probed
-/// (see [`fairfeed_clock::graph::rates`]): what [`fairfeed_clock::ClockSync::set_rates`] takes.
+/// Every node's parent edges (and the reference's children's sibling
+/// edges) with the pairs per interval each is probed (see
+/// [`fairfeed_clock::graph::rates`]): what [`fairfeed_clock::ClockSync::set_rates`] takes.
 pub fn probe_rates(t: &Topology, tree: usize, rate_max: u32) -> std::collections::BTreeMap<u32, Vec<(u32, u32)>> {
     fairfeed_clock::graph::rates(&probe_members(t, tree), rate_max)
 }
