@@ -78,7 +78,7 @@ pub enum Experiment {
         /// Seed of every random draw.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Output directory (summary.json, summary.md, error.svg).
+        /// Output directory (summary.json, summary.md, error.svg, error.csv).
         #[arg(long)]
         out: PathBuf,
         /// A link/clock model file (TOML); default as described above.
@@ -810,6 +810,11 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         r.events,
     );
     write_json(out, &r, &md)?;
+    let mut csv = String::from("time_s,p50_ns,p99_ns\n");
+    for (t, p50, p99) in &r.series {
+        csv.push_str(&format!("{t:.3},{p50:.1},{p99:.1}\n"));
+    }
+    std::fs::write(out.join("error.csv"), csv)?;
     let p50: Vec<(f64, f64)> = r.series.iter().map(|x| (x.0, x.1.max(1.0))).collect();
     let p99: Vec<(f64, f64)> = r.series.iter().map(|x| (x.0, x.2.max(1.0))).collect();
     let path = out.join("error.svg");

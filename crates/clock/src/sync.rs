@@ -118,10 +118,15 @@ pub struct SyncConfig {
     pub mode: SyncMode,
     /// A pair to each peer this often in steady state.
     pub interval_ns: u64,
-    /// ... and this often during start-up and after a clock step.
+    /// ... and this often during start-up (and after a clock step) ...
     pub startup_interval_ns: u64,
-    /// How long the fast start-up phase lasts.
+    /// ... for this long, the last `ramp_ns` of it ramping geometrically
+    /// from `startup_interval_ns` to `interval_ns`.
     pub startup_ns: u64,
+    /// The end of the start-up phase spent ramping (at most `startup_ns`):
+    /// without it, a short dense burst and then sparse probes left the drift
+    /// line pinned at the burst (docs/RESULTS.md).
+    pub ramp_ns: u64,
     /// Spacing of the two probes of a pair.
     pub pair_gap_ns: u64,
     /// A pair whose receive spacing differs from its send spacing by more is impure.
@@ -156,7 +161,8 @@ impl Default for SyncConfig {
             mode: SyncMode::Sync,
             interval_ns: 250_000_000,
             startup_interval_ns: 10_000_000,
-            startup_ns: 2_000_000_000,
+            startup_ns: 8_000_000_000,
+            ramp_ns: 6_000_000_000,
             pair_gap_ns: 20_000,
             purity_ns: 300,
             pure_only: false,
@@ -176,6 +182,7 @@ impl SyncConfig {
         let checks = [
             (self.interval_ns > 0, "interval_ns must be > 0"),
             (self.startup_interval_ns > 0, "startup_interval_ns must be > 0"),
+            (self.ramp_ns <= self.startup_ns, "ramp_ns must be at most startup_ns"),
             (self.pair_gap_ns > 0, "pair_gap_ns must be > 0"),
             (
                 self.pair_gap_ns < self.startup_interval_ns.min(self.interval_ns),
@@ -583,12 +590,25 @@ impl ClockSync {
         self.seconds.iter().map(|s| s.0).min().unwrap_or(u64::MAX).min(self.next_round)
     }
 
+    /// The probing interval at `now`: during the start-up phase it ramps
+    /// geometrically from `startup_interval_ns` to `interval_ns`, so the
+    /// first estimate comes fast and the drift is fitted over the whole
+    /// phase — a short dense burst then sparse probes left the line pinned
+    /// at the burst, its slope error growing with the distance (a p99 bump
+    /// to ≈ 120 ns some seconds after it, docs/RESULTS.md).
     fn interval(&self, now: u64) -> u64 {
-        if now < self.fast_until {
-            self.cfg.startup_interval_ns
-        } else {
-            self.cfg.interval_ns
+        let (fast, slow) = (self.cfg.startup_interval_ns, self.cfg.interval_ns);
+        let ramp_from = self.fast_until.saturating_sub(self.cfg.ramp_ns);
+        if now < ramp_from {
+            return fast;
         }
+        if now >= self.fast_until || fast >= slow {
+            return slow;
+        }
+        let left = (self.fast_until - now) as f64 / self.cfg.ramp_ns.max(1) as f64;
+        let ramp = (slow as f64 / fast as f64).powf(1.0 - left.clamp(0.0, 1.0));
+        // Whole microseconds: the same schedule wherever it runs.
+        ((fast as f64 * ramp / 1e3).round() as u64 * 1_000).clamp(fast, slow)
     }
 
     /// Sends what is due (`send(to, probe)`) and updates the estimate each round.

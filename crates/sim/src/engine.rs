@@ -26,6 +26,7 @@ use rand_chacha::ChaCha12Rng;
 use rand_distr::{Distribution, Exp};
 use serde::Serialize;
 
+use crate::dups::{DupFilter, Verdict};
 use crate::model::{ClassRoles, Clock, ClockModel, HostClass, LinkEmulator, LinkModel, ModelFile};
 
 /// Messages a run may simulate at most (memory: ~40 bytes each).
@@ -259,10 +260,15 @@ struct Net {
     feed_started: u64,
     /// Per node, the local time its armed timer is for.
     armed_local: Vec<u64>,
+    /// Hedged copies known to be duplicates when sent ([`crate::dups`]; `None` where that would not be exact).
+    dups: Option<DupFilter>,
 }
 
 impl Net {
-    fn new(cfg: &SimConfig, rng: ChaCha12Rng, n_ids: usize, members: Vec<u16>) -> Net {
+    fn new(cfg: &SimConfig, rng: ChaCha12Rng, n_ids: usize, members: Vec<u16>, elide: bool) -> Net {
+        // Exact only where a delivery draws no noise and no node requeues what reaches it.
+        let exact = cfg.clock.timestamp_noise_ns == 0.0 && cfg.stall.is_none();
+        let gap_ns = (1e9 / cfg.rate_per_s) as u64;
         Net {
             now: 0,
             scratch: Vec::with_capacity(2_048),
@@ -277,6 +283,8 @@ impl Net {
             counts: vec![[0; 4]; n_ids],
             feed_started: 0,
             armed_local: vec![u64::MAX; n_ids],
+            dups: (elide && exact)
+                .then(|| DupFilter::new(n_ids, DupFilter::span_for(fairfeed_tree::dedup::WINDOW, gap_ns.max(1)))),
         }
     }
 
@@ -305,7 +313,7 @@ impl Net {
 }
 
 impl Net {
-    fn push_delivery(&mut self, at: u64, to: u32, rc: Rc<[u8]>) {
+    fn push_delivery(&mut self, at: u64, to: u32, rc: Rc<[u8]>) -> usize {
         let slot = match self.free.pop() {
             Some(i) => {
                 self.arena[i] = Some(rc);
@@ -319,6 +327,15 @@ impl Net {
         self.order += 1;
         self.in_flight += 1;
         self.queue.push(at, self.order, Ev::Deliver { to, packet: slot });
+        slot
+    }
+
+    /// Counts a packet `to` received (or would have: an elided duplicate).
+    fn count_received(&mut self, to: u32, probe: bool) {
+        if let Some(c) = self.counts.get_mut(to as usize) {
+            c[2] += u64::from(probe);
+            c[3] += 1;
+        }
     }
 }
 
@@ -330,6 +347,11 @@ struct Tx<'a> {
 /// A packet's overlay sequence number, without checking the rest of its header.
 fn packet_sequence(bytes: &[u8]) -> Option<u64> {
     bytes.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes)
+}
+
+/// True when `bytes` is an overlay data packet.
+fn is_data(bytes: &[u8]) -> bool {
+    bytes.get(3) == Some(&(fairfeed_wire::overlay::Kind::Data as u8))
 }
 
 /// True when `bytes` is an overlay probe.
@@ -347,8 +369,29 @@ impl Tx<'_> {
         }
         // The send call: the packet leaves a little after the node read its clock.
         let leaves = n.now + n.stack_delay();
+        let seq = if n.dups.is_some() && is_data(bytes) { packet_sequence(bytes) } else { None };
         for at in n.links.arrivals(leaves, self.from, to).into_iter().flatten() {
-            n.push_delivery(at, to, rc.clone());
+            let (Some(seq), Some(d)) = (seq, n.dups.as_mut()) else {
+                n.push_delivery(at, to, rc.clone());
+                continue;
+            };
+            match d.judge(to, seq, n.now, at) {
+                Verdict::Elide => {
+                    n.order += 1;
+                    d.elided_at(at, n.order);
+                    n.count_received(to, false);
+                    continue;
+                }
+                Verdict::PushAndCancel(slot) => {
+                    d.cancelled += 1;
+                    n.arena[slot] = None;
+                }
+                Verdict::Push => {}
+            }
+            let slot = n.push_delivery(at, to, rc.clone());
+            if let Some(d) = n.dups.as_mut() {
+                d.queued(to, seq, at, slot);
+            }
         }
     }
 }
@@ -377,6 +420,11 @@ fn percentile(sorted: &[u64], q: f64) -> f64 {
 
 /// Runs one simulation of tree 0 of `topo`.
 pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
+    run_with(topo, cfg, true)
+}
+
+/// [`run`], with the duplicate filter ([`crate::dups`]) on or off: the same results either way.
+fn run_with(topo: &Topology, cfg: &SimConfig, elide: bool) -> RunResult {
     assert!(cfg.messages > 0 && cfg.messages <= MESSAGES_MAX, "messages must be 1..={MESSAGES_MAX}");
     assert!(cfg.rate_per_s > 0.0, "rate must be positive");
     let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed);
@@ -385,7 +433,7 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     let members = class_members(topo, cfg, n_ids);
     let mut w = World {
         nodes,
-        net: Net::new(cfg, rng, n_ids, members),
+        net: Net::new(cfg, rng, n_ids, members, elide),
         timer_at: vec![u64::MAX; n_ids],
         msgs: vec![MsgAgg::default(); cfg.messages as usize + 1],
         owd: Logs::new(topo, cfg, n_ids),
@@ -406,7 +454,15 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
     }
     let mut events = 0u64;
     let mut crashed = false;
-    while let Some((t, ev)) = w.net.queue.pop() {
+    // Everything has settled but copies elided as duplicates were still due:
+    // the run ends where the last of them would have been handled.
+    let mut settled = false;
+    while let Some((t, o, ev)) = w.net.queue.pop_keyed() {
+        let elided_until = w.net.dups.as_ref().map_or((0, 0), |d| d.last);
+        if settled && elided_until < (t, o) {
+            w.net.now = elided_until.0;
+            break;
+        }
         w.prefetch_ahead();
         events += 1;
         assert!(events < EVENTS_MAX, "simulation exceeded {EVENTS_MAX} events");
@@ -432,7 +488,8 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
             Ev::Sample => samples.take_and_rearm(&w.nodes, sender_id, &mut w.net, cfg),
         }
         // Stop once everything sent has settled: no sends or deliveries left, only report timers.
-        if sent >= cfg.messages && w.net.in_flight == 0 && w.held == 0 {
+        settled = sent >= cfg.messages && w.net.in_flight == 0 && w.held == 0;
+        if settled && elided_until <= (t, o) {
             debug_assert!(!holding(&w.nodes));
             break;
         }
@@ -525,9 +582,14 @@ impl World {
             self.net.queue.push(resume, self.net.order, Ev::Deliver { to, packet });
             return;
         }
-        let bytes = self.net.arena[packet].take().expect("live packet");
+        let taken = self.net.arena[packet].take();
         self.net.free.push(packet);
         self.net.in_flight -= 1;
+        let Some(bytes) = taken else {
+            // Cancelled: a copy arriving earlier made it a duplicate ([`crate::dups`]).
+            self.net.count_received(to, false);
+            return;
+        };
         let before = held_at(&self.nodes[to as usize]);
         deliver(&mut self.nodes, &mut self.net, to, &bytes, &mut self.msgs, &mut self.owd, cfg.warmup_messages);
         self.held = self.held + held_at(&self.nodes[to as usize]) - before;
@@ -827,10 +889,7 @@ fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<
 
 fn deliver(nodes: &mut [SimNode], net: &mut Net, to: u32, buf: &[u8], msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
     let t = net.now;
-    if let Some(c) = net.counts.get_mut(to as usize) {
-        c[2] += u64::from(is_probe(buf));
-        c[3] += 1;
-    }
+    net.count_received(to, is_probe(buf));
     let SimNode { node: Some(node), clock } = &mut nodes[to as usize] else { return };
     let local = net.stamp(clock);
     // A proxy forwards the bytes it was given, its hop count bumped: every node gets its own copy.
@@ -1052,5 +1111,93 @@ mod sync_tests {
         // Float rounding once re-armed timers at the same instant for ever.
         let r = run(&topo(), &SimConfig { messages: 200, warmup_messages: 20, ..cfg(0.0, true) });
         assert!(r.events < 10_000_000, "{} events", r.events);
+    }
+}
+
+#[cfg(test)]
+mod dups_tests {
+    use super::*;
+    use crate::model::{ClockModel, LinkModel};
+    use fairfeed_tree::plan::{plan, PlanRequest};
+
+    fn base(link: LinkModel) -> SimConfig {
+        SimConfig {
+            seed: 11,
+            messages: 1_500,
+            rate_per_s: 5_000.0,
+            warmup_messages: 150,
+            link,
+            clock: ClockModel::PERFECT,
+            node: NodeConfig::default(),
+            rule: DeadlineRule::Quantile { target_pf: 0.999 },
+            crash: None,
+            stall: None,
+            slow: None,
+            track: vec![20, 41],
+            sync: None,
+            receiver_delays: true,
+            classes: Vec::new(),
+        }
+    }
+
+    fn topo(hedge: usize) -> Topology {
+        plan(&PlanRequest { receivers: 60, fanout: Some(4), depth: Some(3), hedge, cost_model: None, trees: 1 })
+            .unwrap()
+    }
+
+    /// Runs `cfg` with and without the duplicate filter; everything but the event count must match.
+    fn same(topo: &Topology, cfg: &SimConfig) -> (u64, u64) {
+        let on = run_with(topo, cfg, true);
+        let off = run_with(topo, cfg, false);
+        let strip = |r: &RunResult| {
+            let mut v = serde_json::to_value(r).unwrap();
+            v.as_object_mut().unwrap().remove("events");
+            v
+        };
+        assert_eq!(strip(&on), strip(&off));
+        assert_eq!(on.oml_us, off.oml_us);
+        assert_eq!(on.dws_us, off.dws_us);
+        assert_eq!(on.window_series, off.window_series);
+        assert_eq!(on.receiver_owd_p99_us, off.receiver_owd_p99_us);
+        assert_eq!(on.tracked, off.tracked);
+        assert_eq!(on.clock_series, off.clock_series);
+        assert!(!on.tracked.is_empty());
+        (on.events, off.events)
+    }
+
+    #[test]
+    fn eliding_hedged_duplicates_changes_nothing_but_the_event_count() {
+        let (on, off) = same(&topo(2), &base(LinkModel::CLOUD));
+        // Three copies of each message per node, two of them duplicates: most never become events.
+        assert!((on as f64) < 0.8 * off as f64, "{on} vs {off} events");
+    }
+
+    #[test]
+    fn the_same_with_duplicated_and_lost_packets_a_crash_and_no_hedging() {
+        let link = LinkModel { dup: 0.02, loss: 0.005, ..LinkModel::CLOUD };
+        let t = topo(1);
+        let victim = t.trees[0].nodes.iter().find(|n| n.layer == 0 && n.role == Role::Proxy).unwrap().id;
+        let (on, off) = same(&t, &SimConfig { crash: Some((victim, 150_000_000)), ..base(link) });
+        assert!(on < off, "{on} vs {off} events");
+        // Without hedging only the network's own duplicates are elided.
+        let (on, off) = same(&topo(0), &base(link));
+        assert!(on < off, "{on} vs {off} events");
+    }
+
+    #[test]
+    fn the_same_with_clock_sync_on_noiseless_clocks_and_off_where_it_could_not_be() {
+        let sync = Some(SimSync { warmup_ns: 2_000_000_000, ..SimSync::default() });
+        let clock = ClockModel { timestamp_noise_ns: 0.0, ..ClockModel::NTP };
+        let cfg = SimConfig { messages: 600, warmup_messages: 60, clock, sync, ..base(LinkModel::CLOUD) };
+        let (on, off) = same(&topo(2), &cfg);
+        assert!(on < off, "{on} vs {off} events");
+        // Receive stamps with noise draw a random number per delivery: the filter stays off.
+        let noisy = SimConfig { clock: ClockModel { timestamp_noise_ns: 100.0, ..clock }, ..cfg.clone() };
+        let (on, off) = same(&topo(2), &noisy);
+        assert_eq!(on, off);
+        // So does a stalled node (it requeues what reaches it).
+        let stall = SimConfig { stall: Some((5, 100_000_000, 20_000_000)), ..base(LinkModel::CLOUD) };
+        let (on, off) = same(&topo(2), &stall);
+        assert_eq!(on, off);
     }
 }

@@ -7,6 +7,7 @@
 //! loss and a crashing node ([`engine`]; the models are `fairfeed-model`, re-exported as [`model`]); and the experiments built
 //! on it ([`experiment`]).
 
+pub mod dups;
 pub mod engine;
 pub mod experiment;
 /// The link, clock and host-class models (their own crate, so shells that emulate links need not link the simulator).

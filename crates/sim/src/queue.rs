@@ -79,6 +79,11 @@ impl<E: Ord> CalendarQueue<E> {
 
     /// The least event: (time, event).
     pub fn pop(&mut self) -> Option<(u64, E)> {
+        self.pop_keyed().map(|(t, _, ev)| (t, ev))
+    }
+
+    /// The least event with its key: (time, insertion order, event).
+    pub fn pop_keyed(&mut self) -> Option<(u64, u64, E)> {
         loop {
             let from_late = match (self.sorted.last(), self.late.peek()) {
                 (Some(s), Some(Reverse(l))) => l < s,
@@ -91,8 +96,7 @@ impl<E: Ord> CalendarQueue<E> {
                     return None;
                 }
             };
-            let (t, _, ev) = if from_late { self.late.pop().map(|Reverse(x)| x) } else { self.sorted.pop() }?;
-            return Some((t, ev));
+            return if from_late { self.late.pop().map(|Reverse(x)| x) } else { self.sorted.pop() };
         }
     }
 
