@@ -1033,3 +1033,35 @@ fn weighted_median(mut v: Vec<(f64, f64)>) -> f64 {
     }
     v.last().map_or(0.0, |x| x.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_up_interval_holds_then_ramps_to_the_steady_one() {
+        let cfg = SyncConfig::default();
+        let mut s = ClockSync::new(1, &[0], false, cfg);
+        let t0 = 5_000_000_000;
+        s.handle_timeout(t0, &mut |_, _| {});
+        let at = |dt: u64| s.interval(t0 + dt);
+        let flat = cfg.startup_ns - cfg.ramp_ns;
+        assert_eq!(at(0), cfg.startup_interval_ns);
+        assert_eq!(at(flat - 1), cfg.startup_interval_ns);
+        assert_eq!(at(cfg.startup_ns), cfg.interval_ns);
+        let mut last = 0;
+        for k in 0..=100 {
+            let i = at(flat + cfg.ramp_ns * k / 100);
+            assert!(i >= last && (cfg.startup_interval_ns..=cfg.interval_ns).contains(&i), "{k}: {i}");
+            last = i;
+        }
+        // Halfway up the ramp: the geometric mean of the two intervals (50 ms).
+        let mid = at(flat + cfg.ramp_ns / 2) as f64;
+        assert!((mid - 50e6).abs() < 1e3, "{mid}");
+        // No ramp: dense until the end of start-up.
+        let mut flat_only = ClockSync::new(1, &[0], false, SyncConfig { ramp_ns: 0, ..cfg });
+        flat_only.handle_timeout(t0, &mut |_, _| {});
+        assert_eq!(flat_only.interval(t0 + cfg.startup_ns - 1), cfg.startup_interval_ns);
+        assert!(SyncConfig { ramp_ns: cfg.startup_ns + 1, ..cfg }.validate().is_err());
+    }
+}
