@@ -590,8 +590,8 @@ impl ClockSync {
         self.seconds.iter().map(|s| s.0).min().unwrap_or(u64::MAX).min(self.next_round)
     }
 
-    /// The probing interval at `now`: during the start-up phase it ramps
-    /// geometrically from `startup_interval_ns` to `interval_ns`, so the
+    /// The probing interval at `now`: `startup_interval_ns` during start-up,
+    /// its last `ramp_ns` ramping geometrically to `interval_ns`, so the
     /// first estimate comes fast and the drift is fitted over the whole
     /// phase — a short dense burst then sparse probes left the line pinned
     /// at the burst, its slope error growing with the distance (a p99 bump

@@ -56,15 +56,13 @@ pub struct DupFilter {
     span_ns: u64,
     /// Greatest (time, order) key of a copy elided: the run goes on until then.
     pub last: (u64, u64),
-    pub elided: u64,
-    pub cancelled: u64,
 }
 
 impl DupFilter {
     /// A filter for `nodes` nodes that leaves alone any copy arriving
     /// `span_ns` or more after its message was sent.
     pub fn new(nodes: usize, span_ns: u64) -> Self {
-        DupFilter { first: vec![NONE; nodes], sent_at: Vec::new(), span_ns, last: (0, 0), elided: 0, cancelled: 0 }
+        DupFilter { first: vec![NONE; nodes], sent_at: Vec::new(), span_ns, last: (0, 0) }
     }
 
     /// The filter's `span_ns` for a feed of one message every `gap_ns`:
@@ -111,7 +109,6 @@ impl DupFilter {
 
     /// A copy was elided; it would have been queued with key (`at`, `order`).
     pub fn elided_at(&mut self, at: u64, order: u64) {
-        self.elided += 1;
         self.last = self.last.max((at, order));
     }
 }

@@ -382,10 +382,7 @@ impl Tx<'_> {
                     n.count_received(to, false);
                     continue;
                 }
-                Verdict::PushAndCancel(slot) => {
-                    d.cancelled += 1;
-                    n.arena[slot] = None;
-                }
+                Verdict::PushAndCancel(slot) => n.arena[slot] = None,
                 Verdict::Push => {}
             }
             let slot = n.push_delivery(at, to, rc.clone());
