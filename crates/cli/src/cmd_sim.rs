@@ -97,6 +97,9 @@ pub enum Experiment {
         /// nodes are probed more; 1: every edge once per interval); 1..=16.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
         clock_rate_max: u32,
+        /// The P(F@1µs) the feed's deadline controller aims at (0 < p < 1).
+        #[arg(long, default_value_t = 0.999, value_parser = crate::fmt::target_pf)]
+        target_pf: f64,
     },
     /// The deadline rules against their targets: the new controller, the
     /// previous one, the paper's rule and tree + hedging, at each rate and
@@ -437,12 +440,14 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             rate,
             clock_peers,
             clock_rate_max,
+            target_pf,
         }) => {
             let mut c = ClockConfig {
                 receivers: receivers as usize,
                 seed,
                 seconds,
                 rate_per_s: rate,
+                target_pf,
                 ..ClockConfig::default()
             };
             c.sync.random_peers = clock_peers;
@@ -770,7 +775,7 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
          | probes sent per node per s | {:.1} |\n| pure pairs | {:.1} % |\n\
          | asymmetric links in the probe graph / flaggings | {} / {} |\n| clock steps detected | {} |\n\
          | releases while over the bound limit | {} |\n\
-         | feed: P(F@1µs) / DWS p99 µs / late share / OML p50 µs / lost | {:.4} / {:.2} / {:.5} / {:.1} / {} |\n\n\
+         | feed: P(F@1µs) (target) / DWS p99 µs / late share / OML p50 µs / lost | {:.4} ({}) / {:.2} / {:.5} / {:.1} / {} |\n\n\
          {} events in {wall:.1} s.\n",
         r.receivers,
         r.nodes,
@@ -803,6 +808,7 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         k.steps_detected,
         k.unsynced_releases,
         r.pf_1us,
+        r.target_pf,
         r.dws_p99_us,
         r.late_fraction,
         r.oml_p50_us,

@@ -338,6 +338,8 @@ fn sim_clock_writes_the_documented_fields_and_sync_shrinks_the_window() {
         "2",
         "--seconds",
         "1",
+        "--target-pf",
+        "0.95",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -345,6 +347,8 @@ fn sim_clock_writes_the_documented_fields_and_sync_shrinks_the_window() {
     for k in ["sync_error_p50_ns", "sync_error_p99_ns", "sync_error_max_ns", "converged_s", "probe_share"] {
         assert!(v.get(k).is_some(), "summary lacks {k}: {v}");
     }
+    // The feed's controller aimed where it was told.
+    assert_eq!(v["target_pf"].as_f64(), Some(0.95), "{v}");
     // Raw clocks are ±10 ms apart; synchronized, the median node is within a microsecond.
     assert!(v["sync_error_p50_ns"].as_f64().unwrap() < 1_000.0, "{v}");
     assert!(v["probe_share"].as_f64().unwrap() > 0.0);
@@ -373,7 +377,7 @@ fn sim_clock_writes_the_documented_fields_and_sync_shrinks_the_window() {
     };
     let (off, on) = (window("off"), window("on"));
     assert!(off > 1_000.0 && on < off / 100.0, "delivery window p50: {off} µs without sync, {on} µs with");
-    for bad in [["--receivers", "0"], ["--seconds", "-1"], ["--rate", "NaN"]] {
+    for bad in [["--receivers", "0"], ["--seconds", "-1"], ["--rate", "NaN"], ["--target-pf", "1"]] {
         let o = Command::new(bin())
             .args(["sim", "experiment", "clock", "--out", out.to_str().unwrap()])
             .args(bad)
