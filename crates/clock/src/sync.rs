@@ -27,7 +27,9 @@
 //!   θ_peer)`; its estimate is the inverse-variance weighted mean (the edge's
 //!   variance from the residuals plus the peer's own from its bound) of the
 //!   candidates from the peers nearer the reference and, at half weight, of
-//!   its own level — a level-ordered weighted least-squares solve over the
+//!   its own level, every edge's height taken on the node's common slope
+//!   (the edges' slopes' weighted mean, one far from the others left out) —
+//!   a level-ordered weighted least-squares solve over the
 //!   probe graph, with the reference fixed at 0, run where the data is.
 //!   Level order matters: plain Jacobi averaging over all peers lets
 //!   estimates feed back around loops with stale values, and the whole graph
@@ -83,6 +85,16 @@ pub const SENT_RING: usize = 128;
 pub const VOTE_SAME_LEVEL: f64 = 0.75;
 /// Agreeing peers of a node's own level needed to outvote all its anchors.
 pub const PROMOTE_MIN: usize = 2;
+/// Edge slopes beyond this many robust standard deviations from the median
+/// are left out of the common slope ...
+pub const SLOPE_K: f64 = 5.0;
+/// ... and beyond at least this much (0.05 ppm: ≈ 400 ns over half a 16-s
+/// window; edges that agree differ by a few hundredths of a ppm once their
+/// windows are full), scaled up by the window over the edges' median span
+/// while windows fill ...
+pub const SLOPE_OUTLIER_MIN: f64 = 5e-8;
+/// ... when at least this many edges have a slope.
+pub const SLOPE_VOTERS_MIN: usize = 3;
 /// Residuals beyond this many robust standard deviations flag an edge as asymmetric.
 pub const ASYM_K: f64 = 5.0;
 /// ... and beyond at least this many ns.
@@ -821,6 +833,13 @@ impl ClockSync {
         let level = up.saturating_add(1);
         // Peers up to our own level are judged (those below derive from us).
         cands.retain(|c| c.level <= level);
+        // The common slope first, and every edge's height on it: an edge is
+        // judged by where its floor lies on the slope the others agree on,
+        // not on its own (in the simulator an edge whose own line crossed the
+        // others' near `now` with a slope 1.4 ppm off looked fine judged on
+        // it, was unflagged, and its slope moved every edge's height; see
+        // `common_slope`).
+        let (slope, slope_err) = self.common_slope(&mut cands, level, now);
         let settled = self.synced_since.is_some_and(|s| now.saturating_sub(s) >= FLAG_AFTER_NS);
         self.flag_asymmetric(&mut cands, level, settled);
         let mut level = level;
@@ -859,8 +878,6 @@ impl ClockSync {
         }
         self.level = level;
         let w: f64 = used.iter().map(|c| c.weight).sum();
-        let (slope, slope_err) = self.common_slope(&mut cands, now);
-        let used: Vec<&Candidate> = cands.iter().filter(|c| !self.peers[c.peer].asymmetric).collect();
         let theta = used.iter().map(|c| c.weight * c.theta).sum::<f64>() / w;
         let rms = (used.iter().map(|c| c.weight * (c.theta - theta).powi(2)).sum::<f64>() / w).sqrt();
         let best_hard = used.iter().map(|c| c.hard).fold(f64::INFINITY, f64::min);
@@ -889,10 +906,41 @@ impl ClockSync {
     /// Returns the slope (our previous one if no edge has one yet) and the
     /// error its standard error makes at `now`: every edge's height carries
     /// it alike, so the residuals cannot show it.
-    fn common_slope(&self, cands: &mut [Candidate], now: u64) -> (f64, f64) {
-        let usable = |c: &Candidate| c.slope.is_some() && !self.peers[c.peer].asymmetric;
+    ///
+    /// Robust to a few edges: a slope more than [`SLOPE_K`] MADs (and
+    /// [`SLOPE_OUTLIER_MIN`]) from the median of the others is left out. One
+    /// edge's slope — its own fit composed with its peer's advertised drift —
+    /// can be far off for a while (in the simulator one edge of a receiver's
+    /// ten sat 0.5–1.4 ppm off for a few updates); in the mean it moved the
+    /// node's slope by 0.17 ppm, and every edge's height with it, ≈ 1 µs.
+    fn common_slope(&self, cands: &mut [Candidate], level: u16, now: u64) -> (f64, f64) {
+        // Same-level peers weigh less, as in the estimate (see `update`).
+        let weight = |c: &Candidate| if c.level == level { c.weight * SAME_LEVEL_WEIGHT } else { c.weight };
+        // (slope, weight) of each edge not flagged; the median by weight, so
+        // that the edges nearest the reference count most and a group of
+        // peers cannot vote their own drift in.
+        let slopes: Vec<(f64, f64)> = cands
+            .iter()
+            .filter(|c| !self.peers[c.peer].asymmetric)
+            .filter_map(|c| c.slope.map(|s| (s, weight(c))))
+            .collect();
+        let med = weighted_median(slopes.clone());
+        let mad = weighted_median(slopes.iter().map(|&(s, w)| ((s - med).abs(), w)).collect()) * 1.4826;
+        // A slope's noise falls with its window's span: the floor is for
+        // full windows, and wider while they fill (start-up, new edges).
+        let mut spans: Vec<u64> = cands
+            .iter()
+            .filter(|c| c.slope.is_some())
+            .map(|c| self.peers[c.peer].fwd.span().min(self.peers[c.peer].rev.span()))
+            .collect();
+        spans.sort_unstable();
+        let span = spans.get(spans.len() / 2).copied().unwrap_or(0).max(1) as f64;
+        let floor = SLOPE_OUTLIER_MIN * (self.cfg.window_ns as f64 / span).max(1.0);
+        // Two slopes have no median to stand out from: both are kept.
+        let thr = if slopes.len() >= SLOPE_VOTERS_MIN { (SLOPE_K * mad).max(floor) } else { f64::INFINITY };
+        let usable = |c: &Candidate| c.slope.is_some_and(|s| (s - med).abs() <= thr) && !self.peers[c.peer].asymmetric;
         let sloped: Vec<(f64, f64)> =
-            cands.iter().filter(|c| usable(c)).filter_map(|c| c.slope.map(|s| (c.weight, s))).collect();
+            cands.iter().filter(|c| usable(c)).filter_map(|c| c.slope.map(|s| (weight(c), s))).collect();
         let ws: f64 = sloped.iter().map(|x| x.0).sum();
         if ws <= 0.0 {
             return (self.drift, 0.0);

@@ -39,6 +39,11 @@ struct World {
     clocks: Vec<TrueClock>,
     /// (from, to) → extra minimum delay on that direction, ns
     asym: Vec<(u32, u32, u64)>,
+    /// (from, to, start, end, extra ns): a direction whose floor is higher
+    /// for a while (a congested or rerouted path), in true time.
+    episodes: Vec<(u32, u32, u64, u64, u64)>,
+    /// (from, to, e-15): probes from → to advertise a drift this much off.
+    bad_drift: Vec<(u32, u32, i64)>,
     floor_ns: u64,
     unqueued: f64,
     noise_ns: f64,
@@ -92,6 +97,8 @@ impl World {
             nodes,
             clocks,
             asym: Vec::new(),
+            episodes: Vec::new(),
+            bad_drift: Vec::new(),
             floor_ns: 20_000,
             unqueued: 0.3,
             noise_ns: 150.0,
@@ -112,8 +119,14 @@ impl World {
         }
     }
 
-    fn delay(&mut self, from: u32, to: u32) -> u64 {
-        let extra = self.asym.iter().find(|a| a.0 == from && a.1 == to).map_or(0, |a| a.2);
+    fn delay(&mut self, from: u32, to: u32, t: u64) -> u64 {
+        let extra = self.asym.iter().find(|a| a.0 == from && a.1 == to).map_or(0, |a| a.2)
+            + self
+                .episodes
+                .iter()
+                .filter(|e| e.0 == from && e.1 == to && (e.2..e.3).contains(&t))
+                .map(|e| e.4)
+                .sum::<u64>();
         let q =
             if self.rng.gen_bool(self.unqueued) { 0.0 } else { Exp::new(1.0 / 8_000.0).unwrap().sample(&mut self.rng) };
         self.floor_ns + extra + q as u64
@@ -141,7 +154,10 @@ impl World {
             if tq == Some(t) {
                 let Reverse((t, _, from, to, bytes)) = self.queue.pop().unwrap();
                 let local = self.clocks[to as usize].local(t) + self.noise();
-                let p = ProbeRepr::parse(&bytes).unwrap();
+                let mut p = ProbeRepr::parse(&bytes).unwrap();
+                for b in self.bad_drift.iter().filter(|b| b.0 == from && b.1 == to) {
+                    p.drift_e15 += b.2;
+                }
                 let _ = self.nodes[to as usize].handle_probe(local, from, &p);
                 self.arm(to, t);
             } else {
@@ -161,7 +177,7 @@ impl World {
                     let mut b = [0u8; 72];
                     p.emit(&mut b).unwrap();
                     // The stamp is taken before the packet leaves.
-                    let at = t + self.noise() + self.delay(id, to);
+                    let at = t + self.noise() + self.delay(id, to, t);
                     self.order += 1;
                     self.queue.push(Reverse((at, self.order, id, to, b)));
                 }
@@ -450,4 +466,71 @@ fn a_child_of_the_reference_with_an_asymmetric_edge_to_it_is_corrected_by_its_si
     for (i, x) in e.iter().enumerate().skip(1) {
         assert!(x.abs() < 300.0, "node {} error {x} ns", i + 1);
     }
+}
+
+/// 0 → {1, 2, 3, 4} → 5, node 5 probing all four.
+fn diamond(seed: u64) -> World {
+    let members: Vec<Member> = (0..6u32)
+        .map(|i| Member {
+            id: i,
+            parents: match i {
+                0 => vec![],
+                5 => vec![1],
+                _ => vec![0],
+            },
+        })
+        .collect();
+    let graph: std::collections::BTreeMap<u32, Vec<u32>> = [
+        (0, vec![1, 2, 3, 4]),
+        (1, vec![0, 5]),
+        (2, vec![0, 5]),
+        (3, vec![0, 5]),
+        (4, vec![0, 5]),
+        (5, vec![1, 2, 3, 4]),
+    ]
+    .into_iter()
+    .collect();
+    World::with_graph(&members, &graph, seed, 1e6, 20.0)
+}
+
+/// Node 5's largest |error| sampled every 250 ms over [from, to] s, and when.
+fn worst_of_node_5(w: &mut World, from: u64, to: u64) -> (f64, f64) {
+    let mut worst = (0.0f64, 0.0);
+    for k in 0..=(to - from) * 4 {
+        let t = from * 1_000_000_000 + k * 250_000_000;
+        w.run(t);
+        let e = w.errors(t)[4];
+        if e.abs() > worst.0.abs() {
+            worst = (e, t as f64 / 1e9);
+        }
+    }
+    worst
+}
+
+#[test]
+fn a_peer_advertising_a_wrong_drift_does_not_tilt_the_node() {
+    // Node 2's probes to node 5 advertise a drift 1 ppm off (its estimate
+    // glitched, or it lies); its offset, extrapolated over one probe
+    // interval, still looks right. In the simulator one such edge of ten
+    // moved a receiver's slope by 0.17 ppm and its clock by 1.1 µs. Its
+    // slope is left out now.
+    let mut w = diamond(7);
+    w.bad_drift.push((2, 5, 1_000_000_000));
+    let worst = worst_of_node_5(&mut w, 12, 30);
+    // 44 ns; 258 ns when its slope went into the mean.
+    assert!(worst.0.abs() < 150.0, "node 5 {:.0} ns off at {:.2} s", worst.0, worst.1);
+}
+
+#[test]
+fn an_edge_whose_floor_tilts_in_its_window_does_not_tilt_the_node() {
+    // The path 2 → 5 is 8 µs slower from 12 s to 26 s (a congested or
+    // rerouted path). Once the samples before it leave the 16-s window
+    // (28 s on), that edge's lowest points are the episode's, early, and
+    // the new floor, late: its line tilts (≈ 0.13 ppm, both directions
+    // fitted together) while passing through the new floor near `now`.
+    let mut w = diamond(8);
+    w.episodes.push((2, 5, 12_000_000_000, 26_000_000_000, 8_000));
+    let worst = worst_of_node_5(&mut w, 26, 44);
+    // 139 ns; 488 ns when the tilted slope went into the mean.
+    assert!(worst.0.abs() < 250.0, "node 5 {:.0} ns off at {:.2} s", worst.0, worst.1);
 }

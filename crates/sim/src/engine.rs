@@ -118,6 +118,21 @@ pub struct ClockResult {
     pub samples: u64,
 }
 
+/// One sample of every node's |synchronized clock − reference|, in true time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ClockSample {
+    pub time_s: f64,
+    pub p50_ns: f64,
+    pub p99_ns: f64,
+    pub max_ns: f64,
+    /// The node with the largest error.
+    pub worst_node: u32,
+    /// Nodes whose bound was above its limit (their releases are left out of fairness).
+    pub over_limit: u32,
+    /// Nodes whose error was outside their own bound (the bound lied).
+    pub outside_bound: u32,
+}
+
 /// Releases recorded for tracked receivers at most.
 pub const TRACKED_MAX: usize = 10_000_000;
 
@@ -195,9 +210,9 @@ pub struct RunResult {
     /// Clock synchronization's results, when it ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clock: Option<ClockResult>,
-    /// Per sample time (s): p50 and p99 |error| over nodes, ns (for plots).
+    /// Every sample of the nodes' clock errors (for plots and `error.csv`).
     #[serde(skip)]
-    pub clock_series: Vec<(f64, f64, f64)>,
+    pub clock_series: Vec<ClockSample>,
     /// Every node's synchronization counters at the end, by node id (when sync ran).
     #[serde(skip)]
     pub sync_stats: Vec<(u32, fairfeed_clock::SyncStats)>,
@@ -643,7 +658,7 @@ fn finish(
 struct Samples {
     /// (time s, |error| ns per node, within its bound per node)
     rounds: Vec<(f64, Vec<f64>, Vec<bool>)>,
-    series: Vec<(f64, f64, f64)>,
+    series: Vec<ClockSample>,
 }
 
 impl Samples {
@@ -661,6 +676,7 @@ impl Samples {
         };
         let mut errs = Vec::new();
         let mut within = Vec::new();
+        let (mut worst, mut worst_node, mut over_limit) = (-1.0, 0, 0);
         for (id, n) in nodes.iter().enumerate() {
             let (Some(clock), Some(sync)) = (n.clock(), n.sync()) else { continue };
             if id as u32 == sender {
@@ -668,6 +684,10 @@ impl Samples {
             }
             let local = clock.local(t);
             let e = (sync.now_sync(local) as f64 - reference as f64).abs();
+            if e > worst {
+                (worst, worst_node) = (e, id as u32);
+            }
+            over_limit += u32::from(!sync.within_limit(local));
             errs.push(e);
             within.push(e <= sync.bound_ns(local) as f64);
         }
@@ -677,7 +697,15 @@ impl Samples {
         let mut sorted = errs.clone();
         sorted.sort_by(f64::total_cmp);
         let q = |p: f64| sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1];
-        self.series.push((t as f64 / 1e9, q(0.5), q(0.99)));
+        self.series.push(ClockSample {
+            time_s: t as f64 / 1e9,
+            p50_ns: q(0.5),
+            p99_ns: q(0.99),
+            max_ns: worst,
+            worst_node,
+            over_limit,
+            outside_bound: within.iter().filter(|&&w| !w).count() as u32,
+        });
         self.rounds.push((t as f64 / 1e9, errs, within));
     }
 
@@ -685,12 +713,12 @@ impl Samples {
         // Converged from the first round after which every round's p99 stays below the mark.
         let mut from = self.series.len();
         for i in (0..self.series.len()).rev() {
-            if self.series[i].2 > CONVERGED_NS {
+            if self.series[i].p99_ns > CONVERGED_NS {
                 break;
             }
             from = i;
         }
-        let converged_s = self.series.get(from).map(|x| x.0);
+        let converged_s = self.series.get(from).map(|x| x.time_s);
         let counted = if converged_s.is_some() { from } else { self.rounds.len() / 2 };
         let mut all: Vec<f64> = Vec::new();
         let (mut inside, mut total) = (0u64, 0u64);

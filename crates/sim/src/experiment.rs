@@ -272,7 +272,7 @@ pub struct ClockSummary {
     pub feed_seconds: f64,
     pub events: u64,
     #[serde(skip)]
-    pub series: Vec<(f64, f64, f64)>,
+    pub series: Vec<crate::engine::ClockSample>,
 }
 
 /// NTP-class raw clocks on every node, fairfeed's synchronization on, the
