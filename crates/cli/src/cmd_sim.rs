@@ -97,7 +97,7 @@ pub enum Experiment {
         /// nodes are probed more; 1: every edge once per interval); 1..=16.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
         clock_rate_max: u32,
-        /// The P(F@1µs) the feed's deadline controller aims at (0 < p < 1).
+        /// The P(F@1µs) the feed's deadline controller aims at (0.5..=0.99999).
         #[arg(long, default_value_t = 0.999, value_parser = crate::fmt::target_pf)]
         target_pf: f64,
     },

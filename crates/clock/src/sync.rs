@@ -924,8 +924,7 @@ impl ClockSync {
             .filter(|c| !self.peers[c.peer].asymmetric)
             .filter_map(|c| c.slope.map(|s| (s, weight(c))))
             .collect();
-        let med = weighted_median(slopes.clone());
-        let mad = weighted_median(slopes.iter().map(|&(s, w)| ((s - med).abs(), w)).collect()) * 1.4826;
+        let (med, mad) = median_and_mad(&slopes);
         // A slope's noise falls with its window's span: the floor is for
         // full windows, and wider while they fill (start-up, new edges).
         let mut spans: Vec<u64> = cands
@@ -1025,8 +1024,7 @@ impl ClockSync {
         // tie with two good anchors (a proxy in the simulator sat 2.5 µs off
         // on such a tie: the lower median fell on the bad side).
         let vote = |c: &Candidate| if c.level < level { 1.0 } else { VOTE_SAME_LEVEL };
-        let med = weighted_median(cands.iter().map(|c| (c.theta, vote(c))).collect());
-        let mad = weighted_median(cands.iter().map(|c| ((c.theta - med).abs(), vote(c))).collect()) * 1.4826;
+        let (med, mad) = median_and_mad(&cands.iter().map(|c| (c.theta, vote(c))).collect::<Vec<_>>());
         let thr = (ASYM_K * mad).max(ASYM_MIN_NS);
         // An edge to the reference itself is flagged only when at least two
         // other edges agree with each other against it (a child of the
@@ -1067,6 +1065,14 @@ impl ClockSync {
     pub fn edges(&self) -> impl Iterator<Item = (u32, f64, bool)> + '_ {
         self.peers.iter().map(|p| (p.id, p.residual_ns, p.asymmetric))
     }
+}
+
+/// The weighted median of `(value, weight)` pairs and their weighted MAD,
+/// scaled to a standard deviation for normal data.
+fn median_and_mad(v: &[(f64, f64)]) -> (f64, f64) {
+    let med = weighted_median(v.to_vec());
+    let mad = weighted_median(v.iter().map(|&(x, w)| ((x - med).abs(), w)).collect()) * 1.4826;
+    (med, mad)
 }
 
 fn weighted_median(mut v: Vec<(f64, f64)>) -> f64 {
