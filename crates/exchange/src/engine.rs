@@ -18,9 +18,7 @@
 //! level a match consumes is popped, the level a new best order opens is
 //! pushed). Nothing is allocated per order; a limit reached is a clear reject.
 
-/// Keyed by what clients choose (their tokens): a fast hash, randomly seeded
-/// per map so that no client can choose keys that collide (`foldhash`).
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+use crate::tokens::TokenIndex;
 
 /// Price in ITCH's 4 implied decimals ($1.00 = 10,000).
 pub type Price = u32;
@@ -336,7 +334,7 @@ pub struct Engine {
     books: Vec<[Ladder; 2]>,
     orders: Vec<Order>,
     free: Vec<u32>,
-    by_token: HashMap<(u32, u32), u32>,
+    by_token: TokenIndex<u32>,
     next_ref: u64,
     ref_stride: u64,
     next_match: u64,
@@ -389,12 +387,9 @@ impl Engine {
             books,
             orders: Vec::with_capacity(limits.orders),
             free: Vec::with_capacity(limits.orders),
-            // Grown as orders come, not sized for `limits.orders` up front:
-            // a table for millions of orders is touched all over from the
-            // first inserts (page faults, cache and TLB misses); growing,
-            // despite the rehash at each doubling, gave the lower p99 at
-            // 500,000 orders/s (102 vs 323 ms, medians of 5; docs/RESULTS.md).
-            by_token: HashMap::default(),
+            // Grows a chunk at a time as orders come (crate::tokens): no
+            // rehash pauses, and increasing tokens land side by side.
+            by_token: TokenIndex::default(),
             next_ref: shard + 1,
             ref_stride: shards,
             next_match: shard + 1,
@@ -501,7 +496,7 @@ impl Engine {
         if let Err(r) = self.check(o.symbol, o.price, o.qty, o.market) {
             return self.reject(o.client, o.token, r, out);
         }
-        if self.by_token.contains_key(&(o.client, o.token)) {
+        if self.by_token.contains(o.client, o.token) {
             return self.reject(o.client, o.token, Reject::DuplicateToken, out);
         }
         let limit = match (o.market, o.side) {
@@ -771,7 +766,7 @@ impl Engine {
         lvl.tail = slot;
         lvl.qty += u64::from(t.qty);
         lvl.min_orders += u32::from(t.min_qty > 0);
-        self.by_token.insert((t.client, t.token), slot);
+        self.by_token.insert(t.client, t.token, slot);
         self.stats.live_orders += 1;
         Ok(())
     }
@@ -798,13 +793,13 @@ impl Engine {
         if lvl.head == NIL {
             self.books[sym][s].levels.remove(at);
         }
-        self.by_token.remove(&(o.client, o.token));
+        self.by_token.remove(o.client, o.token);
         self.free.push(slot);
         self.stats.live_orders -= 1;
     }
 
     fn cancel(&mut self, client: u32, token: u32, leave: Qty, out: &mut impl FnMut(Event)) {
-        let Some(&slot) = self.by_token.get(&(client, token)) else {
+        let Some(&slot) = self.by_token.get(client, token) else {
             return self.reject(client, token, Reject::UnknownOrder, out);
         };
         let o = self.orders[slot as usize];
@@ -844,14 +839,14 @@ impl Engine {
         qty: Qty,
         out: &mut impl FnMut(Event),
     ) {
-        let Some(&slot) = self.by_token.get(&(client, token)) else {
+        let Some(&slot) = self.by_token.get(client, token) else {
             return self.reject(client, new_token, Reject::UnknownOrder, out);
         };
         let o = self.orders[slot as usize];
         if let Err(r) = self.check(o.symbol, price, qty, false) {
             return self.reject(client, new_token, r, out);
         }
-        if new_token != token && self.by_token.contains_key(&(client, new_token)) {
+        if new_token != token && self.by_token.contains(client, new_token) {
             return self.reject(client, new_token, Reject::DuplicateToken, out);
         }
         self.unlink(slot);

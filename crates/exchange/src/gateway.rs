@@ -29,6 +29,7 @@ use fairfeed_wire::soupbintcp::{split_packet, PacketRepr, REJECT_NOT_AUTHORIZED,
 use fairfeed_wire::{Alpha, Stock};
 
 use crate::engine::{CancelReason, Command, Event, NewOrder, Reject, Side, Tif};
+use crate::tokens::TokenIndex;
 
 /// Bytes a connection may have buffered unparsed (a packet is at most 64 KiB).
 pub const INBUF_MAX: usize = 1 << 17;
@@ -245,7 +246,7 @@ pub struct Gateway {
     symbols: HashMap<Stock, u16>,
     names: Vec<Stock>,
     /// (client, token) of live orders → routing and echo fields.
-    orders: HashMap<(u32, u32), LiveOrder>,
+    orders: TokenIndex<LiveOrder>,
     pub stats: GatewayStats,
     /// Bytes for one client's messages, reused across events.
     scratch: Vec<u8>,
@@ -300,7 +301,7 @@ impl Gateway {
             users,
             symbols,
             names,
-            orders: HashMap::default(),
+            orders: TokenIndex::default(),
             stats: GatewayStats::default(),
             scratch: Vec::with_capacity(512),
         }
@@ -312,7 +313,7 @@ impl Gateway {
 
     /// The symbol of a client's live order (to route a cancel or replace to its engine shard).
     pub fn symbol_of(&self, client: u32, token: u32) -> Option<u16> {
-        self.orders.get(&(client, token)).map(|v| v.symbol)
+        self.orders.get(client, token).map(|v| v.symbol)
     }
 
     /// Messages journaled for `user`.
@@ -469,7 +470,7 @@ impl Gateway {
             Ok(inbound::Message::EnterOrder(o)) => self.enter_order(client, &o, cmds),
             Ok(inbound::Message::CancelOrder(c)) => {
                 let token = c.user_ref_num();
-                if !self.orders.contains_key(&(client, token)) {
+                if !self.orders.contains(client, token) {
                     // No live order by that token: OUCH's Cancel Reject, from here.
                     self.stats.cancel_rejects += 1;
                     let m = outbound::MessageRepr::CancelReject(outbound::CancelRejectRepr {
@@ -511,7 +512,7 @@ impl Gateway {
     /// Refuses (counted) a token that names one of the client's live orders:
     /// no engine sees it, and the original keeps its routing.
     fn token_free(&mut self, client: u32, token: u32, cl: Alpha<14>) -> Result<(), (u32, u16, Alpha<14>)> {
-        if self.orders.contains_key(&(client, token)) {
+        if self.orders.contains(client, token) {
             self.stats.duplicate_tokens += 1;
             return Err((token, reject_code(Reject::DuplicateToken), cl));
         }
@@ -535,15 +536,8 @@ impl Gateway {
         let Some(&symbol) = self.symbols.get(&o.symbol()) else {
             return Err((token, reject_code(Reject::UnknownSymbol), cl));
         };
-        // One probe of the map for the duplicate check and the insert (it
-        // holds millions of orders: each probe is a cache miss).
-        let slot = match self.orders.entry((client, token)) {
-            std::collections::hash_map::Entry::Occupied(_) => {
-                self.stats.duplicate_tokens += 1;
-                return Err((token, reject_code(Reject::DuplicateToken), cl));
-            }
-            std::collections::hash_map::Entry::Vacant(v) => v,
-        };
+        // A token above the client's highest costs no lookup (crate::tokens).
+        self.token_free(client, token, cl)?;
         let px = o.price().0;
         let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
         let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
@@ -568,7 +562,7 @@ impl Gateway {
             open: o.quantity(),
             min_qty,
         };
-        slot.insert(live);
+        self.orders.insert(client, token, live);
         let price = if market { 0 } else { u32::try_from(px).unwrap_or(u32::MAX) };
         // Display `N`: a non-displayed order (kept off the ITCH feed).
         let hidden = o.display() == b'N';
@@ -593,7 +587,7 @@ impl Gateway {
             self.stats.bad_min_qty += 1;
             return Err((token, reject_code(Reject::BadMinQty), cl));
         }
-        if let Some(&v) = self.orders.get(&(client, r.orig_user_ref_num())) {
+        if let Some(&v) = self.orders.get(client, r.orig_user_ref_num()) {
             let live = LiveOrder {
                 time_in_force: r.time_in_force(),
                 display: r.display(),
@@ -603,7 +597,7 @@ impl Gateway {
                 min_qty: v.min_qty.min(r.quantity()),
                 ..v
             };
-            self.orders.insert((client, token), live);
+            self.orders.insert(client, token, live);
         }
         let price = u32::try_from(r.price().0).unwrap_or(u32::MAX);
         let cmd = Command::Replace { client, token: r.orig_user_ref_num(), new_token: token, price, qty: r.quantity() };
@@ -644,7 +638,7 @@ impl Gateway {
 
     /// What the gateway remembers of a client's order, or what an unknown one echoes.
     fn live(&self, client: u32, token: u32, symbol: u16, side: Side) -> LiveOrder {
-        self.orders.get(&(client, token)).copied().unwrap_or(LiveOrder {
+        self.orders.get(client, token).copied().unwrap_or(LiveOrder {
             symbol,
             side: if side == Side::Buy { b'B' } else { b'S' },
             time_in_force: b'0',
@@ -688,14 +682,14 @@ impl Gateway {
         let Event::Replaced { client, old_token, new_token, new_ref, symbol, price, qty, .. } = *ev else {
             return None;
         };
-        let old = self.orders.remove(&(client, old_token));
-        let o = self.orders.get(&(client, new_token)).copied().or(old).unwrap_or(self.live(
+        let old = self.orders.remove(client, old_token);
+        let o = self.orders.get(client, new_token).copied().or(old).unwrap_or(self.live(
             client,
             new_token,
             symbol,
             Side::Buy,
         ));
-        self.orders.insert((client, new_token), LiveOrder { open: qty, ..o });
+        self.orders.insert(client, new_token, LiveOrder { open: qty, ..o });
         // The minimum the replacement kept, as Order Accepted would echo it.
         let (appendage_length, appendage) = echo_appendage(&o);
         Some(outbound::MessageRepr::OrderReplaced(outbound::OrderReplacedRepr {
@@ -721,10 +715,10 @@ impl Gateway {
 
     /// `qty` of a client's order traded or left; `left`: what stays open, when known.
     fn reduce(&mut self, client: u32, token: u32, qty: u32, left: Option<u32>) {
-        if let Some(o) = self.orders.get_mut(&(client, token)) {
+        if let Some(o) = self.orders.get_mut(client, token) {
             o.open = left.unwrap_or(o.open.saturating_sub(qty));
             if o.open == 0 {
-                self.orders.remove(&(client, token));
+                self.orders.remove(client, token);
             }
         }
     }
@@ -783,10 +777,10 @@ impl Gateway {
             }
             Event::Rejected { client, token, reason } => {
                 self.stats.ouch_rejects += 1;
-                let cl_ord_id = self.orders.get(&(client, token)).map(|o| o.cl_ord_id).unwrap_or_default();
+                let cl_ord_id = self.orders.get(client, token).map(|o| o.cl_ord_id).unwrap_or_default();
                 // A duplicate token names someone else's live order: leave its routing alone.
                 if reason != Reject::DuplicateToken {
-                    self.orders.remove(&(client, token));
+                    self.orders.remove(client, token);
                 }
                 let m = outbound::MessageRepr::Rejected(outbound::RejectedRepr {
                     timestamp: ts,

@@ -8,3 +8,4 @@ pub mod engine;
 pub mod gateway;
 pub mod itch_out;
 pub mod sequencer;
+pub mod tokens;
