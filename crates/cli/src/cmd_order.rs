@@ -168,7 +168,7 @@ fn reject_reason(code: u16) -> &'static str {
         1 => "unknown symbol",
         2 => "bad quantity",
         3 => "bad price",
-        4 => "token in use by a live order",
+        4 => "token not above every token sent before (OUCH 5.0: day-unique, increasing)",
         5 => "no such order",
         6 => "too many orders",
         7 => "too many price levels",

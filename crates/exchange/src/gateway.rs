@@ -101,7 +101,9 @@ pub struct GatewayStats {
     pub timeouts: u64,
     pub replayed: u64,
     pub sequenced_out: u64,
-    /// Orders (or replacements) refused because their token names a live order.
+    /// Orders (or replacements) refused because their token is not above
+    /// every token the user sent before (OUCH 5.0: day-unique and strictly
+    /// increasing): a reuse, of a live order or of one that ended, or out of order.
     pub duplicate_tokens: u64,
     /// Enter or Replace orders refused for their minimum quantity (malformed,
     /// above the quantity, on an order that could rest, on a Replace).
@@ -176,8 +178,9 @@ struct User {
     password: Alpha<10>,
     journal: UserJournal,
     online: bool,
-    /// One past the highest UserRefNum this user has sent (OUCH's Account
-    /// Query answers it, so a client that lost track can carry on).
+    /// One past the highest UserRefNum this user has sent, 0 before any
+    /// (OUCH's Account Query answers it, at least 1, so a client that lost
+    /// track can carry on); an Enter or Replace below it is refused.
     next_token: u32,
 }
 
@@ -290,7 +293,7 @@ impl Gateway {
                 password: Alpha::from_str_padded(p),
                 journal: UserJournal::default(),
                 online: false,
-                next_token: 1,
+                next_token: 0,
             })
             .collect();
         let names: Vec<Stock> = cfg.symbols.iter().map(|s| Stock::from_str_padded(s)).collect();
@@ -463,10 +466,14 @@ impl Gateway {
             Ok(inbound::Message::ReplaceOrder(r)) => r.user_ref_num(),
             _ => 0,
         };
+        // Checked against the highest token before this one moves it.
+        let fresh = self.users.get(client as usize).is_some_and(|u| seen >= u.next_token);
         if let Some(u) = self.users.get_mut(client as usize) {
             u.next_token = u.next_token.max(seen.saturating_add(1));
         }
         let r = match parsed {
+            Ok(inbound::Message::EnterOrder(o)) if !fresh => self.stale_token(o.user_ref_num(), o.cl_ord_id()),
+            Ok(inbound::Message::ReplaceOrder(r)) if !fresh => self.stale_token(r.user_ref_num(), r.cl_ord_id()),
             Ok(inbound::Message::EnterOrder(o)) => self.enter_order(client, &o, cmds),
             Ok(inbound::Message::CancelOrder(c)) => {
                 let token = c.user_ref_num();
@@ -509,14 +516,12 @@ impl Gateway {
         }
     }
 
-    /// Refuses (counted) a token that names one of the client's live orders:
-    /// no engine sees it, and the original keeps its routing.
-    fn token_free(&mut self, client: u32, token: u32, cl: Alpha<14>) -> Result<(), (u32, u16, Alpha<14>)> {
-        if self.orders.contains(client, token) {
-            self.stats.duplicate_tokens += 1;
-            return Err((token, reject_code(Reject::DuplicateToken), cl));
-        }
-        Ok(())
+    /// Refuses (counted) an Enter or Replace whose token is not above every
+    /// token the user sent before: no engine sees it, and an order that
+    /// holds the token keeps its routing.
+    fn stale_token(&mut self, token: u32, cl: Alpha<14>) -> Result<(), (u32, u16, Alpha<14>)> {
+        self.stats.duplicate_tokens += 1;
+        Err((token, reject_code(Reject::DuplicateToken), cl))
     }
 
     /// An Enter Order: checked, remembered with its echo fields, handed on.
@@ -536,8 +541,6 @@ impl Gateway {
         let Some(&symbol) = self.symbols.get(&o.symbol()) else {
             return Err((token, reject_code(Reject::UnknownSymbol), cl));
         };
-        // A token above the client's highest costs no lookup (crate::tokens).
-        self.token_free(client, token, cl)?;
         let px = o.price().0;
         let market = px == 0x7FFF_FFFF_FFFF_FFFF_i64 || px == 0;
         let tif = if o.time_in_force() == b'3' { Tif::Ioc } else { Tif::Day };
@@ -580,7 +583,6 @@ impl Gateway {
         cmds: &mut impl FnMut(Command, Option<u64>),
     ) -> Result<(), (u32, u16, Alpha<14>)> {
         let (token, cl) = (r.user_ref_num(), r.cl_ord_id());
-        self.token_free(client, token, cl)?;
         // A replacement keeps the original's minimum (capped at its
         // quantity); a Replace cannot set one.
         if min_qty(r.tail()) != Ok(0) {

@@ -224,6 +224,41 @@ fn a_reused_token_is_refused_and_the_original_order_keeps_its_routing() {
     assert_eq!(packets(&r.inbox[0]).last().unwrap().1[0], b'C', "canceled, not rejected as unknown");
 }
 
+/// OUCH 5.0: a UserRefNum is day-unique and strictly increasing. The token
+/// of an order that has ended, and one below the highest sent, are refused
+/// like a live one; the next token above the highest is taken.
+#[test]
+fn tokens_are_day_unique_and_strictly_increasing() {
+    let mut r = Rig::new();
+    let mut a = Conn::new(0);
+    assert_eq!(r.feed(&mut a, 1, &login("ALICE", "pw1", 0)).0, Ok(()));
+    assert_eq!(r.feed(&mut a, 2, &enter(5, b'S', 100, "AAPL", 1_000_000)).0, Ok(()));
+    let mut cancel = Vec::new();
+    client::cancel_order(5, 0, &mut cancel);
+    assert_eq!(r.feed(&mut a, 3, &cancel).0, Ok(()));
+    assert_eq!(r.g.live_orders(), 0, "order 5 has ended");
+    let rejected = |out: &[u8]| {
+        let reply = packets(out).pop().unwrap().1;
+        let outbound::Message::Rejected(j) = outbound::Message::parse(&reply).unwrap() else { panic!("{reply:?}") };
+        (j.user_ref_num(), j.reason())
+    };
+    // The ended order's token again, then one below it that was never used.
+    let (res, out) = r.feed(&mut a, 4, &enter(5, b'B', 10, "MSFT", 2_000_000));
+    assert_eq!((res, rejected(&out)), (Ok(()), (5, 4)), "the token of an ended order");
+    let (res, out) = r.feed(&mut a, 5, &enter(3, b'B', 10, "MSFT", 2_000_000));
+    assert_eq!((res, rejected(&out)), (Ok(()), (3, 4)), "a token below the highest");
+    assert_eq!(r.g.stats.duplicate_tokens, 2);
+    assert_eq!(r.e.stats.accepted, 1, "no engine saw either");
+    // The next one up is an order; a Replace must move up as well.
+    assert_eq!(r.feed(&mut a, 6, &enter(6, b'B', 10, "MSFT", 2_000_000)).0, Ok(()));
+    assert_eq!(r.e.stats.accepted, 2);
+    let mut replace = Vec::new();
+    client::replace_order(6, 4, 20, 2_000_100, &mut replace);
+    let (res, out) = r.feed(&mut a, 7, &replace);
+    assert_eq!((res, rejected(&out)), (Ok(()), (4, 4)), "a replacement token below the highest");
+    assert_eq!(r.g.symbol_of(0, 6), Some(2), "order 6 keeps its routing");
+}
+
 #[test]
 fn a_connection_that_never_logs_in_is_closed_however_it_trickles() {
     let mut r = Rig::new();
