@@ -261,12 +261,8 @@ impl<V, const N: usize> TokenIndex<V, N> {
         self.len == 0
     }
 
-    fn log(&self, client: u32) -> Option<&Log<V, N>> {
-        self.logs.get(client as usize)
-    }
-
     pub fn get(&self, client: u32, token: u32) -> Option<&V> {
-        if let Some(log) = self.log(client) {
+        if let Some(log) = self.logs.get(client as usize) {
             if let Some((c, i)) = log.find(token) {
                 return log.chunks[c].vals[i].as_ref();
             }
@@ -282,6 +278,9 @@ impl<V, const N: usize> TokenIndex<V, N> {
             if let Some((c, i)) = log.find(token) {
                 return log.chunks[c].vals[i].as_mut();
             }
+        }
+        if self.others.is_empty() {
+            return None;
         }
         self.others.get_mut(&(client, token))
     }
