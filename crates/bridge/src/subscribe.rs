@@ -46,6 +46,11 @@ pub struct SubscribeReport {
     pub feed_gaps: u64,
     /// Messages those gaps skipped.
     pub feed_gap_messages: u64,
+    /// Errors a JetStream consumer reported and read past (it recreates
+    /// itself where it can, e.g. after its stream's leader moved).
+    pub consumer_errors: u64,
+    /// The last of those errors, as the client worded it.
+    pub last_consumer_error: Option<String>,
     pub latency: LatencyMs,
 }
 
@@ -193,6 +198,9 @@ fn done(t: &Tally, stop: &StopWhen, started: Instant) -> bool {
         || stop.flag.as_ref().is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
 }
 
+/// Consecutive JetStream consumer errors read past before a subscription ends.
+pub const CONSUMER_ERRORS_MAX: u32 = 20;
+
 /// How long a subscriber waits for its server at most (less with a shorter `stop.after`).
 pub const CONNECT_WAIT_MAX: Duration = Duration::from_secs(10);
 
@@ -297,7 +305,32 @@ pub async fn subscribe(
             if let Some(r) = ready {
                 let _ = r.send(());
             }
-            pump!(async { msgs.next().await.and_then(Result::ok).map(|m| m.message) });
+            // An error item is not the end: the ordered consumer recreates
+            // itself from the last stream sequence it delivered (a leader
+            // election, missed heartbeats). Counted, and read past, up to a
+            // run of CONSUMER_ERRORS_MAX with nothing between them.
+            let (mut errors, mut run, mut last_error) = (0u64, 0u32, None);
+            pump!(async {
+                loop {
+                    match msgs.next().await {
+                        Some(Ok(m)) => {
+                            run = 0;
+                            break Some(m.message);
+                        }
+                        Some(Err(e)) => {
+                            errors += 1;
+                            run += 1;
+                            last_error = Some(e.to_string());
+                            if run >= CONSUMER_ERRORS_MAX {
+                                break None;
+                            }
+                        }
+                        None => break None,
+                    }
+                }
+            });
+            t.report.consumer_errors = errors;
+            t.report.last_consumer_error = last_error;
         }
     }
     let r = t.finish();

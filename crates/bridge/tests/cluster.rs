@@ -148,11 +148,27 @@ fn jetstream_with_three_replicas_keeps_everything_through_a_node_death() {
     let report = b.finish(Duration::from_secs(60));
     assert_eq!((report.given_up, report.dropped_overflow), (0, 0), "{report:?}");
     nodes[0].revive().unwrap();
-    // A late joiner on a node that never died reads the stream from its start.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let cfg = everything(&nodes[2].url, Some("FFCLUSTER"));
     // The revived node rejoins and the stream's replicas may re-elect their
-    // leader: creating the consumer can time out meanwhile; try again.
+    // leader: requests can time out meanwhile; try again.
+    let t0 = Instant::now();
+    let stored = loop {
+        let r = rt.block_on(stream_messages(&nodes[2].url, "FFCLUSTER"));
+        match r {
+            Ok(n) => break n,
+            Err(e) if t0.elapsed() < Duration::from_secs(40) => {
+                eprintln!("stream info not yet: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("the stream never answered: {e}"),
+        }
+    };
+    assert_eq!(stored, report.published, "the stream stores every acknowledged publication: {report:?}");
+    // A late joiner on a node that never died reads the stream from its start,
+    // until it has every publication: a pause while the consumer recreates
+    // itself on a new leader is not the end of the stream.
+    let mut cfg = everything(&nodes[2].url, Some("FFCLUSTER"));
+    cfg.stop = StopWhen { publications: Some(report.published), after: Some(Duration::from_secs(60)), ..StopWhen::default() };
     let t0 = Instant::now();
     let (s, pubs) = loop {
         let mut pubs = Vec::new();
@@ -173,6 +189,14 @@ fn jetstream_with_three_replicas_keeps_everything_through_a_node_death() {
     assert_eq!(distinct.len(), pubs.len(), "nothing stored twice: {s:?}");
     assert_eq!(distinct, (1..=report.published).collect::<HashSet<u64>>(), "nothing lost: {s:?} {report:?}");
     assert_eq!(s.missing, 0, "{s:?}");
+}
+
+/// How many messages the stream `name` holds, asked through `url`.
+async fn stream_messages(url: &str, name: &str) -> Result<u64, String> {
+    let c = async_nats::connect(url).await.map_err(|e| e.to_string())?;
+    let js = async_nats::jetstream::new(c);
+    let mut s = js.get_stream(name).await.map_err(|e| e.to_string())?;
+    Ok(s.info().await.map_err(|e| e.to_string())?.state.messages)
 }
 
 #[test]

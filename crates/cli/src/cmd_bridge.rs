@@ -653,6 +653,9 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
             r.latency.p99_ms,
             r.latency.max_ms
         );
+        if let Some(e) = &r.last_consumer_error {
+            eprintln!("subscribe {}: the JetStream consumer reported {} errors (last: {e})", a.subject, r.consumer_errors);
+        }
     }
     Ok(())
 }
