@@ -198,6 +198,42 @@ fn done(t: &Tally, stop: &StopWhen, started: Instant) -> bool {
         || stop.flag.as_ref().is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
 }
 
+/// Errors a JetStream consumer reported, and the last of them.
+#[derive(Default)]
+struct ConsumerErrors {
+    count: u64,
+    /// Errors since the last message.
+    run: u32,
+    last: Option<String>,
+}
+
+/// The next message of an ordered consumer. An error item is not the end: the
+/// consumer recreates itself from the last stream sequence it delivered (a
+/// leader election, missed heartbeats), so errors are counted and read past,
+/// up to a run of [`CONSUMER_ERRORS_MAX`] with no message between them.
+async fn next_message<S, E>(msgs: &mut S, errors: &mut ConsumerErrors) -> Option<async_nats::Message>
+where
+    S: futures::Stream<Item = Result<jetstream::Message, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    loop {
+        match msgs.next().await? {
+            Ok(m) => {
+                errors.run = 0;
+                return Some(m.message);
+            }
+            Err(e) => {
+                errors.count += 1;
+                errors.run += 1;
+                errors.last = Some(e.to_string());
+                if errors.run >= CONSUMER_ERRORS_MAX {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 /// Consecutive JetStream consumer errors read past before a subscription ends.
 pub const CONSUMER_ERRORS_MAX: u32 = 20;
 
@@ -305,32 +341,9 @@ pub async fn subscribe(
             if let Some(r) = ready {
                 let _ = r.send(());
             }
-            // An error item is not the end: the ordered consumer recreates
-            // itself from the last stream sequence it delivered (a leader
-            // election, missed heartbeats). Counted, and read past, up to a
-            // run of CONSUMER_ERRORS_MAX with nothing between them.
-            let (mut errors, mut run, mut last_error) = (0u64, 0u32, None);
-            pump!(async {
-                loop {
-                    match msgs.next().await {
-                        Some(Ok(m)) => {
-                            run = 0;
-                            break Some(m.message);
-                        }
-                        Some(Err(e)) => {
-                            errors += 1;
-                            run += 1;
-                            last_error = Some(e.to_string());
-                            if run >= CONSUMER_ERRORS_MAX {
-                                break None;
-                            }
-                        }
-                        None => break None,
-                    }
-                }
-            });
-            t.report.consumer_errors = errors;
-            t.report.last_consumer_error = last_error;
+            let mut errors = ConsumerErrors::default();
+            pump!(next_message(&mut msgs, &mut errors));
+            (t.report.consumer_errors, t.report.last_consumer_error) = (errors.count, errors.last);
         }
     }
     let r = t.finish();

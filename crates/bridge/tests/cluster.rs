@@ -168,7 +168,8 @@ fn jetstream_with_three_replicas_keeps_everything_through_a_node_death() {
     // until it has every publication: a pause while the consumer recreates
     // itself on a new leader is not the end of the stream.
     let mut cfg = everything(&nodes[2].url, Some("FFCLUSTER"));
-    cfg.stop = StopWhen { publications: Some(report.published), after: Some(Duration::from_secs(60)), ..StopWhen::default() };
+    cfg.stop =
+        StopWhen { publications: Some(report.published), after: Some(Duration::from_secs(60)), ..StopWhen::default() };
     let t0 = Instant::now();
     let (s, pubs) = loop {
         let mut pubs = Vec::new();

@@ -654,7 +654,10 @@ pub fn run_subscribe(a: SubscribeArgs) -> anyhow::Result<()> {
             r.latency.max_ms
         );
         if let Some(e) = &r.last_consumer_error {
-            eprintln!("subscribe {}: the JetStream consumer reported {} errors (last: {e})", a.subject, r.consumer_errors);
+            eprintln!(
+                "subscribe {}: the JetStream consumer reported {} errors (last: {e})",
+                a.subject, r.consumer_errors
+            );
         }
     }
     Ok(())
