@@ -54,7 +54,17 @@ pub struct EndpointStats {
     pub refused: AtomicU64,
     /// Connections that ran out of time (slow or silent clients).
     pub timed_out: AtomicU64,
+    /// `accept` failures (out of file descriptors, say): each waits
+    /// [`ACCEPT_RETRY`] before the next try.
+    pub accept_errors: AtomicU64,
 }
+
+/// How long the endpoint waits after a failed `accept` before it tries
+/// again: a listener whose pending connection cannot be taken (no file
+/// descriptor left) is ready at once, and retrying at once would spin.
+pub const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+/// How often an idle endpoint looks whether it was dropped.
+const STOP_CHECK: Duration = Duration::from_millis(250);
 
 /// An answer: status, content type, body.
 pub type Answer = (u16, &'static str, String);
@@ -110,10 +120,18 @@ async fn accept_loop(
 ) {
     let open: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     loop {
-        let Ok((stream, peer)) = listener.accept().await else { continue };
+        // Dropping the endpoint wakes this with a connection of its own; the
+        // timeout is for when that cannot be made (no descriptor left).
+        let accepted = tokio::time::timeout(STOP_CHECK, listener.accept()).await;
         if stop.load(Ordering::Relaxed) {
             return;
         }
+        let Ok(accepted) = accepted else { continue };
+        let Ok((stream, peer)) = accepted else {
+            stats.accept_errors.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(ACCEPT_RETRY).await;
+            continue;
+        };
         {
             let mut m = open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let total: usize = m.values().sum();

@@ -34,6 +34,7 @@ pub fn serve_metrics(
             e.counter("fairfeed_metrics_http_requests_total", help, &[], s.requests.load(Relaxed) as f64);
             e.counter("fairfeed_metrics_http_refused_total", help, &[], s.refused.load(Relaxed) as f64);
             e.counter("fairfeed_metrics_http_timed_out_total", help, &[], s.timed_out.load(Relaxed) as f64);
+            e.counter("fairfeed_metrics_http_accept_errors_total", help, &[], s.accept_errors.load(Relaxed) as f64);
         }
         Some((200, metrics::CONTENT_TYPE, e.render()))
     });
