@@ -122,6 +122,9 @@ pub struct GatewayStats {
     /// Connections not yet logged in that the shell closed to make room for
     /// a new one when every slot was taken (the oldest goes first).
     pub prelogin_evicted: u64,
+    /// `accept` failures of the listener (out of file descriptors, say); the
+    /// shell stops watching it for a while after each instead of retrying at once.
+    pub accept_errors: u64,
 }
 
 /// One connection.

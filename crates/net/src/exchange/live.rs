@@ -485,6 +485,7 @@ impl Exchange {
             stop: stop.clone(),
             metrics,
             by_user: Vec::new(),
+            listener_resume_ns: 0,
         };
         let name = if pipeline == Pipeline::Threaded { "gateway" } else { "exchange" };
         threads.push(thread::Builder::new().name(name.into()).spawn(move || gateway_loop(g))?);
@@ -873,6 +874,15 @@ impl Readiness {
         Ok(self.epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, data))?)
     }
 
+    /// Watches the listener for connections again, or stops (`on` false):
+    /// a connection it cannot accept keeps it ready, which would wake every look.
+    fn watch_listener(&mut self, listener: &TcpListener, on: bool) {
+        use nix::sys::epoll::{EpollEvent, EpollFlags};
+        let flags = if on { EpollFlags::EPOLLIN } else { EpollFlags::empty() };
+        let _ = self.epoll.modify(listener, &mut EpollEvent::new(flags, EP_LISTENER));
+        self.listener = on;
+    }
+
     /// Notes what has input, waiting up to `timeout_ms` for something.
     fn look(&mut self, timeout_ms: u16) {
         let t = nix::sys::epoll::EpollTimeout::from(timeout_ms);
@@ -911,7 +921,15 @@ struct GatewayLoop {
     metrics: Option<Arc<ExchangeMetrics>>,
     /// Session slot of each logged-in user, rebuilt per batch of responses.
     by_user: Vec<usize>,
+    /// After a failed `accept`, when the listener is watched again (ns since
+    /// `start`; 0: it is watched).
+    listener_resume_ns: u64,
 }
+
+/// How long the listener is left alone after a failed `accept` (out of file
+/// descriptors, say): its pending connection keeps it ready, and accepting
+/// again at once would spin the thread that serves every session.
+pub const ACCEPT_RETRY_NS: u64 = 50_000_000;
 
 /// Takes the connections waiting on the listener: each into a free slot —
 /// with every slot taken, the oldest connection not logged in is closed to
@@ -919,11 +937,29 @@ struct GatewayLoop {
 /// `PRELOGIN_PER_ADDRESS_MAX` connections that have not logged in, or every
 /// slot holds a logged-in session (refused, counted). Returns whether any came.
 fn accept(g: &mut GatewayLoop, sessions: &mut Vec<Option<Session>>) -> bool {
+    if g.listener_resume_ns != 0 && ns(g.start) >= g.listener_resume_ns {
+        g.listener_resume_ns = 0;
+        g.rd.watch_listener(&g.listener, true);
+    }
     if !std::mem::take(&mut g.rd.listener) {
         return false;
     }
     let mut any = false;
-    while let Ok((sock, from)) = g.listener.accept() {
+    loop {
+        let (sock, from) = match g.listener.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            // This connection went away before it was taken, or a signal: the next may do.
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::Interrupted) => {
+                continue
+            }
+            Err(_) => {
+                g.gw.stats.accept_errors += 1;
+                g.rd.watch_listener(&g.listener, false);
+                g.listener_resume_ns = ns(g.start) + ACCEPT_RETRY_NS;
+                break;
+            }
+        };
         any = true;
         let peer = from.ip();
         let waiting = sessions.iter().flatten().filter(|s| s.peer == peer && s.conn.user.is_none()).count();
