@@ -81,6 +81,45 @@ pub fn threads_cpu_where(pick: impl Fn(&str) -> bool) -> Option<ThreadsCpu> {
     Some(sum)
 }
 
+/// One thread's `schedstat`, opened once and read again in place: its CPU
+/// time stays readable where no new descriptor can be opened (a test that
+/// exhausts them, say).
+pub struct ThreadClock(std::fs::File);
+
+impl ThreadClock {
+    /// The first of this process's threads named `name`; `None` if there is
+    /// none (yet: a new thread names itself once it runs).
+    pub fn open(name: &str) -> Option<ThreadClock> {
+        std::fs::read_dir("/proc/self/task").ok()?.flatten().find_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            if comm.trim_end() != name {
+                return None;
+            }
+            std::fs::File::open(t.path().join("schedstat")).ok().map(ThreadClock)
+        })
+    }
+
+    /// [`ThreadClock::open`], looked for again every 10 ms for up to `limit`.
+    pub fn wait(name: &str, limit: std::time::Duration) -> Option<ThreadClock> {
+        let t0 = std::time::Instant::now();
+        loop {
+            match Self::open(name) {
+                Some(c) => return Some(c),
+                None if t0.elapsed() < limit => std::thread::sleep(std::time::Duration::from_millis(10)),
+                None => return None,
+            }
+        }
+    }
+
+    /// The thread's time on a CPU so far, ns (0 once it has exited).
+    pub fn ns(&self) -> u64 {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 128];
+        let n = self.0.read_at(&mut buf, 0).unwrap_or(0);
+        std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.split_ascii_whitespace().next()?.parse().ok()).unwrap_or(0)
+    }
+}
+
 /// CPU time of the calling thread, ns (`CLOCK_THREAD_CPUTIME_ID`).
 pub fn this_thread_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
@@ -117,5 +156,32 @@ mod tests {
         assert_eq!(seen.threads, 1);
         assert!(seen.ns >= 50_000_000, "{seen:?}");
         assert_eq!(threads_cpu("no-such-thread").unwrap().threads, 0);
+    }
+
+    #[test]
+    fn a_thread_clock_reads_its_thread_again_without_opening_anything() {
+        let (go, wait_go) = std::sync::mpsc::channel::<()>();
+        let (done, wait_done) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::Builder::new()
+            .name("ff-clock-test".into())
+            .spawn(move || {
+                let _ = wait_go.recv();
+                let t0 = this_thread_ns();
+                while this_thread_ns() - t0 < 30_000_000 {
+                    std::hint::spin_loop();
+                }
+                let _ = done.send(());
+                let _ = wait_go.recv(); // until told to end
+            })
+            .unwrap();
+        let clock = ThreadClock::wait("ff-clock-test", std::time::Duration::from_secs(5)).expect("found");
+        let before = clock.ns();
+        go.send(()).unwrap();
+        wait_done.recv().unwrap();
+        let spun = clock.ns() - before;
+        drop(go);
+        h.join().unwrap();
+        assert!((29_000_000..1_000_000_000).contains(&spun), "the clock saw {spun} ns of a 30 ms spin");
+        assert!(ThreadClock::open("no-such-thread").is_none());
     }
 }

@@ -5,8 +5,8 @@
 //! Method: in a process of its own (this test binary, one test), a logged-in
 //! client, then the descriptor limit lowered and filled with `/dev/null`,
 //! one left for a second client's connection and none for the exchange's
-//! `accept`. The exchange thread's CPU is read from a `stat` file opened
-//! beforehand (there is no descriptor to open it with later).
+//! `accept`. The exchange thread's CPU is read from a `schedstat` opened
+//! beforehand (`fairfeed_io::cpu::ThreadClock`: no descriptor is left later).
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -15,40 +15,10 @@ use std::time::{Duration, Instant};
 
 use fairfeed_exchange::client;
 use fairfeed_exchange::gateway::GatewayConfig;
+use fairfeed_io::cpu::ThreadClock;
 use fairfeed_net::exchange::live::{Exchange, ExchangeConfig, Idle, Pipeline};
 use fairfeed_wire::soupbintcp::{split_packet, PacketRepr};
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
-
-/// The `stat` file of this process's thread named `name` (looked for until
-/// the new thread has named itself).
-fn thread_stat(name: &str) -> File {
-    let t0 = Instant::now();
-    loop {
-        let found = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .flatten()
-            .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-            .and_then(|t| File::open(t.path().join("stat")).ok());
-        match found {
-            Some(f) => return f,
-            None if t0.elapsed() < Duration::from_secs(5) => std::thread::sleep(Duration::from_millis(10)),
-            None => panic!("no thread named {name}"),
-        }
-    }
-}
-
-/// The CPU time (ns) a thread's `stat` file reports now.
-fn cpu_ns(stat: &File) -> u64 {
-    use std::os::unix::fs::FileExt;
-    let mut buf = [0u8; 1_024];
-    let n = stat.read_at(&mut buf, 0).unwrap();
-    let text = String::from_utf8_lossy(&buf[..n]);
-    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
-    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) * (1_000_000_000 / 100)
-    // USER_HZ ticks
-}
 
 /// The two users of the test's exchange.
 const USERS: [(&str, &str); 2] = [("FDTEST1", "pw1"), ("FDTEST2", "pw2")];
@@ -87,7 +57,7 @@ fn out_of_descriptors_the_exchange_backs_off_serves_and_recovers() {
         ..ExchangeConfig::default()
     };
     let x = Exchange::start(cfg).unwrap();
-    let stat = thread_stat("exchange");
+    let clock = ThreadClock::wait("exchange", Duration::from_secs(5)).expect("the thread is named");
     let mut first = TcpStream::connect(x.addr).unwrap();
     assert!(logs_in(&mut first, USERS[0]), "a client logs in");
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
@@ -100,10 +70,10 @@ fn out_of_descriptors_the_exchange_backs_off_serves_and_recovers() {
     filler.pop(); // one descriptor for the second client
     let mut second = TcpStream::connect(x.addr).expect("the kernel completes the handshake");
     // The exchange cannot accept it: it must leave the listener alone between tries.
-    let cpu0 = cpu_ns(&stat);
+    let cpu0 = clock.ns();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_millis(600));
-    let cpu = cpu_ns(&stat) - cpu0;
+    let cpu = clock.ns() - cpu0;
     let elapsed = t0.elapsed();
     // Descriptors back: the waiting client is taken and logs in.
     drop(filler);

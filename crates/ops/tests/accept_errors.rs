@@ -12,47 +12,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fairfeed_io::cpu::ThreadClock;
 use fairfeed_ops::http::{serve, Handler, Limits};
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
-
-/// The `stat` file of this process's thread named `name`, opened now (there
-/// will be no descriptor to open it with later).
-/// (A new thread names itself once it runs: looked for again until then.)
-fn thread_stat(name: &str) -> File {
-    let t0 = Instant::now();
-    loop {
-        let found = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .flatten()
-            .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-            .and_then(|t| File::open(t.path().join("stat")).ok());
-        match found {
-            Some(f) => return f,
-            None if t0.elapsed() < Duration::from_secs(5) => std::thread::sleep(Duration::from_millis(10)),
-            None => panic!("no thread named {name}"),
-        }
-    }
-}
-
-/// The CPU time (ns) a thread's `stat` file reports now.
-fn cpu_ns(stat: &File) -> u64 {
-    use std::os::unix::fs::FileExt;
-    let mut buf = [0u8; 1_024];
-    let n = stat.read_at(&mut buf, 0).unwrap();
-    let text = String::from_utf8_lossy(&buf[..n]);
-    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
-    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) * (1_000_000_000 / 100)
-    // USER_HZ ticks
-}
 
 #[test]
 fn out_of_descriptors_the_endpoint_backs_off_and_still_drops() {
     let handler: Handler = Arc::new(|_| Some((200, "text/plain", "up\n".to_string())));
     let ep = serve("127.0.0.1:0".parse().unwrap(), Limits::default(), handler).unwrap();
     let (stats, addr) = (ep.stats.clone(), ep.addr);
-    let stat = thread_stat("metrics-http");
+    let clock = ThreadClock::wait("metrics-http", Duration::from_secs(5)).expect("the thread is named");
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
     // Room for a few more descriptors than are open now, then fill it.
     let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
@@ -65,10 +34,10 @@ fn out_of_descriptors_the_endpoint_backs_off_and_still_drops() {
     filler.pop(); // one descriptor for the client
     let client = std::net::TcpStream::connect(addr).expect("the kernel completes the handshake");
     // The endpoint now cannot accept it: it must wait between tries, not spin.
-    let cpu0 = cpu_ns(&stat);
+    let cpu0 = clock.ns();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_millis(600));
-    let cpu = cpu_ns(&stat) - cpu0;
+    let cpu = clock.ns() - cpu0;
     let errors = stats.accept_errors.load(Ordering::Relaxed);
     let elapsed = t0.elapsed();
     // Dropped while it still has no descriptor (its wake-up connection fails too).
