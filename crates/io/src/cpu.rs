@@ -45,6 +45,11 @@ pub fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
     Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
 }
 
+/// The first field of a `/proc/…/schedstat` line: time on a CPU, ns.
+fn schedstat_ns(schedstat: &str) -> Option<u64> {
+    schedstat.split_ascii_whitespace().next()?.parse().ok()
+}
+
 fn ticks_per_s() -> u64 {
     match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
         Ok(Some(t)) if t > 0 => t as u64,
@@ -71,7 +76,7 @@ pub fn threads_cpu_where(pick: impl Fn(&str) -> bool) -> Option<ThreadsCpu> {
         // A thread may exit between the reads: skip it rather than fail.
         let Ok(sched) = std::fs::read_to_string(dir.join("schedstat")) else { continue };
         let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else { continue };
-        let Some(ns) = sched.split_ascii_whitespace().next().and_then(|v| v.parse::<u64>().ok()) else { continue };
+        let Some(ns) = schedstat_ns(&sched) else { continue };
         let Some((u, s)) = stat_ticks(&stat) else { continue };
         sum.threads += 1;
         sum.ns += ns;
@@ -116,7 +121,7 @@ impl ThreadClock {
         use std::os::unix::fs::FileExt;
         let mut buf = [0u8; 128];
         let n = self.0.read_at(&mut buf, 0).unwrap_or(0);
-        std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.split_ascii_whitespace().next()?.parse().ok()).unwrap_or(0)
+        std::str::from_utf8(&buf[..n]).ok().and_then(schedstat_ns).unwrap_or(0)
     }
 }
 
