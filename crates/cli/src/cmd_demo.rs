@@ -11,7 +11,7 @@ use fairfeed_feed::gen::{GenConfig, Generator};
 use fairfeed_net::tree::demo::{calibrate, run_cluster, Calibration, ClusterConfig, ClusterResult, DILATION_MAX};
 use fairfeed_sim::model::{ClockModel, LinkModel};
 use fairfeed_sim::plot::cdf_log_svg;
-use fairfeed_tree::node::{DeadlineRule, NodeConfig};
+use fairfeed_tree::node::{DeadlineRule, NodeConfig, ReleaseOrder};
 use fairfeed_tree::plan::{plan, PlanRequest, Topology};
 
 /// Fewest messages a configuration sends, however dilated.
@@ -152,8 +152,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let messages = ((a.seconds * a.rate / cal.dilation) as u64).max(MESSAGES_MIN);
     let payloads = payloads(&a, messages)?;
-    let node =
-        NodeConfig { report_interval_ns: REPORT_INTERVAL_NS, initial_owd_ns: 1_000_000, ..NodeConfig::default() };
+    // Receivers release in sequence order, as the node processes do.
+    let node = NodeConfig {
+        report_interval_ns: REPORT_INTERVAL_NS,
+        initial_owd_ns: 1_000_000,
+        order: ReleaseOrder::Sequence { gap_wait_ns: fairfeed_tree::node::GAP_WAIT_DEFAULT_NS },
+        ..NodeConfig::default()
+    };
     let base = ClusterConfig {
         messages,
         rate_per_s: a.rate,

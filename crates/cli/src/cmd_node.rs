@@ -15,7 +15,7 @@ use fairfeed_net::tree::agent::{
 use fairfeed_net::tuning::Tuning;
 use fairfeed_sim::model::{LinkModel, ModelFile};
 use fairfeed_tree::auth::Auth;
-use fairfeed_tree::node::{DeadlineRule, NodeConfig};
+use fairfeed_tree::node::{DeadlineRule, NodeConfig, ReleaseOrder};
 use fairfeed_tree::plan::Topology;
 
 use crate::cmd_arb::IdleArg;
@@ -502,6 +502,14 @@ pub struct ReceiverArgs {
     /// Write one CSV row per release (sequence, send, deadline, arrival, release ns).
     #[arg(long)]
     log: Option<PathBuf>,
+    /// Releases go out in sequence order, as a MoldUDP64 line delivers them;
+    /// a missing message holds its successors this long past their deadline
+    /// (for its hedged copy) before it is given up as a gap, µs (0..=10,000,000;
+    /// counted in `fairfeed stat` as node.gaps / node.gap_packets; with
+    /// --retransmit the gap is then filled).
+    #[arg(long, default_value_t = fairfeed_tree::node::GAP_WAIT_DEFAULT_NS / 1_000,
+          value_parser = clap::value_parser!(u64).range(0..=fairfeed_tree::node::GAP_WAIT_MAX_NS / 1_000))]
+    gap_wait_us: u64,
 }
 
 #[derive(clap::Args)]
@@ -706,7 +714,8 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
         fill_from: a.retransmit_from,
         keep_log: a.log.is_some(),
     });
-    let cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
+    let mut cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
+    cfg.node.order = ReleaseOrder::Sequence { gap_wait_ns: a.gap_wait_us * 1_000 };
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("receiver {}: {e}", a.common.id))?;
     if let Some(p) = &a.log {

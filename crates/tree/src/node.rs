@@ -108,7 +108,36 @@ pub struct NodeConfig {
     /// Receivers hold messages until their deadline (off: release on arrival,
     /// as a plain tree or direct unicast does).
     pub hold_and_release: bool,
+    /// The order a receiver releases in.
+    #[serde(default)]
+    pub order: ReleaseOrder,
 }
+
+/// The order a receiver releases messages in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum ReleaseOrder {
+    /// By deadline, each message on its own (the paper's model, which the
+    /// simulator's experiments measure): a late copy is released on arrival,
+    /// after later messages that were on time.
+    #[default]
+    Deadline,
+    /// In overlay sequence order, as a MoldUDP64 line delivers — what an
+    /// unmodified ITCH application needs: a message is released at its
+    /// deadline or when its predecessor is, whichever is later. A missing
+    /// message holds its successors until `gap_wait_ns` past the deadline of
+    /// the first one waiting (for the hedged copy); then it is given up
+    /// (counted in `gaps` / `gap_packets`: the application sees the jump in
+    /// sequence numbers a MoldUDP64 line shows for a loss) and a copy that
+    /// arrives later is dropped (`after_gap`), never delivered out of order.
+    Sequence { gap_wait_ns: u64 },
+}
+
+/// How long a sequence-ordered receiver waits for a missing message by
+/// default: well past a hedged copy's usual lag behind the first copy, far
+/// below a retransmission's round trip.
+pub const GAP_WAIT_DEFAULT_NS: u64 = 5_000_000;
+/// The longest gap wait a receiver takes (a longer one stalls the feed).
+pub const GAP_WAIT_MAX_NS: u64 = 10_000_000_000;
 
 impl Default for NodeConfig {
     fn default() -> Self {
@@ -118,6 +147,7 @@ impl Default for NodeConfig {
             initial_owd_ns: 1_000_000,
             owd_quantile: 0.95,
             hold_and_release: true,
+            order: ReleaseOrder::Deadline,
         }
     }
 }
@@ -695,6 +725,9 @@ pub type Payload = smallvec::SmallVec<[u8; PAYLOAD_INLINE]>;
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Hold {
+    /// What the held set is ordered by: the deadline, or (in sequence
+    /// order) the sequence.
+    key: u64,
     deadline_ns: u64,
     sequence: u64,
     arrival_ns: u64,
@@ -716,6 +749,14 @@ pub struct ReceiverStats {
     pub reports_out: u64,
     /// Releases made while the clock bound was above its limit.
     pub clock_unsynced_releases: u64,
+    /// Sequence order: missing runs given up after the gap wait, and the
+    /// messages in them (the application sees these as MoldUDP64 gaps).
+    pub gaps: u64,
+    pub gap_packets: u64,
+    /// Sequence order: copies that came after their gap was given up (dropped).
+    pub after_gap: u64,
+    /// Sequence order: releases held past their own deadline by a missing predecessor.
+    pub held_by_gap: u64,
     pub auth: AuthStats,
 }
 
@@ -737,6 +778,10 @@ pub struct Receiver {
     pub sync: ClockSync,
     /// Raw clock reading of the last event (for the clock's state at a release).
     last_local: u64,
+    /// Sequence order: the next sequence to release (`None` before the first release).
+    next_seq: Option<u64>,
+    /// Sequence order: a missing message held back a due one at the last look.
+    gap_blocking: bool,
     pub stats: ReceiverStats,
 }
 
@@ -757,6 +802,8 @@ impl Receiver {
             auth: None,
             sync: ClockSync::off(id),
             last_local: 0,
+            next_seq: None,
+            gap_blocking: false,
             stats: ReceiverStats::default(),
         }
     }
@@ -819,18 +866,20 @@ impl Receiver {
         if self.sync.within_limit(raw) {
             self.tail.record(h.sequence, owd.max(0) as u64);
         }
+        let deadline_ns = if self.cfg.hold_and_release { h.deadline_ns } else { now };
         let hold = Hold {
-            deadline_ns: h.deadline_ns,
+            key: deadline_ns,
+            deadline_ns,
             sequence: h.sequence,
             arrival_ns: now,
             send_ns: h.send_ns,
             payload: Payload::from_slice(payload),
         };
-        if !self.cfg.hold_and_release {
-            self.release(Hold { deadline_ns: now, ..hold });
+        if let ReleaseOrder::Sequence { .. } = self.cfg.order {
+            self.hold_in_order(now, hold);
             return outcome;
         }
-        if now >= h.deadline_ns {
+        if now >= deadline_ns {
             self.release(hold);
             return outcome;
         }
@@ -842,6 +891,63 @@ impl Receiver {
         }
         self.held.push(Reverse(hold));
         outcome
+    }
+
+    /// Sequence order: holds `hold` among the others by sequence, then
+    /// releases whatever is due at `now` (a late arrival at the head goes at once).
+    fn hold_in_order(&mut self, now: u64, hold: Hold) {
+        if self.next_seq.is_some_and(|n| hold.sequence < n) {
+            // Its gap was given up (or it was released: the duplicate check
+            // caught that); delivering it now would put it out of order.
+            self.stats.after_gap += 1;
+            return;
+        }
+        if self.held.len() >= HOLD_MAX {
+            self.stats.hold_overflow += 1;
+            self.release_head(now, true);
+        }
+        self.held.push(Reverse(Hold { key: hold.sequence, ..hold }));
+        // What this arrival made due goes now (a late arrival at the head:
+        // at once); gaps are given up only at a timeout, so that a batch of
+        // packets read together is all taken in before any gap is judged.
+        while self.next_seq.is_none_or(|n| self.held.peek().is_some_and(|Reverse(h)| h.sequence <= n))
+            && self.release_head(now, false)
+        {}
+    }
+
+    /// Sequence order: releases the head of the held set, giving up the gap
+    /// before it if there is one (`force`: whether or not it is due).
+    /// Returns whether it released one.
+    fn release_head(&mut self, now: u64, force: bool) -> bool {
+        let ReleaseOrder::Sequence { gap_wait_ns } = self.cfg.order else { return false };
+        let Some(Reverse(head)) = self.held.peek() else { return false };
+        let gap = self.next_seq.map_or(0, |n| head.sequence.saturating_sub(n));
+        let due = if gap == 0 { head.deadline_ns } else { head.deadline_ns.saturating_add(gap_wait_ns) };
+        if !force && due > now {
+            return false;
+        }
+        let Some(Reverse(head)) = self.held.pop() else { return false };
+        if gap > 0 {
+            self.stats.gaps += 1;
+            self.stats.gap_packets += gap;
+            self.gap_blocking = true;
+        }
+        if self.gap_blocking && now > head.deadline_ns && head.arrival_ns <= head.deadline_ns {
+            self.stats.held_by_gap += 1;
+        }
+        self.next_seq = Some(head.sequence + 1);
+        self.release(head);
+        true
+    }
+
+    /// Sequence order: releases every message due at `now`, in sequence.
+    fn release_in_order(&mut self, now: u64) {
+        while self.release_head(now, false) {}
+        // Whether a missing message now holds back one that is past its deadline.
+        self.gap_blocking = self
+            .held
+            .peek()
+            .is_some_and(|Reverse(h)| self.next_seq.is_some_and(|n| h.sequence > n) && h.deadline_ns <= now);
     }
 
     fn release(&mut self, h: Hold) {
@@ -874,8 +980,19 @@ impl Receiver {
 
     /// The earliest raw local time something is due: a held deadline, a report, a probe.
     pub fn next_timeout(&self) -> u64 {
-        let deadline = self.held.peek().map_or(u64::MAX, |Reverse(h)| self.sync.to_local(h.deadline_ns));
+        let deadline = self.held.peek().map_or(u64::MAX, |Reverse(h)| self.sync.to_local(self.due_ns(h)));
         deadline.min(self.sync.to_local(self.next_report_ns)).min(self.sync.next_timeout())
+    }
+
+    /// When a held message is next looked at: its deadline, or — at the
+    /// head of a sequence-ordered receiver, behind a gap — the gap wait's end.
+    fn due_ns(&self, h: &Hold) -> u64 {
+        match self.cfg.order {
+            ReleaseOrder::Sequence { gap_wait_ns } if self.next_seq.is_some_and(|n| h.sequence > n) => {
+                h.deadline_ns.saturating_add(gap_wait_ns)
+            }
+            _ => h.deadline_ns,
+        }
     }
 
     /// Releases what is due, sends the report and the probes when due (`raw`: the raw local clock).
@@ -883,7 +1000,12 @@ impl Receiver {
         self.last_local = raw;
         sync_timeout(&mut self.sync, &self.cfg, self.auth.as_ref(), raw, tx);
         let now = self.sync.now_sync(raw);
-        while self.held.peek().is_some_and(|Reverse(h)| h.deadline_ns <= now) {
+        if let ReleaseOrder::Sequence { .. } = self.cfg.order {
+            self.release_in_order(now);
+        }
+        while self.cfg.order == ReleaseOrder::Deadline
+            && self.held.peek().is_some_and(|Reverse(h)| h.deadline_ns <= now)
+        {
             if let Some(Reverse(h)) = self.held.pop() {
                 self.release(h);
             }

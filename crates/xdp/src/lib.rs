@@ -96,7 +96,7 @@ impl std::fmt::Display for Mode {
 /// Why the fast path could not be set up; each names what is missing.
 #[derive(Debug, thiserror::Error)]
 pub enum XdpError {
-    #[error("this fairfeed was built without its eBPF programs ({0}); install clang and rebuild")]
+    #[error("this fairfeed was built without its eBPF programs ({0}); install clang (Debian: apt-get install clang) and run `cargo build --release` again: the build picks it up")]
     NotBuilt(&'static str),
     #[error("loading an eBPF program needs root (CAP_BPF, CAP_NET_ADMIN): {0}")]
     Permission(String),
