@@ -223,6 +223,7 @@ fn spawn_nodes(
                 start_delay_ns: 0,
                 linger_ns: 0,
                 retransmit_listen: None,
+                listen: None,
             }),
             Role::Proxy => Job::Proxy,
             Role::Receiver => Job::Receiver(ReceiverJob::default()),

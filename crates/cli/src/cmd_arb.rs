@@ -198,6 +198,14 @@ fn journal(path: &std::path::Path, port: Option<u16>) -> anyhow::Result<Journal>
 
 fn offline(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
     let (Some(pa), Some(out)) = (&a.a_pcap, &a.out) else { anyhow::bail!("offline mode needs --a-pcap and --out") };
+    let ins: Vec<&std::path::Path> = [Some(pa), a.b_pcap.as_ref(), a.retransmit_journal.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|p| p.as_path())
+        .collect();
+    let outs: Vec<&std::path::Path> =
+        [Some(out), a.out_ll_pcap.as_ref(), a.stats_json.as_ref()].into_iter().flatten().map(|p| p.as_path()).collect();
+    crate::fmt::check_outputs(&outs, &ins)?;
     let mut lines: Vec<Vec<Datagram>> = vec![crate::fmt::read_capture(pa, a.port)?];
     if let Some(pb) = &a.b_pcap {
         lines.push(crate::fmt::read_capture(pb, a.port)?);
@@ -282,6 +290,9 @@ fn report(a: &Args, stats: &serde_json::Value) -> anyhow::Result<()> {
 }
 
 fn live(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
+    if let Some(p) = &a.stats_json {
+        crate::fmt::check_outputs(&[p], &[])?;
+    }
     let lines: Vec<SocketAddr> = a.a.iter().chain(a.b.iter()).chain(a.more_lines.iter()).copied().collect();
     anyhow::ensure!(!lines.is_empty(), "give lines as --a/--b (live) or --a-pcap/--b-pcap (offline)");
     anyhow::ensure!(a.out_ll.is_some() || a.out_hr.is_some(), "give at least one of --out-ll, --out-hr");

@@ -345,6 +345,7 @@ pub fn run(c: BridgeCmd) -> anyhow::Result<()> {
 }
 
 fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
+    crate::fmt::check_out_dir(&a.out)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let grans = [Granularity::Packet, Granularity::Message, Granularity::Batched, Granularity::Auto];
     let bys = [By::Service, By::Symbol];
@@ -436,6 +437,9 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
 }
 
 fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
+    if let Some(p) = &a.stats_out {
+        crate::fmt::check_outputs(&[p], &[])?;
+    }
     let stop = crate::fmt::stop_on_signals()?;
     let sock = UdpSocket::bind(a.listen).with_context(|| format!("binding {}", a.listen))?;
     let mut filler = a.retransmit.map(|s| Filler::new(s, a.retransmit_hold_ms)).transpose()?;

@@ -140,6 +140,7 @@ struct Run {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    crate::fmt::check_out_dir(&a.out)?;
     let (tree, direct) = topologies(&a)?;
     let dash = match a.dashboard {
         Some(addr) => Some(DemoDashboard::start(addr, "demo: measuring a loopback datagram (calibrating)")?),

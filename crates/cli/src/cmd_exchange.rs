@@ -199,6 +199,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let path = a.config.as_ref().context("--config FILE is required (see --example-config)")?;
+    if let Some(p) = &a.stats_out {
+        crate::fmt::check_outputs(&[p], &[path])?;
+    }
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let cfg: ExchangeConfig = toml::from_str(&text).map_err(|e| {
         let line = fairfeed_sim::model::toml_error_line(&text, &e);

@@ -86,6 +86,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.session.len() <= 10 && a.session.is_ascii(), "--session must be at most 10 ASCII characters");
+    let outs: Vec<&std::path::Path> =
+        std::iter::once(a.out.as_path()).chain(a.a_out.as_deref()).chain(a.b_out.as_deref()).collect();
+    crate::fmt::check_outputs(&outs, &[])?;
     let cfg = GenConfig {
         seed: a.seed,
         messages: a.messages,

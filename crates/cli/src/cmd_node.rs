@@ -458,8 +458,16 @@ pub struct SenderArgs {
     #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
     feed_seconds: f64,
     /// Send this capture's UDP payloads instead of a generated ITCH feed.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "listen")]
     pcap: Option<PathBuf>,
+    /// A live feed: send the MoldUDP64 packets arriving at this UDP address
+    /// down the tree as they come (an arbitrator's --out-hr, an exchange's
+    /// ITCH line), session and sequence numbers unchanged, until stopped
+    /// (SIGTERM/SIGINT, --seconds). Datagrams that are not MoldUDP64 and
+    /// packets already sent are dropped and counted (`fairfeed stat`:
+    /// counters.live.ingress).
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["rate", "feed_seconds"])]
+    listen: Option<SocketAddr>,
     /// Wait before the first packet, ms (let the tree's processes come up); 0..=3,600,000.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     start_delay_ms: u64,
@@ -557,6 +565,9 @@ fn load_link(s: &str) -> anyhow::Result<Option<LinkModel>> {
 }
 
 fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfig> {
+    if let Some(p) = &c.stats_out {
+        crate::fmt::check_outputs(&[p], &[&c.topology])?;
+    }
     let stop = crate::fmt::stop_on_signals()?;
     let topology = load_topology(&c.topology)?;
     let plan = resolve_io(c, &topology)?;
@@ -681,8 +692,8 @@ fn feed(a: &SenderArgs) -> anyhow::Result<Vec<Vec<u8>>> {
 }
 
 pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
-    let payloads = feed(&a)?;
-    anyhow::ensure!(!payloads.is_empty(), "nothing to send");
+    let payloads = if a.listen.is_some() { Vec::new() } else { feed(&a)? };
+    anyhow::ensure!(a.listen.is_some() || !payloads.is_empty(), "nothing to send");
     let rule = match a.target_pf {
         Some(pf) => DeadlineRule::Quantile { target_pf: pf },
         None => DeadlineRule::Paper { margin_ns: a.margin_us * 1_000 },
@@ -693,6 +704,7 @@ pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
         start_delay_ns: a.start_delay_ms * 1_000_000,
         linger_ns: a.linger_ms * 1_000_000,
         retransmit_listen: a.retransmit_listen,
+        listen: a.listen,
     });
     let cfg = config(&a.common, rule, job)?;
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
@@ -708,6 +720,10 @@ pub fn run_proxy(a: ProxyArgs) -> anyhow::Result<()> {
 }
 
 pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
+    if let Some(p) = &a.log {
+        let outs: Vec<&Path> = std::iter::once(p.as_path()).chain(a.common.stats_out.as_deref()).collect();
+        crate::fmt::check_outputs(&outs, &[&a.common.topology])?;
+    }
     let job = Job::Receiver(ReceiverJob {
         deliver: a.deliver,
         retransmit: a.retransmit,

@@ -76,6 +76,29 @@ enum Action {
     History,
     /// Print the next free token (OUCH Account Query).
     NextToken,
+    /// Send a seeded flow of orders (buys and sells around a mid price, some
+    /// resting, some trading) over one session, paced, and print a summary
+    /// once every order is answered.
+    Flow(FlowArgs),
+}
+
+#[derive(clap::Args)]
+struct FlowArgs {
+    /// Orders to send, 1..=1,000,000.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    orders: u32,
+    /// Orders per second (the exchange's answers are read meanwhile).
+    #[arg(long, default_value_t = 1_000.0, value_parser = crate::fmt::order_rate)]
+    rate: f64,
+    /// Seed: the same seed sends the same orders.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Symbols, comma-separated (as configured on the exchange).
+    #[arg(long, value_delimiter = ',', default_value = "AAPL,MSFT,NVDA", value_parser = symbol)]
+    symbols: Vec<String>,
+    /// The mid price the orders are placed around, in dollars.
+    #[arg(long, default_value = "185.00", allow_negative_numbers = true)]
+    mid: String,
 }
 
 #[derive(clap::Args)]
@@ -359,6 +382,9 @@ fn verdict(m: &[u8], action: &Action, token: u32) -> Option<bool> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if let Action::Flow(f) = &a.action {
+        return run_flow(&a, f);
+    }
     // Everything a user can get wrong is checked before connecting.
     let px = match &a.action {
         Action::Buy(o) | Action::Sell(o) => Some(price(&o.price)?),
@@ -415,7 +441,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             client::account_query(&mut b);
             0
         }
-        Action::History => 0,
+        Action::History | Action::Flow(_) => 0,
     };
     s.send(&b)?;
     let wait = Duration::from_secs_f64(a.wait_ms / 1e3);
@@ -442,6 +468,111 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(false) => bail!("the exchange refused it (see above)"),
         None => bail!("the exchange did not answer within {:?}", s.timeout),
     }
+}
+
+/// What a flow's orders came to.
+#[derive(Debug, Default, serde::Serialize)]
+struct FlowSummary {
+    sent: u64,
+    accepted: u64,
+    rejected: u64,
+    executions: u64,
+    executed_shares: u64,
+    /// Orders with no answer when the flow gave up waiting.
+    unanswered: u64,
+    seconds: f64,
+}
+
+impl FlowSummary {
+    fn count(&mut self, m: &[u8], first: u32, last: u32) {
+        let mine = |t: u32| (first..=last).contains(&t);
+        match Message::parse(m) {
+            Ok(Message::OrderAccepted(o)) if mine(o.user_ref_num()) => self.accepted += 1,
+            Ok(Message::Rejected(r)) if mine(r.user_ref_num()) => self.rejected += 1,
+            Ok(Message::OrderExecuted(e)) if mine(e.user_ref_num()) => {
+                self.executions += 1;
+                self.executed_shares += u64::from(e.quantity());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `order flow`: the seeded orders, paced, over one session.
+fn run_flow(a: &Args, f: &FlowArgs) -> anyhow::Result<()> {
+    let mid = price(std::slice::from_ref(&f.mid))?;
+    anyhow::ensure!(
+        mid > client::FLOW_SPREAD_TICKS * 100,
+        "--mid {} is too low for a flow that strays {} cents from it",
+        f.mid,
+        client::FLOW_SPREAD_TICKS
+    );
+    let orders = client::flow(f.seed, f.orders as usize, f.symbols.len(), mid);
+    let mut s = Session::open(a)?;
+    s.login(a, 0)?;
+    let first = next_token(&mut s)?;
+    let start = Instant::now();
+    let gap = Duration::from_secs_f64(1.0 / f.rate);
+    let mut sum = FlowSummary::default();
+    let last = first + orders.len() as u32 - 1;
+    let mut b = Vec::new();
+    for (k, o) in orders.iter().enumerate() {
+        let token = first + k as u32;
+        b.clear();
+        let order = client::Order {
+            token,
+            side: o.side,
+            qty: o.qty,
+            symbol: &f.symbols[o.symbol],
+            price: o.price,
+            ioc: false,
+            hidden: false,
+            stamp: None,
+            min_qty: 0,
+        };
+        client::enter_order(&order, &mut b);
+        s.send(&b)?;
+        sum.sent += 1;
+        // Read the answers that came until the next order is due.
+        let due = start + gap * (k as u32 + 1);
+        while let Some(got) = s.next(due)? {
+            if let Got::Data(m) = got {
+                sum.count(&m, first, last);
+            }
+        }
+    }
+    // Every order answered (accepted or rejected), then what trades follow closely.
+    let until = Instant::now() + s.timeout;
+    while sum.accepted + sum.rejected < sum.sent {
+        match s.next(until)? {
+            Some(Got::Data(m)) => sum.count(&m, first, last),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    let wait = Duration::from_secs_f64(a.wait_ms / 1e3);
+    let mut quiet = Instant::now() + wait;
+    while let Some(got) = s.next(quiet)? {
+        if let Got::Data(m) = got {
+            sum.count(&m, first, last);
+            quiet = Instant::now() + wait;
+        }
+    }
+    sum.unanswered = sum.sent - sum.accepted - sum.rejected;
+    sum.seconds = start.elapsed().as_secs_f64();
+    let mut bye = Vec::new();
+    client::logout(&mut bye);
+    let _ = s.send(&bye);
+    if a.json {
+        println!("{}", serde_json::to_string(&sum)?);
+    } else {
+        println!(
+            "flow: {} orders sent (tokens {first}..={last}) in {:.2} s: {} accepted, {} rejected, {} executions ({} shares), {} unanswered",
+            sum.sent, sum.seconds, sum.accepted, sum.rejected, sum.executions, sum.executed_shares, sum.unanswered
+        );
+    }
+    anyhow::ensure!(sum.unanswered == 0, "{} orders were not answered within {:?}", sum.unanswered, s.timeout);
+    Ok(())
 }
 
 /// Asks the exchange for the next free token.

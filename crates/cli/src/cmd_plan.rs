@@ -101,6 +101,10 @@ fn emit(a: &Args, which: EmitArg, topo: &fairfeed_tree::plan::Topology) -> anyho
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.emit.is_none() {
+        let outs: Vec<&std::path::Path> = std::iter::once(a.out.as_path()).chain(a.dot.as_deref()).collect();
+        crate::fmt::check_outputs(&outs, &[])?;
+    }
     let req = PlanRequest {
         receivers: a.receivers,
         fanout: a.fanout,

@@ -361,7 +361,27 @@ fn write_json(out: &std::path::Path, v: &impl serde::Serialize, md: &str) -> any
     Ok(())
 }
 
+impl Experiment {
+    /// The directory the experiment writes into.
+    fn out(&self) -> &std::path::Path {
+        match self {
+            Experiment::Fairness { out, .. }
+            | Experiment::Clock { out, .. }
+            | Experiment::Calibration { out, .. }
+            | Experiment::Regime { out, .. }
+            | Experiment::Table1 { out, .. }
+            | Experiment::Hedging { out, .. }
+            | Experiment::Crash { out, .. }
+            | Experiment::Trading { out, .. }
+            | Experiment::HedgingMc { out, .. } => out,
+        }
+    }
+}
+
 pub fn run(s: Sim) -> anyhow::Result<()> {
+    let Sim::Experiment(e) = &s;
+    // Minutes of simulation must not end in an unwritable directory.
+    crate::fmt::check_out_dir(e.out())?;
     match s {
         Sim::Experiment(Experiment::Table1 { seed, out, messages, rate, latency_model }) => {
             let model = model_or_default(latency_model.as_deref())?;

@@ -183,10 +183,12 @@ impl Drop for Ticker {
     }
 }
 
-/// A flag SIGTERM and SIGINT set: the loop stops and reports as at its end.
+/// A flag SIGTERM, SIGINT and SIGHUP set: the loop stops and reports as at
+/// its end (SIGHUP is what an SSH disconnect sends: a long run ends as if
+/// stopped, with its final report, rather than dying with exit 129).
 pub fn stop_on_signals() -> anyhow::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(sig, stop.clone())
             .map_err(|e| anyhow::anyhow!("installing the signal handler: {e}"))?;
     }
@@ -208,4 +210,78 @@ pub fn serve_json_metrics(
     .map_err(|e| anyhow::anyhow!("serving metrics on {addr}: {e}"))?;
     tracing::info!(addr = %ep.addr, "{prefix}: metrics at http://{}/metrics", ep.addr);
     Ok(ep)
+}
+
+/// Where a file `p` would be, resolved (the file itself if it exists, else
+/// its resolved directory and its name): two names of one file compare equal.
+fn resolved(p: &std::path::Path) -> std::path::PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    dir.join(p.file_name().unwrap_or_default())
+}
+
+/// Checks, before any work starts, that every output file can be written
+/// and that no two outputs — and no output and input — are the same file:
+/// a run that would fail or overwrite its own input after minutes of work
+/// fails at once instead, naming the path.
+pub fn check_outputs(outputs: &[&std::path::Path], inputs: &[&std::path::Path]) -> anyhow::Result<()> {
+    let mut seen: Vec<(std::path::PathBuf, &std::path::Path)> = Vec::new();
+    for &i in inputs {
+        seen.push((resolved(i), i));
+    }
+    for &o in outputs {
+        let r = resolved(o);
+        if let Some((_, other)) = seen.iter().find(|(x, _)| *x == r) {
+            if inputs.contains(other) {
+                anyhow::bail!(
+                    "output {} would overwrite the input {}: write it elsewhere",
+                    o.display(),
+                    other.display()
+                );
+            }
+            anyhow::bail!(
+                "outputs {} and {} are the same file: give each a file of its own",
+                other.display(),
+                o.display()
+            );
+        }
+        seen.push((r, o));
+        writable_file(o)?;
+    }
+    Ok(())
+}
+
+/// Can `p` be written as a file? (Creates nothing that stays.)
+fn writable_file(p: &std::path::Path) -> anyhow::Result<()> {
+    if p.is_dir() {
+        anyhow::bail!("{} is a directory, not a file to write", p.display());
+    }
+    let existed = p.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(p)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", p.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+/// Checks, before any work starts, that `dir` is (or can be made) a
+/// directory whose files can be written: creates it, and a probe file in it
+/// that it removes again.
+pub fn check_out_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        anyhow::bail!("{} is not a directory (--out names a directory for the report)", dir.display());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    let probe = dir.join(format!(".fairfeed-write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| anyhow::anyhow!("cannot write into {}: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
 }

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod cmd_arb;
 mod cmd_bench;
 mod cmd_bridge;
+mod cmd_capture;
 mod cmd_dashboard;
 mod cmd_decode;
 mod cmd_demo;
@@ -46,6 +47,8 @@ enum Command {
     Stats(cmd_stats::Args),
     /// Send a capture's UDP payloads to an address with its own pacing or a fixed rate.
     Replay(cmd_replay::Args),
+    /// Record the UDP datagrams arriving at an address as a pcap (what an application there would read).
+    Capture(cmd_capture::Args),
     /// Merge redundant A/B lines: low-latency and high-reliability outputs, on captures or live UDP.
     Arb(Box<cmd_arb::Args>),
     /// Serve MoldUDP64 retransmission requests from a capture of the clean feed.
@@ -168,6 +171,7 @@ fn main() {
         Command::Decode(a) => cmd_decode::run(a),
         Command::Stats(a) => cmd_stats::run(a),
         Command::Replay(a) => cmd_replay::run(a),
+        Command::Capture(a) => cmd_capture::run(a),
         Command::Arb(a) => cmd_arb::run(*a),
         Command::RetransmitServer(a) => cmd_arb::run_server(a),
         Command::Control(a) => cmd_arb::run_control(a),

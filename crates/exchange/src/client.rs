@@ -125,3 +125,48 @@ pub fn account_query(out: &mut Vec<u8>) {
 pub fn logout(out: &mut Vec<u8>) {
     packet(PacketRepr::LogoutRequest, out);
 }
+
+/// One order of a seeded flow (its symbol an index into the flow's symbols).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowOrder {
+    pub symbol: usize,
+    /// `B` or `S`.
+    pub side: u8,
+    pub qty: u32,
+    /// 4 implied decimals.
+    pub price: i64,
+}
+
+/// Price steps a flow's orders stray from the mid at most (each a cent).
+pub const FLOW_SPREAD_TICKS: i64 = 10;
+
+/// A seeded order flow over `symbols` symbols around `mid` (4 implied
+/// decimals): buys and sells of 100–500 shares, priced up to
+/// [`FLOW_SPREAD_TICKS`] cents either side of the mid, so that some rest and
+/// some cross. The same seed gives the same orders.
+pub fn flow(seed: u64, orders: usize, symbols: usize, mid: i64) -> Vec<FlowOrder> {
+    use rand::{Rng, SeedableRng};
+    assert!(symbols > 0, "a flow needs a symbol");
+    assert!(mid > FLOW_SPREAD_TICKS * 100, "a mid price above the spread");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..orders)
+        .map(|_| FlowOrder {
+            symbol: rng.gen_range(0..symbols),
+            side: if rng.gen_bool(0.5) { b'B' } else { b'S' },
+            qty: 100 * rng.gen_range(1..=5),
+            price: mid + 100 * rng.gen_range(-FLOW_SPREAD_TICKS..=FLOW_SPREAD_TICKS),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod flow_tests {
+    #[test]
+    fn a_flow_is_seeded_and_stays_near_its_mid() {
+        let a = super::flow(7, 500, 3, 1_850_000);
+        assert_eq!(a, super::flow(7, 500, 3, 1_850_000));
+        assert_ne!(a, super::flow(8, 500, 3, 1_850_000));
+        assert!(a.iter().all(|o| (o.price - 1_850_000).abs() <= 1_000 && o.symbol < 3 && o.qty % 100 == 0));
+        assert!(a.iter().any(|o| o.side == b'B') && a.iter().any(|o| o.side == b'S'));
+    }
+}

@@ -1,7 +1,8 @@
 //! # fairfeed-net
 //!
 //! The application shells around fairfeed's pure cores, a folder per
-//! application: capture replay over UDP ([`replay`]); the line arbitrator
+//! application: capture replay over UDP ([`replay`]) and recording
+//! ([`capture`]); the line arbitrator
 //! over live UDP and over capture files ([`arb`]); tree nodes as processes
 //! and the whole tree on loopback, time-dilated ([`tree`]); the exchange
 //! ([`exchange`]). Sockets, batching, tuning, pacing, idle strategies and
@@ -12,6 +13,7 @@
 pub use fairfeed_io::{batch, idle, pace, send, tuning};
 
 pub mod arb;
+pub mod capture;
 pub mod exchange;
 pub mod publish;
 pub mod replay;

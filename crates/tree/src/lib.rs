@@ -16,6 +16,7 @@
 
 pub mod auth;
 pub mod dedup;
+pub mod ingress;
 pub mod node;
 pub mod owd;
 pub mod plan;

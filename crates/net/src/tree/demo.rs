@@ -311,6 +311,7 @@ fn node_config(
             start_delay_ns: 0,
             linger_ns: shared.drain_ns,
             retransmit_listen: None,
+            listen: None,
         }),
         Role::Proxy => Job::Proxy,
         Role::Receiver => Job::Receiver(ReceiverJob::default()),

@@ -1,7 +1,9 @@
-//! A sender's feed as an agent: hands each MoldUDP64 packet to the node at
-//! its time, keeps the journal of what it handed, and answers retransmission
-//! requests from it on a socket of its own.
+//! A sender's feed as an agent: hands each MoldUDP64 packet to the node —
+//! a scheduled one at its time, or a live one (`--listen`) as it arrives —
+//! keeps the journal of what it handed, and answers retransmission requests
+//! from it on a socket of its own.
 
+use std::collections::VecDeque;
 use std::net::UdpSocket;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_clock::skew::Skew;
 use fairfeed_io::agent::{Agent, Turn};
+use fairfeed_tree::ingress::{Ingress, Verdict};
 use serde_json::json;
 
 use super::control::{Life, Poster};
@@ -18,6 +21,23 @@ use crate::arb::live::bind_udp;
 
 /// Packets handed to the node in one turn at most (the rest next turn).
 const TURN_PACKETS_MAX: usize = 64;
+/// Live packets read in one turn at most.
+const LIVE_READ_MAX: usize = 256;
+/// Live packets waiting for room in the node's queue at most; beyond it
+/// they are dropped and counted (the tree cannot keep up with the feed).
+pub const LIVE_BACKLOG_MAX: usize = 65_536;
+/// Receive buffer of the live feed's socket (bursts at the open).
+const LIVE_RECV_BUFFER: usize = 8 << 20;
+
+/// A live feed: its socket, what it checks, what waits for the node.
+struct Live {
+    sock: UdpSocket,
+    ingress: Ingress,
+    backlog: VecDeque<Vec<u8>>,
+    backlog_dropped: u64,
+    backlog_max: usize,
+    read_errors: u64,
+}
 
 /// The retransmission server a sender runs over its own journal.
 struct Journaled {
@@ -25,6 +45,27 @@ struct Journaled {
     sock: UdpSocket,
     answers: u64,
     journal_errors: u64,
+    /// Times the journal started over (a new session, or a hole upstream it cannot span).
+    journal_restarts: u64,
+}
+
+impl Journaled {
+    /// Journals one packet sent down the tree; a new session or a hole
+    /// upstream starts the journal over at it (the server answers what it holds).
+    fn append(&mut self, p: &[u8]) {
+        use fairfeed_arb::retransmit::JournalError;
+        match self.server.journal_mut().append_packet(p) {
+            Ok(()) => {}
+            Err(JournalError::OtherSession | JournalError::Gap { .. }) => {
+                *self.server.journal_mut() = Journal::new();
+                self.journal_restarts += 1;
+                if self.server.journal_mut().append_packet(p).is_err() {
+                    self.journal_errors += 1;
+                }
+            }
+            Err(_) => self.journal_errors += 1,
+        }
+    }
 }
 
 /// A sender's schedule: packet `k` is due at `t0 + k × gap` on the node's clock.
@@ -35,6 +76,7 @@ pub struct FeedAgent {
     next: usize,
     last_sent_ns: u64,
     journal: Option<Journaled>,
+    live: Option<Live>,
     out: Outgoing<Vec<u8>>,
     /// Turns the node's queue was full.
     queue_full: u64,
@@ -55,9 +97,21 @@ impl FeedAgent {
         life: Arc<Life>,
         poster: Option<Poster>,
     ) -> Result<Self, AgentError> {
-        if job.rate_per_s.is_nan() || job.rate_per_s <= 0.0 {
+        if job.listen.is_none() && (job.rate_per_s.is_nan() || job.rate_per_s <= 0.0) {
             return Err(AgentError::Config("the sender's rate must be positive".into()));
         }
+        let live = match job.listen {
+            None => None,
+            Some(a) => Some(Live {
+                sock: bind_udp(a, LIVE_RECV_BUFFER)
+                    .map_err(|e| AgentError::Io(format!("binding the live feed's socket to {a}"), e))?,
+                ingress: Ingress::new(),
+                backlog: VecDeque::new(),
+                backlog_dropped: 0,
+                backlog_max: 0,
+                read_errors: 0,
+            }),
+        };
         let journal = match job.retransmit_listen {
             None => None,
             Some(a) => Some(Journaled {
@@ -66,16 +120,18 @@ impl FeedAgent {
                     .map_err(|e| AgentError::Io(format!("binding the retransmission server to {a}"), e))?,
                 answers: 0,
                 journal_errors: 0,
+                journal_restarts: 0,
             }),
         };
         let local = skew.local(time.at(now));
         Ok(FeedAgent {
             job: job.clone(),
             t0: local + job.start_delay_ns,
-            gap_ns: (1e9 / job.rate_per_s) as u64,
+            gap_ns: if live.is_some() { 0 } else { (1e9 / job.rate_per_s) as u64 },
             next: 0,
             last_sent_ns: local,
             journal,
+            live,
             out,
             queue_full: 0,
             skew,
@@ -108,9 +164,7 @@ impl FeedAgent {
                 break;
             }
             if let Some(j) = &mut self.journal {
-                if j.server.journal_mut().append_packet(p).is_err() {
-                    j.journal_errors += 1;
-                }
+                j.append(p);
             }
             self.next += 1;
             self.last_sent_ns = local;
@@ -138,8 +192,63 @@ impl FeedAgent {
         n
     }
 
+    /// Reads the live feed and hands the node what it should forward, in
+    /// arrival order (what the node has no room for waits, bounded); returns
+    /// how many datagrams it read or handed.
+    fn take_live(&mut self, local: u64) -> usize {
+        let Some(l) = &mut self.live else { return 0 };
+        let mut n = 0;
+        // What waited first.
+        while let Some(p) = l.backlog.pop_front() {
+            match self.out.push(p) {
+                Ok(()) => n += 1,
+                Err(p) => {
+                    l.backlog.push_front(p);
+                    self.queue_full += 1;
+                    break;
+                }
+            }
+        }
+        let mut buf = [0u8; 65_536];
+        for _ in 0..LIVE_READ_MAX {
+            let len = match l.sock.recv(&mut buf) {
+                Ok(len) => len,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    l.read_errors += 1;
+                    break;
+                }
+            };
+            n += 1;
+            let p = &buf[..len];
+            if l.ingress.handle(p) != Verdict::Forward {
+                continue;
+            }
+            if let Some(j) = &mut self.journal {
+                j.append(p);
+            }
+            self.next += 1;
+            self.last_sent_ns = local;
+            if !l.backlog.is_empty() {
+                if l.backlog.len() >= LIVE_BACKLOG_MAX {
+                    l.backlog_dropped += 1;
+                } else {
+                    l.backlog.push_back(p.to_vec());
+                }
+            } else if let Err(p) = self.out.push(p.to_vec()) {
+                self.queue_full += 1;
+                l.backlog.push_back(p);
+            }
+        }
+        l.backlog_max = l.backlog_max.max(l.backlog.len());
+        if n > 0 {
+            self.out.wake();
+        }
+        n
+    }
+
     fn all_handed(&self) -> bool {
-        self.next >= self.job.payloads.len()
+        self.live.is_none() && self.next >= self.job.payloads.len()
     }
 
     /// Its counters, as they go into the node's report.
@@ -149,9 +258,25 @@ impl FeedAgent {
             "feed_total": self.job.payloads.len(),
             "feed_queue_full": self.queue_full,
         });
+        if let Some(l) = &self.live {
+            c["feed_total"] = serde_json::Value::Null;
+            c["live"] = json!({
+                "listen": l.sock.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                "ingress": l.ingress.stats,
+                "position": l.ingress.position().map(|(s, q)| json!({
+                    "session": String::from_utf8_lossy(&s.0).trim_end().to_string(),
+                    "next_sequence": q,
+                })),
+                "backlog": l.backlog.len(),
+                "backlog_max": l.backlog_max,
+                "backlog_dropped": l.backlog_dropped,
+                "read_errors": l.read_errors,
+            });
+        }
         if let Some(j) = &self.journal {
             c["retransmit_answers"] = j.answers.into();
             c["journal_errors"] = j.journal_errors.into();
+            c["journal_restarts"] = j.journal_restarts.into();
             c["journal_evicted"] = j.server.journal().evicted().into();
             c["retransmit_server"] = serde_json::to_value(j.server.stats()).unwrap_or_default();
         }
@@ -162,7 +287,7 @@ impl FeedAgent {
 impl Agent for FeedAgent {
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         let local = self.local_at(now);
-        let mut work = self.hand_over(local);
+        let mut work = if self.live.is_some() { self.take_live(local) } else { self.hand_over(local) };
         if turn == Turn::All {
             work += self.serve(local);
         }
@@ -179,6 +304,11 @@ impl Agent for FeedAgent {
     }
 
     fn next_due(&self) -> u64 {
+        let poster = self.poster.as_ref().map_or(u64::MAX, Poster::next_ns);
+        if let Some(l) = &self.live {
+            // Woken by its socket; a backlog is retried at once.
+            return if l.backlog.is_empty() { poster } else { 0 };
+        }
         let l = if self.all_handed() {
             self.last_sent_ns.saturating_add(self.job.linger_ns)
         } else {
@@ -190,6 +320,7 @@ impl Agent for FeedAgent {
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds: Vec<BorrowedFd<'_>> = self.journal.iter().map(|j| j.sock.as_fd()).collect();
+        fds.extend(self.live.iter().map(|l| l.sock.as_fd()));
         fds.extend(self.poster.iter().map(Poster::fd));
         fds
     }

@@ -139,6 +139,10 @@ pub struct SenderJob {
     pub linger_ns: u64,
     /// Serve MoldUDP64 retransmission requests from a journal of what was sent.
     pub retransmit_listen: Option<SocketAddr>,
+    /// A live feed instead of `payloads`: MoldUDP64 packets arriving here
+    /// (an arbitrator's output, an exchange's line) go down the tree as they
+    /// come, until the node is stopped.
+    pub listen: Option<SocketAddr>,
 }
 
 /// Where a receiver's released messages go.
