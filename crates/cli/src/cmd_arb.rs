@@ -67,28 +67,28 @@ pub struct Args {
     port: Option<u16>,
 
     /// Live: listen for line A here.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     a: Option<SocketAddr>,
     /// Live: listen for line B here.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     b: Option<SocketAddr>,
     /// Live: further lines (C, D, ...).
-    #[arg(long = "line")]
+    #[arg(long = "line", value_parser = crate::fmt::listen_addr)]
     more_lines: Vec<SocketAddr>,
     /// Live: send the low-latency output here.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::dest_addr)]
     out_ll: Option<SocketAddr>,
     /// Live: send the high-reliability output here.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::dest_addr)]
     out_hr: Option<SocketAddr>,
     /// Live: send non-market packets here.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::dest_addr)]
     out_side: Option<SocketAddr>,
     /// Live: the MoldUDP64 retransmission server.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::dest_addr)]
     retransmit: Option<SocketAddr>,
     /// Live: a UDP control socket (`stats`, `mode time|count|time-count`, `max-hold-us N`, `max-count N`).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     control: Option<SocketAddr>,
     /// Live: exit once the session ended and the high-reliability output drained.
     #[arg(long)]
@@ -111,7 +111,7 @@ pub struct Args {
     #[arg(long, value_parser = crate::fmt::seconds)]
     stats_interval_s: Option<f64>,
     /// Live: serve Prometheus metrics at http://ADDR/metrics (the counters `control stats` shows).
-    #[arg(long, conflicts_with = "a_pcap")]
+    #[arg(long, conflicts_with = "a_pcap", value_parser = crate::fmt::listen_addr)]
     metrics: Option<SocketAddr>,
 
     /// Protocol preset: where the sequence number lives (moldudp64, xdp).
@@ -354,7 +354,7 @@ pub struct ServerArgs {
     #[arg(long)]
     port: Option<u16>,
     /// Where to listen for requests, e.g. 127.0.0.1:26478.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     listen: SocketAddr,
     /// Messages per answer at most.
     #[arg(long, default_value_t = 500)]
@@ -366,7 +366,7 @@ pub struct ServerArgs {
     #[arg(long, value_parser = crate::fmt::seconds)]
     max_seconds: Option<f64>,
     /// Serve Prometheus metrics at http://ADDR/metrics (requests, answers, refusals by kind).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     metrics: Option<SocketAddr>,
 }
 
@@ -398,6 +398,7 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
 #[derive(clap::Args)]
 pub struct ControlArgs {
     /// The arbitrator's --control address.
+    #[arg(value_parser = crate::fmt::dest_addr)]
     addr: SocketAddr,
     /// The command: stats | mode time|count|time-count | max-hold-us N | max-count N
     #[arg(required = true, num_args = 1..)]

@@ -135,7 +135,7 @@ impl NatsArgs {
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// Where the arbitrated feed arrives.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     listen: SocketAddr,
     /// NATS server URL; a cluster's nodes separated by commas (tls:// for TLS).
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
@@ -174,10 +174,10 @@ pub struct RunArgs {
     #[arg(long)]
     stats_out: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (publications, drops, errors, queue).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     metrics: Option<std::net::SocketAddr>,
     /// Fill the feed's gaps from this MoldUDP64 retransmission server before publishing (a one-line arbitrator in front of the bridge); gaps it cannot fill still go out as gap markers.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::dest_addr)]
     retransmit: Option<SocketAddr>,
     /// With --retransmit: how long packets behind a gap wait for its fill before the gap is given up, ms (1..=10000).
     #[arg(long, default_value_t = 200, requires = "retransmit", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=10_000))]

@@ -12,7 +12,7 @@ use fairfeed_net::capture::{bind, capture, Until};
 #[derive(clap::Args)]
 pub struct Args {
     /// The UDP address to listen on (IPv4), e.g. 127.0.0.1:27100.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     listen: SocketAddr,
     /// The pcap to write (nanosecond timestamps, Ethernet/IPv4/UDP frames to the listen address).
     #[arg(long)]

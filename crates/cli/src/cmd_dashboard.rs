@@ -11,7 +11,7 @@ pub struct Args {
     #[arg(long)]
     topology: PathBuf,
     /// Serve the page here: http://ADDR/ (and its data at /api/state).
-    #[arg(long, default_value = "127.0.0.1:9600")]
+    #[arg(long, default_value = "127.0.0.1:9600", value_parser = crate::fmt::listen_addr)]
     listen: SocketAddr,
     /// Each node's metrics port (its `--metrics IP:PORT`, on the node's own IP; `plan --emit` uses 9400).
     #[arg(long, default_value_t = 9400, value_parser = clap::value_parser!(u16).range(1..))]

@@ -88,7 +88,7 @@ pub struct Args {
     tick_ns: u64,
     /// Serve a live dashboard of the running tree at http://ADDR/ while the demo runs (the page of
     /// `fairfeed dashboard`, fed from the demo's nodes; its times are emulated, see the report).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = crate::fmt::listen_addr)]
     dashboard: Option<std::net::SocketAddr>,
 }
 

@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long)]
     stats_out: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (gateway, sequencer, engines, ITCH publisher, order latency).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     metrics: Option<std::net::SocketAddr>,
 }
 

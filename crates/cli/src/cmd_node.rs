@@ -101,13 +101,13 @@ pub struct Common {
     #[arg(long)]
     busy_poll_us: Option<u32>,
     /// Answer `fairfeed stat` here.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     control: Option<SocketAddr>,
     /// Stop after this many seconds (default: a sender stops when its feed is sent; others run until signalled).
     #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
     /// Serve Prometheus metrics at http://ADDR/metrics (counters, gauges, latency histograms; updated twice a second).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     metrics: Option<SocketAddr>,
     /// Write the node's counters and histograms here (JSON) at exit.
     #[arg(long)]
@@ -182,6 +182,13 @@ pub(crate) fn iface_name(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// A node's address in the topology, its name resolved now (the kernel
+/// paths program fixed addresses at start).
+fn node_addr(n: &fairfeed_tree::plan::Node) -> Option<SocketAddr> {
+    let hp = fairfeed_tree::addr::HostPort::parse(n.addr.as_deref()?, false).ok()?;
+    fairfeed_io::resolve::resolve(&hp.host, hp.port).ok()
+}
+
 /// Attaches the XDP de-duplicator where asked: watching this node's own UDP
 /// port on `--xdp-dedup`'s interface; kept attached while the handle lives.
 fn attach_xdp(
@@ -195,10 +202,7 @@ fn attach_xdp(
         .first()
         .and_then(|t| t.nodes.iter().find(|n| n.id == c.id))
         .with_context(|| format!("no node {} in the topology", c.id))?;
-    let port = node
-        .addr
-        .as_deref()
-        .and_then(|a| a.parse::<SocketAddr>().ok())
+    let port = node_addr(node)
         .map(|a| a.port())
         .with_context(|| format!("--xdp-dedup: node {} has no address in the topology", c.id))?;
     let mode = match c.xdp_mode {
@@ -228,7 +232,7 @@ fn own_iface(c: &Common, topology: &Topology, flag: &str) -> anyhow::Result<(std
         .first()
         .and_then(|t| t.nodes.iter().find(|n| n.id == c.id))
         .with_context(|| format!("no node {} in the topology", c.id))?;
-    let addr = match node.addr.as_deref().and_then(|a| a.parse::<SocketAddr>().ok()) {
+    let addr = match node_addr(node) {
         Some(SocketAddr::V4(v)) => v,
         _ => anyhow::bail!("{flag}: node {} needs an IPv4 address in the topology", c.id),
     };
@@ -372,8 +376,7 @@ fn attach_tc(
         fairfeed_xdp::replicate::TARGETS_MAX
     );
     let v4 = |id: u32| -> anyhow::Result<std::net::SocketAddrV4> {
-        let a = tree.nodes.iter().find(|n| n.id == id).and_then(|n| n.addr.as_deref());
-        match a.and_then(|a| a.parse::<SocketAddr>().ok()) {
+        match tree.nodes.iter().find(|n| n.id == id).and_then(node_addr) {
             Some(SocketAddr::V4(v)) => Ok(v),
             _ => anyhow::bail!("--tc-replicate: node {id} needs an IPv4 address in the topology"),
         }
@@ -466,7 +469,7 @@ pub struct SenderArgs {
     /// (SIGTERM/SIGINT, --seconds). Datagrams that are not MoldUDP64 and
     /// packets already sent are dropped and counted (`fairfeed stat`:
     /// counters.live.ingress).
-    #[arg(long, value_name = "ADDR", conflicts_with_all = ["rate", "feed_seconds"])]
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["rate", "feed_seconds"], value_parser = crate::fmt::listen_addr)]
     listen: Option<SocketAddr>,
     /// Wait before the first packet, ms (let the tree's processes come up); 0..=3,600,000.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
@@ -475,7 +478,7 @@ pub struct SenderArgs {
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     linger_ms: u64,
     /// Serve MoldUDP64 retransmission requests from a journal of the feed here.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
     retransmit_listen: Option<SocketAddr>,
     /// Deadline rule: aim the controller at this P(F), 0.5..=0.99999 (default: the paper's rule, OWD_G + margin).
     #[arg(long, value_parser = crate::fmt::target_pf)]
@@ -497,10 +500,10 @@ pub struct ReceiverArgs {
     common: Common,
     /// Send each released MoldUDP64 packet to this local UDP port at the
     /// release instant (an unmodified ITCH application listens there).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::dest_addr)]
     deliver: Option<SocketAddr>,
     /// Fill what the tree lost from this MoldUDP64 retransmission server.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::dest_addr)]
     retransmit: Option<SocketAddr>,
     /// With --retransmit: deliver the session from this sequence number (1:
     /// from its beginning, filling whatever came before the first release);
@@ -523,22 +526,37 @@ pub struct ReceiverArgs {
 #[derive(clap::Args)]
 pub struct StatArgs {
     /// The node's control address (its --control); the fields are explained in docs/FILES.md.
+    #[arg(value_parser = crate::fmt::dest_addr)]
     addr: SocketAddr,
     /// Give up after this long, ms; 1..=600,000.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     timeout_ms: u64,
 }
 
+/// Reads a topology (TOML or JSON, either gzipped — as `plan --emit k8s`
+/// stores a large one) and validates it whole: one line names the first fault.
 pub(crate) fn load_topology(p: &Path) -> anyhow::Result<Topology> {
-    let text = std::fs::read_to_string(p).with_context(|| format!("reading topology {}", p.display()))?;
-    let t: Topology = if p.extension().is_some_and(|e| e == "json") {
+    let bytes = std::fs::read(p).with_context(|| format!("reading topology {}", p.display()))?;
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut out)
+            .with_context(|| format!("{}: not a gzipped topology", p.display()))?;
+        out
+    } else {
+        bytes
+    };
+    let text =
+        String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{}: not a topology (not UTF-8 text)", p.display()))?;
+    let name = p.to_string_lossy();
+    let name = name.strip_suffix(".gz").unwrap_or(&name);
+    let t: Topology = if name.ends_with(".json") {
         serde_json::from_str(&text).with_context(|| format!("{}: not a topology", p.display()))?
     } else {
         toml::from_str(&text).map_err(|e| {
             anyhow::anyhow!("{}: not a topology: {}", p.display(), fairfeed_sim::model::toml_error_line(&text, &e))
         })?
     };
-    anyhow::ensure!(!t.trees.is_empty(), "{}: the topology has no tree", p.display());
+    fairfeed_tree::plan::validate(&t).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
     Ok(t)
 }
 

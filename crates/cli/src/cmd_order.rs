@@ -23,7 +23,7 @@ const READ_BUFFER: usize = 1 << 17;
     fairfeed order cancel 1\n  fairfeed order replace 1 50 @ 184.50\n  fairfeed order history --json")]
 pub struct Args {
     /// The exchange's OUCH 5.0 (SoupBinTCP) address.
-    #[arg(long, global = true, default_value = "127.0.0.1:15000")]
+    #[arg(long, global = true, default_value = "127.0.0.1:15000", value_parser = crate::fmt::dest_addr)]
     server: SocketAddr,
     /// SoupBinTCP username, 1–6 ASCII characters (the default exchange's user).
     #[arg(long, global = true, default_value = "FF0001", value_parser = username)]

@@ -56,9 +56,11 @@ pub struct Args {
     /// node ID gets 127.1.(ID / 250).(ID % 250 + 1):PORT.
     #[arg(long)]
     loopback_port: Option<u16>,
-    /// Set node ID's address (repeatable; after --loopback-port), e.g. `--address 0=10.0.0.1:9000`.
+    /// Set node ID's address (repeatable; after --loopback-port): an IP or a
+    /// host name the nodes resolve (and resolve again while they run), e.g.
+    /// `--address 0=10.0.0.1:9000` or `--address 0=node-0.tree.svc:9000`.
     #[arg(long, value_parser = parse_address)]
-    address: Vec<(u32, std::net::SocketAddr)>,
+    address: Vec<(u32, fairfeed_tree::addr::HostPort)>,
     /// Also write tree 0 as Graphviz DOT (and an SVG beside it when `dot` is installed).
     #[arg(long)]
     dot: Option<PathBuf>,
@@ -126,6 +128,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some((id, _)) = a.address.iter().find(|(id, _)| !ids.contains(id)) {
         anyhow::bail!("--address {id}=…: no node {id} in this plan");
     }
+    fairfeed_tree::plan::validate(&topo).map_err(|e| anyhow::anyhow!("--address: {e}"))?;
     if let Some(which) = a.emit {
         return emit(&a, which, &topo);
     }
@@ -157,9 +160,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parse_address(s: &str) -> Result<(u32, std::net::SocketAddr), String> {
-    let (id, addr) = s.split_once('=').ok_or("expected ID=IP:PORT")?;
+fn parse_address(s: &str) -> Result<(u32, fairfeed_tree::addr::HostPort), String> {
+    let (id, addr) = s.split_once('=').ok_or("expected ID=HOST:PORT")?;
     let id = id.trim().parse().map_err(|e| format!("node id {id:?}: {e}"))?;
-    let addr = addr.trim().parse().map_err(|e| format!("address {addr:?}: {e}"))?;
-    Ok((id, addr))
+    Ok((id, fairfeed_tree::addr::HostPort::parse(addr, false)?))
 }

@@ -10,7 +10,7 @@ pub struct Args {
     /// A pcap or pcapng capture.
     file: PathBuf,
     /// Where to send, e.g. 127.0.0.1:26477.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::fmt::dest_addr)]
     to: SocketAddr,
     /// Only datagrams to this destination port in the capture.
     #[arg(long)]
@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long, requires = "and_to")]
     and: Option<PathBuf>,
     /// Where the --and capture goes, e.g. 127.0.0.1:26479.
-    #[arg(long, requires = "and")]
+    #[arg(long, requires = "and", value_parser = crate::fmt::dest_addr)]
     and_to: Option<SocketAddr>,
     /// Send at most this many packets (of each capture).
     #[arg(long)]

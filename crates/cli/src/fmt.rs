@@ -285,3 +285,33 @@ pub fn check_out_dir(dir: &std::path::Path) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }
+
+/// `HOST:PORT` (an IP address or a name, e.g. `localhost:9200`,
+/// `node-7.tree:9100`), resolved now — at start-up — to one address (IPv4
+/// first, as the loopback examples use); `any_port`: port 0 allowed.
+fn resolve(s: &str, any_port: bool) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let hp = fairfeed_tree::addr::HostPort::parse(s, any_port)?;
+    if let Some(a) = hp.literal() {
+        return Ok(a);
+    }
+    let all: Vec<std::net::SocketAddr> = (hp.host.as_str(), hp.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{s:?}: cannot resolve {:?} ({e})", hp.host))?
+        .collect();
+    all.iter()
+        .find(|a| a.is_ipv4())
+        .or(all.first())
+        .copied()
+        .ok_or_else(|| format!("{s:?}: {:?} has no address", hp.host))
+}
+
+/// A clap value parser for an address to send to: `HOST:PORT`, a real port.
+pub fn dest_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    resolve(s, false)
+}
+
+/// A clap value parser for an address to listen on: `HOST:PORT` (port 0: any free port).
+pub fn listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    resolve(s, true)
+}

@@ -15,6 +15,7 @@ pub mod clock;
 pub mod cpu;
 pub mod idle;
 pub mod pace;
+pub mod resolve;
 pub mod send;
 pub mod socket;
 pub mod tuning;

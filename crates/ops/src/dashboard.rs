@@ -165,7 +165,8 @@ impl Poller {
         tree.nodes
             .iter()
             .map(|n| {
-                let ip = n.addr.as_deref().and_then(|a| a.parse::<SocketAddr>().ok()).map(|a| a.ip());
+                let hp = n.addr.as_deref().and_then(|a| fairfeed_tree::addr::HostPort::parse(a, false).ok());
+                let ip = hp.and_then(|a| fairfeed_io::resolve::resolve(&a.host, a.port).ok()).map(|a| a.ip());
                 (n.id, ip.map(|ip| SocketAddr::new(ip, port)))
             })
             .collect()

@@ -6,7 +6,7 @@
 //! networking, and CPU pinning hints where the platform has them. Pure:
 //! a topology in, named file contents out (the caller writes them).
 
-use std::net::SocketAddr;
+use fairfeed_tree::addr::HostPort;
 
 use fairfeed_tree::plan::{Node, Role, Topology};
 use serde_json::json;
@@ -67,7 +67,7 @@ fn role_name(r: Role) -> &'static str {
 }
 
 /// The nodes to deploy (tree 0: a node process runs one tree), each with its address.
-fn nodes(t: &Topology) -> Result<Vec<(&Node, SocketAddr)>, String> {
+fn nodes(t: &Topology) -> Result<Vec<(&Node, HostPort)>, String> {
     if t.trees.len() != 1 {
         return Err(format!(
             "{} trees: a deployment runs one tree per node process (plan with --trees 1; sharding over trees is simulated only)",
@@ -77,20 +77,25 @@ fn nodes(t: &Topology) -> Result<Vec<(&Node, SocketAddr)>, String> {
     let mut out = Vec::new();
     let mut missing = Vec::new();
     for n in &t.trees[0].nodes {
-        match n.addr.as_deref().map(str::parse::<SocketAddr>) {
+        match n.addr.as_deref().map(|a| HostPort::parse(a, false)) {
             Some(Ok(a)) => out.push((n, a)),
             _ => missing.push(n.id),
         }
     }
     if !missing.is_empty() {
         return Err(format!(
-            "nodes {missing:?} have no IP:PORT address; give every node one (--address ID=IP:PORT, or --loopback-port PORT for one host)"
+            "nodes {missing:?} have no HOST:PORT address; give every node one (--address ID=HOST:PORT, or --loopback-port PORT for one host)"
         ));
     }
     Ok(out)
 }
 
-fn args(n: &Node, addr: SocketAddr, key: &str, o: &DeployOptions) -> Vec<String> {
+/// The same host at another port.
+fn at_port(addr: &HostPort, port: u16) -> String {
+    HostPort { host: addr.host.clone(), port }.to_string()
+}
+
+fn args(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> Vec<String> {
     let mut v: Vec<String> = vec![
         role_name(n.role).into(),
         "--topology".into(),
@@ -100,7 +105,7 @@ fn args(n: &Node, addr: SocketAddr, key: &str, o: &DeployOptions) -> Vec<String>
         "--key-file".into(),
         key.into(),
         "--metrics".into(),
-        SocketAddr::new(addr.ip(), o.metrics_port).to_string(),
+        at_port(addr, o.metrics_port),
     ];
     v.extend(o.node_flags.iter().cloned());
     if let Some(iface) = &o.kernel_iface {
@@ -143,7 +148,7 @@ pub fn emit(
     match platform {
         Platform::Systemd => {
             for (n, addr) in &nodes {
-                files.push((format!("fairfeed-{}.service", name(n)), unit(n, *addr, o)));
+                files.push((format!("fairfeed-{}.service", name(n)), unit(n, addr, o)));
             }
         }
         Platform::Compose => {
@@ -152,8 +157,9 @@ pub fn emit(
         }
         Platform::Kubernetes => {
             files.push(("00-namespace.yaml".into(), yaml(&[namespace(o)])?));
-            files.push(("01-topology.yaml".into(), yaml(&[config_map(topology_toml, o)])?));
-            let docs: Vec<serde_json::Value> = nodes.iter().map(|(n, a)| deployment(n, *a, o)).collect();
+            let (map, key) = config_map(topology_toml, o)?;
+            files.push(("01-topology.yaml".into(), yaml(&[map])?));
+            let docs: Vec<serde_json::Value> = nodes.iter().map(|(n, a)| deployment(n, a, key, o)).collect();
             files.push(("10-nodes.yaml".into(), yaml(&docs)?));
             files.push(("Dockerfile".into(), DOCKERFILE.into()));
         }
@@ -162,10 +168,10 @@ pub fn emit(
     Ok(files)
 }
 
-fn unit(n: &Node, addr: SocketAddr, o: &DeployOptions) -> String {
+fn unit(n: &Node, addr: &HostPort, o: &DeployOptions) -> String {
     let cmd = std::iter::once(o.binary.clone()).chain(args(n, addr, KEY_PATH_HOST, o)).collect::<Vec<_>>().join(" ");
     format!(
-        "# fairfeed {role} {id}: run on the host that owns {ip} (see README.md).\n\
+        "# fairfeed {role} {id}: run on the host that owns {host} (see README.md).\n\
          [Unit]\n\
          Description=fairfeed {role} {id} of a fair multicast tree ({addr})\n\
          Documentation=https://github.com/fairfeed/fairfeed\n\
@@ -180,7 +186,7 @@ fn unit(n: &Node, addr: SocketAddr, o: &DeployOptions) -> String {
          # SIGTERM: the node stops, flushes its counters and exits.\n\
          KillSignal=SIGTERM\n\
          TimeoutStopSec=10\n\
-         # Metrics for Prometheus: http://{ip}:{port}/metrics\n\
+         # Metrics for Prometheus: http://{metrics}/metrics\n\
          # Latency hints: a core of its own (isolate it with isolcpus= and nohz_full= on the kernel\n\
          # command line), locked memory for --mlock, and the capabilities --fifo and --busy-poll-us need.\n\
          CPUAffinity=1\n\
@@ -192,13 +198,13 @@ fn unit(n: &Node, addr: SocketAddr, o: &DeployOptions) -> String {
          WantedBy=multi-user.target\n",
         role = role_name(n.role),
         id = n.id,
-        ip = addr.ip(),
-        port = o.metrics_port,
+        host = addr.host,
+        metrics = at_port(addr, o.metrics_port),
         caps = capabilities(o).iter().map(|c| format!("CAP_{c}")).collect::<Vec<_>>().join(" "),
     )
 }
 
-fn compose(nodes: &[(&Node, SocketAddr)], o: &DeployOptions) -> Result<String, String> {
+fn compose(nodes: &[(&Node, HostPort)], o: &DeployOptions) -> Result<String, String> {
     let mut services = serde_json::Map::new();
     for (n, addr) in nodes {
         services.insert(
@@ -207,7 +213,7 @@ fn compose(nodes: &[(&Node, SocketAddr)], o: &DeployOptions) -> Result<String, S
                 "image": o.image,
                 "build": ".",
                 "network_mode": "host",
-                "command": args(n, *addr, KEY_PATH_COMPOSE, o),
+                "command": args(n, addr, KEY_PATH_COMPOSE, o),
                 "volumes": [{"type": "bind", "source": "./topology.toml", "target": TOPOLOGY_PATH, "read_only": true}],
                 "secrets": ["tree_key"],
                 "expose": [o.metrics_port.to_string()],
@@ -221,7 +227,7 @@ fn compose(nodes: &[(&Node, SocketAddr)], o: &DeployOptions) -> Result<String, S
                 "labels": {
                     "io.fairfeed.node": n.id.to_string(),
                     "io.fairfeed.role": role_name(n.role),
-                    "io.fairfeed.metrics": format!("http://{}:{}/metrics", addr.ip(), o.metrics_port),
+                    "io.fairfeed.metrics": format!("http://{}/metrics", at_port(addr, o.metrics_port)),
                 },
             }),
         );
@@ -238,16 +244,47 @@ fn namespace(o: &DeployOptions) -> serde_json::Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": o.namespace}})
 }
 
-fn config_map(topology_toml: &str, o: &DeployOptions) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "fairfeed-topology", "namespace": o.namespace},
-        "data": {"topology.toml": topology_toml},
-    })
+/// Kubernetes refuses a ConfigMap over 1 MiB (etcd's object limit).
+pub const CONFIGMAP_MAX_BYTES: usize = 1 << 20;
+/// Room left in a ConfigMap for its metadata and YAML framing.
+const CONFIGMAP_SLACK_BYTES: usize = 16 << 10;
+
+/// The topology as a ConfigMap, and the key it is under: as text while it
+/// fits, gzipped (`binaryData`, base64) when the text would not — a
+/// 10,000-receiver topology is ≈ 2 MB of TOML, ≈ 10 % of that gzipped;
+/// nodes read either. Too large even gzipped: an error that says so.
+fn config_map(topology_toml: &str, o: &DeployOptions) -> Result<(serde_json::Value, &'static str), String> {
+    use base64::Engine;
+    use std::io::Write;
+    let meta = json!({"name": "fairfeed-topology", "namespace": o.namespace});
+    let room = CONFIGMAP_MAX_BYTES - CONFIGMAP_SLACK_BYTES;
+    if topology_toml.len() <= room {
+        let m = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"topology.toml": topology_toml}});
+        return Ok((m, "topology.toml"));
+    }
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(topology_toml.as_bytes()).map_err(|e| format!("gzipping the topology: {e}"))?;
+    let gz = gz.finish().map_err(|e| format!("gzipping the topology: {e}"))?;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&gz);
+    if b64.len() > room {
+        return Err(format!(
+            "the topology is {} bytes of TOML, {} gzipped and base64-encoded: over Kubernetes' {} byte ConfigMap \
+             limit even compressed; plan fewer nodes per tree",
+            topology_toml.len(),
+            b64.len(),
+            CONFIGMAP_MAX_BYTES
+        ));
+    }
+    let m = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "binaryData": {"topology.toml.gz": b64}});
+    Ok((m, "topology.toml.gz"))
 }
 
-fn deployment(n: &Node, addr: SocketAddr, o: &DeployOptions) -> serde_json::Value {
+fn deployment(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> serde_json::Value {
+    let topology = format!("/etc/fairfeed/{key}");
+    let mut args = args(n, addr, &format!("{KEY_DIR_K8S}/tree.key"), o);
+    if let Some(p) = args.iter().position(|a| a == "--topology") {
+        args[p + 1].clone_from(&topology);
+    }
     let app = format!("fairfeed-{}", name(n));
     let labels = json!({"app.kubernetes.io/name": "fairfeed", "app.kubernetes.io/instance": app, "fairfeed.io/role": role_name(n.role)});
     json!({
@@ -278,10 +315,10 @@ fn deployment(n: &Node, addr: SocketAddr, o: &DeployOptions) -> serde_json::Valu
                     "containers": [{
                         "name": "fairfeed",
                         "image": o.image,
-                        "args": args(n, addr, &format!("{KEY_DIR_K8S}/tree.key"), o),
+                        "args": args,
                         "ports": [
                             {"name": "metrics", "containerPort": o.metrics_port, "protocol": "TCP"},
-                            {"name": "tree", "containerPort": addr.port(), "protocol": "UDP"},
+                            {"name": "tree", "containerPort": addr.port, "protocol": "UDP"},
                         ],
                         // Requests equal to limits in whole CPUs: the Guaranteed QoS class, which
                         // the kubelet's static CPU manager pins to dedicated cores.
@@ -291,7 +328,7 @@ fn deployment(n: &Node, addr: SocketAddr, o: &DeployOptions) -> serde_json::Valu
                         },
                         "securityContext": {"capabilities": {"add": capabilities(o).into_iter().chain(["IPC_LOCK"]).collect::<Vec<_>>()}},
                         "volumeMounts": [
-                            {"name": "topology", "mountPath": "/etc/fairfeed/topology.toml", "subPath": "topology.toml", "readOnly": true},
+                            {"name": "topology", "mountPath": topology, "subPath": key, "readOnly": true},
                             {"name": "key", "mountPath": KEY_DIR_K8S, "readOnly": true},
                         ],
                     }],
@@ -324,15 +361,14 @@ FROM debian:bookworm-slim\n\
 COPY fairfeed /usr/local/bin/fairfeed\n\
 ENTRYPOINT [\"/usr/local/bin/fairfeed\"]\n";
 
-fn readme(t: &Topology, nodes: &[(&Node, SocketAddr)], platform: Platform, o: &DeployOptions) -> String {
+fn readme(t: &Topology, nodes: &[(&Node, HostPort)], platform: Platform, o: &DeployOptions) -> String {
     let mut table = String::from("| node | role | address | metrics |\n|---|---|---|---|\n");
     for (n, a) in nodes {
         table.push_str(&format!(
-            "| {} | {} | {a} | http://{}:{}/metrics |\n",
+            "| {} | {} | {a} | http://{}/metrics |\n",
             n.id,
             role_name(n.role),
-            a.ip(),
-            o.metrics_port
+            at_port(a, o.metrics_port)
         ));
     }
     let key = "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > tree.key";
@@ -428,7 +464,7 @@ mod tests {
     #[test]
     fn nodes_without_addresses_or_several_trees_are_refused() {
         let e = emit(&topo(false), "x", Platform::Kubernetes, &DeployOptions::default()).unwrap_err();
-        assert!(e.contains("no IP:PORT address"), "{e}");
+        assert!(e.contains("no HOST:PORT address"), "{e}");
         let mut t = topo(true);
         t.trees.push(t.trees[0].clone());
         assert!(emit(&t, "x", Platform::Systemd, &DeployOptions::default()).unwrap_err().contains("2 trees"));

@@ -14,6 +14,7 @@
 //! goes to a [`node::Transmit`], so the simulator and the UDP shell drive the
 //! same code.
 
+pub mod addr;
 pub mod auth;
 pub mod dedup;
 pub mod ingress;

@@ -303,50 +303,126 @@ pub fn tree_for_locate(locate: u16, trees: usize) -> usize {
     usize::from(locate) % trees.max(1)
 }
 
-/// Checks the plan's promises: every receiver reachable in every tree, H+1
-/// distinct parents below layer 0 where the layer allows it, at most F + H·F
-/// sends per node per message.
+/// Checks a topology is one the nodes can run — whether `plan` made it or
+/// a person edited it — and names the first fault: every tree has one
+/// sender and unique node ids; every other node a parent that lists it as a
+/// child, one layer up; copies flow only one layer down (so no packet can
+/// loop), to nodes that exist, never to the sender; receivers are exactly
+/// the topology's receivers, send nothing and hear from H + 1 parents where
+/// the layer above allows; addresses are `HOST:PORT` with a real port, one
+/// node each.
 pub fn validate(t: &Topology) -> Result<(), PlanError> {
+    use std::collections::HashSet;
+    if t.trees.is_empty() {
+        return err("the topology has no tree");
+    }
+    if t.trees.len() > TREES_MAX {
+        return err(format!("{} trees, more than {TREES_MAX}", t.trees.len()));
+    }
+    if !(1..=DEPTH_MAX).contains(&t.depth) || t.fanout == 0 || t.fanout > FANOUT_MAX {
+        return err(format!(
+            "depth {} / fan-out {} out of range (1..={DEPTH_MAX} / 1..={FANOUT_MAX})",
+            t.depth, t.fanout
+        ));
+    }
+    let receivers: HashSet<u32> = t.receiver_ids.iter().copied().collect();
+    if receivers.len() != t.receiver_ids.len() {
+        return err("receiver_ids lists a receiver twice");
+    }
     for tree in &t.trees {
-        let by_id: std::collections::HashMap<u32, &Node> = tree.nodes.iter().map(|n| (n.id, n)).collect();
-        let mut senders_of: std::collections::HashMap<u32, std::collections::BTreeSet<u32>> = Default::default();
-        for n in &tree.nodes {
-            let sends = n.children.len() + n.hedge_targets.len();
-            if sends > t.fanout + t.hedge * t.fanout {
-                return err(format!("tree {}: node {} sends {sends} copies, more than F + H·F", tree.id, n.id));
+        validate_tree(t, tree, &receivers)?;
+    }
+    Ok(())
+}
+
+fn validate_tree(t: &Topology, tree: &Tree, receivers: &std::collections::HashSet<u32>) -> Result<(), PlanError> {
+    use std::collections::{BTreeSet, HashMap, HashSet};
+    let tid = tree.id;
+    let mut by_id: HashMap<u32, &Node> = HashMap::with_capacity(tree.nodes.len());
+    for n in &tree.nodes {
+        if by_id.insert(n.id, n).is_some() {
+            return err(format!("tree {tid}: node id {} appears twice", n.id));
+        }
+    }
+    let senders: Vec<u32> = tree.nodes.iter().filter(|n| n.role == Role::Sender).map(|n| n.id).collect();
+    match senders.as_slice() {
+        [_] => {}
+        [] => return err(format!("tree {tid}: no sender")),
+        many => return err(format!("tree {tid}: {} senders (nodes {many:?}); a tree has one", many.len())),
+    }
+    let mut addrs: HashMap<String, u32> = HashMap::new();
+    let mut edges: HashSet<(u32, u32)> = HashSet::new();
+    let mut child_edges: HashSet<(u32, u32)> = HashSet::new();
+    let mut layer_size: HashMap<i32, usize> = HashMap::new();
+    for n in &tree.nodes {
+        *layer_size.entry(n.layer).or_default() += 1;
+        if (n.role == Role::Receiver) != receivers.contains(&n.id) {
+            return err(format!("tree {tid}: node {} is a {:?} but receiver_ids says otherwise", n.id, n.role));
+        }
+        if (n.role == Role::Sender) != (n.layer == -1) {
+            return err(format!(
+                "tree {tid}: node {} is a {:?} on layer {} (the sender alone is on layer -1)",
+                n.id, n.role, n.layer
+            ));
+        }
+        if n.role == Role::Receiver && !(n.children.is_empty() && n.hedge_targets.is_empty()) {
+            return err(format!("tree {tid}: receiver {} sends copies; receivers send none", n.id));
+        }
+        let sends = n.children.len() + n.hedge_targets.len();
+        if sends > t.fanout + t.hedge * t.fanout {
+            return err(format!("tree {tid}: node {} sends {sends} copies, more than F + H·F", n.id));
+        }
+        child_edges.extend(n.children.iter().map(|&c| (n.id, c)));
+        for &c in n.children.iter().chain(&n.hedge_targets) {
+            let Some(to) = by_id.get(&c) else {
+                return err(format!("tree {tid}: node {} sends to unknown node {c}", n.id));
+            };
+            if to.layer != n.layer + 1 {
+                // Copies only flow down one layer: no packet can come back to a node it left.
+                return err(format!(
+                    "tree {tid}: node {} (layer {}) sends to node {c} (layer {}): copies go one layer down, never \
+                     sideways, up or back (a cycle would loop packets)",
+                    n.id, n.layer, to.layer
+                ));
             }
-            for &c in n.children.iter().chain(&n.hedge_targets) {
-                if !by_id.contains_key(&c) {
-                    return err(format!("tree {}: node {} sends to unknown node {c}", tree.id, n.id));
-                }
-                senders_of.entry(c).or_default().insert(n.id);
+            if !edges.insert((n.id, c)) {
+                return err(format!("tree {tid}: node {} sends to node {c} twice", n.id));
             }
         }
-        for &r in &t.receiver_ids {
-            // Reachable: walk parents up to the sender.
-            let mut cur = by_id.get(&r).copied();
-            let mut steps = 0;
-            while let Some(n) = cur {
-                if n.role == Role::Sender {
-                    break;
-                }
-                steps += 1;
-                if steps > DEPTH_MAX + 1 {
-                    return err(format!("tree {}: receiver {r} has a parent cycle", tree.id));
-                }
-                cur = n.parent.and_then(|p| by_id.get(&p).copied());
-            }
-            if cur.is_none() {
-                return err(format!("tree {}: receiver {r} is not connected to the sender", tree.id));
+        if let Some(a) = &n.addr {
+            let hp = crate::addr::HostPort::parse(a, false)
+                .map_err(|e| PlanError(format!("tree {tid}: node {}: {e}", n.id)))?;
+            if let Some(other) = addrs.insert(hp.to_string(), n.id) {
+                return err(format!("tree {tid}: nodes {other} and {} share the address {hp}", n.id));
             }
         }
-        for n in tree.nodes.iter().filter(|n| n.layer > 0) {
-            let layer_above = tree.nodes.iter().filter(|m| m.layer == n.layer - 1).count();
-            let want = (t.hedge + 1).min(layer_above);
-            let got = senders_of.get(&n.id).map_or(0, |s| s.len());
-            if got < want {
-                return err(format!("tree {}: node {} hears from {got} parents, expected {want}", tree.id, n.id));
-            }
+    }
+    for n in tree.nodes.iter().filter(|n| n.role != Role::Sender) {
+        let Some(p) = n.parent else {
+            return err(format!("tree {tid}: {:?} {} has no parent", n.role, n.id));
+        };
+        let Some(parent) = by_id.get(&p).copied() else {
+            return err(format!("tree {tid}: node {}'s parent {p} is not in the tree", n.id));
+        };
+        if parent.id == n.id || !child_edges.contains(&(p, n.id)) {
+            return err(format!("tree {tid}: node {}'s parent {p} does not list it as a child", n.id));
+        }
+    }
+    let mut senders_of: HashMap<u32, BTreeSet<u32>> = HashMap::new();
+    for &(from, to) in &edges {
+        senders_of.entry(to).or_default().insert(from);
+    }
+    for n in tree.nodes.iter().filter(|n| n.layer > 0) {
+        let layer_above = layer_size.get(&(n.layer - 1)).copied().unwrap_or(0);
+        let want = (t.hedge + 1).min(layer_above);
+        let got = senders_of.get(&n.id).map_or(0, BTreeSet::len);
+        if got < want {
+            return err(format!("tree {tid}: node {} hears from {got} parents, expected {want}", n.id));
+        }
+    }
+    for &r in &t.receiver_ids {
+        if !by_id.contains_key(&r) {
+            return err(format!("tree {tid}: receiver {r} is not in the tree"));
         }
     }
     Ok(())
@@ -445,6 +521,54 @@ mod tests {
 
     fn req(n: usize, h: usize) -> PlanRequest {
         PlanRequest { receivers: n, fanout: None, depth: None, hedge: h, cost_model: None, trees: 1 }
+    }
+
+    /// A hand-edited topology with each fault the nodes must refuse on load.
+    #[test]
+    fn validation_names_each_fault_of_an_edited_topology() {
+        let good = plan(&PlanRequest { fanout: Some(2), ..req(4, 1) }).unwrap();
+        assert_eq!(validate(&good), Ok(()));
+        let proxies: Vec<u32> = good.trees[0].nodes.iter().filter(|n| n.role == Role::Proxy).map(|n| n.id).collect();
+        let fault = |f: &dyn Fn(&mut Topology)| {
+            let mut t = good.clone();
+            f(&mut t);
+            validate(&t).unwrap_err().0
+        };
+        fn node(t: &mut Topology, id: u32) -> &mut Node {
+            t.trees[0].nodes.iter_mut().find(|n| n.id == id).unwrap()
+        }
+        let (p0, p1) = (proxies[0], proxies[1]);
+        // Two proxies sending to each other: a packet storm.
+        let e = fault(&|t| {
+            node(t, p0).hedge_targets[0] = p1;
+            node(t, p1).hedge_targets[0] = p0;
+        });
+        assert!(e.contains("one layer down"), "{e}");
+        let e = fault(&|t| t.trees[0].nodes[1].id = t.trees[0].nodes[0].id);
+        assert!(e.contains("appears twice"), "{e}");
+        let e = fault(&|t| node(t, 0).parent = None);
+        assert!(e.contains("has no parent"), "{e}");
+        let e = fault(&|t| node(t, 0).addr = Some("127.0.0.1:0".into()));
+        assert!(e.contains("port 0"), "{e}");
+        let e = fault(&|t| {
+            node(t, 0).addr = Some("10.0.0.1:9100".into());
+            node(t, 1).addr = Some("10.0.0.1:9100".into());
+        });
+        assert!(e.contains("share the address"), "{e}");
+        let e = fault(&|t| node(t, 0).addr = Some("not an address".into()));
+        assert!(e.contains("HOST:PORT"), "{e}");
+        let e = fault(&|t| t.trees[0].nodes.retain(|n| n.role != Role::Sender));
+        assert!(e.contains("no sender"), "{e}");
+        let e = fault(&|t| node(t, 0).children.push(1));
+        assert!(e.contains("receivers send none"), "{e}");
+        let e = fault(&|t| t.trees.clear());
+        assert!(e.contains("no tree"), "{e}");
+        // Host names are addresses too.
+        let mut named = good.clone();
+        for n in &mut named.trees[0].nodes {
+            n.addr = Some(format!("node-{}.tree.svc:9100", n.id));
+        }
+        assert_eq!(validate(&named), Ok(()));
     }
 
     #[test]

@@ -127,6 +127,14 @@ pub fn run_live(
         None => None,
     };
     let ctl = cfg.control.map(|a| bind_udp(a, 1 << 16)).transpose()?;
+    for (l, s) in lines.iter().enumerate() {
+        if let Ok(a) = s.local_addr() {
+            tracing::info!(line = l, addr = %a, "arb: line {} on {a}", char::from(b'A' + (l as u8).min(25)));
+        }
+    }
+    if let Some(a) = ctl.as_ref().and_then(|c| c.local_addr().ok()) {
+        tracing::info!(control = %a, "arb: control socket at {a} (`fairfeed control {a} stats`)");
+    }
     let start = Instant::now();
     let now = || start.elapsed().as_nanos() as u64;
     let mut sink = UdpSink { out: &out, retrans: retrans.as_ref(), cfg, send_errors: 0 };

@@ -160,6 +160,12 @@ pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)
     let who = a.node.who().to_string();
     report(&who, a.node.tuning());
     tracing::info!(node = cfg.id, addr = %a.node.addr(), "{who}: running on {}", a.node.addr());
+    if let Some(c) = a.control.as_ref().and_then(ControlAgent::addr) {
+        tracing::info!(node = cfg.id, control = %c, "{who}: answering `fairfeed stat` at {c}");
+    }
+    if let Some(l) = a.feed.as_ref().and_then(FeedAgent::listen_addr) {
+        tracing::info!(node = cfg.id, listen = %l, "{who}: taking the live feed (MoldUDP64) at {l}");
+    }
     let control = match a.control.take() {
         Some(c) => Some(
             spawn("fairfeed-ctl", alone(cfg, IdleStrategy::Park), move || c, |c, _| c)

@@ -321,6 +321,11 @@ impl ControlAgent {
         }
     }
 
+    /// The address it answers on (its port, where `--control` asked for port 0).
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.sock.as_ref().and_then(|s| s.local_addr().ok())
+    }
+
     /// Shows `extra` with the node's counters.
     pub fn with_extra(mut self, extra: Vec<super::ExtraCounters>) -> Self {
         self.extra = extra;

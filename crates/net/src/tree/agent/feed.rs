@@ -142,6 +142,11 @@ impl FeedAgent {
         })
     }
 
+    /// Where a live feed is taken from.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        self.live.as_ref().and_then(|l| l.sock.local_addr().ok())
+    }
+
     fn local_at(&self, wall: u64) -> u64 {
         self.skew.local(self.time.at(wall))
     }

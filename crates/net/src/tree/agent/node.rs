@@ -24,6 +24,7 @@ use super::{SOCKET_RECV_BUFFER, SPIN_AHEAD_NS};
 use crate::arb::live::bind_udp;
 use crate::idle::IdleStrategy;
 use crate::tuning::{report, Applied};
+use fairfeed_io::resolve::Resolver;
 use fairfeed_io::send::{RecvPath, SendPath};
 
 /// Why a node could not start.
@@ -149,6 +150,8 @@ pub struct NodeAgent<'c> {
     addr: SocketAddr,
     sock: UdpSocket,
     addrs: Vec<Option<SocketAddr>>,
+    /// Keeps the topology's names resolved (none when every address is an IP).
+    resolver: Option<Resolved>,
     live: Node,
     emu: Option<LinkEmulator>,
     pending: Vec<Out>,
@@ -179,27 +182,38 @@ pub struct NodeAgent<'c> {
     on_release: OnRelease<'c>,
 }
 
+/// A node's resolver and what the node last took from it.
+struct Resolved {
+    resolver: Resolver,
+    generation: u64,
+    /// Failed sends seen so far (each new one asks for names to be looked up again).
+    send_failed: u64,
+}
+
 /// What a node agent calls with each release.
 type OnRelease<'c> = Box<dyn FnMut(&Released, ReleaseAt) + 'c>;
 
-fn parse_addr(n: &PlanNode) -> Result<Option<SocketAddr>, AgentError> {
+fn parse_addr(n: &PlanNode) -> Result<Option<(String, u16)>, AgentError> {
     match &n.addr {
         None => Ok(None),
-        Some(a) => a
-            .parse()
-            .map(Some)
-            .map_err(|e| AgentError::Config(format!("node {}: address {a:?} is not IP:PORT ({e})", n.id))),
+        Some(a) => fairfeed_tree::addr::HostPort::parse(a, false)
+            .map(|hp| Some((hp.host, hp.port)))
+            .map_err(|e| AgentError::Config(format!("node {}: {e}", n.id))),
     }
 }
 
-/// Addresses by node id, and this node's entry; errors name what is missing.
-fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode), AgentError> {
+/// Addresses by node id (names resolved, and kept current by the returned
+/// resolver), and this node's entry; errors name what is missing.
+fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode, Resolver), AgentError> {
     let tree = cfg.topology.trees.first().ok_or_else(|| AgentError::Config("the topology has no tree".into()))?;
     let n_ids = tree.nodes.iter().map(|n| n.id as usize + 1).max().unwrap_or(0);
-    let mut addrs = vec![None; n_ids];
+    let mut names = vec![None; n_ids];
     for n in &tree.nodes {
-        addrs[n.id as usize] = parse_addr(n)?;
+        names[n.id as usize] = parse_addr(n)?;
     }
+    let resolver = Resolver::start(names, &format!("node {}", cfg.id))
+        .map_err(|e| AgentError::Io("resolving the topology's addresses".into(), e))?;
+    let addrs = resolver.table();
     let me = tree.nodes.iter().find(|n| n.id == cfg.id).cloned().ok_or_else(|| {
         AgentError::Config(format!("no node {} in the topology (ids 0..{})", cfg.id, n_ids.saturating_sub(1)))
     })?;
@@ -213,11 +227,11 @@ fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode), A
     for id in needed {
         if addrs.get(id as usize).and_then(|a| a.as_ref()).is_none() {
             return Err(AgentError::Config(format!(
-                "node {id} has no address in the topology (plan it with --loopback-port or --address ID=IP:PORT)"
+                "node {id} has no address in the topology (plan it with --loopback-port or --address ID=HOST:PORT)"
             )));
         }
     }
-    Ok((addrs, me))
+    Ok((addrs, me, resolver))
 }
 
 fn start_outbox(
@@ -346,7 +360,7 @@ impl<'c> NodeAgent<'c> {
         links: Links,
         on_release: impl FnMut(&Released, ReleaseAt) + 'c,
     ) -> Result<Self, AgentError> {
-        let (addrs, me) = addresses(cfg)?;
+        let (addrs, me, resolver) = addresses(cfg)?;
         let addr = addrs[me.id as usize].expect("checked by addresses()");
         let sock = node_socket(cfg, me.id, addr, sock)?;
         let mut tuning = cfg.tuning.apply_process();
@@ -384,6 +398,7 @@ impl<'c> NodeAgent<'c> {
             recv,
             sock,
             addrs,
+            resolver: resolver.watches_names().then_some(Resolved { resolver, generation: 0, send_failed: 0 }),
             live,
             emu,
             pending: Vec::with_capacity(256),
@@ -657,9 +672,27 @@ impl NodeAgent<'_> {
     }
 }
 
+impl NodeAgent<'_> {
+    /// Takes the resolver's new addresses, if any, and tells it of failed sends.
+    fn follow_names(&mut self) {
+        let Some(r) = &mut self.resolver else { return };
+        let g = r.resolver.generation();
+        if g != r.generation {
+            r.generation = g;
+            self.addrs = r.resolver.table();
+        }
+        let failed = self.tx.send_failed.load(Ordering::Relaxed);
+        if failed != r.send_failed {
+            r.send_failed = failed;
+            r.resolver.send_failed();
+        }
+    }
+}
+
 impl Agent for NodeAgent<'_> {
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         self.post(now);
+        self.follow_names();
         let local = self.local_at(now);
         let mut work = self.take_feed(local);
         let mut now = now;
@@ -749,6 +782,9 @@ impl NodeAgent<'_> {
             "queue_full": l(&tx.queue_full),
             "unknown_destination": self.unknown_destination,
         });
+        if let Some(r) = &self.resolver {
+            counters["resolve"] = serde_json::to_value(r.resolver.stats()).unwrap_or_default();
+        }
         let mut node = match &self.live {
             Node::Sender(s) => serde_json::to_value(&s.stats),
             Node::Proxy(p) => serde_json::to_value(&p.stats),
