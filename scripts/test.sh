@@ -13,9 +13,15 @@
 #   - Debian's clang (BPF target), which builds the XDP de-duplicator and the
 #     TC replicator that the namespace tests attach to veth interfaces, and
 #     ethtool, for the replicator's checksum test;
+#   - the real NASDAQ captures some tests read: ../shared/data/itch50-real beside
+#     the checkout when it is there, else fetched once by scripts/get-real-captures.sh
+#     into a cache (FAIRFEED_DATA_CACHE, default ~/.cache/fairfeed); without
+#     either, one line says how to get them and the script stops;
 #   - every unit, property, integration and doc test of the workspace, in release
-#     mode, with FAIRFEED_REQUIRE_TOOLS=1 so a missing external tool fails loudly
-#     (and, as root, FAIRFEED_REQUIRE_NETNS=1: the namespace test must run).
+#     mode, every test binary whatever fails before it, with
+#     FAIRFEED_REQUIRE_TOOLS=1 so a missing external tool fails loudly
+#     (and, as root, FAIRFEED_REQUIRE_NETNS=1: the namespace test must run);
+#     one summary line at the end ("N passed, N failed, N skipped").
 # Runs as root on a fresh Debian machine (CI) or as a user with sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +33,7 @@ need_apt=()
 command -v tshark >/dev/null 2>&1 || need_apt+=(tshark)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl ca-certificates)
 [ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
@@ -57,6 +64,22 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
+# The real NASDAQ captures (never copied into the repository): beside the
+# checkout in ../shared when it is there, else a cache the fetch script fills.
+if [ -z "${FAIRFEED_ITCH_REAL:-}" ]; then
+  if [ -d ../shared/data/itch50-real ]; then
+    FAIRFEED_ITCH_REAL="$(cd ../shared/data/itch50-real && pwd)"
+  else
+    FAIRFEED_ITCH_REAL="${FAIRFEED_DATA_CACHE:-$HOME/.cache/fairfeed}/itch50-real"
+    echo "== real captures: ../shared/data/itch50-real is not here; using $FAIRFEED_ITCH_REAL"
+    if ! ./scripts/get-real-captures.sh "$FAIRFEED_ITCH_REAL" >/dev/null 2>&1; then
+      echo "test.sh: the real NASDAQ captures are missing: run scripts/get-real-captures.sh (needs raw.githubusercontent.com), or set FAIRFEED_ITCH_REAL to a directory holding them" >&2
+      exit 1
+    fi
+  fi
+fi
+export FAIRFEED_ITCH_REAL
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -66,20 +89,32 @@ cargo clippy --workspace --all-targets --release --quiet -- -D warnings
 echo "== cargo test (release)"
 if [ "$(id -u)" = "0" ]; then
   export FAIRFEED_REQUIRE_NETNS=1
-  # Let sockets ask for the receive buffers bursts need (the kernel's default cap is 208 KiB).
-  if [ "$(cat /proc/sys/net/core/rmem_max 2>/dev/null || echo 0)" -lt 8388608 ]; then
-    was=$(cat /proc/sys/net/core/rmem_max 2>/dev/null || echo "?")
+  # Let sockets ask for the receive buffers bursts need (the kernel's default
+  # cap is 208 KiB); this changes the whole host, so it is said, and undone at exit.
+  was=$(cat /proc/sys/net/core/rmem_max 2>/dev/null || echo 0)
+  if [ "$was" -lt 8388608 ]; then
     if sysctl -q -w net.core.rmem_max=8388608 2>/dev/null; then
-      echo "test.sh: raised net.core.rmem_max for this whole host from $was to 8388608 (undo: sysctl -w net.core.rmem_max=$was)"
+      echo "test.sh: raised net.core.rmem_max for this whole host from $was to 8388608 for the tests (restored at exit)"
+      trap 'sysctl -q -w net.core.rmem_max='"$was"' 2>/dev/null && echo "test.sh: net.core.rmem_max restored to '"$was"'"' EXIT
     else
       echo "test.sh: could not raise net.core.rmem_max (continuing)"
     fi
   fi
 fi
-# The log goes to a temporary file, not target/ (CARGO_TARGET_DIR may put the build elsewhere).
+# Every test binary runs, whatever fails before it (--no-fail-fast); one
+# summary line at the end. The log goes to a temporary file, not target/
+# (CARGO_TARGET_DIR may put the build elsewhere).
 log=$(mktemp "${TMPDIR:-/tmp}/fairfeed-test.XXXXXX.log")
-FAIRFEED_REQUIRE_TOOLS=1 cargo test --workspace --release 2>&1 | tee "$log"
-grep -q "test result: FAILED" "$log" && exit 1
+set +e
+FAIRFEED_REQUIRE_TOOLS=1 cargo test --workspace --release --no-fail-fast 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
 summary=$(awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d skipped", p, f, i}' "$log")
+failing=$(grep -E "^    [A-Za-z0-9_:]+$" "$log" | sed 's/^ *//' | sort -u | head -20 | tr '\n' ' ')
 rm -f "$log"
+if [ "$status" -ne 0 ] || grep -q " [1-9][0-9]* failed" <<<"$summary"; then
+  [ -n "$failing" ] && echo "failing: $failing"
+  echo "$summary"
+  exit 1
+fi
 echo "$summary"

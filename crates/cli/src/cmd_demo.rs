@@ -26,6 +26,8 @@ const REPORT_INTERVAL_NS: u64 = 2_000_000;
 const LAG_P50_WARN_US: f64 = 5.0;
 /// Share of copies more than 5 µs behind the model above which the report warns.
 const LAG_SHARE_WARN: f64 = 0.05;
+/// Times a run that fell behind during its warm-up is started again with more dilation.
+const DILATION_RETRIES_MAX: usize = 3;
 /// Release − deadline on receivers' own clocks (p99) above which the report warns, ns.
 const RELEASE_LAG_WARN_NS: u64 = 10_000;
 
@@ -137,6 +139,8 @@ struct Run {
     cal: Calibration,
     jasper: ClusterResult,
     du: ClusterResult,
+    /// Dilations at which the host fell behind during the warm-up (each run again with more).
+    fell_behind_at: Vec<f64>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -151,8 +155,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Dilation::Factor(k) = a.dilation {
         cal.dilation = k;
     }
-    let messages = ((a.seconds * a.rate / cal.dilation) as u64).max(MESSAGES_MIN);
-    let payloads = payloads(&a, messages)?;
     // Receivers release in sequence order, as the node processes do.
     let node = NodeConfig {
         report_interval_ns: REPORT_INTERVAL_NS,
@@ -160,20 +162,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         order: ReleaseOrder::Sequence { gap_wait_ns: fairfeed_tree::node::GAP_WAIT_DEFAULT_NS },
         ..NodeConfig::default()
     };
-    let base = ClusterConfig {
-        messages,
-        rate_per_s: a.rate,
-        link,
-        clock: ClockModel::default(),
-        node,
-        rule: DeadlineRule::Quantile { target_pf: a.target_pf },
-        seed: a.seed,
-        warmup_messages: ((messages as f64 * WARMUP_SHARE) as u64).max(WARMUP_MIN).min(messages / 2),
-        track: traders(&tree.receiver_ids).to_vec(),
-        dilation: cal.dilation,
-        publish: HashMap::new(),
-    };
-    let show = |what: &str, t: &Topology| {
+    let show = |what: &str, t: &Topology, dilation: f64| {
         dash.as_ref().map_or_else(HashMap::new, |d| {
             let title = format!(
                 "demo: {what} — {} receivers, F = {}, D = {}, H = {}; emulated time ({}× dilated)",
@@ -181,37 +170,76 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 t.fanout,
                 t.depth,
                 t.hedge,
-                cal.dilation
+                dilation
             );
             d.show(title, t)
         })
     };
-    let base = ClusterConfig { publish: show("fair tree (hedging + hold-and-release)", &tree), ..base };
-    eprintln!(
-        "demo: {} receivers, F = {}, D = {}, H = {}; a loopback datagram costs {:.2} µs here, so time runs {}× \
-         dilated: {messages} messages per configuration",
-        a.receivers,
-        tree.fanout,
-        tree.depth,
-        tree.hedge,
-        cal.datagram_ns / 1e3,
-        cal.dilation
-    );
-    let pb = crate::fmt::progress(200, "fair tree (hedging + hold-and-release)");
-    let jasper = run_cluster(&tree, &base, &payloads, |f| pb.set_position((f * 100.0) as u64))?;
-    pb.set_message("direct unicast");
+    // The calibration can be short of what this host gives the loop now: if
+    // the host falls behind the emulation during the warm-up, the run stops
+    // there and starts again with more dilation (auto only; a few times).
+    let mut fell_behind_at = Vec::new();
+    let (jasper, base, payloads) = loop {
+        let messages = ((a.seconds * a.rate / cal.dilation) as u64).max(MESSAGES_MIN);
+        let payloads = payloads(&a, messages)?;
+        let retry = matches!(a.dilation, Dilation::Auto)
+            && cal.dilation < DILATION_MAX
+            && fell_behind_at.len() < DILATION_RETRIES_MAX;
+        let base = ClusterConfig {
+            messages,
+            rate_per_s: a.rate,
+            link,
+            clock: ClockModel::default(),
+            node,
+            rule: DeadlineRule::Quantile { target_pf: a.target_pf },
+            seed: a.seed,
+            warmup_messages: ((messages as f64 * WARMUP_SHARE) as u64).max(WARMUP_MIN).min(messages / 2),
+            track: traders(&tree.receiver_ids).to_vec(),
+            dilation: cal.dilation,
+            publish: show("fair tree (hedging + hold-and-release)", &tree, cal.dilation),
+            stop_if_behind_in_warmup: retry,
+        };
+        eprintln!(
+            "demo: {} receivers, F = {}, D = {}, H = {}; a loopback datagram costs {:.2} µs here, so time runs {}× \
+             dilated: {messages} messages per configuration",
+            a.receivers,
+            tree.fanout,
+            tree.depth,
+            tree.hedge,
+            cal.datagram_ns / 1e3,
+            cal.dilation
+        );
+        let pb = crate::fmt::progress(100, "fair tree (hedging + hold-and-release)");
+        let r = run_cluster(&tree, &base, &payloads, |f| pb.set_position((f * 100.0) as u64))?;
+        pb.finish_and_clear();
+        if !r.fell_behind_in_warmup {
+            break (r, base, payloads);
+        }
+        let late = r.lag_timeline.last().map_or(0.0, |t| t.1);
+        let next = (cal.dilation * 1.5).ceil().min(DILATION_MAX);
+        eprintln!(
+            "demo: this host fell behind the emulation at {}× during the warm-up ({:.0} % of copies more than 5 µs \
+             late); again at {next}×",
+            cal.dilation,
+            late * 100.0
+        );
+        fell_behind_at.push(cal.dilation);
+        cal.dilation = next;
+    };
+    let pb = crate::fmt::progress(100, "direct unicast");
     let du_cfg = ClusterConfig {
         node: NodeConfig { hold_and_release: false, ..node },
         track: traders(&direct.receiver_ids).to_vec(),
-        publish: show("direct unicast (the baseline)", &direct),
+        publish: show("direct unicast (the baseline)", &direct, cal.dilation),
+        stop_if_behind_in_warmup: false,
         ..base.clone()
     };
-    let du = run_cluster(&direct, &du_cfg, &payloads, |f| pb.set_position(100 + (f * 100.0) as u64))?;
+    let du = run_cluster(&direct, &du_cfg, &payloads, |f| pb.set_position((f * 100.0) as u64))?;
     pb.finish_and_clear();
     if let Some(d) = &dash {
         d.note("finished; writing the report");
     }
-    report(&a, &Run { tree, cal, jasper, du })
+    report(&a, &Run { tree, cal, jasper, du, fell_behind_at })
 }
 
 /// The first two and the last two receivers.
@@ -220,10 +248,15 @@ fn traders(ids: &[u32]) -> [u32; 4] {
     [ids[0], ids[1.min(n - 1)], ids[n.saturating_sub(2)], ids[n - 1]]
 }
 
-/// Profit shares: per message, the trader with the earliest release (stamped
-/// at `tick` resolution) wins; ties at random. Returns shares, opportunities, ties.
-fn shares(r: &ClusterResult, ids: &[u32], tick: u64, seed: u64) -> ([f64; 4], u64, u64) {
-    use rand::{Rng, SeedableRng};
+/// Profit shares (seed 000 §9.4, appendix C): every message is a race;
+/// each trader answers it the moment its receiver releases it, stamping its
+/// order with its own clock at `tick` resolution, and the exchange takes the
+/// earliest stamp. The release instant is the one a receiver on its own host
+/// makes — when the message fell due on its clock (`Released::due_ns`) — not
+/// when the demo's one thread, turning a hundred receivers one after another,
+/// reached it (that lag, a serialization no deployment has, is reported
+/// apart as the release error). A tie among k traders gives each 1/k.
+fn shares(r: &ClusterResult, ids: &[u32], tick: u64) -> fairfeed_sim::experiment::RaceShares {
     let t = traders(ids);
     let mut at: std::collections::BTreeMap<u64, [Option<u64>; 4]> = std::collections::BTreeMap::new();
     for &(rx, seq, ns) in &r.tracked {
@@ -234,16 +267,7 @@ fn shares(r: &ClusterResult, ids: &[u32], tick: u64, seed: u64) -> ([f64; 4], u6
             at.entry(seq).or_insert([None; 4])[k] = Some(ns / tick.max(1));
         }
     }
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let (mut wins, mut ties) = ([0u64; 4], 0u64);
-    for s in at.values() {
-        let Some(best) = s.iter().flatten().min().copied() else { continue };
-        let k: Vec<usize> = (0..4).filter(|&i| s[i] == Some(best)).collect();
-        ties += u64::from(k.len() > 1);
-        wins[k[rng.gen_range(0..k.len())]] += 1;
-    }
-    let total: u64 = wins.iter().sum();
-    (wins.map(|w| if total > 0 { w as f64 / total as f64 } else { 0.0 }), total, ties)
+    fairfeed_sim::experiment::race_shares(at.into_values())
 }
 
 /// Why the figures may not be what the model says (empty when they are).
@@ -260,11 +284,20 @@ fn warnings(r: &Run) -> Vec<String> {
         if x.link_lag_p50_us > LAG_P50_WARN_US || x.link_lag_share > LAG_SHARE_WARN {
             w.push(format!(
                 "{name}: the machine could not keep up — copies reached the next node {:.1} µs (p50) / {:.1} µs (p99) \
-                 later than the emulated link says, {:.1} % of them more than 5 µs late; latencies include that backlog \
-                 ({remedy})",
+                 later than the emulated link says, {:.1} % of them more than 5 µs late{}; latencies include that \
+                 backlog ({remedy})",
                 x.link_lag_p50_us,
                 x.link_lag_p99_us,
-                x.link_lag_share * 100.0
+                x.link_lag_share * 100.0,
+                behind_when(&x.lag_timeline)
+            ));
+        } else if let Some(worst) = x.lag_timeline.iter().map(|t| t.1).reduce(f64::max).filter(|&s| s > LAG_SHARE_WARN)
+        {
+            w.push(format!(
+                "{name}: the machine fell behind for part of the run — up to {:.0} % of copies more than 5 µs late{} \
+                 ({remedy})",
+                worst * 100.0,
+                behind_when(&x.lag_timeline)
             ));
         }
         if x.release_error_p99_ns > RELEASE_LAG_WARN_NS {
@@ -282,6 +315,24 @@ fn warnings(r: &Run) -> Vec<String> {
         }
     }
     w
+}
+
+/// When in the run the host was behind: " from 40 % to 75 % of the run", or "".
+fn behind_when(timeline: &[(f64, f64)]) -> String {
+    let behind: Vec<f64> = timeline.iter().filter(|t| t.1 > LAG_SHARE_WARN).map(|t| t.0).collect();
+    match (behind.first(), behind.last()) {
+        (Some(a), Some(b)) if a == b => {
+            format!(" (behind in one stretch of {}, at {:.0} % of the run)", timeline.len(), a * 100.0)
+        }
+        (Some(a), Some(b)) => format!(
+            " (behind in {} of {} stretches, from {:.0} % to {:.0} % of the run)",
+            behind.len(),
+            timeline.len(),
+            a * 100.0,
+            b * 100.0
+        ),
+        _ => String::new(),
+    }
 }
 
 fn summary(a: &Args, r: &Run, trading: &serde_json::Value) -> anyhow::Result<serde_json::Value> {
@@ -305,18 +356,18 @@ fn summary(a: &Args, r: &Run, trading: &serde_json::Value) -> anyhow::Result<ser
     v["datagram_us"] = (r.cal.datagram_ns / 1e3).into();
     v["copies_per_message"] = fairfeed_net::tree::demo::copies_per_message(&r.tree).into();
     v["warnings"] = warnings(r).into();
+    v["fell_behind_at_dilation"] = r.fell_behind_at.clone().into();
     Ok(v)
 }
 
 fn report(a: &Args, r: &Run) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let ids: Vec<u32> = (0..r.jasper.receivers as u32).collect();
-    let (js, jn, jt) = shares(&r.jasper, &ids, a.tick_ns, a.seed);
-    let (ds, dn, dt) = shares(&r.du, &ids, a.tick_ns, a.seed);
+    let (j, d) = (shares(&r.jasper, &ids, a.tick_ns), shares(&r.du, &ids, a.tick_ns));
     let trading = serde_json::json!({
         "traders": traders(&ids), "tick_ns": a.tick_ns,
-        "tree_shares": js, "tree_opportunities": jn, "tree_ties": jt,
-        "du_shares": ds, "du_opportunities": dn, "du_ties": dt,
+        "tree_shares": j.shares, "tree_ci95": j.ci95, "tree_opportunities": j.races, "tree_ties": j.ties,
+        "du_shares": d.shares, "du_ci95": d.ci95, "du_opportunities": d.races, "du_ties": d.ties,
     });
     let v = summary(a, r, &trading)?;
     std::fs::write(a.out.join("summary.json"), serde_json::to_string_pretty(&v)?)?;
@@ -333,7 +384,8 @@ fn report(a: &Args, r: &Run) -> anyhow::Result<()> {
             cal: r.cal,
             copies: fairfeed_net::tree::demo::copies_per_message(&r.tree),
             traders: traders(&ids),
-            shares: [(js, jn, jt), (ds, dn, dt)],
+            fell_behind_at: r.fell_behind_at.clone(),
+            shares: [j, d],
         },
         &r.jasper,
         &r.du,

@@ -963,7 +963,7 @@ fn trading_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
     let t = rows.first().map_or([0; 4], |r| r.traders);
     let mut md = format!(
                 "# Share of profit, N = {receivers}, H = {hedge}, seed {seed}, {messages} messages at {rate} msg/s (first {} warm-up)\n\n\
-                 Traders are receivers {}, {}, {}, {}; the earliest order timestamp wins each opportunity (ties at random).\n\n\
+                 Traders are receivers {}, {}, {}, {}; the earliest order timestamp wins each opportunity (a tie among k traders gives each 1/k, its expected value); ± is the 95 % interval over the opportunities.\n\n\
                  | scheme | P1 | P2 | P3 | P4 | opportunities | ties | late releases | max deviation from 25 % |\n|---|---|---|---|---|---|---|---|---|\n",
                 (messages / 5).min(2_000),
                 t[0],
@@ -974,12 +974,12 @@ fn trading_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
     md.push_str("| ideal | 25% | 25% | 25% | 25% | | | | |\n");
     for r in &rows {
         md.push_str(&format!(
-            "| {} | {:.2}% | {:.2}% | {:.2}% | {:.2}% | {} | {} | {} | {:.2} pp |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} pp |\n",
             r.scheme,
-            r.shares[0] * 100.0,
-            r.shares[1] * 100.0,
-            r.shares[2] * 100.0,
-            r.shares[3] * 100.0,
+            share_ci(r.shares[0], r.ci95[0]),
+            share_ci(r.shares[1], r.ci95[1]),
+            share_ci(r.shares[2], r.ci95[2]),
+            share_ci(r.shares[3], r.ci95[3]),
             r.opportunities,
             r.ties,
             r.late.iter().sum::<u64>(),
@@ -992,4 +992,9 @@ fn trading_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
         (0..4).map(|k| (format!("P{}", k + 1), rows.iter().map(|r| r.shares[k] * 100.0).collect())).collect();
     bars(out, "shares.svg", &format!("Share of profit per trader, N = {receivers}"), "share %", &cats, &series);
     Ok(())
+}
+
+/// A share and its 95 % interval, in per cent.
+fn share_ci(share: f64, ci95: f64) -> String {
+    format!("{:.1} ± {:.1}%", share * 100.0, ci95 * 100.0)
 }

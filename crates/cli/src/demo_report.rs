@@ -19,16 +19,20 @@ pub struct Facts {
     /// Copies one message costs in the fair tree.
     pub copies: u64,
     pub traders: [u32; 4],
-    /// (shares, opportunities, ties) for the tree, then direct unicast.
-    pub shares: [([f64; 4], u64, u64); 2],
+    /// Dilations at which the host fell behind during the warm-up (the run started again with more).
+    pub fell_behind_at: Vec<f64>,
+    /// The trading race for the tree, then direct unicast.
+    pub shares: [fairfeed_sim::experiment::RaceShares; 2],
 }
 
 fn pct(x: f64) -> String {
     format!("{:.1} %", x * 100.0)
 }
 
-fn shares(s: [f64; 4]) -> String {
-    s.map(|x| format!("{:.0}", x * 100.0)).join(" / ") + " %"
+/// Four shares with their 95 % intervals: `25 ± 1 / 24 ± 2 / … %`.
+fn shares(r: &fairfeed_sim::experiment::RaceShares) -> String {
+    (0..4).map(|k| format!("{:.0} ± {:.0}", r.shares[k] * 100.0, r.ci95[k] * 100.0)).collect::<Vec<_>>().join(" / ")
+        + " %"
 }
 
 /// Two standard errors of a share `p` measured over `n` messages.
@@ -67,14 +71,15 @@ fn verdict(f: &Facts, j: &ClusterResult, du: &ClusterResult) -> String {
 }
 
 fn headline(f: &Facts, j: &ClusterResult, du: &ClusterResult) -> String {
-    let [(js, jn, _), (ds, dn, _)] = f.shares;
+    let [js, ds] = &f.shares;
+    let (jn, dn) = (js.races, ds.races);
     format!(
         "| | fair tree | direct unicast | better |\n|---|---|---|---|\n\
          | P(F), paper rule: messages every receiver got by its deadline | {} ± {:.1} | – | higher |\n\
          | P(F) at 1 µs: messages delivered to all within 1 µs | {} | {} | higher |\n\
          | delivery window p50 / p99 (µs) | {:.3} / {:.3} | {:.1} / {:.1} | lower |\n\
          | OML, send → last receiver, p50 / p99 (µs) | {:.1} / {:.1} | {:.1} / {:.1} | lower |\n\
-         | trading profit shares, 4 equal traders ({jn} / {dn} races) | {} | {} | 25 % each |\n\
+         | trading profit shares ± 95 % interval, 4 equal traders ({jn} / {dn} races) | {} | {} | 25 % each |\n\
          | deliveries lost | {} | {} | 0 |\n",
         pct(j.pf_paper),
         noise(j.pf_paper, j.messages) * 100.0,
@@ -198,8 +203,10 @@ the target.\n\
 - **Hold**: how long a receiver keeps a message before its deadline. **Late**: arrived after its deadline, \
 released on arrival.\n\
 - **Trading profit shares** (Jasper §9.4): four equally fast traders (the first two and last two receivers) \
-answer every message; the exchange takes the earliest order (timestamps at the tick resolution, ties at random). \
-Fair delivery gives each about 25 %.\n\
+answer every message the moment their receiver releases it — when it fell due on the receiver's own clock, as on \
+a host of its own, not when this demo's one thread reached it — stamping the order with their own clock at the \
+tick resolution; the exchange takes the earliest stamp, and a tie among k traders gives each 1/k (its expected \
+value). ± is the 95 % interval over the races. Fair delivery gives each 25 %.\n\
 - **Emulation fidelity**: each copy's one-way latency from being handed to the emulated link until the next node \
 reads it, against what the model drew for that copy. Close means the figures are the model's cloud, not this \
 machine's load.\n";
@@ -238,12 +245,21 @@ pub fn markdown(f: &Facts, j: &ClusterResult, du: &ClusterResult, warnings: &[St
     md += &headline(f, j, du);
     md += "\n![OML: send to last receiver](oml_cdf.png)\n\n![Delivery window](dws_cdf.png)\n\n";
     md += &how_run(f, j, du);
+    if !f.fell_behind_at.is_empty() {
+        md += &format!(
+            "\nThe calibration fell short: at {} dilation this host fell behind the emulation during the warm-up (more \
+             than 5 % of copies over 5 µs late), so the run was stopped and started again with more; the figures are \
+             from the run at {}×.\n",
+            f.fell_behind_at.iter().map(|k| format!("{k}×")).collect::<Vec<_>>().join(", then "),
+            f.cal.dilation
+        );
+    }
     md += "\n";
     md += &details(j);
     md += &format!(
         "\n## Trading\n\nTraders: receivers {:?}; timestamps at {} ns; races {} (tree) and {} (direct unicast), ties {} and {}.\n\n\
          ![Hold time](hold_cdf.png)\n\n",
-        f.traders, f.tick_ns, f.shares[0].1, f.shares[1].1, f.shares[0].2, f.shares[1].2
+        f.traders, f.tick_ns, f.shares[0].races, f.shares[1].races, f.shares[0].ties, f.shares[1].ties
     );
     md += DEFINITIONS;
     md += "\n";

@@ -315,7 +315,10 @@ fn sim_fairness_writes_the_documented_rows() {
         }
         assert_eq!(r["receivers"], 40);
     }
-    assert!(std::fs::read_to_string(out.join("summary.md")).unwrap().contains("| jasper |"));
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("| jasper |"));
+    // Every table's rows have its header's columns (the delimiter row had one too many).
+    assert_eq!(fairfeed_sim::experiment::md_table_faults(&md), vec![], "{md}");
     let bad = Command::new(bin())
         .args(["sim", "experiment", "fairness", "--receivers", "0", "--out", out.to_str().unwrap()])
         .output()
@@ -434,6 +437,7 @@ fn demo_runs_a_fair_tree_on_loopback() {
     // Every receiver got most messages on time by its own clock.
     assert!(s["pf_paper"].as_f64().unwrap() > 0.8, "{s}");
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert_eq!(fairfeed_sim::experiment::md_table_faults(&report), vec![], "{report}");
     for needle in ["direct unicast", "What the measures mean", "warm-up", "Time dilation"] {
         assert!(report.contains(needle), "report lacks {needle}");
     }
@@ -455,6 +459,10 @@ fn demo_runs_a_fair_tree_on_loopback() {
     }
     let du: Vec<f64> = s["trading"]["du_shares"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
     assert!(du[2] + du[3] < 0.2, "direct unicast favours the first receivers: {du:?}");
+    // Four equal traders on the fair tree: 25 ± 3 % each (issue 39: it read 22 / 7 / 13 / 58 %).
+    let tree: Vec<f64> = s["trading"]["tree_shares"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert!(tree.iter().all(|&x| (x - 0.25).abs() <= 0.03), "the fair tree is fair to its traders: {tree:?}");
+    assert_eq!(s["trading"]["tree_ci95"].as_array().map(Vec::len), Some(4), "the report carries the intervals");
 }
 
 #[test]

@@ -110,7 +110,7 @@ fn emit_refuses_nodes_without_addresses_in_one_line() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("no IP:PORT address") && err.trim().lines().count() == 1, "{err}");
+    assert!(err.contains("no HOST:PORT address") && err.trim().lines().count() == 1, "{err}");
     assert!(!out.exists(), "nothing written");
 }
 

@@ -71,7 +71,7 @@ fn hedged_tree_loses_nothing_when_a_proxy_crashes() {
     let total = RATE * FEED_S;
     for id in c.ids("receiver") {
         let s = c.stats(id);
-        assert_eq!(n(&s["node"]["released"]), total, "receiver {id} released {}", s["node"]["released"]);
+        assert_eq!(n(&s["node"]["released"]), total, "receiver {id} released {}: {}", s["node"]["released"], s["node"]);
         assert_eq!(n(&s["counters"]["overlay_missing"]), 0, "receiver {id}");
         assert_eq!(n(&s["node"]["auth"]["bad_tag"]), 0);
         let seqs: BTreeSet<u64> = c.releases(id).iter().map(|r| r.0).collect();

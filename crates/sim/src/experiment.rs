@@ -407,9 +407,22 @@ pub fn crash(c: &FairnessConfig, hedges: &[usize]) -> Result<Vec<CrashRow>, Stri
 
 /// The rows as a Markdown table.
 pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
-    let mut s = String::from(
-        "| scheme | N | H | F×D | OML p50 µs | OML p99 µs | DWS p50 µs | DWS p99 µs | P(F) 0 µs | P(F) 1 µs | hold mean µs | late | load |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    let header = [
+        "scheme",
+        "N",
+        "H",
+        "F×D",
+        "OML p50 µs",
+        "OML p99 µs",
+        "DWS p50 µs",
+        "DWS p99 µs",
+        "P(F) 0 µs",
+        "P(F) 1 µs",
+        "hold mean µs",
+        "late",
+        "load",
+    ];
+    let mut s = md_header(&header);
     for r in rows {
         s.push_str(&format!(
             "| {} | {} | {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1} | {:.4} | {:.2}{} |\n",
@@ -653,17 +666,100 @@ pub fn hedging(
     Ok(rows)
 }
 
+/// A Markdown table's header and delimiter rows, one delimiter per column.
+pub fn md_header(columns: &[&str]) -> String {
+    format!("| {} |\n|{}\n", columns.join(" | "), "---|".repeat(columns.len()))
+}
+
+/// Every Markdown table in `md` whose rows do not all have its header's
+/// number of columns: (line number, columns found, columns expected).
+pub fn md_table_faults(md: &str) -> Vec<(usize, usize, usize)> {
+    let cells = |l: &str| l.trim().trim_start_matches('|').trim_end_matches('|').split('|').count();
+    let mut faults = Vec::new();
+    let mut want: Option<usize> = None;
+    for (i, l) in md.lines().enumerate() {
+        if !l.trim_start().starts_with('|') {
+            want = None;
+            continue;
+        }
+        match want {
+            None => want = Some(cells(l)),
+            Some(w) if cells(l) != w => faults.push((i + 1, cells(l), w)),
+            Some(_) => {}
+        }
+    }
+    faults
+}
+
+/// Profit shares of four traders over many races (trading opportunities).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RaceShares {
+    /// Each trader's expected share of the profit: a race goes to the
+    /// earliest timestamp; a tie among k traders — the exchange breaks it at
+    /// random — gives each 1/k of it, its expected value (no coin is tossed,
+    /// so the shares carry no tie-breaking noise).
+    pub shares: [f64; 4],
+    /// Half-width of each share's 95 % interval over the races (normal
+    /// approximation: 1.96 standard errors of the per-race credit).
+    pub ci95: [f64; 4],
+    /// Races won outright (no tie).
+    pub wins: [u64; 4],
+    pub races: u64,
+    /// Races decided between equal timestamps.
+    pub ties: u64,
+}
+
+impl RaceShares {
+    /// Largest |share − 25 %| in percentage points.
+    pub fn max_deviation_pp(&self) -> f64 {
+        self.shares.iter().map(|s| (s - 0.25).abs() * 100.0).fold(0.0, f64::max)
+    }
+}
+
+/// The profit shares of `races`: per race, each trader's order timestamp
+/// (`None`: it sent none); the exchange takes the earliest (seed 000 appendix C).
+pub fn race_shares(races: impl IntoIterator<Item = [Option<u64>; 4]>) -> RaceShares {
+    let (mut sum, mut sum_sq, mut wins) = ([0.0f64; 4], [0.0f64; 4], [0u64; 4]);
+    let (mut n, mut ties) = (0u64, 0u64);
+    for s in races {
+        let Some(best) = s.iter().flatten().min().copied() else { continue };
+        let at: Vec<usize> = (0..4).filter(|&k| s[k] == Some(best)).collect();
+        n += 1;
+        if at.len() > 1 {
+            ties += 1;
+        } else {
+            wins[at[0]] += 1;
+        }
+        let credit = 1.0 / at.len() as f64;
+        for &k in &at {
+            sum[k] += credit;
+            sum_sq[k] += credit * credit;
+        }
+    }
+    let nf = n.max(1) as f64;
+    let shares = sum.map(|s| s / nf);
+    let mut ci95 = [0.0; 4];
+    for k in 0..4 {
+        let var = (sum_sq[k] / nf - shares[k] * shares[k]).max(0.0);
+        ci95[k] = 1.96 * (var / nf).sqrt();
+    }
+    RaceShares { shares, ci95, wins, races: n, ties }
+}
+
 /// One scheme of the trading-fairness experiment (seed 000 §9.4, table 2).
 #[derive(Debug, Clone, Serialize)]
 pub struct TradingRow {
     pub scheme: String,
     /// The traders' receiver ids: the first two and the last two receivers.
     pub traders: [u32; 4],
-    /// Share of the profit (opportunities won) per trader.
+    /// Share of the profit per trader (ties split evenly: their expected value).
     pub shares: [f64; 4],
+    /// Half-width of each share's 95 % interval.
+    pub ci95: [f64; 4],
+    /// Opportunities won outright.
     pub wins: [u64; 4],
     pub opportunities: u64,
-    /// Opportunities decided by a tie between equal timestamps (broken at random).
+    /// Opportunities decided by a tie between equal timestamps.
     pub ties: u64,
     /// Releases after their deadline, per trader.
     pub late: [u64; 4],
@@ -675,12 +771,11 @@ pub struct TradingRow {
 /// the first two and the last two trade with the same strategy. Every market
 /// data message is an opportunity; each trader reacts to it the moment it is
 /// delivered and stamps its order with its own (synchronized, imperfect)
-/// clock; the exchange takes the earliest timestamp (appendix C), ties broken
-/// at random. Profit share = share of opportunities won. Schemes: direct
+/// clock; the exchange takes the earliest timestamp (appendix C), a tie
+/// split evenly ([`race_shares`]). Profit share = share of opportunities won. Schemes: direct
 /// unicast, a tree, a tree with hedging, Jasper (tree + hedging +
 /// hold-and-release), Jasper with the deadline controller.
 pub fn trading(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec<TradingRow>, String> {
-    use rand::{Rng, SeedableRng};
     let n = c.receivers;
     if n < 4 {
         return Err("trading needs at least 4 receivers".into());
@@ -702,7 +797,6 @@ pub fn trading(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec
         ("jasper", &treeh, base.node, base.rule),
         ("jasper+controller", &treeh, base.node, controller),
     ];
-    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(c.seed ^ 0x7ad1);
     let mut rows = Vec::new();
     for (name, topo, node, rule) in runs {
         progress(name);
@@ -719,30 +813,17 @@ pub fn trading(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec
             stamps.entry(t.sequence).or_insert([None; 4])[k] = Some(t.local_ns);
             late[k] += u64::from(t.late);
         }
-        let (mut wins, mut ties) = ([0u64; 4], 0u64);
-        let mut seqs: Vec<u64> = stamps.keys().copied().collect();
-        seqs.sort_unstable();
-        for seq in &seqs {
-            let s = stamps[seq];
-            let Some(best) = s.iter().flatten().min().copied() else { continue };
-            let at: Vec<usize> = (0..4).filter(|&k| s[k] == Some(best)).collect();
-            if at.len() > 1 {
-                ties += 1;
-            }
-            wins[at[rng.gen_range(0..at.len())]] += 1;
-        }
-        let total: u64 = wins.iter().sum();
-        let shares = wins.map(|w| if total > 0 { w as f64 / total as f64 } else { 0.0 });
-        let max_deviation_pp = shares.iter().map(|s| (s - 0.25).abs() * 100.0).fold(0.0, f64::max);
+        let r = race_shares(stamps.into_values());
         rows.push(TradingRow {
             scheme: name.into(),
             traders,
-            shares,
-            wins,
-            opportunities: total,
-            ties,
+            shares: r.shares,
+            ci95: r.ci95,
+            wins: r.wins,
+            opportunities: r.races,
+            ties: r.ties,
             late,
-            max_deviation_pp,
+            max_deviation_pp: r.max_deviation_pp(),
         });
     }
     Ok(rows)

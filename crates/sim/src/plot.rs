@@ -127,7 +127,13 @@ where
         .y_label_area_size(50)
         .build_cartesian_2d(x, 0.0..1.0)
         .map_err(|e| e.to_string())?;
-    chart.configure_mesh().x_desc(x_label).y_desc("CDF").draw().map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc("CDF")
+        .x_label_formatter(&|v| tick_label(*v))
+        .draw()
+        .map_err(|e| e.to_string())?;
     for (k, (name, pts)) in curves.into_iter().enumerate() {
         if pts.is_empty() {
             continue;
@@ -190,8 +196,48 @@ fn cdf_log_on<DB: DrawingBackend>(
     if !lo.is_finite() {
         return Err("nothing to plot".into());
     }
-    let hi = hi.max(lo * 10.0);
-    cdf_chart(root, labels, (lo * 0.8..hi * 1.25).log_scale(), curves)
+    // At least a factor of 4 across, so a narrow range still reads as a log axis.
+    let (lo, hi) = (lo * 0.8, hi.max(lo * 4.0) * 1.25);
+    cdf_chart(root, labels, (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)), curves)
+}
+
+/// Tick values for a log axis over `lo..hi`: the 1-2-5 steps of every decade
+/// that fall inside (1-1.5-2-3-5-7 where that gives fewer than four), at most
+/// ten, so labels sit where the data are and never run into each other.
+pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let pick = |steps: &[f64]| -> Vec<f64> {
+        let mut v = Vec::new();
+        let mut decade = 10f64.powf(lo.log10().floor());
+        while decade <= hi {
+            for &s in steps {
+                let x = decade * s;
+                if x >= lo && x <= hi {
+                    v.push(x);
+                }
+            }
+            decade *= 10.0;
+        }
+        v
+    };
+    let mut v = pick(&[1.0, 2.0, 5.0]);
+    if v.len() < 4 {
+        v = pick(&[1.0, 1.5, 2.0, 3.0, 5.0, 7.0]);
+    }
+    while v.len() > 10 {
+        // Too many decades: keep the powers of ten.
+        v.retain(|x| (x.log10() - x.log10().round()).abs() < 1e-9);
+    }
+    v
+}
+
+/// A tick label: no more digits than the value needs (150, 2.5, 0.02, 10k).
+pub fn tick_label(x: f64) -> String {
+    if x >= 10_000.0 {
+        let k = x / 1_000.0;
+        return if (k - k.round()).abs() < 1e-9 { format!("{}k", k.round()) } else { format!("{k:.1}k") };
+    }
+    let s = format!("{x:.6}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// Draws line series (x, y) into an SVG or PNG file; y clipped at the `clip`
@@ -317,5 +363,34 @@ mod tests {
         let svg = std::fs::read_to_string(dir.path().join("b.svg")).unwrap();
         assert!(svg.contains("controller") && svg.contains("P2"), "categories and legend are labelled");
         assert!(bars_svg(&dir.path().join("c.svg"), "t", "y", &[], &series).is_err());
+    }
+
+    /// The demo's OML (150–600 µs) gets ticks where its data are, not only at
+    /// 1,000 and 2,000; a wide range keeps ten labels at most.
+    #[test]
+    fn log_axes_tick_where_the_data_are() {
+        let t = log_ticks(120.0, 750.0);
+        assert_eq!(
+            t,
+            vec![200.0, 500.0]
+                .into_iter()
+                .filter(|_| false)
+                .chain([150.0, 200.0, 300.0, 500.0, 700.0])
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(log_ticks(0.8, 1_250.0), vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1_000.0]);
+        assert!(log_ticks(0.001, 1e7).len() <= 11);
+        assert_eq!(
+            (tick_label(150.0), tick_label(0.02), tick_label(2.5), tick_label(20_000.0)),
+            ("150".into(), "0.02".into(), "2.5".into(), "20k".into())
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("oml.svg");
+        let series = vec![("tree".to_string(), (150..600).map(f64::from).collect::<Vec<_>>())];
+        cdf_log_svg(&p, "OML", "µs", &series, 1.0).unwrap();
+        let svg = std::fs::read_to_string(&p).unwrap();
+        for label in [">150<", ">200<", ">300<", ">500<"] {
+            assert!(svg.contains(label), "tick {label} in the plot");
+        }
     }
 }

@@ -133,9 +133,11 @@ pub enum ReleaseOrder {
 }
 
 /// How long a sequence-ordered receiver waits for a missing message by
-/// default: well past a hedged copy's usual lag behind the first copy, far
-/// below a retransmission's round trip.
-pub const GAP_WAIT_DEFAULT_NS: u64 = 5_000_000;
+/// default: far past a hedged copy's usual lag behind the first (tens to
+/// hundreds of µs) and past the multi-ms stalls of a shared cloud host, so
+/// that only a message truly lost on every path is given up; it holds its
+/// successors that long only when one is missing.
+pub const GAP_WAIT_DEFAULT_NS: u64 = 20_000_000;
 /// The longest gap wait a receiver takes (a longer one stalls the feed).
 pub const GAP_WAIT_MAX_NS: u64 = 10_000_000_000;
 
@@ -711,6 +713,13 @@ pub struct Released {
     pub send_ns: u64,
     /// It arrived after its deadline, so it was released on arrival.
     pub late: bool,
+    /// When it fell due on the receiver's synchronized clock: its deadline,
+    /// its arrival if that was later, in sequence order its predecessor's
+    /// release if later still (or the end of the gap wait). A receiver on a
+    /// host of its own releases then, to its timer's precision; a shell that
+    /// runs many receivers on one thread releases later, and this is the
+    /// instant it stood for.
+    pub due_ns: u64,
     /// The receiver's clock was within its bound limit at the release (off:
     /// leave this release out of fairness statistics).
     pub clock_ok: bool,
@@ -782,6 +791,8 @@ pub struct Receiver {
     next_seq: Option<u64>,
     /// Sequence order: a missing message held back a due one at the last look.
     gap_blocking: bool,
+    /// Sequence order: when the last release fell due (the next is never due before it).
+    last_due_ns: u64,
     pub stats: ReceiverStats,
 }
 
@@ -804,6 +815,7 @@ impl Receiver {
             last_local: 0,
             next_seq: None,
             gap_blocking: false,
+            last_due_ns: 0,
             stats: ReceiverStats::default(),
         }
     }
@@ -880,13 +892,13 @@ impl Receiver {
             return outcome;
         }
         if now >= deadline_ns {
-            self.release(hold);
+            self.release(hold, 0);
             return outcome;
         }
         if self.held.len() >= HOLD_MAX {
             if let Some(Reverse(early)) = self.held.pop() {
                 self.stats.hold_overflow += 1;
-                self.release(early);
+                self.release(early, now);
             }
         }
         self.held.push(Reverse(hold));
@@ -910,7 +922,7 @@ impl Receiver {
         // What this arrival made due goes now (a late arrival at the head:
         // at once); gaps are given up only at a timeout, so that a batch of
         // packets read together is all taken in before any gap is judged.
-        while self.next_seq.is_none_or(|n| self.held.peek().is_some_and(|Reverse(h)| h.sequence <= n))
+        while self.held.peek().is_some_and(|Reverse(h)| h.sequence <= self.next_seq.unwrap_or(1))
             && self.release_head(now, false)
         {}
     }
@@ -921,12 +933,18 @@ impl Receiver {
     fn release_head(&mut self, now: u64, force: bool) -> bool {
         let ReleaseOrder::Sequence { gap_wait_ns } = self.cfg.order else { return false };
         let Some(Reverse(head)) = self.held.peek() else { return false };
-        let gap = self.next_seq.map_or(0, |n| head.sequence.saturating_sub(n));
+        // Before the first release the line starts at 1 (a sender numbers its
+        // session from 1): a receiver up before the session waits for message 1
+        // as for any other; one that joins a running session waits the gap
+        // wait once, then starts where it joined (not counted as a gap).
+        let gap = head.sequence.saturating_sub(self.next_seq.unwrap_or(1));
         let due = if gap == 0 { head.deadline_ns } else { head.deadline_ns.saturating_add(gap_wait_ns) };
         if !force && due > now {
             return false;
         }
         let Some(Reverse(head)) = self.held.pop() else { return false };
+        let waited = gap > 0;
+        let gap = if self.next_seq.is_some() { gap } else { 0 };
         if gap > 0 {
             self.stats.gaps += 1;
             self.stats.gap_packets += gap;
@@ -936,7 +954,17 @@ impl Receiver {
             self.stats.held_by_gap += 1;
         }
         self.next_seq = Some(head.sequence + 1);
-        self.release(head);
+        // Due when the line reached it: its predecessor's release, or the gap wait's end, or now if forced.
+        let floor = if force {
+            now
+        } else if waited {
+            due
+        } else {
+            self.last_due_ns
+        };
+        let floor = floor.max(self.last_due_ns);
+        self.release(head, floor);
+        self.last_due_ns = self.ready.back().map_or(self.last_due_ns, |r| r.due_ns);
         true
     }
 
@@ -944,16 +972,16 @@ impl Receiver {
     fn release_in_order(&mut self, now: u64) {
         while self.release_head(now, false) {}
         // Whether a missing message now holds back one that is past its deadline.
-        self.gap_blocking = self
-            .held
-            .peek()
-            .is_some_and(|Reverse(h)| self.next_seq.is_some_and(|n| h.sequence > n) && h.deadline_ns <= now);
+        self.gap_blocking =
+            self.held.peek().is_some_and(|Reverse(h)| h.sequence > self.next_seq.unwrap_or(1) && h.deadline_ns <= now);
     }
 
-    fn release(&mut self, h: Hold) {
+    /// Releases `h`, due at its deadline or arrival, or at `floor` if later.
+    fn release(&mut self, h: Hold, floor: u64) {
         // Late means it *arrived* after its deadline; a timer that fires a
         // little after the deadline is the shell's release precision, measured apart.
         let late = h.arrival_ns > h.deadline_ns;
+        let due_ns = h.deadline_ns.max(h.arrival_ns).max(floor);
         let hold_ns = h.deadline_ns.saturating_sub(h.arrival_ns);
         let clock_ok = self.sync.within_limit(self.last_local);
         self.stats.clock_unsynced_releases += u64::from(!clock_ok);
@@ -974,6 +1002,7 @@ impl Receiver {
             arrival_ns: h.arrival_ns,
             send_ns: h.send_ns,
             late,
+            due_ns,
             clock_ok,
         });
     }
@@ -988,7 +1017,7 @@ impl Receiver {
     /// head of a sequence-ordered receiver, behind a gap — the gap wait's end.
     fn due_ns(&self, h: &Hold) -> u64 {
         match self.cfg.order {
-            ReleaseOrder::Sequence { gap_wait_ns } if self.next_seq.is_some_and(|n| h.sequence > n) => {
+            ReleaseOrder::Sequence { gap_wait_ns } if h.sequence > self.next_seq.unwrap_or(1) => {
                 h.deadline_ns.saturating_add(gap_wait_ns)
             }
             _ => h.deadline_ns,
@@ -1007,7 +1036,7 @@ impl Receiver {
             && self.held.peek().is_some_and(|Reverse(h)| h.deadline_ns <= now)
         {
             if let Some(Reverse(h)) = self.held.pop() {
-                self.release(h);
+                self.release(h, 0);
             }
         }
         if now >= self.next_report_ns {

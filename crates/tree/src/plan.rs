@@ -335,8 +335,18 @@ pub fn validate(t: &Topology) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// What the per-node checks learn of a tree's edges.
+#[derive(Default)]
+struct Edges {
+    /// Every copy a node sends: (from, to).
+    sends: std::collections::HashSet<(u32, u32)>,
+    /// Parent → child edges alone.
+    children: std::collections::HashSet<(u32, u32)>,
+    layer_size: std::collections::HashMap<i32, usize>,
+}
+
 fn validate_tree(t: &Topology, tree: &Tree, receivers: &std::collections::HashSet<u32>) -> Result<(), PlanError> {
-    use std::collections::{BTreeSet, HashMap, HashSet};
+    use std::collections::HashMap;
     let tid = tree.id;
     let mut by_id: HashMap<u32, &Node> = HashMap::with_capacity(tree.nodes.len());
     for n in &tree.nodes {
@@ -350,12 +360,28 @@ fn validate_tree(t: &Topology, tree: &Tree, receivers: &std::collections::HashSe
         [] => return err(format!("tree {tid}: no sender")),
         many => return err(format!("tree {tid}: {} senders (nodes {many:?}); a tree has one", many.len())),
     }
-    let mut addrs: HashMap<String, u32> = HashMap::new();
-    let mut edges: HashSet<(u32, u32)> = HashSet::new();
-    let mut child_edges: HashSet<(u32, u32)> = HashSet::new();
-    let mut layer_size: HashMap<i32, usize> = HashMap::new();
+    let edges = check_nodes(t, tree, &by_id, receivers)?;
+    check_parents(t, tree, &by_id, &edges)?;
+    for &r in &t.receiver_ids {
+        if !by_id.contains_key(&r) {
+            return err(format!("tree {tid}: receiver {r} is not in the tree"));
+        }
+    }
+    Ok(())
+}
+
+/// Each node's role, layer, copies and address on its own.
+fn check_nodes(
+    t: &Topology,
+    tree: &Tree,
+    by_id: &std::collections::HashMap<u32, &Node>,
+    receivers: &std::collections::HashSet<u32>,
+) -> Result<Edges, PlanError> {
+    let tid = tree.id;
+    let mut addrs: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    let mut e = Edges::default();
     for n in &tree.nodes {
-        *layer_size.entry(n.layer).or_default() += 1;
+        *e.layer_size.entry(n.layer).or_default() += 1;
         if (n.role == Role::Receiver) != receivers.contains(&n.id) {
             return err(format!("tree {tid}: node {} is a {:?} but receiver_ids says otherwise", n.id, n.role));
         }
@@ -372,7 +398,7 @@ fn validate_tree(t: &Topology, tree: &Tree, receivers: &std::collections::HashSe
         if sends > t.fanout + t.hedge * t.fanout {
             return err(format!("tree {tid}: node {} sends {sends} copies, more than F + H·F", n.id));
         }
-        child_edges.extend(n.children.iter().map(|&c| (n.id, c)));
+        e.children.extend(n.children.iter().map(|&c| (n.id, c)));
         for &c in n.children.iter().chain(&n.hedge_targets) {
             let Some(to) = by_id.get(&c) else {
                 return err(format!("tree {tid}: node {} sends to unknown node {c}", n.id));
@@ -385,7 +411,7 @@ fn validate_tree(t: &Topology, tree: &Tree, receivers: &std::collections::HashSe
                     n.id, n.layer, to.layer
                 ));
             }
-            if !edges.insert((n.id, c)) {
+            if !e.sends.insert((n.id, c)) {
                 return err(format!("tree {tid}: node {} sends to node {c} twice", n.id));
             }
         }
@@ -397,6 +423,18 @@ fn validate_tree(t: &Topology, tree: &Tree, receivers: &std::collections::HashSe
             }
         }
     }
+    Ok(e)
+}
+
+/// Every node but the sender has a parent that lists it, and hears from H + 1
+/// parents where the layer above allows.
+fn check_parents(
+    t: &Topology,
+    tree: &Tree,
+    by_id: &std::collections::HashMap<u32, &Node>,
+    e: &Edges,
+) -> Result<(), PlanError> {
+    let tid = tree.id;
     for n in tree.nodes.iter().filter(|n| n.role != Role::Sender) {
         let Some(p) = n.parent else {
             return err(format!("tree {tid}: {:?} {} has no parent", n.role, n.id));
@@ -404,25 +442,20 @@ fn validate_tree(t: &Topology, tree: &Tree, receivers: &std::collections::HashSe
         let Some(parent) = by_id.get(&p).copied() else {
             return err(format!("tree {tid}: node {}'s parent {p} is not in the tree", n.id));
         };
-        if parent.id == n.id || !child_edges.contains(&(p, n.id)) {
+        if parent.id == n.id || !e.children.contains(&(p, n.id)) {
             return err(format!("tree {tid}: node {}'s parent {p} does not list it as a child", n.id));
         }
     }
-    let mut senders_of: HashMap<u32, BTreeSet<u32>> = HashMap::new();
-    for &(from, to) in &edges {
-        senders_of.entry(to).or_default().insert(from);
+    let mut senders_of: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    for &(_, to) in &e.sends {
+        *senders_of.entry(to).or_default() += 1;
     }
     for n in tree.nodes.iter().filter(|n| n.layer > 0) {
-        let layer_above = layer_size.get(&(n.layer - 1)).copied().unwrap_or(0);
+        let layer_above = e.layer_size.get(&(n.layer - 1)).copied().unwrap_or(0);
         let want = (t.hedge + 1).min(layer_above);
-        let got = senders_of.get(&n.id).map_or(0, BTreeSet::len);
+        let got = senders_of.get(&n.id).copied().unwrap_or(0);
         if got < want {
             return err(format!("tree {tid}: node {} hears from {got} parents, expected {want}", n.id));
-        }
-    }
-    for &r in &t.receiver_ids {
-        if !by_id.contains_key(&r) {
-            return err(format!("tree {tid}: receiver {r} is not in the tree"));
         }
     }
     Ok(())

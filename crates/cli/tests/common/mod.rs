@@ -22,12 +22,17 @@ pub fn json(out: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
-/// The shared real-capture directory. Its absence is a loud failure, never a silent pass.
+/// The real NASDAQ captures: `FAIRFEED_ITCH_REAL` (scripts/test.sh sets it),
+/// else `../shared/data/itch50-real` beside the checkout. Their absence is a
+/// loud failure, never a silent pass.
 pub fn real_data_dir() -> PathBuf {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/itch50-real");
+    let d = match std::env::var_os("FAIRFEED_ITCH_REAL") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/itch50-real"),
+    };
     assert!(
         d.is_dir(),
-        "REAL DATA MISSING: {} not found. The real NASDAQ captures live in ../shared/data/itch50-real beside the checkout.",
+        "REAL DATA MISSING: {} not found; fetch the captures with scripts/get-real-captures.sh DIR and set FAIRFEED_ITCH_REAL=DIR",
         d.display()
     );
     d

@@ -48,6 +48,10 @@ pub const TAP_PATH_LINKS_MAX: usize = 8;
 #[derive(Debug, Default)]
 pub struct Tap {
     inner: Mutex<TapInner>,
+    /// Copies read so far, and those more than [`Tap::LAG_LATE_NS`] behind the
+    /// model: read while the run goes on, to see the host falling behind.
+    pub copies: AtomicU64,
+    pub late_copies: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -60,6 +64,9 @@ struct TapInner {
 }
 
 impl Tap {
+    /// A copy this much (emulated ns) behind its modelled one-way latency counts as late.
+    pub const LAG_LATE_NS: u64 = 5_000;
+
     fn sent(&self, to: SocketAddr, handed_ns: u64, model_ns: u64) {
         let mut t = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let q = t.flights.entry(to).or_default();
@@ -73,7 +80,12 @@ impl Tap {
     pub fn read(&self, me: SocketAddr, at: u64) {
         let mut t = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((handed, model)) = t.flights.get_mut(&me).and_then(VecDeque::pop_front) {
-            t.link.push((at.saturating_sub(handed), model));
+            let measured = at.saturating_sub(handed);
+            t.link.push((measured, model));
+            self.copies.fetch_add(1, Ordering::Relaxed);
+            if measured.saturating_sub(model) > Self::LAG_LATE_NS {
+                self.late_copies.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
