@@ -98,11 +98,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     let _ = out.flush();
-    match capture_error {
-        Some(e) => Err(anyhow::Error::new(e)
-            .context("capture ends in a damaged record; the output above covers what came before it")),
-        None => Ok(()),
+    if let Some(e) = capture_error {
+        return Err(anyhow::Error::new(e)
+            .context("capture ends in a damaged record; the output above covers what came before it"));
     }
+    if n == 0 {
+        // A capture with nothing to decode is not a feed with zero packets.
+        let skip = &skipped;
+        let frames = skip.not_udp + skip.other_port + skip.bad_frame + skip.unknown_link;
+        let ports = a.port.map_or_else(|| "any port".to_string(), |p| format!("port {p}"));
+        anyhow::bail!(
+            "{}: no UDP datagrams on {ports} to decode ({frames} frames: {} not UDP, {} to other ports, {} malformed, {} of an unknown link type)",
+            a.file.display(),
+            skip.not_udp,
+            skip.other_port,
+            skip.bad_frame,
+            skip.unknown_link
+        );
+    }
+    Ok(())
 }
 
 fn text_packet(

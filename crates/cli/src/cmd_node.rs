@@ -561,12 +561,29 @@ pub(crate) fn load_topology(p: &Path) -> anyhow::Result<Topology> {
 }
 
 fn load_auth(c: &Common) -> anyhow::Result<Option<Auth>> {
-    let text = match (&c.key_file, std::env::var("FAIRFEED_KEY")) {
-        (Some(p), _) => std::fs::read_to_string(p).with_context(|| format!("reading key {}", p.display()))?,
-        (None, Ok(k)) => k,
+    let (text, from) = match (&c.key_file, std::env::var("FAIRFEED_KEY")) {
+        (Some(p), _) => {
+            let bytes = std::fs::read(p).with_context(|| format!("reading key {}", p.display()))?;
+            // A raw 32-byte key (e.g. straight from /dev/urandom) is not text at all.
+            let text = String::from_utf8(bytes).map_err(|_| {
+                anyhow::anyhow!(
+                    "bad key in {}: a key is 64 hex digits in a text file (make one: head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')",
+                    p.display()
+                )
+            })?;
+            (text, p.display().to_string())
+        }
+        (None, Ok(k)) => (k, "FAIRFEED_KEY".to_string()),
         (None, Err(_)) => return Ok(None),
     };
-    let mut a = Auth::from_hex(&text).map_err(|e| anyhow::anyhow!("bad key: {e}"))?;
+    let mut a = Auth::from_hex(&text).map_err(|e| anyhow::anyhow!("bad key in {from}: {e}"))?;
+    if a.is_all_zero() {
+        tracing::warn!(
+            node = c.id,
+            "the key in {from} is all zeros: anyone can guess it, so packets are as good as unauthenticated; make a \
+             random one (head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')"
+        );
+    }
     a.max_age_ns = c.max_age_ms * 1_000_000;
     Ok(Some(a))
 }

@@ -53,6 +53,7 @@ enum Action {
     /// Cancel order TOKEN (all of it, or down to --leave shares).
     Cancel {
         /// The order's token (UserRefNum), as `buy`/`sell` printed it.
+        #[arg(allow_negative_numbers = true)]
         token: u32,
         /// Shares to leave open (0: cancel all).
         #[arg(long, default_value_t = 0)]
@@ -61,9 +62,10 @@ enum Action {
     /// Replace order TOKEN by QTY shares at PRICE under a new token: `replace TOKEN QTY [@] PRICE`.
     Replace {
         /// The order's token (UserRefNum).
+        #[arg(allow_negative_numbers = true)]
         token: u32,
         /// The new quantity, 1..=999,999,999 shares.
-        #[arg(value_parser = clap::value_parser!(u32).range(1..=999_999_999))]
+        #[arg(value_parser = clap::value_parser!(u32).range(1..=999_999_999), allow_negative_numbers = true)]
         qty: u32,
         /// `@ PRICE` or `PRICE`, in dollars with up to 4 decimals.
         #[arg(num_args = 1..=2, value_name = "[@] PRICE", allow_negative_numbers = true)]
@@ -107,7 +109,7 @@ struct OrderArgs {
     #[arg(value_parser = symbol)]
     symbol: String,
     /// Shares, 1..=999,999,999.
-    #[arg(value_parser = clap::value_parser!(u32).range(1..=999_999_999))]
+    #[arg(value_parser = clap::value_parser!(u32).range(1..=999_999_999), allow_negative_numbers = true)]
     qty: u32,
     /// `@ PRICE` or `PRICE`, in dollars with up to 4 decimals (e.g. `@ 185.00`).
     #[arg(num_args = 1..=2, value_name = "[@] PRICE", allow_negative_numbers = true)]

@@ -90,6 +90,10 @@ fn the_dashboard_draws_the_tree_updates_and_shows_a_dead_node() {
     let (a, b) = (text_of(&first, "updated"), text_of(&second, "updated"));
     assert!(a.is_some() && a != b, "the page updates: {a:?} then {b:?}");
     assert_ne!(node_class(&second, 2).as_deref(), Some("node unhealthy"), "receiver 2 is alive");
+    // The one-way-delay CDF sits on a log axis over the data's range (µs on a
+    // loopback tree with emulated cloud links), not the histogram's 0–10 s.
+    let owd = second.split("id=\"owd_cdf\"").nth(1).and_then(|s| s.split("</svg>").next()).unwrap_or("");
+    assert!(owd.contains("µs<") && !owd.contains(" s<") && !owd.contains("10000000"), "owd CDF ticks: {owd}");
 
     // Kill receiver 2: within 3 s the page shows it unhealthy.
     let killed = Instant::now();

@@ -243,6 +243,15 @@ pub fn read_datagrams(path: &Path, port: Option<u16>) -> Result<(Vec<Datagram>, 
     Ok((out, skipped))
 }
 
+/// What went wrong in pcap-file, in words: its I/O errors say "Error reading
+/// bytes" even when writing; the OS's reason (e.g. "No space left on device") is inside.
+fn pcap_detail(e: &pcap_file::PcapError) -> String {
+    match e {
+        pcap_file::PcapError::IoError(io) => io.to_string(),
+        other => other.to_string(),
+    }
+}
+
 /// Writes UDP payloads as Ethernet/IPv4/UDP frames into a nanosecond pcap.
 pub struct CaptureWriter {
     writer: PcapWriter<BufWriter<File>>,
@@ -270,7 +279,7 @@ impl CaptureWriter {
             endianness: Endianness::Little,
         };
         let writer = PcapWriter::with_header(BufWriter::with_capacity(1 << 20, f), header)
-            .map_err(|e| CaptureError::Write { path: p.clone(), detail: e.to_string() })?;
+            .map_err(|e| CaptureError::Write { path: p.clone(), detail: pcap_detail(&e) })?;
         Ok(CaptureWriter { writer, path: p, frame_buf: vec![0; SNAPLEN as usize], ident: 0 })
     }
 
@@ -305,7 +314,7 @@ impl CaptureWriter {
         let pkt = PcapPacket::new(std::time::Duration::from_nanos(ts_ns), n as u32, &self.frame_buf[..n]);
         self.writer
             .write_packet(&pkt)
-            .map_err(|e| CaptureError::Write { path: self.path.clone(), detail: e.to_string() })?;
+            .map_err(|e| CaptureError::Write { path: self.path.clone(), detail: pcap_detail(&e) })?;
         Ok(())
     }
 

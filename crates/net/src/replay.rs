@@ -82,7 +82,19 @@ pub fn replay_lines(
     pacing: Pacing,
     mut progress: impl FnMut(u64),
 ) -> std::io::Result<ReplayReport> {
-    let socks = lines.iter().map(|l| sender_socket(l.to)).collect::<std::io::Result<Vec<_>>>()?;
+    let socks = lines
+        .iter()
+        .map(|l| {
+            sender_socket(l.to).map_err(|e| {
+                let why = match l.to.ip() {
+                    std::net::IpAddr::V4(ip) if ip.is_broadcast() => " (a broadcast address: replay sends to one host)",
+                    ip if ip.is_multicast() => " (a multicast group: is there a route for it?)",
+                    _ => "",
+                };
+                std::io::Error::new(e.kind(), format!("sending to {}: {e}{why}", l.to))
+            })
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
     let mut order: Vec<(u64, usize, usize)> = lines
         .iter()
         .enumerate()

@@ -94,6 +94,11 @@ impl Auth {
         Ok(Auth::new(key))
     }
 
+    /// A key of zeros only: a placeholder, not a secret.
+    pub fn is_all_zero(&self) -> bool {
+        self.key.iter().all(|&b| b == 0)
+    }
+
     fn tag(&self, b: &[u8]) -> [u8; TAG_LEN] {
         let mut h = blake3::Hasher::new_keyed(&self.key);
         h.update(&b[..6]);
