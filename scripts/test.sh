@@ -21,7 +21,9 @@
 #     mode, every test binary whatever fails before it, with
 #     FAIRFEED_REQUIRE_TOOLS=1 so a missing external tool fails loudly
 #     (and, as root, FAIRFEED_REQUIRE_NETNS=1: the namespace test must run);
-#     one summary line at the end ("N passed, N failed, N skipped").
+#     one summary line at the end ("N passed, N failed, N skipped"); each test
+#     binary under a wall-clock limit (FAIRFEED_TEST_BINARY_TIMEOUT, 900 s), so
+#     a hang fails its binary with a TIMEOUT line and the rest still run.
 # Runs as root on a fresh Debian machine (CI) or as a user with sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -104,13 +106,21 @@ fi
 # Every test binary runs, whatever fails before it (--no-fail-fast); one
 # summary line at the end. The log goes to a temporary file, not target/
 # (CARGO_TARGET_DIR may put the build elsewhere).
+# Each test binary runs under a wall-clock limit (scripts/test-runner.sh as
+# cargo's runner): a hung test stops its own binary with a TIMEOUT line and
+# the others still run.
 log=$(mktemp "${TMPDIR:-/tmp}/fairfeed-test.XXXXXX.log")
+host=$(rustc -vV | sed -n 's/^host: //p')
+runner_var="CARGO_TARGET_$(tr 'a-z-' 'A-Z_' <<<"$host")_RUNNER"
+export "$runner_var=$PWD/scripts/test-runner.sh"
 set +e
 FAIRFEED_REQUIRE_TOOLS=1 cargo test --workspace --release --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 summary=$(awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d skipped", p, f, i}' "$log")
 failing=$(grep -E "^    [A-Za-z0-9_:]+$" "$log" | sed 's/^ *//' | sort -u | head -20 | tr '\n' ' ')
+timedout=$(grep -o "TIMEOUT [^ ]*" "$log" | sed 's/^TIMEOUT //' | sort -u | tr '\n' ' ')
+[ -n "$timedout" ] && failing="$failing(timed out: $timedout)"
 rm -f "$log"
 if [ "$status" -ne 0 ] || grep -q " [1-9][0-9]* failed" <<<"$summary"; then
   [ -n "$failing" ] && echo "failing: $failing"

@@ -68,6 +68,7 @@ fn start_proxy(
         children,
         hedge_targets: Vec::new(),
         addr: Some(a.to_string()),
+        control: None,
     };
     let (sender_id, proxy_id) = (k, k + 1);
     let mut nodes = vec![

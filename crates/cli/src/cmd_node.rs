@@ -526,8 +526,23 @@ pub struct ReceiverArgs {
 #[derive(clap::Args)]
 pub struct StatArgs {
     /// The node's control address (its --control); the fields are explained in docs/FILES.md.
-    #[arg(value_parser = crate::fmt::dest_addr)]
-    addr: SocketAddr,
+    #[arg(value_parser = crate::fmt::dest_addr, required_unless_present = "topology", conflicts_with = "topology")]
+    addr: Option<SocketAddr>,
+    /// The whole tree instead: ask every node at its control address in this
+    /// topology (plan with --control-port) and show the fleet — each recent
+    /// message's delivery window and P(F) across the receivers, late
+    /// releases, gaps, and the receivers that release last.
+    #[arg(long)]
+    topology: Option<PathBuf>,
+    /// With --topology: messages compared at most (the most recent every receiver released), 1..=100,000.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=100_000), requires = "topology")]
+    messages: u64,
+    /// With --topology: receivers listed, worst first, 1..=100,000.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100_000), requires = "topology")]
+    worst: u64,
+    /// With --topology: the view as one JSON object.
+    #[arg(long, requires = "topology")]
+    json: bool,
     /// Give up after this long, ms; 1..=600,000.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     timeout_ms: u64,
@@ -625,6 +640,16 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         extra.push(e);
         x
     });
+    // The command line's --control, else the topology's control address for this node.
+    let control = match c.control {
+        Some(a) => Some(a),
+        None => match topology.trees[0].nodes.iter().find(|n| n.id == c.id).and_then(|n| n.control.as_deref()) {
+            Some(s) => {
+                Some(crate::fmt::listen_addr(s).map_err(|e| anyhow::anyhow!("node {}'s control address: {e}", c.id))?)
+            }
+            None => None,
+        },
+    };
     Ok(AgentConfig {
         topology: Arc::new(topology),
         id: c.id,
@@ -645,7 +670,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
             ThreadsArg::Dedicated => Threading::Dedicated,
         },
         tuning: Tuning { pin: c.pin.clone(), mlock: c.mlock, fifo: c.fifo, busy_poll_us: c.busy_poll_us },
-        control: c.control,
+        control,
         max_seconds: c.seconds,
         job,
         stop,
@@ -775,20 +800,34 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     finish(&a.common, &cfg, r)
 }
 
+/// `stat --topology`: the fleet view.
+fn run_fleet(a: &StatArgs) -> anyhow::Result<()> {
+    let Some(p) = &a.topology else { anyhow::bail!("give a node's control address or --topology FILE") };
+    let topo = load_topology(p)?;
+    let v = fairfeed_net::tree::fleet::fleet(&topo, a.messages as usize, Duration::from_millis(a.timeout_ms))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    use std::io::Write;
+    let text =
+        if a.json { serde_json::to_string_pretty(&v)? } else { fairfeed_net::tree::fleet::text(&v, a.worst as usize) };
+    let _ = writeln!(std::io::stdout(), "{text}");
+    Ok(())
+}
+
 /// `stat` asks again this often until answered (UDP: a request or its
 /// answer may be dropped, by a full socket buffer under load or a flood).
 const STAT_RETRY_MS: u64 = 200;
 
 pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
-    let s = UdpSocket::bind(if a.addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
+    let Some(addr) = a.addr else { return run_fleet(&a) };
+    let s = UdpSocket::bind(if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
     let until = std::time::Instant::now() + Duration::from_millis(a.timeout_ms);
     let mut buf = vec![0u8; 65_536];
     let n = loop {
         let left = until.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
-            anyhow::bail!("no answer from {} within {} ms (is a node's --control there?)", a.addr, a.timeout_ms);
+            anyhow::bail!("no answer from {} within {} ms (is a node's --control there?)", addr, a.timeout_ms);
         }
-        s.send_to(b"stat", a.addr).with_context(|| format!("asking {}", a.addr))?;
+        s.send_to(b"stat", addr).with_context(|| format!("asking {}", addr))?;
         s.set_read_timeout(Some(left.min(Duration::from_millis(STAT_RETRY_MS))))?;
         match s.recv(&mut buf) {
             Ok(n) => break n,
@@ -797,7 +836,7 @@ pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 std::thread::sleep(left.min(Duration::from_millis(STAT_RETRY_MS)));
             }
-            Err(e) => anyhow::bail!("no answer from {} (is a node's --control there?): {e}", a.addr),
+            Err(e) => anyhow::bail!("no answer from {} (is a node's --control there?): {e}", addr),
         }
     };
     let v: serde_json::Value = serde_json::from_slice(&buf[..n]).context("the answer is not JSON")?;

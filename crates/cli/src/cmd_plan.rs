@@ -61,6 +61,12 @@ pub struct Args {
     /// `--address 0=10.0.0.1:9000` or `--address 0=node-0.tree.svc:9000`.
     #[arg(long, value_parser = parse_address)]
     address: Vec<(u32, fairfeed_tree::addr::HostPort)>,
+    /// Give every node with an address a control address on the same host at
+    /// this port: the node answers `fairfeed stat` there unless its command
+    /// line says otherwise, and `fairfeed stat --topology` asks every node
+    /// there (a fleet view of the running tree).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    control_port: Option<u16>,
     /// Also write tree 0 as Graphviz DOT (and an SVG beside it when `dot` is installed).
     #[arg(long)]
     dot: Option<PathBuf>,
@@ -122,6 +128,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         if let Some((_, addr)) = a.address.iter().rev().find(|(id, _)| *id == n.id) {
             n.addr = Some(addr.to_string());
+        }
+    }
+    if let Some(port) = a.control_port {
+        for n in topo.trees.iter_mut().flat_map(|t| &mut t.nodes) {
+            let host = n.addr.as_deref().and_then(|s| fairfeed_tree::addr::HostPort::parse(s, false).ok());
+            n.control = host.map(|h| fairfeed_tree::addr::HostPort { host: h.host, port }.to_string());
         }
     }
     let ids: std::collections::HashSet<u32> = topo.trees.iter().flat_map(|t| &t.nodes).map(|n| n.id).collect();

@@ -528,20 +528,109 @@ fn hedging_mc(
 }
 
 /// Runs the fairness experiment and writes its rows, table and plots.
-fn fairness_cmd(cfg: &FairnessConfig, out: &std::path::Path, model_label: &str) -> anyhow::Result<()> {
-    let t0 = Instant::now();
-    let n_schemes = if cfg.schemes.is_empty() { 7 } else { cfg.schemes.len() };
-    let pb = crate::fmt::progress(n_schemes as u64, "simulating schemes");
-    let rows = fairness(cfg, |name| {
-        pb.set_message(format!("simulating {name}"));
-        pb.inc(1);
+/// Deliveries (messages × receivers × schemes) above which a fairness run
+/// first estimates its time and memory from a pilot and says so.
+const ESTIMATE_ABOVE_DELIVERIES: f64 = 2e8;
+/// Messages the pilot runs at most, and (messages × receivers) it aims at.
+const PILOT_MESSAGES: u64 = 200;
+const PILOT_DELIVERIES: u64 = 1_000_000;
+
+/// A size in words: 2.8 GB, 410 MB.
+fn bytes_text(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.1} GB", b as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.0} MB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// A duration in words: 1 h 05 min, 12 min, 40 s.
+fn seconds_text(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=5_999 => format!("{} min", s / 60),
+        _ => format!("{} h {:02} min", s / 3_600, s / 60 % 60),
+    }
+}
+
+/// Runs the schemes with a progress bar over every message they send (the
+/// runs share a [`Watch`]); Ctrl-C (or SIGTERM, SIGHUP) stops them early —
+/// each lets what it sent settle — and what was done is written. Returns
+/// the rows and whether it was stopped.
+fn fairness_watched(
+    cfg: &FairnessConfig,
+    signal: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<(Vec<fairfeed_sim::experiment::FairnessRow>, bool)> {
+    use std::sync::atomic::Ordering;
+    let schemes = if cfg.schemes.is_empty() { 7 } else { cfg.schemes.len() } as u64;
+    let watch = std::sync::Arc::new(fairfeed_sim::engine::Watch::default());
+    let cfg = FairnessConfig { watch: Some(watch.clone()), ..cfg.clone() };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let pb = crate::fmt::progress(cfg.messages * schemes, "simulating messages (all schemes)");
+    let rows = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut told = false;
+            while !done.load(Ordering::Relaxed) {
+                pb.set_position(watch.sent.load(Ordering::Relaxed));
+                if signal.load(Ordering::Relaxed) && !told {
+                    told = true;
+                    watch.stop.store(true, Ordering::Relaxed);
+                    eprintln!("sim: stopping: what every receiver had by now is written");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        });
+        let rows = fairness(&cfg, |name| pb.set_message(format!("{name} done")));
+        done.store(true, Ordering::Relaxed);
+        rows
     })
     .map_err(anyhow::Error::msg)?;
     pb.finish_and_clear();
+    Ok((rows, watch.stop.load(Ordering::Relaxed)))
+}
+
+fn fairness_cmd(cfg: &FairnessConfig, out: &std::path::Path, model_label: &str) -> anyhow::Result<()> {
+    // Signals are ours from the start (a background job may have inherited SIGINT ignored).
+    let signal = crate::fmt::stop_on_signals()?;
+    let n_schemes = if cfg.schemes.is_empty() { 7 } else { cfg.schemes.len() };
+    let deliveries = cfg.messages as f64 * cfg.receivers as f64 * n_schemes as f64;
+    if deliveries > ESTIMATE_ABOVE_DELIVERIES {
+        // A pilot of about PILOT_DELIVERIES deliveries: a few seconds at any N.
+        let pilot = (PILOT_DELIVERIES / cfg.receivers as u64).clamp(10, PILOT_MESSAGES);
+        eprintln!("sim: a large run ({deliveries:.1e} deliveries): estimating it from a {pilot}-message pilot …");
+        let e = fairfeed_sim::experiment::fairness_estimate(cfg, pilot).map_err(anyhow::Error::msg)?;
+        if signal.load(std::sync::atomic::Ordering::Relaxed) {
+            anyhow::bail!("stopped during the estimate, before any scheme ran: nothing to write");
+        }
+        eprintln!(
+            "sim: about {} and {} of memory ({} schemes on {} threads; the pilot: {} messages in {:.1} s). \
+             Ctrl-C stops early and writes what was done.",
+            seconds_text(e.seconds),
+            bytes_text(e.bytes),
+            e.schemes,
+            e.threads,
+            e.pilot_messages,
+            e.pilot_seconds
+        );
+    }
+    let t0 = Instant::now();
+    let (rows, interrupted) = fairness_watched(cfg, &signal)?;
     let wall = t0.elapsed().as_secs_f64();
     let events: u64 = rows.iter().map(|r| r.run.events).sum();
+    let stopped = if interrupted {
+        let sent: Vec<String> = rows.iter().map(|r| format!("{} {}", r.scheme, r.run.messages)).collect();
+        format!(
+            "**Stopped early** (a signal): each scheme's figures cover the messages every receiver had by then, from \
+             the first on ({}), of the {} asked for; schemes not yet started are left out.\n\n",
+            sent.join(", "),
+            cfg.messages
+        )
+    } else {
+        String::new()
+    };
     let md = format!(
-        "# Fairness, N = {}, seed {}\n\n{} messages per scheme at {} msg/s; link model: {model_label}; \
+        "# Fairness, N = {}, seed {}\n\n{stopped}{} messages per scheme at {} msg/s; link model: {model_label}; \
          controller target P(F) {} (previous controller: {} of deliveries on time).\n\n{}\n\n{events} events in {wall:.1} s ({:.2} M events/s).\n",
         cfg.receivers,
         cfg.seed,
@@ -604,6 +693,7 @@ fn fairness_entry(e: Experiment) -> anyhow::Result<()> {
         target_on_time,
         sync: None,
         schemes,
+        watch: None,
     };
     let setting = match clock {
         ClockArg::Model => ClockSetting::Model,

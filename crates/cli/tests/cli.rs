@@ -42,10 +42,16 @@ fn decode_summary_has_the_documented_fields() {
     assert_eq!(s["errors"], 0);
     let sum: u64 = s["types"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(sum, 12345);
-    // The port filter applies.
-    let none = json(&fairfeed(&["decode", f.to_str().unwrap(), "--summary-json", "--port", "1"]));
+    // The port filter applies; nothing on that port is said in one line (and
+    // is not a success), after the summary that shows what was skipped.
+    let o =
+        Command::new(bin()).args(["decode", f.to_str().unwrap(), "--summary-json", "--port", "1"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let none = json(&o);
     assert_eq!(none["packets"], 0);
     assert_eq!(none["skipped_frames"]["other_port"], s["packets"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no UDP datagrams on port 1") && err.trim().lines().count() == 1, "{err}");
 }
 
 #[test]

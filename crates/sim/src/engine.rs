@@ -64,6 +64,27 @@ pub struct SimConfig {
     pub receiver_delays: bool,
     /// Host classes of the model (members drawn from the run's seed).
     pub classes: Vec<HostClass>,
+    /// Progress out and a stop in, shared with whoever watches the run
+    /// (`None`: nobody). Stopped, a run ends at once and reports the
+    /// messages every receiver had by then (the longest such run of them
+    /// from the start): what was done, never a torn result.
+    pub watch: Option<std::sync::Arc<Watch>>,
+}
+
+/// A watched run looks at its stop flag every this many events.
+const WATCH_EVENTS: u64 = 1 << 16;
+
+/// Bytes a run keeps per message beyond its fixed state: its aggregate,
+/// and the per-message OML, window and series values of its result.
+pub const BYTES_PER_MESSAGE: u64 = std::mem::size_of::<MsgAgg>() as u64 + 4 * 8;
+
+/// What a long simulation shows while it runs, and how it is stopped early.
+#[derive(Debug, Default)]
+pub struct Watch {
+    /// Messages sent so far, by every run that shares this watch.
+    pub sent: std::sync::atomic::AtomicU64,
+    /// Set to stop sending (Ctrl-C): the runs finish with what they sent.
+    pub stop: std::sync::atomic::AtomicBool,
 }
 
 /// Clock synchronization in a run.
@@ -439,33 +460,14 @@ pub fn run(topo: &Topology, cfg: &SimConfig) -> RunResult {
 fn run_with(topo: &Topology, cfg: &SimConfig, elide: bool) -> RunResult {
     assert!(cfg.messages > 0 && cfg.messages <= MESSAGES_MAX, "messages must be 1..={MESSAGES_MAX}");
     assert!(cfg.rate_per_s > 0.0, "rate must be positive");
-    let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed);
-    let (nodes, sender_id) = build_nodes(topo, cfg, &mut rng);
-    let n_ids = nodes.len();
-    let members = class_members(topo, cfg, n_ids);
-    let mut w = World {
-        nodes,
-        net: Net::new(cfg, rng, n_ids, members, elide),
-        timer_at: vec![u64::MAX; n_ids],
-        msgs: vec![MsgAgg::default(); cfg.messages as usize + 1],
-        owd: Logs::new(topo, cfg, n_ids),
-        held: 0,
-    };
-    let start_ns = cfg.sync.map_or(0, |s| s.warmup_ns);
+    let (mut w, sender_id) = World::start(topo, cfg, elide);
     let mut samples = Samples::default();
     let gap_ns = (1e9 / cfg.rate_per_s) as u64;
     let mut sent = 0u64;
-    w.net.queue.push(start_ns, 0, Ev::Send);
-    if let Some(s) = cfg.sync {
-        w.net.order += 1;
-        w.net.queue.push(s.sample_ns, w.net.order, Ev::Sample);
-    }
-    // Proxies and receivers start their report timers.
-    for id in 0..n_ids as u32 {
-        schedule(&w.nodes, &mut w.net, &mut w.timer_at, id);
-    }
     let mut events = 0u64;
     let mut crashed = false;
+    // Where a watched run was stopped (messages sent), if it was.
+    let mut stopped_at: Option<u64> = None;
     // Everything has settled but copies elided as duplicates were still due:
     // the run ends where the last of them would have been handled.
     let mut settled = false;
@@ -477,6 +479,12 @@ fn run_with(topo: &Topology, cfg: &SimConfig, elide: bool) -> RunResult {
         }
         w.prefetch_ahead();
         events += 1;
+        if events % WATCH_EVENTS == 0 {
+            stopped_at = stop_point(cfg, topo, &w.msgs, sent);
+            if stopped_at.is_some() {
+                break;
+            }
+        }
         assert!(events < EVENTS_MAX, "simulation exceeded {EVENTS_MAX} events");
         w.net.now = t;
         if let Some((victim, at)) = cfg.crash {
@@ -490,6 +498,9 @@ fn run_with(topo: &Topology, cfg: &SimConfig, elide: bool) -> RunResult {
             Ev::Send => {
                 send_one(&mut w.nodes[sender_id as usize], &mut w.net, sender_id, sent, &mut w.msgs);
                 sent += 1;
+                if let Some(wt) = &cfg.watch {
+                    wt.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 if sent < cfg.messages {
                     w.net.order += 1;
                     w.net.queue.push(t + gap_ns, w.net.order, Ev::Send);
@@ -506,7 +517,26 @@ fn run_with(topo: &Topology, cfg: &SimConfig, elide: bool) -> RunResult {
             break;
         }
     }
-    finish(topo, cfg, &w.nodes, &w.msgs, events, w.owd, &samples, &w.net)
+    // Stopped early, the figures cover the messages every receiver had.
+    let (cfg, msgs) = match stopped_at {
+        Some(n) => (
+            SimConfig { messages: n.max(1), warmup_messages: cfg.warmup_messages.min(n / 2), ..cfg.clone() },
+            &w.msgs[..=n as usize],
+        ),
+        None => (cfg.clone(), &w.msgs[..]),
+    };
+    finish(topo, &cfg, &w.nodes, msgs, events, w.owd, &samples, &w.net)
+}
+
+/// If the run's watcher asked it to stop: the messages every receiver
+/// already has, counted from the first on (the figures can cover those).
+fn stop_point(cfg: &SimConfig, topo: &Topology, msgs: &[MsgAgg], sent: u64) -> Option<u64> {
+    let wt = cfg.watch.as_ref()?;
+    if !wt.stop.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    let n = topo.receivers as u32;
+    Some(msgs.iter().skip(1).take(sent as usize).take_while(|m| m.delivered >= n).count() as u64)
 }
 
 /// Everything one run changes as events happen.
@@ -544,6 +574,33 @@ fn prefetch<T>(p: *const T) {
 }
 
 impl World {
+    /// The world of a run before its first event: the nodes built, the first
+    /// send (after the clock warm-up) and every node's timers queued.
+    fn start(topo: &Topology, cfg: &SimConfig, elide: bool) -> (World, u32) {
+        let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed);
+        let (nodes, sender_id) = build_nodes(topo, cfg, &mut rng);
+        let n_ids = nodes.len();
+        let members = class_members(topo, cfg, n_ids);
+        let mut w = World {
+            nodes,
+            net: Net::new(cfg, rng, n_ids, members, elide),
+            timer_at: vec![u64::MAX; n_ids],
+            msgs: vec![MsgAgg::default(); cfg.messages as usize + 1],
+            owd: Logs::new(topo, cfg, n_ids),
+            held: 0,
+        };
+        w.net.queue.push(cfg.sync.map_or(0, |s| s.warmup_ns), 0, Ev::Send);
+        if let Some(s) = cfg.sync {
+            w.net.order += 1;
+            w.net.queue.push(s.sample_ns, w.net.order, Ev::Sample);
+        }
+        // Proxies and receivers start their report timers.
+        for id in 0..n_ids as u32 {
+            schedule(&w.nodes, &mut w.net, &mut w.timer_at, id);
+        }
+        (w, sender_id)
+    }
+
     /// At scale nearly every event touches a node nobody touched lately: a
     /// chain of cache misses (its entry, its boxed state, the packet). The
     /// next events are known (the queue's sorted bucket), so their memory is
@@ -1109,6 +1166,7 @@ mod sync_tests {
             sync: sync.then(|| SimSync { warmup_ns: 8_000_000_000, ..SimSync::default() }),
             receiver_delays: false,
             classes: Vec::new(),
+            watch: None,
         }
     }
 
@@ -1162,6 +1220,7 @@ mod dups_tests {
             sync: None,
             receiver_delays: true,
             classes: Vec::new(),
+            watch: None,
         }
     }
 

@@ -41,6 +41,8 @@ pub struct FairnessConfig {
     pub sync: Option<SimSync>,
     /// The fairness schemes to run (empty: all of [`SCHEMES`]).
     pub schemes: Vec<String>,
+    /// Progress and an early stop, shared by every run (see [`crate::engine::Watch`]).
+    pub watch: Option<std::sync::Arc<crate::engine::Watch>>,
 }
 
 /// The fairness experiment's schemes, in order.
@@ -60,6 +62,7 @@ impl Default for FairnessConfig {
             target_on_time: None,
             sync: None,
             schemes: Vec::new(),
+            watch: None,
         }
     }
 }
@@ -106,20 +109,90 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
     ];
     let runs: Vec<_> =
         runs.into_iter().filter(|r| c.schemes.is_empty() || c.schemes.iter().any(|s| s == r.0)).collect();
-    // Independent runs, one per core.
+    // Independent runs, one per core; once stopped (a watcher's signal), a
+    // scheme not yet started is left out rather than run for one message.
+    let stopped = || c.watch.as_ref().is_some_and(|w| w.stop.load(std::sync::atomic::Ordering::Relaxed));
     let rows = par_map(
         &runs,
         |&(name, topo, hedge, node, rule)| {
+            if stopped() {
+                return None;
+            }
             let l = load(topo, c);
             // An overloaded sender's queue grows with every message; a short run
             // shows it as well as a long one without holding millions of copies.
             let messages = if l > 1.0 { c.messages.min(OVERLOADED_MESSAGES_MAX) } else { c.messages };
             let cfg = SimConfig { node, rule, messages, warmup_messages: (messages / 5).min(2_000), ..base.clone() };
-            row(name, hedge, topo.fanout, topo.depth, l, run(topo, &cfg))
+            Some(row(name, hedge, topo.fanout, topo.depth, l, run(topo, &cfg)))
         },
         |i| progress(runs[i].0),
     );
-    Ok(rows)
+    Ok(rows.into_iter().flatten().collect())
+}
+
+/// What a fairness run will take, estimated before it starts from a short
+/// pilot of its heaviest scheme on this machine.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Estimate {
+    pub schemes: usize,
+    pub threads: usize,
+    /// Messages the pilot ran and how long it took.
+    pub pilot_messages: u64,
+    pub pilot_seconds: f64,
+    /// The whole experiment: wall seconds and peak memory.
+    pub seconds: f64,
+    pub bytes: u64,
+}
+
+/// The resident memory of this process now and at its peak, bytes (Linux; 0 elsewhere).
+fn rss_now_and_peak() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = |key: &str| {
+        s.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |k| k * 1024)
+    };
+    (kb("VmRSS:"), kb("VmHWM:"))
+}
+
+/// Estimates [`fairness`] on `c` by running its heaviest scheme (hedged
+/// Jasper with the controller) for `pilot` messages: time per message times
+/// the messages, schemes spread over the threads; memory as the pilot's
+/// peak plus [`crate::engine::BYTES_PER_MESSAGE`] for each further message,
+/// for the runs at once, and the results kept.
+pub fn fairness_estimate(c: &FairnessConfig, pilot: u64) -> Result<Estimate, String> {
+    let pilot = pilot.clamp(10, c.messages.max(10));
+    let treeh = heuristic_tree(c.receivers, c.hedge)?;
+    let base = sim_base(c, NodeConfig::default(), DeadlineRule::Quantile { target_pf: c.target_pf });
+    let timed = |messages: u64| {
+        let cfg = SimConfig { messages, warmup_messages: messages / 5, watch: None, ..base.clone() };
+        let t = std::time::Instant::now();
+        let r = run(&treeh, &cfg);
+        (t.elapsed().as_secs_f64(), r)
+    };
+    // A run of two messages is (nearly) the fixed cost of building the nodes
+    // and draining the end; the pilot's time beyond it is its messages'.
+    let (fixed_s, _) = timed(2);
+    let (before, _) = rss_now_and_peak();
+    let (pilot_seconds, r) = timed(pilot);
+    let (_, peak) = rss_now_and_peak();
+    drop(r);
+    let marginal = (pilot_seconds - fixed_s) / (pilot - 2) as f64;
+    let per_msg_s = if marginal > 0.0 { marginal } else { pilot_seconds / pilot as f64 };
+    let schemes = if c.schemes.is_empty() { SCHEMES.len() } else { c.schemes.len() };
+    let threads = sim_threads().min(schemes).max(1);
+    let rounds = schemes.div_ceil(threads) as f64;
+    let run_bytes = peak.saturating_sub(before) + c.messages.saturating_sub(pilot) * crate::engine::BYTES_PER_MESSAGE;
+    Ok(Estimate {
+        schemes,
+        threads,
+        pilot_messages: pilot,
+        pilot_seconds,
+        seconds: (fixed_s + per_msg_s * c.messages as f64) * rounds,
+        bytes: run_bytes * threads as u64 + schemes as u64 * c.messages * 16,
+    })
 }
 
 /// Threads [`par_map`] uses: `FAIRFEED_SIM_THREADS`, else one per core.
@@ -186,6 +259,7 @@ fn sim_base(c: &FairnessConfig, node: NodeConfig, rule: DeadlineRule) -> SimConf
         sync: c.sync,
         receiver_delays: false,
         classes: c.model.classes.clone(),
+        watch: c.watch.clone(),
     }
 }
 
@@ -297,6 +371,7 @@ pub fn clock(c: &ClockConfig) -> Result<ClockSummary, String> {
         sync: Some(c.sync),
         receiver_delays: false,
         classes: c.model.classes.clone(),
+        watch: None,
     };
     let r = run(&topo, &cfg);
     let nodes = topo.trees[0].nodes.len();

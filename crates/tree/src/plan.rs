@@ -84,6 +84,10 @@ pub struct Node {
     /// Where the node listens (filled by deployments; `fairfeed demo` assigns loopback addresses).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<String>,
+    /// Where the node answers `fairfeed stat` (its `--control`, when the
+    /// command line gives none); `fairfeed stat --topology` asks every node here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<String>,
 }
 
 /// One tree: its sender and proxies; receivers are shared by all trees.
@@ -209,6 +213,7 @@ fn layers(sizes: &[usize], receiver_ids: &[u32], next_id: &mut u32) -> Vec<Node>
         children: vec![],
         hedge_targets: vec![],
         addr: None,
+        control: None,
     }];
     // Layer ids: previous layer's ids, to link parents and children.
     let mut prev: Vec<u32> = vec![sender];
@@ -236,6 +241,7 @@ fn layers(sizes: &[usize], receiver_ids: &[u32], next_id: &mut u32) -> Vec<Node>
                 children: vec![],
                 hedge_targets: vec![],
                 addr: None,
+                control: None,
             });
         }
         prev = ids;
@@ -415,9 +421,10 @@ fn check_nodes(
                 return err(format!("tree {tid}: node {} sends to node {c} twice", n.id));
             }
         }
-        if let Some(a) = &n.addr {
+        for (what, a) in [("address", &n.addr), ("control address", &n.control)] {
+            let Some(a) = a else { continue };
             let hp = crate::addr::HostPort::parse(a, false)
-                .map_err(|e| PlanError(format!("tree {tid}: node {}: {e}", n.id)))?;
+                .map_err(|e| PlanError(format!("tree {tid}: node {}'s {what}: {e}", n.id)))?;
             if let Some(other) = addrs.insert(hp.to_string(), n.id) {
                 return err(format!("tree {tid}: nodes {other} and {} share the address {hp}", n.id));
             }

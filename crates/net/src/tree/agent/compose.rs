@@ -21,6 +21,7 @@ use super::delivery::DeliveryAgent;
 use super::feed::FeedAgent;
 use super::mailbox::mailbox;
 use super::node::{Links, PARK_MAX_NS};
+use super::releases::ReleaseLog;
 use super::{wall_ns, AgentConfig, AgentError, AgentReport, Job, NodeAgent, ReleaseAt, Threading};
 use super::{RING_CAPACITY, SPIN_AHEAD_NS};
 use crate::arb::live::bind_udp;
@@ -90,10 +91,21 @@ impl<'c> NodeAgents<'c> {
             }
             _ => (None, None),
         };
-        let links = Links { feed: feed_in, delivery: delivery_out, poster: node_poster, life: life.clone() };
+        // A receiver with a control socket keeps its recent releases for `releases FROM` (the fleet view).
+        let releases = (ctl.is_some() && matches!(cfg.job, Job::Receiver(_))).then(|| Arc::new(ReleaseLog::default()));
+        let links = Links {
+            feed: feed_in,
+            delivery: delivery_out,
+            poster: node_poster,
+            life: life.clone(),
+            releases: releases.clone(),
+        };
         let node = NodeAgent::new(cfg, sock, links, on_release)?;
-        let control =
-            board.map(|b| ControlAgent::new(ctl, b, life.clone(), cfg.publish.clone()).with_extra(cfg.extra.clone()));
+        let control = board.map(|b| {
+            ControlAgent::new(ctl, b, life.clone(), cfg.publish.clone())
+                .with_extra(cfg.extra.clone())
+                .with_releases(releases)
+        });
         Ok(NodeAgents { node, feed, delivery, control, life })
     }
 

@@ -35,6 +35,10 @@ pub const PENDING_MAX: usize = 64;
 pub const PENDING_PER_ADDRESS_MAX: usize = 4;
 /// Answers to unknown commands per second at most (the rest are counted, not answered).
 pub const UNKNOWN_ANSWERS_PER_S: u64 = 100;
+/// `releases` answers (≈ 8 KiB each) per second at most, from all askers
+/// together: a fleet view of a few hundred receivers pages through in
+/// seconds, and a flood (or a spoofed source) gets at most ≈ 0.4 MB/s out.
+pub const RELEASE_ANSWERS_PER_S: u64 = 50;
 /// While a request waits, the control agent looks this often.
 const PENDING_POLL_NS: u64 = 200_000;
 /// A control request's size at most (longer ones are cut and refused).
@@ -304,6 +308,10 @@ pub struct ControlAgent {
     unknown_answers: (u64, u64),
     pub stats: ControlStats,
     extra: Vec<super::ExtraCounters>,
+    /// A receiver's recent releases (`releases FROM`).
+    releases: Option<Arc<super::releases::ReleaseLog>>,
+    /// `releases` answers in the current second: (second, count).
+    release_answers: (u64, u64),
 }
 
 impl ControlAgent {
@@ -318,7 +326,15 @@ impl ControlAgent {
             unknown_answers: (0, 0),
             stats: ControlStats::default(),
             extra: Vec::new(),
+            releases: None,
+            release_answers: (0, 0),
         }
+    }
+
+    /// Answers `releases FROM` from `log` (a receiver's).
+    pub fn with_releases(mut self, log: Option<Arc<super::releases::ReleaseLog>>) -> Self {
+        self.releases = log;
+        self
     }
 
     /// The address it answers on (its port, where `--control` asked for port 0).
@@ -392,16 +408,40 @@ impl ControlAgent {
                     self.life.ask_stop();
                     self.reply(b"stopping", from);
                 }
+                cmd if cmd.starts_with("releases") => self.releases(cmd, from, now),
                 other => {
                     self.stats.unknown += 1;
                     if self.may_answer_unknown(now) {
                         let cmd: String = other.chars().take(32).collect();
-                        self.reply(format!("unknown command {cmd:?}; try stat or stop").as_bytes(), from);
+                        self.reply(
+                            format!("unknown command {cmd:?}; try stat, releases FROM or stop").as_bytes(),
+                            from,
+                        );
                     }
                 }
             }
         }
         n
+    }
+
+    /// `releases FROM`: a page of a receiver's recent releases (bounded in
+    /// size, and to [`RELEASE_ANSWERS_PER_S`] answers a second in all).
+    fn releases(&mut self, cmd: &str, from: SocketAddr, now: u64) {
+        let second = now / 1_000_000_000;
+        if self.release_answers.0 != second {
+            self.release_answers = (second, 0);
+        }
+        self.release_answers.1 += 1;
+        if self.release_answers.1 > RELEASE_ANSWERS_PER_S {
+            self.stats.dropped += 1;
+            return;
+        }
+        let body = match (&self.releases, cmd.split_whitespace().nth(1).map(str::parse::<u64>)) {
+            (None, _) => r#"{"error":"only a receiver keeps releases"}"#.to_string(),
+            (Some(log), Some(Ok(s))) => log.page(s, super::releases::RELEASES_PER_ANSWER).to_string(),
+            (Some(_), _) => r#"{"error":"usage: releases FROM (a sequence number)"}"#.to_string(),
+        };
+        self.reply(body.as_bytes(), from);
     }
 
     fn reply(&self, body: &[u8], to: SocketAddr) {

@@ -38,6 +38,7 @@ mod egress;
 mod feed;
 mod mailbox;
 mod node;
+mod releases;
 
 pub use compose::{run_agent, NodeAgents, MAILBOX_CAPACITY};
 pub use control::{Board, ControlAgent, ControlStats, Life, ANSWER_WAIT_NS, PENDING_MAX};
@@ -46,6 +47,7 @@ pub use egress::{Copy, Tap, TxCounters, DELAY_QUEUE_MAX, TAP_PATH_LINKS_MAX};
 pub use feed::FeedAgent;
 pub use mailbox::{mailbox, Incoming, Outgoing};
 pub use node::{AgentError, Links, NodeAgent};
+pub use releases::{parse_page, Release, ReleaseLog, RELEASES_PER_ANSWER, RELEASE_LOG_MAX};
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;

@@ -19,6 +19,7 @@ use super::control::{summary, Life, NodePart, Poster};
 use super::delivery::Delivered;
 use super::egress::{Copy, Egress, EgressAgent, EgressHandle, TxCounters};
 use super::mailbox::{mailbox, Incoming, Outgoing};
+use super::releases::{Release, ReleaseLog};
 use super::{wall_ns, AgentConfig, AgentReport, Job, ReleaseAt, ReleaseRow, Threading, LOG_ROWS_MAX, RING_CAPACITY};
 use super::{SOCKET_RECV_BUFFER, SPIN_AHEAD_NS};
 use crate::arb::live::bind_udp;
@@ -180,6 +181,9 @@ pub struct NodeAgent<'c> {
     /// The clock was over its bound limit at the last look (said once per change).
     clock_over_limit: bool,
     on_release: OnRelease<'c>,
+    /// Where a receiver's releases are kept for the fleet view, and a turn's batch of them.
+    releases: Option<Arc<ReleaseLog>>,
+    release_batch: Vec<Release>,
 }
 
 /// A node's resolver and what the node last took from it.
@@ -314,6 +318,8 @@ pub struct Links {
     pub delivery: Option<Outgoing<Delivered>>,
     pub poster: Option<Poster>,
     pub life: Arc<Life>,
+    /// A receiver's recent releases, for the control agent's `releases` answers.
+    pub releases: Option<Arc<ReleaseLog>>,
 }
 
 /// The node's socket: `sock`, or bound to its address in the topology.
@@ -389,7 +395,7 @@ impl<'c> NodeAgent<'c> {
         let emu = cfg
             .link
             .map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
-        let Links { feed, delivery, poster, life } = links;
+        let Links { feed, delivery, poster, life, releases } = links;
         Ok(NodeAgent {
             cfg,
             who: format!("{} {}", format!("{:?}", me.role).to_lowercase(), me.id),
@@ -428,6 +434,8 @@ impl<'c> NodeAgent<'c> {
             // Unsynchronized at start is expected, not an alarm.
             clock_over_limit: true,
             on_release: Box::new(on_release),
+            releases,
+            release_batch: Vec::new(),
         })
     }
 
@@ -597,6 +605,14 @@ impl NodeAgent<'_> {
                 record(&mut h.hold, m.deadline_ns.saturating_sub(m.arrival_ns));
             }
             self.max_released_seq = self.max_released_seq.max(m.sequence);
+            if self.releases.is_some() {
+                self.release_batch.push(Release {
+                    sequence: m.sequence,
+                    at_ns: t_sync,
+                    late: m.late,
+                    clock_ok: m.clock_ok,
+                });
+            }
             (self.on_release)(&m, ReleaseAt { wall_ns: wall, true_ns: t, local_ns: local });
             if self.cfg.job_keeps_log() && self.rows.len() < LOG_ROWS_MAX {
                 self.rows.push(ReleaseRow {
@@ -619,6 +635,10 @@ impl NodeAgent<'_> {
             if let Some(d) = &self.delivery {
                 d.wake();
             }
+        }
+        if let Some(log) = &self.releases {
+            log.push_all(&self.release_batch);
+            self.release_batch.clear();
         }
         work
     }
@@ -820,6 +840,9 @@ impl NodeAgent<'_> {
         }
         if self.delivery.is_some() {
             counters["delivery_queue_full"] = self.delivery_full.into();
+        }
+        if let Some((first, last)) = self.releases.as_ref().and_then(|l| l.range()) {
+            counters["release_log"] = json!({"first": first, "last": last});
         }
         AgentReport {
             id: self.cfg.id,
