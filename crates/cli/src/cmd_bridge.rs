@@ -436,15 +436,73 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The bridge's receive buffer for the feed: bursts wait here while the
+/// router and publisher catch up (the README's replay at 20x peaks at 80,000
+/// packets/s; the kernel's default 208 KiB held ~1,000 and dropped 5 bursts).
+const BRIDGE_RECV_BUFFER: usize = 16 << 20;
+
+/// The feed's socket: blocking reads, the large buffer asked for, and a
+/// warning when the kernel granted less.
+fn bind_feed(listen: SocketAddr) -> anyhow::Result<UdpSocket> {
+    let sock =
+        fairfeed_io::socket::bind_udp(listen, BRIDGE_RECV_BUFFER).with_context(|| format!("binding {listen}"))?;
+    sock.set_nonblocking(false)?;
+    let granted = fairfeed_io::socket::recv_buffer_size(&sock).unwrap_or(0);
+    if granted < BRIDGE_RECV_BUFFER {
+        tracing::warn!(
+            granted,
+            "bridge: the kernel gave {} a {} KiB receive buffer of the {} KiB asked (net.core.rmem_max); \
+             bursts faster than the bridge publishes will be dropped by the kernel and counted as kernel_drops \
+             (sysctl -w net.core.rmem_max=16777216, or run with CAP_NET_ADMIN)",
+            listen,
+            granted >> 10,
+            BRIDGE_RECV_BUFFER >> 10
+        );
+    }
+    Ok(sock)
+}
+
+/// Datagrams the kernel dropped on the feed's socket since the bridge
+/// started (its buffer full: the bridge fell behind), warned as they grow.
+struct KernelDrops<'a> {
+    sock: &'a UdpSocket,
+    listen: SocketAddr,
+    at_start: u64,
+    seen: u64,
+}
+
+impl<'a> KernelDrops<'a> {
+    fn new(sock: &'a UdpSocket, listen: SocketAddr) -> Self {
+        KernelDrops { sock, listen, at_start: fairfeed_io::socket::udp_drops(sock).unwrap_or(0), seen: 0 }
+    }
+
+    /// Reads the count, warns when it grew; returns it.
+    fn check(&mut self) -> u64 {
+        let now = fairfeed_io::socket::udp_drops(self.sock).map_or(self.seen, |d| d.saturating_sub(self.at_start));
+        if now > self.seen {
+            tracing::warn!(
+                kernel_drops = now,
+                "bridge: the kernel dropped {now} datagrams on {} so far: its receive buffer was full (the feed \
+                 came faster than the bridge published); they reach subscribers as feed gaps",
+                self.listen
+            );
+            self.seen = now;
+        }
+        self.seen
+    }
+}
+
 fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     if let Some(p) = &a.stats_out {
         crate::fmt::check_outputs(&[p], &[])?;
     }
     let stop = crate::fmt::stop_on_signals()?;
-    let sock = UdpSocket::bind(a.listen).with_context(|| format!("binding {}", a.listen))?;
+    let sock = bind_feed(a.listen)?;
     let mut filler = a.retransmit.map(|s| Filler::new(s, a.retransmit_hold_ms)).transpose()?;
     // Filling has timers of a millisecond (the grace before asking).
     sock.set_read_timeout(Some(Duration::from_millis(if filler.is_some() { 1 } else { 50 })))?;
+    let mut batch = fairfeed_io::batch::BatchRecv::default();
+    let mut drops = KernelDrops::new(&sock, a.listen);
     let route = RouteConfig { granularity: granularity(a.granularity), by: by(a.by), prefix: a.prefix.clone() };
     let mut cfg = PublishConfig::new(&a.nats);
     cfg.security = a.auth.security();
@@ -479,12 +537,19 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     };
     let mut next_publish = Instant::now();
     while !stop.load(Ordering::Relaxed) && a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
+        // One blocking read (up to the timeout), then whatever else waits, a batch per call.
         let got = sock.recv(&mut buf).ok();
         match &mut filler {
-            Some(f) => f.turn(&mut bridge, got.map(|n| &buf[..n])),
+            Some(f) => {
+                f.turn(&mut bridge, got.map(|n| &buf[..n]));
+                if got.is_some() {
+                    while batch.recv(&sock, |p| f.turn(&mut bridge, Some(p))) > 0 {}
+                }
+            }
             None => {
                 if let Some(n) = got {
                     bridge.handle_packet(&buf[..n], wall_ns());
+                    while batch.recv(&sock, |p| bridge.handle_packet(p, wall_ns())) > 0 {}
                 }
             }
         }
@@ -498,6 +563,7 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
             last_stats = Instant::now();
         }
         if last_check.elapsed() >= ERROR_CHECK {
+            drops.check();
             let errors = bridge.report().publish_errors;
             if errors > reported_errors {
                 tracing::warn!(
@@ -512,6 +578,7 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     let fill = filler.as_mut().map(|f| f.finish(&mut bridge));
     let r = bridge.finish(Duration::from_secs(30));
     let mut v = serde_json::to_value(&r)?;
+    v["kernel_drops"] = drops.check().into();
     if let Some(f) = fill {
         v["fill"] = f;
     }

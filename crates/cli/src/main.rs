@@ -127,6 +127,8 @@ fn cli_spec() -> anyhow::Result<()> {
             .any(|x| t == *x)
             {
                 "unsigned"
+            } else if t == TypeId::of::<std::net::SocketAddr>() {
+                "address"
             } else {
                 "other"
             };

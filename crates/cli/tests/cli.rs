@@ -726,6 +726,32 @@ fn every_numeric_flag_refuses_bad_numbers_at_parse_time() {
 }
 
 #[test]
+fn every_address_flag_takes_host_port_and_refuses_bad_ones_at_parse_time() {
+    // Every flag that takes an address (`fairfeed cli-spec` kind "address")
+    // goes through the one HOST:PORT parser that takes host names (issue 39):
+    // its refusals name the value and say what an address looks like.
+    let o = Command::new(bin()).arg("cli-spec").output().unwrap();
+    let spec: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let (mut checked, mut failures) = (0, Vec::new());
+    for e in spec.iter().filter(|e| e["kind"] == "address") {
+        let flag = e["flag"].as_str().unwrap();
+        let path: Vec<String> = e["path"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+        for (bad, says) in [("nonsense", "is not HOST:PORT"), ("127.0.0.1:99999", "is not a number in 0..=65535")] {
+            let mut args = path.clone();
+            args.push(format!("{flag}={bad}"));
+            let (code, err) = run_limited(&args, std::time::Duration::from_secs(10));
+            checked += 1;
+            let first = err.lines().next().unwrap_or("");
+            if !(code == Some(2) && first.contains(bad) && first.contains(says) && !err.contains("panicked")) {
+                failures.push(format!("{} {flag}={bad}: exit {code:?}: {first}", path.join(" ")));
+            }
+        }
+    }
+    assert!(checked > 40, "only {checked} checks: is cli-spec listing the address flags?");
+    assert!(failures.is_empty(), "{} of {checked} bad addresses:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
 fn bad_exchange_configs_are_refused_before_anything_starts() {
     // Each once started a gateway with a panicked engine behind it, or was accepted as is (issue 17).
     let d = tmp();
@@ -893,6 +919,8 @@ fn every_file_input_refuses_bad_files_in_one_line() {
         vec!["exchange", "--config", "{F}", "--seconds", "1"],
         sim_with_model(o),
         vec!["dashboard", "--topology", "{F}", "--listen", "127.0.0.1:0"],
+        vec!["proxy", "--topology", "{F}", "--id", "1"],
+        vec!["stat", "--topology", "{F}"],
     ];
     for cmd in &commands {
         for f in [&missing, &empty, &random, &header, &pcapng] {

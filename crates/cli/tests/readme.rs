@@ -164,6 +164,29 @@ fn readme_examples_run_verbatim() {
     if broker {
         let sub = std::fs::read_to_string(d.path().join("tqyv.txt")).unwrap();
         assert!(sub.lines().filter(|l| l.contains("TQYV")).count() > 10, "the subscriber saw the symbol: {sub}");
+        // Every TQYV message of the feed reached the subscriber: count them in
+        // the feed itself (by the stock locate its directory message gives).
+        let json = Command::new(env!("CARGO_BIN_EXE_fairfeed"))
+            .args(["decode", "feed.pcap", "--json"])
+            .current_dir(d.path())
+            .output()
+            .unwrap();
+        let msgs: Vec<serde_json::Value> =
+            json.stdout.split(|b| *b == b'\n').filter_map(|l| serde_json::from_slice(l).ok()).collect();
+        let locate = msgs
+            .iter()
+            .find(|m| m["type"] == "R" && m["stock"].as_str().map(str::trim) == Some("TQYV"))
+            .and_then(|m| m["stock_locate"].as_u64())
+            .expect("TQYV's directory message");
+        let want = msgs.iter().filter(|m| m["stock_locate"].as_u64() == Some(locate)).count();
+        let log = std::fs::read_to_string(d.path().join("tqyv.log")).unwrap();
+        assert!(
+            log.contains(&format!("({want} messages)"))
+                && log.contains(" 0 missing (broker)")
+                && log.contains("feed gaps 0 ")
+                && log.contains(" 0 duplicates"),
+            "the subscriber should have every one of the feed's {want} TQYV messages, none missing: {log}"
+        );
     }
 }
 
