@@ -118,8 +118,8 @@ FAIRFEED_REQUIRE_TOOLS=1 cargo test --workspace --release --no-fail-fast 2>&1 | 
 status=${PIPESTATUS[0]}
 set -e
 summary=$(awk '/^test result:/ {p+=$4; f+=$6; i+=$8} END {printf "%d passed, %d failed, %d skipped", p, f, i}' "$log")
-failing=$(grep -E "^    [A-Za-z0-9_:]+$" "$log" | sed 's/^ *//' | sort -u | head -20 | tr '\n' ' ')
-timedout=$(grep -o "TIMEOUT [^ ]*" "$log" | sed 's/^TIMEOUT //' | sort -u | tr '\n' ' ')
+failing=$(grep -E "^    [A-Za-z0-9_:]+$" "$log" | sed 's/^ *//' | sort -u | head -20 | tr '\n' ' ' || true)
+timedout=$(grep -o "TIMEOUT [^ ]*" "$log" | sed 's/^TIMEOUT //' | sort -u | tr '\n' ' ' || true)
 [ -n "$timedout" ] && failing="$failing(timed out: $timedout)"
 rm -f "$log"
 if [ "$status" -ne 0 ] || grep -q " [1-9][0-9]* failed" <<<"$summary"; then
