@@ -76,7 +76,31 @@ pub fn peers(members: &[Member], random: usize, seed: u64) -> BTreeMap<u32, Vec<
             }
         }
     }
+    cap_degree(&mut adj, crate::sync::PEERS_MAX);
     adj.into_iter().map(|(k, v)| (k, v.into_iter().collect())).collect()
+}
+
+/// Keeps every node within `cap` peers. A hub — a sender with a thousand
+/// direct receivers (direct unicast, CloudEx) — keeps `cap` of its edges,
+/// evenly spread over its peers in id order; the nodes it drops synchronize
+/// through the peers they still have (their siblings' ring and their random
+/// peers), one level further from the reference. A node left with no path to
+/// the reference at all is never synchronized, and says so (its bound stays
+/// unknown, its releases count as unsynchronized). Hubs are trimmed in id
+/// order, the graph a pure function of its input like the rest.
+fn cap_degree(adj: &mut BTreeMap<u32, BTreeSet<u32>>, cap: usize) {
+    let hubs: Vec<u32> = adj.iter().filter(|(_, v)| v.len() > cap).map(|(&k, _)| k).collect();
+    for h in hubs {
+        let peers: Vec<u32> = adj[&h].iter().copied().collect();
+        if peers.len() <= cap {
+            continue; // trimmed already, as the peer of an earlier hub
+        }
+        let keep: BTreeSet<u32> = (0..cap).map(|i| peers[i * peers.len() / cap]).collect();
+        for p in peers.into_iter().filter(|p| !keep.contains(p)) {
+            adj.get_mut(&h).map(|v| v.remove(&p));
+            adj.get_mut(&p).map(|v| v.remove(&h));
+        }
+    }
 }
 
 /// How often each edge is probed: every node's peers with a stride (probe
@@ -198,6 +222,29 @@ fn sibling_edges(members: &[Member]) -> BTreeSet<(u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hub_keeps_at_most_peers_max_and_every_node_still_reaches_it() {
+        // Direct unicast at N = 20,000: one sender, every receiver its child.
+        for n in [300u32, 1_000, 20_000] {
+            let members: Vec<Member> =
+                (0..=n).map(|i| Member { id: i, parents: if i == 0 { vec![] } else { vec![0] } }).collect();
+            let g = peers(&members, 2, 3);
+            assert!(g.values().all(|v| v.len() <= crate::sync::PEERS_MAX), "n {n}");
+            assert_eq!(g[&0].len(), crate::sync::PEERS_MAX.min(n as usize), "n {n}");
+            // Every receiver has a path to the sender (breadth-first from it).
+            let mut seen = BTreeSet::from([0u32]);
+            let mut frontier = vec![0u32];
+            while let Some(x) = frontier.pop() {
+                for &y in &g[&x] {
+                    if seen.insert(y) {
+                        frontier.push(y);
+                    }
+                }
+            }
+            assert_eq!(seen.len(), n as usize + 1, "n {n}: every node reaches the reference");
+        }
+    }
 
     #[test]
     fn symmetric_deterministic_and_includes_parents() {

@@ -557,21 +557,35 @@ impl ClockSync {
         (local as f64 - self.offset_at(local)).round().max(0.0) as u64
     }
 
-    /// The raw time at which the synchronized clock reads `sync`.
+    /// The raw time at which the synchronized clock reads `sync`: the first
+    /// raw time whose synchronized reading is at or after it (a timer due a
+    /// nanosecond early would be re-armed at the same instant for ever).
     pub fn to_local(&self, sync: u64) -> u64 {
         if !self.corrects() || sync == u64::MAX {
             return sync;
         }
-        let mut x = sync as f64 + self.offset_at(sync);
-        x = sync as f64 + self.offset_at(x.max(0.0) as u64);
-        // The first raw time whose synchronized reading is at or after `sync`
-        // (a timer due a nanosecond early would be re-armed for ever).
-        let mut local = x.round().max(0.0) as u64;
-        for _ in 0..4 {
-            if self.now_sync(local) >= sync {
-                break;
+        // now_sync(x) = x − offset − drift·(x − at) = sync, solved for x in
+        // small numbers (absolute ns lose precision in f64). A fixed-point
+        // iteration converges by a factor of `drift` per step: two steps left
+        // 4 ns at 5.6 ms and 856 ppm, past the final correction's reach.
+        let since = (sync as f64 - self.at as f64 + self.offset_ns) / (1.0 - self.drift);
+        let x = self.at as f64 + since;
+        let mut local = if x.is_finite() { x.round().clamp(0.0, (u64::MAX - 1) as f64) as u64 } else { sync };
+        // Rounding lands a few ns either side: step up to the first raw time
+        // that reads at or after `sync`, then back while the one before does too.
+        let mut step = 1u64;
+        while self.now_sync(local) < sync && local < u64::MAX - 1 {
+            local = local.saturating_add(step).min(u64::MAX - 1);
+            step = step.saturating_mul(2);
+        }
+        let mut step = 1u64;
+        while step > 0 {
+            if local >= step && self.now_sync(local - step) >= sync {
+                local -= step;
+                step = step.saturating_mul(2);
+            } else {
+                step /= 2;
             }
-            local += 1;
         }
         local
     }
@@ -1091,6 +1105,37 @@ fn weighted_median(mut v: Vec<(f64, f64)>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The case that hung `sim experiment clock` (5.6 ms, 856 ppm: the old
+    /// two-step inverse was 4 ns short, the timer re-armed at the same
+    /// instant for ever), then any estimate within ±1 s and ±1,000 ppm: the
+    /// raw time `to_local` gives is the first whose synchronized reading is
+    /// at or after the one asked for.
+    #[test]
+    fn to_local_is_the_first_raw_time_at_or_after_any_estimate() {
+        let mut s = ClockSync::new(5, &[0], false, SyncConfig::default());
+        let check = |s: &ClockSync, sync: u64| {
+            let l = s.to_local(sync);
+            assert!(s.now_sync(l) >= sync, "off {} drift {} at {}: now_sync({l}) < {sync}", s.offset_ns, s.drift, s.at);
+            assert!(l == 0 || s.now_sync(l - 1) < sync, "off {} drift {}: {l} is not the first", s.offset_ns, s.drift);
+        };
+        (s.offset_ns, s.drift, s.at) = (5_583_894.502_523_916, 0.000_856_278_879_752_041_1, 5_856_506_949);
+        check(&s, 5_860_000_000);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for _ in 0..20_000 {
+            s.offset_ns = (next() * 2.0 - 1.0) * 1e9;
+            s.drift = (next() * 2.0 - 1.0) * 1e-3;
+            s.at = 2_000_000_000 + (next() * 1e11) as u64;
+            let sync = 2_000_000_000 + (next() * 1e11) as u64;
+            check(&s, sync);
+        }
+    }
 
     #[test]
     fn the_start_up_interval_holds_then_ramps_to_the_steady_one() {

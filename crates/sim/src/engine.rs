@@ -136,6 +136,8 @@ pub struct ClockResult {
     pub steps_detected: u64,
     /// Releases made while the receiver's bound was above its limit (left out of fairness).
     pub unsynced_releases: u64,
+    /// Of all receivers' releases, the share made while the clock bound was over its limit.
+    pub unsynced_share: f64,
     pub samples: u64,
 }
 
@@ -200,10 +202,19 @@ pub struct RunResult {
     pub pf_0us: f64,
     /// Share of messages whose delivery window is at most 1 µs.
     pub pf_1us: f64,
+    /// Share of complete messages whose delivery window was within 5 µs, and 10 µs.
+    pub pf_5us: f64,
+    pub pf_10us: f64,
+    /// With clock sync: the share of receivers' releases made while their
+    /// clock bound was over its limit (left out of fairness claims).
+    pub unsynced_share: f64,
     pub hold_mean_us: f64,
     /// Share of (message, receiver) pairs that arrived after their deadline.
     pub late_fraction: f64,
     pub events: u64,
+    /// Node timers that kept coming due at the instant they fired and were
+    /// moved on by the engine (`REFIRE_MAX`): 0 unless a node has a bug.
+    pub timer_stalls: u64,
     /// Final deadline offset the sender used (OWD_G + margin), µs.
     pub deadline_offset_us: f64,
     /// The quantile controller's state at the end (zeros under other rules).
@@ -296,6 +307,11 @@ struct Net {
     feed_started: u64,
     /// Per node, the local time its armed timer is for.
     armed_local: Vec<u64>,
+    /// Per node: the true instant its timer last re-armed for at once, and how often in a row.
+    refire: Vec<(u64, u32)>,
+    /// Timers a node re-armed for the same instant more than [`REFIRE_MAX`]
+    /// times in a row, moved [`REFIRE_PUSH_NS`] on (a node bug; never silent).
+    timer_stalls: u64,
     /// Hedged copies known to be duplicates when sent ([`crate::dups`]; `None` where that would not be exact).
     dups: Option<DupFilter>,
 }
@@ -319,6 +335,8 @@ impl Net {
             counts: vec![[0; 4]; n_ids],
             feed_started: 0,
             armed_local: vec![u64::MAX; n_ids],
+            refire: vec![(u64::MAX, 0); n_ids],
+            timer_stalls: 0,
             dups: (elide && exact)
                 .then(|| DupFilter::new(n_ids, DupFilter::span_for(fairfeed_tree::dedup::WINDOW, gap_ns.max(1)))),
         }
@@ -700,12 +718,14 @@ fn finish(
     let mut r = summarize(topo, cfg, nodes, msgs, events, &owd);
     (r.receiver_owd_p50_us, r.receiver_owd_p99_us) = receiver_quantiles(&mut owd.owd);
     r.tracked = owd.releases;
+    r.timer_stalls = net.timer_stalls;
     if cfg.sync.is_some() {
         let elapsed_s = net.now.saturating_sub(net.feed_started) as f64 / 1e9;
         r.clock_series = samples.series.clone();
         r.sync_stats =
             nodes.iter().enumerate().filter_map(|(i, n)| n.sync().map(|s| (i as u32, s.stats.clone()))).collect();
         r.clock = Some(samples.result(nodes, net, elapsed_s));
+        r.unsynced_share = r.clock.as_ref().map_or(0.0, |k| k.unsynced_share);
     }
     r
 }
@@ -801,7 +821,7 @@ impl Samples {
             samples: all.len() as u64,
             ..ClockResult::default()
         };
-        let (mut shares, mut pairs, mut pure, mut sent) = (Vec::new(), 0u64, 0u64, 0u64);
+        let (mut shares, mut pairs, mut pure, mut sent, mut released) = (Vec::new(), 0u64, 0u64, 0u64, 0u64);
         for (id, n) in nodes.iter().enumerate() {
             let Some(sync) = n.sync() else { continue };
             let c = net.counts[id];
@@ -824,11 +844,13 @@ impl Samples {
             r.steps_detected += sync.stats.steps;
             if let Some(Node::Receiver(rx)) = &n.node {
                 r.unsynced_releases += rx.stats.clock_unsynced_releases;
+                released += rx.stats.released;
             }
             for peer in sync.peer_ids() {
                 r.asymmetric_links += u64::from(net.links.asymmetry_ns(id as u32, peer) > 0);
             }
         }
+        r.unsynced_share = if released > 0 { r.unsynced_releases as f64 / released as f64 } else { 0.0 };
         r.probe_share = if shares.is_empty() { 0.0 } else { shares.iter().sum::<f64>() / shares.len() as f64 };
         r.pure_fraction = if pairs > 0 { pure as f64 / pairs as f64 } else { 0.0 };
         r.probes_sent_per_node_s = sent as f64 / shares.len().max(1) as f64 / elapsed_s.max(1e-9);
@@ -1031,6 +1053,11 @@ fn drain(r: &mut Node, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: OwdLog,
     }
 }
 
+/// Times in a row a node's timer may come due again at the instant it fired.
+pub const REFIRE_MAX: u32 = 1_000;
+/// How far such a timer is moved on, ns.
+pub const REFIRE_PUSH_NS: u64 = 1_000;
+
 /// Puts a node's next timer on the queue (in true time) if it moved earlier.
 fn schedule(nodes: &[SimNode], net: &mut Net, timer_at: &mut [u64], id: u32) {
     let Some(node) = &nodes[id as usize].node else { return };
@@ -1045,7 +1072,19 @@ fn schedule(nodes: &[SimNode], net: &mut Net, timer_at: &mut [u64], id: u32) {
         return;
     }
     let Some(clock) = nodes[i].clock() else { return };
-    let due = clock.true_at(local_due).max(net.now);
+    let mut due = clock.true_at(local_due).max(net.now);
+    if due == net.now {
+        // A node whose timer keeps coming due at the instant it just handled
+        // would stop simulated time for ever (a clock inverse a nanosecond
+        // short did): after REFIRE_MAX in a row, move it on and count it.
+        let r = &mut net.refire[i];
+        *r = if r.0 == due { (due, r.1 + 1) } else { (due, 1) };
+        if r.1 > REFIRE_MAX {
+            *r = (u64::MAX, 0);
+            due += REFIRE_PUSH_NS;
+            net.timer_stalls += 1;
+        }
+    }
     if due < timer_at[i] {
         timer_at[i] = due;
         net.armed_local[i] = local_due;
@@ -1125,9 +1164,13 @@ fn summarize(
         dws_p99_us: percentile(&dws, 0.99),
         pf_0us: share(&|d| d < 500),
         pf_1us: share(&|d| d <= 1_000),
+        pf_5us: share(&|d| d <= 5_000),
+        pf_10us: share(&|d| d <= 10_000),
+        unsynced_share: 0.0,
         hold_mean_us: if on_time > 0 { hold_sum as f64 / on_time as f64 / 1e3 } else { 0.0 },
         late_fraction: if released > 0 && cfg.node.hold_and_release { late as f64 / released as f64 } else { 0.0 },
         events,
+        timer_stalls: 0,
         deadline_offset_us: offset,
         controller,
         oml_us: oml.iter().map(|&x| x as f64 / 1e3).collect(),
@@ -1187,6 +1230,44 @@ mod sync_tests {
         assert_eq!(on.repeated_deliveries, 0);
         assert_eq!(on.lost_deliveries, 0);
         assert!(k.probe_share > 0.0 && k.pure_fraction > 0.0);
+    }
+
+    #[test]
+    fn a_sender_with_more_direct_receivers_than_a_peer_table_holds_synchronizes_them() {
+        // Direct unicast at N = 300 > PEERS_MAX: once a panic ("at most 256 peers").
+        let du = plan(&PlanRequest {
+            receivers: 300,
+            fanout: Some(300),
+            depth: Some(1),
+            hedge: 0,
+            cost_model: None,
+            trees: 1,
+        })
+        .unwrap();
+        let r = run(&du, &SimConfig { messages: 300, warmup_messages: 30, ..cfg(100.0, true) });
+        let k = r.clock.clone().unwrap();
+        assert_eq!(r.lost_deliveries, 0);
+        // Measured: p99 483 ns, coverage 99.58 % (issue 40: the bound is not yet honest everywhere).
+        assert!(k.sync_error_p99_ns < 1_000.0 && k.bound_coverage > 0.99, "{k:?}");
+    }
+
+    #[test]
+    fn wild_but_legal_raw_clocks_finish_without_stalled_timers() {
+        // ±100 ms and ±500 ppm (ntpd tolerates 500 ppm): the clock experiment
+        // once never finished here (a timer re-armed at the instant it fired).
+        for seed in [2, 3] {
+            let c = SimConfig {
+                seed,
+                messages: 300,
+                warmup_messages: 30,
+                clock: ClockModel { offset_us: 100_000.0, drift_ppm: 500.0, ..cfg(200.0, true).clock },
+                ..cfg(200.0, true)
+            };
+            let r = run(&topo(), &c);
+            assert_eq!(r.timer_stalls, 0, "seed {seed}");
+            assert!(r.events < 20_000_000, "seed {seed}: {} events", r.events);
+            assert_eq!(r.lost_deliveries, 0, "seed {seed}");
+        }
     }
 
     #[test]

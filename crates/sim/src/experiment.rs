@@ -336,8 +336,11 @@ pub struct ClockSummary {
     pub clock: ClockResult,
     /// The controller's P(F@1µs) target.
     pub target_pf: f64,
-    /// The fairness of the feed that ran meanwhile (Jasper + controller).
+    /// The fairness of the feed that ran meanwhile (Jasper + controller):
+    /// share of messages delivered to every receiver within 1, 5 and 10 µs.
     pub pf_1us: f64,
+    pub pf_5us: f64,
+    pub pf_10us: f64,
     pub dws_p99_us: f64,
     pub late_fraction: f64,
     pub oml_p50_us: f64,
@@ -345,6 +348,8 @@ pub struct ClockSummary {
     pub warmup_s: f64,
     pub feed_seconds: f64,
     pub events: u64,
+    /// Node timers the engine had to move on (0 unless a node has a bug).
+    pub timer_stalls: u64,
     #[serde(skip)]
     pub series: Vec<crate::engine::ClockSample>,
 }
@@ -382,6 +387,8 @@ pub fn clock(c: &ClockConfig) -> Result<ClockSummary, String> {
         clock: r.clock.clone().unwrap_or_default(),
         target_pf: c.target_pf,
         pf_1us: r.pf_1us,
+        pf_5us: r.pf_5us,
+        pf_10us: r.pf_10us,
         dws_p99_us: r.dws_p99_us,
         late_fraction: r.late_fraction,
         oml_p50_us: r.oml_p50_us,
@@ -389,6 +396,7 @@ pub fn clock(c: &ClockConfig) -> Result<ClockSummary, String> {
         warmup_s: c.sync.warmup_ns as f64 / 1e9,
         feed_seconds: c.seconds,
         events: r.events,
+        timer_stalls: r.timer_stalls,
         series: r.clock_series,
     })
 }
@@ -493,6 +501,9 @@ pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
         "DWS p99 µs",
         "P(F) 0 µs",
         "P(F) 1 µs",
+        "P(F) 5 µs",
+        "P(F) 10 µs",
+        "unsynced",
         "hold mean µs",
         "late",
         "load",
@@ -500,7 +511,7 @@ pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
     let mut s = md_header(&header);
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1} | {:.4} | {:.2}{} |\n",
+            "| {} | {} | {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.4} | {:.1} | {:.4} | {:.2}{} |\n",
             r.scheme,
             r.run.receivers,
             r.hedge,
@@ -512,6 +523,9 @@ pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
             r.run.dws_p99_us,
             r.run.pf_0us,
             r.run.pf_1us,
+            r.run.pf_5us,
+            r.run.pf_10us,
+            r.run.unsynced_share,
             r.run.hold_mean_us,
             r.run.late_fraction,
             r.busiest_node_load,
