@@ -10,6 +10,8 @@
 #     /metrics endpoint; PyPI's kubernetes-validate and check-jsonschema, for
 #     the Kubernetes manifests and the Compose file `plan --emit` writes;
 #   - Debian's chromium, headless, for the live dashboard's browser test;
+#   - Debian's chrony, whose chronyd a test starts twice on loopback (with -x:
+#     it never touches the host's clock) for `--clock system --host-clock chrony`;
 #   - Debian's clang (BPF target), which builds the XDP de-duplicator and the
 #     TC replicator that the namespace tests attach to veth interfaces, and
 #     ethtool, for the replicator's checksum test;
@@ -43,12 +45,21 @@ command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 # ethtool turns off checksum offload so a test can see every UDP checksum checked.
 command -v clang >/dev/null 2>&1 || need_apt+=(clang)
 command -v ethtool >/dev/null 2>&1 || [ -x /usr/sbin/ethtool ] || [ -x /sbin/ethtool ] || need_apt+=(ethtool)
+# chrony: a test starts two chronyd of its own (-x: never the host's clock).
+command -v chronyc >/dev/null 2>&1 || need_apt+=(chrony)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
   echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections 2>/dev/null || true
   $SUDO apt-get update -qq
+  # Packages with daemons (chrony, nats-server) must not start them on this
+  # host: a policy-rc.d that refuses, where none is in place, for the install only.
+  policy_added=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null && $SUDO chmod +x /usr/sbin/policy-rc.d && policy_added=1
+  fi
   $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  if [ -n "$policy_added" ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 need_pip=()

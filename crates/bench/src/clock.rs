@@ -249,6 +249,7 @@ fn spawn_nodes(
                 sync: SyncConfig { mode: SyncMode::Sync, ..SyncConfig::default() },
                 random_peers: 2,
                 skew: skews[node.id as usize],
+                host_bound: None,
             },
             time: fairfeed_net::tree::agent::TimeBase::WALL,
             tap: None,

@@ -136,6 +136,17 @@ pub struct Common {
     /// nodes are probed more often (same on every node); 1: every edge once.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
     clock_rate_max: u32,
+    /// With `--clock system`: where the host clock's error bound comes from.
+    /// `chrony`: chrony's tracking report (`chronyc -c tracking`, every
+    /// second; |offset| + root delay/2 + root dispersion, grown by the skew
+    /// since its last measurement), refused at start if chrony does not
+    /// answer; `auto`: chrony's where it answers, else none; `none`: the
+    /// clock is trusted as it is (bound 0).
+    #[arg(long, value_enum, default_value_t = HostClockArg::Auto)]
+    host_clock: HostClockArg,
+    /// chronyd's command socket for `--host-clock` (default: chronyc's own, /run/chrony/chronyd.sock).
+    #[arg(long)]
+    chrony_socket: Option<PathBuf>,
     /// A receiver whose clock error bound is above this (ns) is left out of fairness figures.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     clock_bound_limit_ns: u64,
@@ -415,6 +426,37 @@ fn xdp_counters(x: &std::sync::Mutex<fairfeed_xdp::XdpDedup>) -> serde_json::Val
     }
 }
 
+/// Where `--clock system` takes the host clock's error bound from.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostClockArg {
+    Auto,
+    Chrony,
+    None,
+}
+
+/// The host clock daemon's bound for `--clock system` (see `--host-clock`).
+fn host_bound(c: &Common) -> anyhow::Result<Option<Arc<std::sync::atomic::AtomicU64>>> {
+    if c.clock != ClockArg::System || c.host_clock == HostClockArg::None {
+        return Ok(None);
+    }
+    match fairfeed_io::hostclock::HostClockWatch::start(c.chrony_socket.clone()) {
+        Ok(w) => {
+            let b = w.bound().load(std::sync::atomic::Ordering::Relaxed);
+            let said =
+                if b == u64::MAX { "none yet: chrony is not synchronized".to_string() } else { format!("{b} ns") };
+            tracing::info!(node = c.id, host_bound_ns = b, "node {}: clock error bound from chrony: {said}", c.id);
+            Ok(Some(w.detach()))
+        }
+        Err(e) if c.host_clock == HostClockArg::Chrony => {
+            anyhow::bail!("--host-clock chrony: {e} (is chronyd running? --chrony-socket names its command socket)")
+        }
+        Err(e) => {
+            tracing::info!(node = c.id, "node {}: no host clock bound ({e}); the clock is trusted as it is", c.id);
+            Ok(None)
+        }
+    }
+}
+
 /// How a node treats its clock.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ClockArg {
@@ -447,6 +489,7 @@ fn clock_opts(c: &Common) -> fairfeed_net::tree::agent::ClockOpts {
             drift_ppm: c.clock_drift_ppm,
             epoch_ns: fairfeed_net::tree::agent::wall_ns(),
         },
+        host_bound: None,
     }
 }
 
@@ -674,7 +717,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         max_seconds: c.seconds,
         job,
         stop,
-        clock: clock_opts(c),
+        clock: fairfeed_net::tree::agent::ClockOpts { host_bound: host_bound(c)?, ..clock_opts(c) },
         time: fairfeed_net::tree::agent::TimeBase::WALL,
         tap: None,
         publish: c.metrics.map(|_| PublishSlot::default()),

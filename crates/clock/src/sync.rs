@@ -449,6 +449,9 @@ pub struct ClockSync {
     synced_since: Option<u64>,
     /// Probe hops from the reference (`u16::MAX` while unsynchronized).
     level: u16,
+    /// `SyncMode::Off` on a host whose clock daemon publishes its error
+    /// estimate: that bound, ns (`u64::MAX`: the daemon is unsynchronized).
+    host_bound: Option<u64>,
     pub stats: SyncStats,
 }
 
@@ -481,6 +484,7 @@ impl ClockSync {
             synced: reference,
             synced_since: None,
             level: if reference { 0 } else { u16::MAX },
+            host_bound: None,
             stats,
         };
         c.reschedule();
@@ -590,9 +594,35 @@ impl ClockSync {
         local
     }
 
+    /// A clock left to the host (`SyncMode::Off`) whose daemon publishes its
+    /// error estimate (chrony's, `fairfeed_io::hostclock`): that bound is this
+    /// node's from now on (`u64::MAX`: the daemon is not synchronized, the
+    /// node over any limit). Counted like the node's own bound going over.
+    pub fn set_host_bound(&mut self, bound_ns: u64) {
+        if self.cfg.mode != SyncMode::Off {
+            return;
+        }
+        self.host_bound = Some(bound_ns);
+        let over = bound_ns > self.cfg.bound_limit_ns;
+        if over && !self.stats.over_limit {
+            self.stats.over_limit_events += 1;
+        }
+        self.stats.over_limit = over;
+        self.stats.bound_ns = bound_ns;
+        self.stats.synced = bound_ns != u64::MAX;
+    }
+
+    /// The host daemon's bound, when one is read (see [`ClockSync::set_host_bound`]).
+    pub fn host_bound(&self) -> Option<u64> {
+        self.host_bound
+    }
+
     /// The statistical error bound at raw time `local`, ns (`u64::MAX` before any estimate).
     pub fn bound_ns(&self, local: u64) -> u64 {
-        if self.reference || self.cfg.mode == SyncMode::Off {
+        if self.cfg.mode == SyncMode::Off {
+            return self.host_bound.unwrap_or(0);
+        }
+        if self.reference {
             return 0;
         }
         let b = self.bound_ns + DRIFT_UNCERTAINTY * local.saturating_sub(self.at) as f64;
@@ -605,7 +635,10 @@ impl ClockSync {
 
     /// True while the estimate is usable and its bound within the limit.
     pub fn within_limit(&self, local: u64) -> bool {
-        self.cfg.mode == SyncMode::Off || (self.synced && self.bound_ns(local) <= self.cfg.bound_limit_ns)
+        if self.cfg.mode == SyncMode::Off {
+            return self.host_bound.is_none_or(|b| b <= self.cfg.bound_limit_ns);
+        }
+        self.synced && self.bound_ns(local) <= self.cfg.bound_limit_ns
     }
 
     /// When something is due next (raw time), `u64::MAX` if never.

@@ -13,6 +13,7 @@ pub mod agent;
 pub mod batch;
 pub mod clock;
 pub mod cpu;
+pub mod hostclock;
 pub mod idle;
 pub mod pace;
 pub mod resolve;

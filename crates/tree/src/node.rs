@@ -1205,6 +1205,16 @@ impl Node {
         }
     }
 
+    /// The clock state, to hand it what the shell reads outside the node (a
+    /// host daemon's error bound: [`ClockSync::set_host_bound`]).
+    pub fn sync_mut(&mut self) -> &mut ClockSync {
+        match self {
+            Node::Sender(s) => &mut s.sync,
+            Node::Proxy(p) => &mut p.sync,
+            Node::Receiver(r) => &mut r.sync,
+        }
+    }
+
     pub fn is_receiver(&self) -> bool {
         matches!(self, Node::Receiver(_))
     }

@@ -253,7 +253,7 @@ pub struct Published {
 pub type PublishSlot = Arc<std::sync::Mutex<Published>>;
 
 /// How a node treats its clock.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ClockOpts {
     /// `Off`: trust CLOCK_REALTIME (PTP/chrony-disciplined hosts); `Sync`:
     /// fairfeed's synchronization; `MeasureOnly`: probe and report, no correction.
@@ -262,6 +262,9 @@ pub struct ClockOpts {
     pub random_peers: usize,
     /// Added to this node's clock readings (tests and benchmarks on one host).
     pub skew: fairfeed_clock::skew::Skew,
+    /// With `sync.mode` Off: the host clock daemon's error bound, ns, as a
+    /// `fairfeed_io::hostclock::HostClockWatch` publishes it (`u64::MAX`: none).
+    pub host_bound: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for ClockOpts {
@@ -270,6 +273,7 @@ impl Default for ClockOpts {
             sync: fairfeed_clock::SyncConfig { mode: fairfeed_clock::SyncMode::Off, ..Default::default() },
             random_peers: 2,
             skew: fairfeed_clock::skew::Skew::NONE,
+            host_bound: None,
         }
     }
 }

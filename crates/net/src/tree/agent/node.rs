@@ -300,7 +300,8 @@ fn spawn_egress(
 
 fn start_sync(cfg: &AgentConfig, me: &PlanNode, sender: u32) -> ClockSync {
     if cfg.clock.sync.mode == fairfeed_clock::SyncMode::Off {
-        return ClockSync::off(me.id);
+        // No probes; the limit still judges a host daemon's bound (--host-clock).
+        return ClockSync::new(me.id, &[], true, cfg.clock.sync);
     }
     let graph = probe_graph(&cfg.topology, 0, cfg.clock.random_peers, cfg.seed);
     let peers = graph.get(&me.id).cloned().unwrap_or_default();
@@ -552,7 +553,8 @@ impl NodeAgent<'_> {
     /// Says so, once per change, when the clock's bound goes above its limit or comes back.
     fn clock_alarm(&mut self) {
         let (over, bound) = (self.sync().stats.over_limit, self.sync().stats.bound_ns);
-        if over != self.clock_over_limit && self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
+        let watched = self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off || self.cfg.clock.host_bound.is_some();
+        if over != self.clock_over_limit && watched {
             self.clock_over_limit = over;
             let who = &self.who;
             if over {
@@ -725,6 +727,12 @@ impl Agent for NodeAgent<'_> {
             }
         }
         work += self.timers(self.local_at(now));
+        if let Some(b) = &self.cfg.clock.host_bound {
+            let b = b.load(std::sync::atomic::Ordering::Relaxed);
+            if self.live.sync().host_bound() != Some(b) {
+                self.live.sync_mut().set_host_bound(b);
+            }
+        }
         self.clock_alarm();
         // Emulated links and the send side run on true time: an emulated
         // link starts from the moment the copy is handed over.
@@ -812,6 +820,13 @@ impl NodeAgent<'_> {
         }
         .unwrap_or_default();
         let sync = self.live.sync();
+        if let Some(b) = sync.host_bound() {
+            node["clock"] = json!({
+                "mode": "system",
+                "host_bound_ns": (b != u64::MAX).then_some(b),
+                "stats": sync.stats,
+            });
+        }
         if self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
             let skew = self.cfg.clock.skew;
             let t = self.cfg.time.at(wall_ns());
