@@ -77,23 +77,8 @@ fn clock_system_takes_chronys_bound_and_the_sender_covers_it() {
     let d = tmp();
     let (_server, _client, sock) = chrony_pair(d.path());
     // A node told to read chrony where nothing answers refuses to start, in one line.
-    let topo = d.path().join("tree.toml");
+    let topo = small_tree_with(d.path(), 9760, &["--control-port", "9770"]);
     let t = topo.to_str().unwrap();
-    fairfeed(&[
-        "plan",
-        "--receivers",
-        "4",
-        "--fanout",
-        "2",
-        "--hedge",
-        "1",
-        "--loopback-port",
-        "9760",
-        "--control-port",
-        "9770",
-        "--out",
-        t,
-    ]);
     let bad = Command::new(bin())
         .args(["receiver", "--topology", t, "--id", "0", "--host-clock", "chrony", "--chrony-socket"])
         .arg(d.path().join("nobody.sock"))

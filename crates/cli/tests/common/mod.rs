@@ -74,20 +74,16 @@ pub mod cluster;
 /// Plans the small tree several tests run as processes — 4 receivers, two
 /// proxies, hedging 1, node N at 127.1.0.(N + 1):`port` — into `dir`/tree.toml.
 pub fn small_tree(dir: &Path, port: u16) -> PathBuf {
+    small_tree_with(dir, port, &[])
+}
+
+/// [`small_tree`] with more `plan` flags (e.g. `--control-port P`).
+pub fn small_tree_with(dir: &Path, port: u16, extra: &[&str]) -> PathBuf {
     let topo = dir.join("tree.toml");
     let p = port.to_string();
-    fairfeed(&[
-        "plan",
-        "--receivers",
-        "4",
-        "--fanout",
-        "2",
-        "--hedge",
-        "1",
-        "--loopback-port",
-        &p,
-        "--out",
-        topo.to_str().unwrap(),
-    ]);
+    let mut args = vec!["plan", "--receivers", "4", "--fanout", "2", "--hedge", "1", "--loopback-port", &p];
+    args.extend_from_slice(extra);
+    args.extend(["--out", topo.to_str().unwrap()]);
+    fairfeed(&args);
     topo
 }
