@@ -23,11 +23,11 @@
 //! asymmetric_us = 0.0    # ... by this much (the case two-way clock sync cannot see)
 //!
 //! [clock]
-//! offset_us = 0.02       # every node's clock offset, uniform in ±offset_us
+//! offset_us = 0.02       # every node's clock offset, uniform in ±offset_us (at most 10 s)
 //! drift_ppm = 0.0        # every node's clock drift, uniform in ±drift_ppm
 //! timestamp_noise_ns = 0 # software timestamping: each reading late by an exponential of this mean
 //! step_share = 0.0       # share of nodes whose clock steps (an ntpd jump) ...
-//! step_us = 0.0          # ... by this much ...
+//! step_us = 0.0          # ... by this much (at most 10 s) ...
 //! step_at_s = 0.0        # ... at this time
 //!
 //! # Host classes (any number): a share of nodes, drawn once per run, whose
@@ -371,6 +371,12 @@ impl ClockModel {
                         not negative; step_share in [0, 1]"
                 .into());
         }
+        if self.offset_us > CLOCK_OFFSET_MAX_US || self.step_us > CLOCK_OFFSET_MAX_US {
+            return Err(format!(
+                "clock: offset_us {} and step_us {} must be at most {CLOCK_OFFSET_MAX_US} (10 s)",
+                self.offset_us, self.step_us
+            ));
+        }
         if self.drift_ppm > 1_000.0 {
             return Err(format!("clock: drift_ppm {} is above 1000", self.drift_ppm));
         }
@@ -378,7 +384,14 @@ impl ClockModel {
     }
 }
 
-/// One node's clock: local = true + offset + drift · true (+ a step from a time on).
+/// Where every simulated raw clock starts (at true time 0, before its
+/// offset): far above the largest offset and step a model may give
+/// ([`CLOCK_OFFSET_MAX_US`]), so no clock reads below it.
+pub const LOCAL_EPOCH_NS: u64 = 100_000_000_000;
+/// The largest `offset_us` and `step_us` a clock model may give (10 s).
+pub const CLOCK_OFFSET_MAX_US: f64 = 10_000_000.0;
+
+/// One node's clock: local = epoch + true + offset + drift · true (+ a step from a time on).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Clock {
     pub offset_ns: f64,
@@ -407,9 +420,12 @@ impl Clock {
         }
     }
 
-    /// Local reading at true time `t`.
+    /// Local reading at true time `t`: from [`LOCAL_EPOCH_NS`], so that a
+    /// clock set back by as much as the model allows still runs from the
+    /// start (true time starts at 0 here; a raw clock stuck at 0 for the first
+    /// second of a −1 s offset looked like a step to every peer).
     pub fn local(&self, t: u64) -> u64 {
-        (t as f64 * (1.0 + self.drift) + self.offset_ns + self.jump_at(t)).max(0.0) as u64
+        (LOCAL_EPOCH_NS as f64 + t as f64 * (1.0 + self.drift) + self.offset_ns + self.jump_at(t)).max(0.0) as u64
     }
 
     /// True time at which the local clock reads `l` (the first whole ns at or after).
@@ -427,7 +443,9 @@ impl Clock {
     }
 
     fn true_at_approx(&self, l: u64) -> u64 {
-        let inv = |jump: f64| ((l as f64 - self.offset_ns - jump) / (1.0 + self.drift)).max(0.0).ceil() as u64;
+        let inv = |jump: f64| {
+            ((l as f64 - LOCAL_EPOCH_NS as f64 - self.offset_ns - jump) / (1.0 + self.drift)).max(0.0).ceil() as u64
+        };
         match self.step {
             None => inv(0.0),
             Some((at, j)) => {

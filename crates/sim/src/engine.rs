@@ -1255,18 +1255,23 @@ mod sync_tests {
     fn wild_but_legal_raw_clocks_finish_without_stalled_timers() {
         // ±100 ms and ±500 ppm (ntpd tolerates 500 ppm): the clock experiment
         // once never finished here (a timer re-armed at the instant it fired).
-        for seed in [2, 3] {
+        // ±1 s: raw clocks once started at 0 and stood still until their
+        // offset had passed, which every peer took for a step (865 at N = 100).
+        for (seed, offset_us) in [(2, 100_000.0), (3, 100_000.0), (2, 1_000_000.0)] {
             let c = SimConfig {
                 seed,
                 messages: 300,
                 warmup_messages: 30,
-                clock: ClockModel { offset_us: 100_000.0, drift_ppm: 500.0, ..cfg(200.0, true).clock },
+                clock: ClockModel { offset_us, drift_ppm: 500.0, ..cfg(200.0, true).clock },
                 ..cfg(200.0, true)
             };
             let r = run(&topo(), &c);
+            let k = r.clock.clone().unwrap();
             assert_eq!(r.timer_stalls, 0, "seed {seed}");
             assert!(r.events < 20_000_000, "seed {seed}: {} events", r.events);
             assert_eq!(r.lost_deliveries, 0, "seed {seed}");
+            assert_eq!(k.steps_detected, 0, "seed {seed}, ±{offset_us} µs: no clock stepped");
+            assert!(k.sync_error_p99_ns < 200.0, "seed {seed}, ±{offset_us} µs: {k:?}");
         }
     }
 
