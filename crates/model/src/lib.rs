@@ -27,7 +27,7 @@
 //! drift_ppm = 0.0        # every node's clock drift, uniform in ±drift_ppm
 //! timestamp_noise_ns = 0 # software timestamping: each reading late by an exponential of this mean
 //! step_share = 0.0       # share of nodes whose clock steps (an ntpd jump) ...
-//! step_us = 0.0          # ... by this much (at most 10 s) ...
+//! step_us = 0.0          # ... by this much, either sign (at most 10 s) ...
 //! step_at_s = 0.0        # ... at this time
 //!
 //! # Host classes (any number): a share of nodes, drawn once per run, whose
@@ -365,13 +365,16 @@ impl ClockModel {
     };
 
     pub fn validate(&self) -> Result<(), String> {
-        let vals = [self.offset_us, self.drift_ppm, self.timestamp_noise_ns, self.step_us, self.step_at_s];
-        if vals.iter().any(|v| !v.is_finite() || *v < 0.0) || !(0.0..=1.0).contains(&self.step_share) {
-            return Err("clock: offset_us, drift_ppm, timestamp_noise_ns, step_us and step_at_s must be finite and \
-                        not negative; step_share in [0, 1]"
+        let vals = [self.offset_us, self.drift_ppm, self.timestamp_noise_ns, self.step_at_s];
+        if vals.iter().any(|v| !v.is_finite() || *v < 0.0)
+            || !self.step_us.is_finite()
+            || !(0.0..=1.0).contains(&self.step_share)
+        {
+            return Err("clock: offset_us, drift_ppm, timestamp_noise_ns and step_at_s must be finite and not \
+                        negative, step_us finite (either sign); step_share in [0, 1]"
                 .into());
         }
-        if self.offset_us > CLOCK_OFFSET_MAX_US || self.step_us > CLOCK_OFFSET_MAX_US {
+        if self.offset_us > CLOCK_OFFSET_MAX_US || self.step_us.abs() > CLOCK_OFFSET_MAX_US {
             return Err(format!(
                 "clock: offset_us {} and step_us {} must be at most {CLOCK_OFFSET_MAX_US} (10 s)",
                 self.offset_us, self.step_us
@@ -440,6 +443,20 @@ impl Clock {
             t += 1;
         }
         t
+    }
+
+    /// The first true time at or after `from` at which the local clock
+    /// reads at least `l`. Differs from [`Clock::true_at`] only after a
+    /// backward step: readings then repeat, and a timer armed for one of them
+    /// must wait for the clock to reach it again, not fire at once for ever.
+    pub fn true_at_from(&self, l: u64, from: u64) -> u64 {
+        match self.step {
+            Some((at, j)) if j < 0.0 && from >= at && self.local(from) < l => {
+                let after = Clock { step: None, offset_ns: self.offset_ns + j, ..*self };
+                after.true_at(l).max(from)
+            }
+            _ => self.true_at(l).max(from),
+        }
     }
 
     fn true_at_approx(&self, l: u64) -> u64 {
@@ -685,6 +702,20 @@ mod tests {
                 assert!(c.local(c.true_at(l)) >= l, "{step:?} {t}");
             }
         }
+    }
+
+    #[test]
+    fn after_a_backward_step_a_reading_is_reached_again_later() {
+        let c = Clock { offset_ns: 0.0, drift: 0.0, step: Some((5_000, -2_000.0)) };
+        // At 6,000 the clock reads 4,000 past its epoch: a timer for 4,500 is
+        // due at 6,500, not at once (where `true_at` puts the reading: 4,500).
+        let l = c.local(4_500);
+        assert_eq!(c.true_at(l), 4_500);
+        assert_eq!(c.true_at_from(l, 6_000), 6_500);
+        assert_eq!(c.true_at_from(l, 7_000), 7_000, "past it already: now");
+        assert_eq!(c.true_at_from(c.local(9_000), 6_000), 9_000);
+        let fwd = Clock { step: Some((5_000, 2_000.0)), ..c };
+        assert_eq!(fwd.true_at_from(fwd.local(4_500), 6_000), 6_000);
     }
 
     #[test]
