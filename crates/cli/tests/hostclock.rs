@@ -141,5 +141,9 @@ fn clock_system_takes_chronys_bound_and_the_sender_covers_it() {
     let covered = s["node"]["clock_bound_ns"].as_u64().unwrap();
     // The sender's deadline covers the largest bound its receivers report.
     assert!(covered > 0 && covered < 1_000_000, "sender: {}", s["node"]);
-    eprintln!("chrony before: {first}; receiver 0's bound {b} ns; the sender covers {covered} ns");
+    // The fleet view shows the bound the receivers take from chrony.
+    let fleet = json(&fairfeed(&["stat", "--topology", t, "--json"]));
+    let shown = fleet["clock_bound_max_ns"].as_u64().unwrap_or_else(|| panic!("fleet: {fleet}"));
+    assert!(shown > 0 && shown < 1_000_000, "fleet: {fleet}");
+    eprintln!("chrony before: {first}; receiver 0's bound {b} ns; the sender covers {covered} ns; fleet {shown} ns");
 }

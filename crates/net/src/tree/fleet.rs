@@ -256,7 +256,11 @@ pub fn view(
                 late,
                 late_share: if released > 0 { late as f64 / released as f64 } else { 0.0 },
                 gap_packets: n(&node["gap_packets"]),
-                clock_bound_ns: node["clock"]["bound_now_ns"].as_u64().filter(|&b| b < u64::MAX),
+                // fairfeed's sync (`bound_now_ns`), or the host daemon's under `--clock system`.
+                clock_bound_ns: node["clock"]["bound_now_ns"]
+                    .as_u64()
+                    .or(node["clock"]["host_bound_ns"].as_u64())
+                    .filter(|&b| b < u64::MAX),
                 last_share: *last_count.get(&id).unwrap_or(&0) as f64 / count,
                 behind_p50_ns: quantile(&mut b, 0.5),
                 behind_p99_ns: quantile(&mut b, 0.99),
