@@ -242,6 +242,7 @@ fn spawn_nodes(
             threads: Threading::One,
             tuning: Tuning::default(),
             control: Some(control),
+            operator: None,
             max_seconds: Some(total_s + 1.0),
             job,
             stop: Arc::clone(stop),

@@ -98,6 +98,7 @@ fn start_proxy(
         threads,
         tuning,
         control: Some(control),
+        operator: None,
         max_seconds: Some(600.0),
         job: Job::Proxy,
         stop: stop.clone(),

@@ -88,8 +88,14 @@ pub struct Args {
     #[arg(long, value_parser = crate::fmt::dest_addr)]
     retransmit: Option<SocketAddr>,
     /// Live: a UDP control socket (`stats`, `mode time|count|time-count`, `max-hold-us N`, `max-count N`).
+    /// Window changes need --operator-key-file; beyond loopback, so does everything.
     #[arg(long, value_parser = crate::fmt::listen_addr)]
     control: Option<SocketAddr>,
+    /// Live: the operator key (a file of 64 hex digits): window changes on
+    /// the control socket are obeyed only sealed under it (`fairfeed
+    /// control ADDR --key-file FILE mode time`).
+    #[arg(long, requires = "control")]
+    operator_key_file: Option<std::path::PathBuf>,
     /// Live: exit once the session ended and the high-reliability output drained.
     #[arg(long)]
     exit_on_end: bool,
@@ -306,6 +312,7 @@ fn live(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
         out_side: a.out_side,
         retransmit: a.retransmit,
         control: a.control,
+        operator: a.operator_key_file.as_deref().map(crate::fmt::operator_key).transpose()?,
         exit_on_end: a.exit_on_end,
         max_seconds: a.max_seconds,
         idle: if a.busy_poll { IdleStrategy::Spin } else { a.idle.strategy() },
@@ -397,28 +404,40 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
 
 #[derive(clap::Args)]
 pub struct ControlArgs {
-    /// The arbitrator's --control address.
+    /// The control address: an arbitrator's or a node's --control.
     #[arg(value_parser = crate::fmt::dest_addr)]
     addr: SocketAddr,
-    /// The command: stats | mode time|count|time-count | max-hold-us N | max-count N
+    /// Seal the command under the operator key in this file (needed for
+    /// anything that changes something, and for any command from beyond the
+    /// socket's own host).
+    #[arg(long)]
+    key_file: Option<std::path::PathBuf>,
+    /// The command. Arbitrator: stats | mode time|count|time-count |
+    /// max-hold-us N | max-count N. Node: stat | releases FROM | stop.
     #[arg(required = true, num_args = 1..)]
     command: Vec<String>,
 }
 
-/// Sends one control command and prints the reply.
+/// Sends one control command (sealed with --key-file) and prints the reply;
+/// fails when it is refused or unanswered.
 pub fn run_control(a: ControlArgs) -> anyhow::Result<()> {
+    let key = a.key_file.as_deref().map(crate::fmt::operator_key).transpose()?;
     let sock = std::net::UdpSocket::bind(if a.addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
     sock.set_read_timeout(Some(Duration::from_secs(2)))?;
-    sock.send_to(a.command.join(" ").as_bytes(), a.addr)?;
+    sock.send_to(&fairfeed_net::operator::request(key.as_ref(), &a.command.join(" ")), a.addr)?;
     let mut buf = vec![0u8; 65_536];
     let n = sock.recv(&mut buf).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            anyhow::anyhow!("no reply from {} within 2 s (is an arbitrator's --control there?)", a.addr)
+            anyhow::anyhow!("no reply from {} within 2 s (is a --control socket there?)", a.addr)
         }
-        _ => anyhow::anyhow!("no reply from {} (is an arbitrator's --control there?): {e}", a.addr),
+        _ => anyhow::anyhow!("no reply from {} (is a --control socket there?): {e}", a.addr),
     })?;
     let reply = String::from_utf8_lossy(&buf[..n]);
     println!("{reply}");
-    anyhow::ensure!(!reply.starts_with("error"), "the arbitrator refused the command");
+    anyhow::ensure!(
+        !["error", "refused", "unknown"].iter().any(|p| reply.starts_with(p)),
+        "{} refused the command",
+        a.addr
+    );
     Ok(())
 }

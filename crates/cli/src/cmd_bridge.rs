@@ -13,6 +13,7 @@ use fairfeed_bridge::bench::{run as bench_run, BenchConfig};
 use fairfeed_bridge::publish::{wall_ns, Bridge, Overflow, PublishConfig};
 use fairfeed_bridge::route::{By, Granularity, RouteConfig};
 use fairfeed_bridge::subscribe::{subscribe, StopWhen, SubscribeConfig};
+use fairfeed_net::arb::client::RetransmitClient;
 use fairfeed_wire::moldudp64::RequestRepr;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -189,18 +190,14 @@ pub struct RunArgs {
 /// missing and hands the bridge its in-order high-reliability stream.
 struct Filler {
     arb: Arbitrator,
-    sock: UdpSocket,
-    requests: u64,
-    send_errors: u64,
+    client: RetransmitClient,
     /// Answers are read here.
     buf: Vec<u8>,
 }
 
 struct FillSink<'a> {
     bridge: &'a mut Bridge,
-    sock: &'a UdpSocket,
-    requests: &'a mut u64,
-    send_errors: &'a mut u64,
+    client: &'a RetransmitClient,
 }
 
 impl Sink for FillSink<'_> {
@@ -211,12 +208,7 @@ impl Sink for FillSink<'_> {
     }
 
     fn request(&mut self, r: RequestRepr) {
-        let mut b = [0u8; fairfeed_wire::moldudp64::HEADER_LEN];
-        if r.emit(&mut b).is_ok() && self.sock.send(&b).is_ok() {
-            *self.requests += 1;
-        } else {
-            *self.send_errors += 1;
-        }
+        self.client.request(r);
     }
 }
 
@@ -230,21 +222,19 @@ impl Filler {
             ..ArbConfig::default()
         };
         let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(|e| anyhow::anyhow!("the gap filler: {e}"))?;
-        let sock = fairfeed_net::arb::live::bind_udp("0.0.0.0:0".parse()?, 4 << 20)?;
-        sock.connect(server).with_context(|| format!("the retransmission server {server}"))?;
-        Ok(Filler { arb, sock, requests: 0, send_errors: 0, buf: vec![0u8; 65_536] })
+        let client = RetransmitClient::new(server).with_context(|| format!("the retransmission server {server}"))?;
+        Ok(Filler { arb, client, buf: vec![0u8; 65_536] })
     }
 
     /// A packet from the feed, answers from the server and the arbitrator's timers.
     fn turn(&mut self, bridge: &mut Bridge, packet: Option<&[u8]>) {
         let mut buf = std::mem::take(&mut self.buf);
-        let mut sink =
-            FillSink { bridge, sock: &self.sock, requests: &mut self.requests, send_errors: &mut self.send_errors };
+        let mut sink = FillSink { bridge, client: &self.client };
         let now = wall_ns();
         if let Some(p) = packet {
             self.arb.handle_packet(now, Source::Line(0), p, &mut sink);
         }
-        while let Ok(n) = sink.sock.recv(&mut buf) {
+        while let Some(n) = sink.client.recv(&mut buf) {
             self.arb.handle_packet(wall_ns(), Source::Retransmit, &buf[..n], &mut sink);
         }
         if self.arb.next_timeout().is_some_and(|t| t <= now) {
@@ -255,12 +245,13 @@ impl Filler {
 
     /// Gives up whatever still waits for a fill (the bridge then marks the gaps).
     fn finish(&mut self, bridge: &mut Bridge) -> serde_json::Value {
-        let mut sink =
-            FillSink { bridge, sock: &self.sock, requests: &mut self.requests, send_errors: &mut self.send_errors };
+        let mut sink = FillSink { bridge, client: &self.client };
         self.arb.handle_timeout(u64::MAX / 2, &mut sink);
+        let (requests, send_errors, challenges) = self.client.counts();
         serde_json::json!({
-            "requests": self.requests,
-            "request_send_errors": self.send_errors,
+            "requests": requests,
+            "request_send_errors": send_errors,
+            "challenges": challenges,
             "arbitrator": self.arb.stats(),
         })
     }

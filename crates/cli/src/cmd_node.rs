@@ -16,6 +16,7 @@ use fairfeed_net::tuning::Tuning;
 use fairfeed_sim::model::{LinkModel, ModelFile};
 use fairfeed_tree::auth::Auth;
 use fairfeed_tree::node::{DeadlineRule, NodeConfig, ReleaseOrder};
+use fairfeed_tree::operator::OperatorKey;
 use fairfeed_tree::plan::Topology;
 
 use crate::cmd_arb::IdleArg;
@@ -100,9 +101,16 @@ pub struct Common {
     /// SO_BUSY_POLL on the node's socket, µs (needs CAP_NET_ADMIN above the sysctl default).
     #[arg(long)]
     busy_poll_us: Option<u32>,
-    /// Answer `fairfeed stat` here.
+    /// Answer `fairfeed stat` here (default: the topology's control address
+    /// for this node, if any). Beyond loopback only with --operator-key-file.
     #[arg(long, value_parser = crate::fmt::listen_addr)]
     control: Option<SocketAddr>,
+    /// The operator key (a file of 64 hex digits, not the tree key): `stop`
+    /// on the control socket is obeyed only sealed under it (`fairfeed
+    /// control ADDR --key-file FILE stop`), and queries from beyond loopback
+    /// are answered only sealed under it.
+    #[arg(long)]
+    operator_key_file: Option<PathBuf>,
     /// Stop after this many seconds (default: a sender stops when its feed is sent; others run until signalled).
     #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
@@ -589,6 +597,10 @@ pub struct StatArgs {
     /// Give up after this long, ms; 1..=600,000.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     timeout_ms: u64,
+    /// Seal the requests under the operator key in this file (a node
+    /// answers queries from beyond its own host only sealed).
+    #[arg(long)]
+    key_file: Option<PathBuf>,
 }
 
 /// Reads a topology (TOML or JSON, either gzipped — as `plan --emit k8s`
@@ -618,19 +630,25 @@ pub(crate) fn load_topology(p: &Path) -> anyhow::Result<Topology> {
     Ok(t)
 }
 
+/// The operator key (`--operator-key-file`); refused when it is the tree's key.
+fn load_operator(c: &Common) -> anyhow::Result<Option<OperatorKey>> {
+    let Some(p) = &c.operator_key_file else { return Ok(None) };
+    let key = crate::fmt::operator_key(p)?;
+    let tree_key = c.key_file.as_deref().map(crate::fmt::key_text).transpose()?;
+    let op_text = crate::fmt::key_text(p)?;
+    if tree_key.is_some_and(|t| t.trim().eq_ignore_ascii_case(op_text.trim())) {
+        anyhow::bail!(
+            "--operator-key-file {} holds the tree's key: give the operator a key of its own (a proxy holds the tree \
+             key and must not be able to stop its peers)",
+            p.display()
+        );
+    }
+    Ok(Some(key))
+}
+
 fn load_auth(c: &Common) -> anyhow::Result<Option<Auth>> {
     let (text, from) = match (&c.key_file, std::env::var("FAIRFEED_KEY")) {
-        (Some(p), _) => {
-            let bytes = std::fs::read(p).with_context(|| format!("reading key {}", p.display()))?;
-            // A raw 32-byte key (e.g. straight from /dev/urandom) is not text at all.
-            let text = String::from_utf8(bytes).map_err(|_| {
-                anyhow::anyhow!(
-                    "bad key in {}: a key is 64 hex digits in a text file (make one: head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')",
-                    p.display()
-                )
-            })?;
-            (text, p.display().to_string())
-        }
+        (Some(p), _) => (crate::fmt::key_text(p)?, p.display().to_string()),
         (None, Ok(k)) => (k, "FAIRFEED_KEY".to_string()),
         (None, Err(_)) => return Ok(None),
     };
@@ -714,6 +732,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         },
         tuning: Tuning { pin: c.pin.clone(), mlock: c.mlock, fifo: c.fifo, busy_poll_us: c.busy_poll_us },
         control,
+        operator: load_operator(c)?,
         max_seconds: c.seconds,
         job,
         stop,
@@ -847,7 +866,9 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
 fn run_fleet(a: &StatArgs) -> anyhow::Result<()> {
     let Some(p) = &a.topology else { anyhow::bail!("give a node's control address or --topology FILE") };
     let topo = load_topology(p)?;
-    let v = fairfeed_net::tree::fleet::fleet(&topo, a.messages as usize, Duration::from_millis(a.timeout_ms))
+    let key = a.key_file.as_deref().map(crate::fmt::operator_key).transpose()?;
+    let timeout = Duration::from_millis(a.timeout_ms);
+    let v = fairfeed_net::tree::fleet::fleet(&topo, a.messages as usize, timeout, key.as_ref())
         .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
     use std::io::Write;
     let text =
@@ -862,6 +883,7 @@ const STAT_RETRY_MS: u64 = 200;
 
 pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
     let Some(addr) = a.addr else { return run_fleet(&a) };
+    let key = a.key_file.as_deref().map(crate::fmt::operator_key).transpose()?;
     let s = UdpSocket::bind(if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
     let until = std::time::Instant::now() + Duration::from_millis(a.timeout_ms);
     let mut buf = vec![0u8; 65_536];
@@ -870,7 +892,8 @@ pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
         if left.is_zero() {
             anyhow::bail!("no answer from {} within {} ms (is a node's --control there?)", addr, a.timeout_ms);
         }
-        s.send_to(b"stat", addr).with_context(|| format!("asking {}", addr))?;
+        s.send_to(&fairfeed_net::operator::request(key.as_ref(), "stat"), addr)
+            .with_context(|| format!("asking {}", addr))?;
         s.set_read_timeout(Some(left.min(Duration::from_millis(STAT_RETRY_MS))))?;
         match s.recv(&mut buf) {
             Ok(n) => break n,
@@ -882,6 +905,10 @@ pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("no answer from {} (is a node's --control there?): {e}", addr),
         }
     };
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    if let Some(why) = answer.strip_prefix("refused: ") {
+        anyhow::bail!("{addr} refused the request: {}", why.trim());
+    }
     let v: serde_json::Value = serde_json::from_slice(&buf[..n]).context("the answer is not JSON")?;
     use std::io::Write;
     // A closed pipe (`| head`) is not an error worth a panic.

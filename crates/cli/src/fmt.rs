@@ -315,3 +315,30 @@ pub fn dest_addr(s: &str) -> Result<std::net::SocketAddr, String> {
 pub fn listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     resolve(s, true)
 }
+
+/// The text of a key file (64 hex digits), with a one-line error naming
+/// the file when it cannot be read or is not text.
+pub fn key_text(p: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let bytes = std::fs::read(p).with_context(|| format!("reading key {}", p.display()))?;
+    // A raw 32-byte key (e.g. straight from /dev/urandom) is not text at all.
+    String::from_utf8(bytes).map_err(|_| {
+        anyhow::anyhow!(
+            "bad key in {}: a key is 64 hex digits in a text file (make one: head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')",
+            p.display()
+        )
+    })
+}
+
+/// The operator key in `p` (`--operator-key-file`, `--key-file` of `stat` and `control`).
+pub fn operator_key(p: &std::path::Path) -> anyhow::Result<fairfeed_tree::operator::OperatorKey> {
+    let text = key_text(p)?;
+    let bytes = fairfeed_tree::auth::key_from_hex(&text)
+        .map_err(|e| anyhow::anyhow!("bad operator key in {}: {e}", p.display()))?;
+    anyhow::ensure!(
+        bytes.iter().any(|&b| b != 0),
+        "bad operator key in {}: all zeros (anyone can guess it); make a random one: head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'",
+        p.display()
+    );
+    Ok(fairfeed_tree::operator::OperatorKey::new(bytes))
+}

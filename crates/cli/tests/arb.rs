@@ -133,19 +133,39 @@ fn live_udp_with_retransmission_server_loses_nothing() {
         .spawn()
         .unwrap();
     let stats = d.path().join("live.json");
+    let key = d.path().join("operator.key");
+    std::fs::write(&key, "5a".repeat(32)).unwrap();
+    let key = key.to_str().unwrap();
     let mut arb = Command::new(bin())
         .args(["arb", "--a", &format!("127.0.0.1:{pa}"), "--b", &format!("127.0.0.1:{pb}"), "--out-hr", &hr_addr])
         .args(["--retransmit", &format!("127.0.0.1:{pr}"), "--control", &format!("127.0.0.1:{pc}")])
+        .args(["--operator-key-file", key])
         .args(["--exit-on-end", "--max-seconds", "60", "--start-seq", "1", "--stats-json", stats.to_str().unwrap()])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    // The control socket takes a new window while the feed flows.
-    let reply = fairfeed(&["control", &format!("127.0.0.1:{pc}"), "max-hold-us", "2000"]);
+    // The control socket takes a new window while the feed flows — sealed
+    // under the operator key only; unsealed, or under another key, it is refused.
+    let ctl = format!("127.0.0.1:{pc}");
+    let unsealed = Command::new(bin()).args(["control", &ctl, "max-hold-us", "0"]).output().unwrap();
+    assert!(!unsealed.status.success());
+    assert!(String::from_utf8_lossy(&unsealed.stdout).contains("not authenticated"), "{unsealed:?}");
+    let other = d.path().join("other.key");
+    std::fs::write(&other, "a5".repeat(32)).unwrap();
+    let forged =
+        Command::new(bin()).args(["control", &ctl, "--key-file", other.to_str().unwrap(), "mode", "count"]).output();
+    assert!(String::from_utf8_lossy(&forged.unwrap().stdout).contains("wrong MAC"));
+    let reply = fairfeed(&["control", &ctl, "--key-file", key, "max-hold-us", "2000"]);
     assert!(reply.stdout.starts_with(b"ok"), "{}", String::from_utf8_lossy(&reply.stdout));
-    let bad = Command::new(bin()).args(["control", &format!("127.0.0.1:{pc}"), "frobnicate"]).output().unwrap();
+    let bad = Command::new(bin()).args(["control", &ctl, "frobnicate"]).output().unwrap();
     assert!(!bad.status.success());
+    let s: serde_json::Value = serde_json::from_slice(&fairfeed(&["control", &ctl, "stats"]).stdout).unwrap();
+    assert_eq!(s["control_auth"]["sealed"], 1, "{s}");
+    assert_eq!(
+        (s["control_auth"]["unauthenticated"].as_u64(), s["control_auth"]["bad_mac"].as_u64()),
+        (Some(1), Some(1))
+    );
     let mut buf = vec![0u8; 65536];
     let replay = |file: &std::path::Path, port: u16| {
         Command::new(bin())

@@ -53,9 +53,11 @@ fn journal(server: SocketAddr, upto: u64) -> Vec<Vec<u8>> {
     let mut tries = 0;
     while (out.len() as u64) < upto {
         let seq = out.len() as u64 + 1;
-        let mut req = [0u8; 20];
+        // Padded as a client without the cookie exchange must: the server
+        // answers an unverified source with no more bytes than it sent.
+        let mut req = [0u8; 1400];
         let r = RequestRepr { session: Session::from_str_padded(SESSION), sequence: seq, count: 100 };
-        r.emit(&mut req).unwrap();
+        r.emit(&mut req[..20]).unwrap();
         s.send_to(&req, server).unwrap();
         let Ok(n) = s.recv(&mut buf) else {
             tries += 1;

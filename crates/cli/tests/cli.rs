@@ -921,6 +921,8 @@ fn every_file_input_refuses_bad_files_in_one_line() {
         vec!["dashboard", "--topology", "{F}", "--listen", "127.0.0.1:0"],
         vec!["proxy", "--topology", "{F}", "--id", "1"],
         vec!["stat", "--topology", "{F}"],
+        vec!["stat", "127.0.0.1:9", "--key-file", "{F}"],
+        vec!["control", "127.0.0.1:9", "--key-file", "{F}", "stats"],
     ];
     for cmd in &commands {
         for f in [&missing, &empty, &random, &header, &pcapng] {

@@ -194,13 +194,28 @@ fn session_in_tshark(pipeline: &str) {
 /// Asks the exchange's retransmission server for messages 1..=10; returns them.
 fn retransmission(server: std::net::SocketAddr) -> Vec<Vec<u8>> {
     use fairfeed_wire::moldudp64::{Packet, RequestRepr, Session};
+    // A bare 20-byte request draws only a 20-byte challenge (no reflection) ...
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let r = RequestRepr { session: Session::from_str_padded("FFTEST0001"), sequence: 1, count: 10 };
     let mut req = [0u8; 20];
-    RequestRepr { session: Session::from_str_padded("FFTEST0001"), sequence: 1, count: 10 }.emit(&mut req).unwrap();
+    r.emit(&mut req).unwrap();
     s.send_to(&req, server).unwrap();
     let mut buf = [0u8; 2048];
-    let n = s.recv(&mut buf).expect("an answer from the retransmission server");
+    let n = s.recv(&mut buf).expect("a challenge from the retransmission server");
+    assert!(fairfeed_arb::retransmit::Requester::is_challenge(&buf[..n]), "{n} bytes");
+    // ... and fairfeed's client answers it and gets the messages.
+    let c = fairfeed_net::arb::client::RetransmitClient::new(server).unwrap();
+    assert!(c.request(r));
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    let n = loop {
+        if let Some(n) = c.recv(&mut buf) {
+            break n;
+        }
+        assert!(std::time::Instant::now() < until, "no answer from the retransmission server");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(c.counts().2, 1, "one challenge answered");
     let p = Packet::new_checked(&buf[..n]).unwrap();
     assert_eq!(p.sequence(), 1);
     p.messages().map(|m| m.unwrap().to_vec()).collect()
@@ -644,8 +659,10 @@ fn the_itch_journal_keeps_its_limit_and_answers_only_what_it_still_holds() {
     let ask = |sequence: u64| -> Option<u64> {
         let c = UdpSocket::bind("127.0.0.1:0").unwrap();
         c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
-        let mut req = [0u8; 20];
-        RequestRepr { session: Session::from_str_padded("FFTEST0001"), sequence, count: 5 }.emit(&mut req).unwrap();
+        let mut req = [0u8; 1400]; // padded: an unverified source gets at most what it sent
+        RequestRepr { session: Session::from_str_padded("FFTEST0001"), sequence, count: 5 }
+            .emit(&mut req[..20])
+            .unwrap();
         c.send_to(&req, server).unwrap();
         let mut buf = [0u8; 2048];
         let n = c.recv(&mut buf).ok()?;

@@ -107,6 +107,15 @@ fn args(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> Vec<String> 
         "--metrics".into(),
         at_port(addr, o.metrics_port),
     ];
+    // A control address the topology gives stays inside the host or pod
+    // (loopback, same port): beyond it a node needs an operator key
+    // (docs/SECURITY.md), which these files do not distribute.
+    let own = o.node_flags.iter().any(|f| f == "--control" || f.starts_with("--control="));
+    if let Some(port) =
+        n.control.as_deref().and_then(|c| HostPort::parse(c, false).ok()).map(|c| c.port).filter(|_| !own)
+    {
+        v.extend(["--control".into(), format!("127.0.0.1:{port}")]);
+    }
     v.extend(o.node_flags.iter().cloned());
     if let Some(iface) = &o.kernel_iface {
         let targets = n.children.len() + n.hedge_targets.len();
@@ -409,7 +418,9 @@ fn readme(t: &Topology, nodes: &[(&Node, HostPort)], platform: Platform, o: &Dep
          with `topology.toml` and the tree's key (make it once and copy it to every host: `{key}`).\n\n\
          {table}\n{how}\n\n\
          Each node answers SIGTERM by stopping and writing its counters; `fairfeed stat` needs a \
-         `--control` address (add one to the node's flags).\n{kernel}",
+         `--control` address (plan with `--control-port`: each node then answers on 127.0.0.1 at that \
+         port, inside its host or pod; to reach it from elsewhere give it `--control HOST:PORT \
+         --operator-key-file FILE` — docs/SECURITY.md).\n{kernel}",
         kernel = match &o.kernel_iface {
             Some(i) => format!(
                 "\nThe kernel fast path is on: the sender and proxies replicate with TC on `{i}` \
@@ -459,6 +470,21 @@ mod tests {
         assert!(nodes.contains("hostNetwork: true") && nodes.contains("containerPort: 9400"));
         let compose = &emit(&t, "x", Platform::Compose, &o).unwrap()[1].1;
         assert!(compose.contains("network_mode: host") && compose.contains("sender-"), "{compose}");
+    }
+
+    #[test]
+    fn control_sockets_stay_inside_the_host_unless_the_flags_say_otherwise() {
+        let mut t = topo(true);
+        for n in &mut t.trees[0].nodes {
+            n.control = Some(format!("10.0.0.{}:9200", n.id + 1));
+        }
+        let units = emit(&t, "x", Platform::Systemd, &DeployOptions::default()).unwrap();
+        let r3 = &units.iter().find(|(n, _)| n == "fairfeed-receiver-3.service").unwrap().1;
+        assert!(r3.contains("--control 127.0.0.1:9200") && !r3.contains("10.0.0.4:9200"), "{r3}");
+        let o = DeployOptions { node_flags: vec!["--control=0.0.0.0:9300".into()], ..DeployOptions::default() };
+        let units = emit(&t, "x", Platform::Systemd, &o).unwrap();
+        let r3 = &units.iter().find(|(n, _)| n == "fairfeed-receiver-3.service").unwrap().1;
+        assert!(!r3.contains("127.0.0.1:9200") && r3.contains("--control=0.0.0.0:9300"), "{r3}");
     }
 
     #[test]

@@ -63,6 +63,19 @@ impl AuthStats {
     }
 }
 
+/// A key's bytes from its text form: 64 hex digits (surrounding white space ignored).
+pub fn key_from_hex(text: &str) -> Result<[u8; KEY_LEN], String> {
+    let t = text.trim();
+    if t.len() != KEY_LEN * 2 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("a key is {} hex digits", KEY_LEN * 2));
+    }
+    let mut key = [0u8; KEY_LEN];
+    for (i, k) in key.iter_mut().enumerate() {
+        *k = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(key)
+}
+
 /// A tree's key and the freshness rule.
 #[derive(Clone)]
 pub struct Auth {
@@ -83,15 +96,7 @@ impl Auth {
 
     /// A key from its text form: 64 hex digits.
     pub fn from_hex(text: &str) -> Result<Self, String> {
-        let t = text.trim();
-        if t.len() != KEY_LEN * 2 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!("a key is {} hex digits", KEY_LEN * 2));
-        }
-        let mut key = [0u8; KEY_LEN];
-        for (i, k) in key.iter_mut().enumerate() {
-            *k = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
-        }
-        Ok(Auth::new(key))
+        key_from_hex(text).map(Auth::new)
     }
 
     /// A key of zeros only: a placeholder, not a secret.

@@ -8,7 +8,9 @@
 //!   the deadline controller;
 //! - [`tail`]: per-message largest delays carried up the tree in reports,
 //!   and the quantile estimator that sets the deadline from them;
-//! - [`dedup`]: bounded duplicate detection; [`owd`]: the OWD window.
+//! - [`dedup`]: bounded duplicate detection; [`owd`]: the OWD window;
+//! - [`auth`]: the data path's packet tags; [`operator`]: control commands
+//!   sealed under the operator key.
 //!
 //! Nothing here owns a socket or reads a clock: time is an argument and output
 //! goes to a [`node::Transmit`], so the simulator and the UDP shell drive the
@@ -19,6 +21,7 @@ pub mod auth;
 pub mod dedup;
 pub mod ingress;
 pub mod node;
+pub mod operator;
 pub mod owd;
 pub mod plan;
 pub mod tail;

@@ -95,6 +95,8 @@ pub struct Harness {
     events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
     order: u64,
     requests_seen: usize,
+    /// The client's side of the server's cookie exchange.
+    client: fairfeed_arb::retransmit::Requester,
 }
 
 impl Harness {
@@ -108,6 +110,7 @@ impl Harness {
             events: BinaryHeap::new(),
             order: 0,
             requests_seen: 0,
+            client: fairfeed_arb::retransmit::Requester::default(),
         }
     }
 
@@ -165,6 +168,7 @@ impl Harness {
 
     fn answer_requests(&mut self, now: u64) {
         let Some(server) = &mut self.server else { return };
+        let client = &mut self.client;
         let from = "127.0.0.1:1".parse().unwrap();
         let pending: Vec<_> = self.out.requests[self.requests_seen..].to_vec();
         self.requests_seen = self.out.requests.len();
@@ -173,10 +177,17 @@ impl Harness {
                 self.drop_requests -= 1;
                 continue;
             }
-            let mut req = [0u8; 20];
-            r.emit(&mut req).unwrap();
+            let mut req = [0u8; fairfeed_arb::retransmit::REQUEST_WITH_COOKIE_LEN];
+            let len = client.request(r, &mut req);
             let mut out = [0u8; 1400];
-            if let Some(n) = server.handle_request(now, from, &req, &mut out) {
+            let mut answer = server.handle_request(now, from, &req[..len], &mut out);
+            if let Some(n) = answer.filter(|&n| fairfeed_arb::retransmit::Requester::is_challenge(&out[..n])) {
+                // The first request's challenge, its round trip folded into this one.
+                let challenge = out[..n].to_vec();
+                let len = client.on_challenge(&challenge, &mut req).unwrap();
+                answer = server.handle_request(now, from, &req[..len], &mut out);
+            }
+            if let Some(n) = answer {
                 self.order += 1;
                 self.events.push(Reverse((now + self.rtt_ns, self.order, Ev::Answer(out[..n].to_vec()))));
             }

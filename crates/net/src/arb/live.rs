@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 
 use fairfeed_arb::stats::Stats;
 use fairfeed_arb::{Arbitrator, Mode, Sink, Source, Stream};
+use fairfeed_tree::operator::{Access, AuthCounters, Verifier};
 use fairfeed_wire::moldudp64::RequestRepr;
+
+use super::client::RetransmitClient;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 /// Receive buffer asked for on each line socket: absorbs bursts while the loop is busy.
@@ -22,6 +25,8 @@ pub const LINE_RECV_BUFFER_BYTES: usize = 8 << 20;
 pub const RECV_BATCH_MAX: usize = 64;
 /// Largest datagram accepted.
 const DATAGRAM_MAX: usize = 65_536;
+/// A control request's bytes read at most (the rest is ignored).
+const CONTROL_REQUEST_MAX: usize = 512;
 
 /// Where the live arbitrator listens and sends.
 #[derive(Debug, Clone, Default)]
@@ -32,6 +37,9 @@ pub struct LiveConfig {
     pub out_side: Option<SocketAddr>,
     pub retransmit: Option<SocketAddr>,
     pub control: Option<SocketAddr>,
+    /// The operator key: window changes on the control socket are obeyed
+    /// only sealed under it; `stats` is answered to loopback or sealed.
+    pub operator: Option<fairfeed_tree::operator::OperatorKey>,
     /// Stop once the session ended and the high-reliability output drained.
     pub exit_on_end: bool,
     pub max_seconds: Option<f64>,
@@ -54,7 +62,7 @@ pub use fairfeed_io::socket::bind_udp;
 
 struct UdpSink<'a> {
     out: &'a UdpSocket,
-    retrans: Option<&'a UdpSocket>,
+    retrans: Option<&'a RetransmitClient>,
     cfg: &'a LiveConfig,
     send_errors: u64,
 }
@@ -73,36 +81,92 @@ impl Sink for UdpSink<'_> {
         }
     }
     fn request(&mut self, r: RequestRepr) {
-        let mut b = [0u8; 20];
-        if r.emit(&mut b).is_ok() {
-            if let Some(s) = self.retrans {
-                if s.send(&b).is_err() {
-                    self.send_errors += 1;
-                }
+        if let Some(c) = self.retrans {
+            if !c.request(r) {
+                self.send_errors += 1;
             }
         }
     }
 }
 
-/// Applies one control command; returns the reply.
-fn control(arb: &mut Arbitrator, now: u64, cmd: &str, sink: &mut UdpSink<'_>) -> String {
+/// What an arbitrator's control command does: `stats` (and unknown
+/// commands, answered "error") only read; everything else changes the window.
+fn access(cmd: &str) -> Access {
+    match cmd.split_whitespace().next() {
+        Some("mode" | "max-hold-us" | "max-count") => Access::Change,
+        _ => Access::Read,
+    }
+}
+
+/// Control answers that are refusals, per second at most (the rest are counted, not answered).
+pub const REFUSALS_PER_S: u64 = 100;
+
+/// The control socket's state: the operator-key check and the refusal budget.
+struct ControlSide {
+    verifier: Verifier,
+    /// Refusals answered in the current second: (second, count).
+    refusals: (u64, u64),
+}
+
+impl ControlSide {
+    /// The reply to one datagram `text` from `from` (none: refused beyond the budget).
+    fn handle(
+        &mut self,
+        arb: &mut Arbitrator,
+        now: u64,
+        text: &str,
+        from: SocketAddr,
+        sink: &mut UdpSink<'_>,
+    ) -> Option<String> {
+        match self.verifier.admit(fairfeed_io::clock::wall_ns(), text, from.ip(), access) {
+            Ok(a) => Some(control(arb, now, a.command, sink, &self.verifier.counters)),
+            Err(e) => {
+                tracing::debug!(%from, "arb control: refused: {e}");
+                let second = now / 1_000_000_000;
+                if self.refusals.0 != second {
+                    self.refusals = (second, 0);
+                }
+                self.refusals.1 += 1;
+                let why = format!("error: refused: {e}");
+                // Beyond loopback never more bytes than the request carried (no reflection).
+                let mut n = if from.ip().is_loopback() { why.len() } else { why.len().min(text.len()) };
+                while !why.is_char_boundary(n) {
+                    n -= 1;
+                }
+                (self.refusals.1 <= REFUSALS_PER_S).then(|| why[..n].to_string())
+            }
+        }
+    }
+}
+
+/// The counters as `stats` shows them: the arbitrator's and the control socket's.
+fn stats_json(stats: &Stats, auth: &AuthCounters) -> serde_json::Value {
+    let mut v = serde_json::to_value(stats).unwrap_or_default();
+    v["control_auth"] = serde_json::to_value(auth).unwrap_or_default();
+    v
+}
+
+/// Applies one admitted control command; returns the reply.
+fn control(arb: &mut Arbitrator, now: u64, cmd: &str, sink: &mut UdpSink<'_>, auth: &AuthCounters) -> String {
     let mut w = arb.window();
     let mut it = cmd.split_whitespace();
     let (Some(verb), arg) = (it.next(), it.next()) else { return "error: empty command".into() };
     let num = || arg.and_then(|a| a.parse::<u64>().ok());
     match (verb, arg) {
-        ("stats", _) => return serde_json::to_string(arb.stats_now(now)).unwrap_or_default(),
+        ("stats", _) => return stats_json(arb.stats_now(now), auth).to_string(),
         ("mode", Some("time")) => w.mode = Mode::Time,
         ("mode", Some("count")) => w.mode = Mode::Count,
         ("mode", Some("time-count")) => w.mode = Mode::TimeCount,
         ("max-hold-us", _) if num().is_some() => w.max_hold_ns = num().unwrap_or(0).saturating_mul(1000),
         ("max-count", _) if num().is_some() => w.max_count_msgs = num().unwrap_or(0),
         _ => {
+            let cmd: String = cmd.chars().take(32).collect();
             return format!(
-            "error: unknown command {cmd:?} (try: stats | mode time|count|time-count | max-hold-us N | max-count N)"
-        )
+                "error: unknown command {cmd:?} (try: stats | mode time|count|time-count | max-hold-us N | max-count N)"
+            );
         }
     }
+    tracing::warn!("arb control: window now {w:?} (sealed under the operator key)");
     arb.set_window(now, w, sink);
     format!("ok {}", serde_json::to_string(&w).unwrap_or_default())
 }
@@ -118,15 +182,13 @@ pub fn run_live(
     let lines: Vec<UdpSocket> =
         cfg.lines.iter().map(|a| bind_udp(*a, LINE_RECV_BUFFER_BYTES)).collect::<Result<_, _>>()?;
     let out = UdpSocket::bind("0.0.0.0:0")?;
-    let retrans = match cfg.retransmit {
-        Some(a) => {
-            let s = bind_udp("0.0.0.0:0".parse().expect("valid"), LINE_RECV_BUFFER_BYTES)?;
-            s.connect(a)?;
-            Some(s)
-        }
-        None => None,
-    };
+    let retrans = cfg.retransmit.map(RetransmitClient::new).transpose()?;
+    if let Some(a) = cfg.control {
+        fairfeed_tree::operator::check_bind(a, cfg.operator.is_some())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
+    }
     let ctl = cfg.control.map(|a| bind_udp(a, 1 << 16)).transpose()?;
+    let mut side = ControlSide { verifier: Verifier::new(cfg.operator.clone()), refusals: (0, 0) };
     for (l, s) in lines.iter().enumerate() {
         if let Ok(a) = s.local_addr() {
             tracing::info!(line = l, addr = %a, "arb: line {} on {a}", char::from(b'A' + (l as u8).min(25)));
@@ -152,15 +214,17 @@ pub fn run_live(
             }
         }
         if let Some(r) = &retrans {
-            while let Ok(n) = r.recv(&mut buf) {
+            while let Some(n) = r.recv(&mut buf) {
                 arb.handle_packet(now(), Source::Retransmit, &buf[..n], &mut sink);
                 got += 1;
             }
         }
         if let Some(c) = &ctl {
             if let Ok((n, from)) = c.recv_from(&mut buf) {
-                let reply = control(&mut arb, now(), String::from_utf8_lossy(&buf[..n]).trim(), &mut sink);
-                let _ = c.send_to(reply.as_bytes(), from);
+                let text = String::from_utf8_lossy(&buf[..n.min(CONTROL_REQUEST_MAX)]).into_owned();
+                if let Some(reply) = side.handle(&mut arb, now(), &text, from, &mut sink) {
+                    let _ = c.send_to(reply.as_bytes(), from);
+                }
             }
         }
         let t = now();
@@ -169,7 +233,7 @@ pub fn run_live(
         }
         if let Some(slot) = cfg.publish.as_ref().filter(|_| t >= next_publish) {
             next_publish = t + PUBLISH_INTERVAL.as_nanos() as u64;
-            publish(slot, arb.stats_now(t));
+            publish(slot, &stats_json(arb.stats_now(t), &side.verifier.counters));
         }
         if let Some(ns) = next_stats {
             if t >= ns {
@@ -204,7 +268,7 @@ pub fn run_live(
         }
         let mut fds: Vec<PollFd> = lines.iter().map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)).collect();
         if let Some(r) = &retrans {
-            fds.push(PollFd::new(r.as_fd(), PollFlags::POLLIN));
+            fds.push(PollFd::new(r.fd(), PollFlags::POLLIN));
         }
         if let Some(c) = &ctl {
             fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));

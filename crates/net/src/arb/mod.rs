@@ -1,5 +1,7 @@
 //! The line arbitrator's shells: over live UDP ([`live`], with the
-//! retransmission server's socket loop) and over capture files ([`offline`]).
+//! retransmission server's socket loop) and over capture files ([`offline`]);
+//! [`client`]: the retransmission client's socket (cookie exchange included).
 
+pub mod client;
 pub mod live;
 pub mod offline;

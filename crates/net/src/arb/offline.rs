@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::SocketAddr;
 
-use fairfeed_arb::retransmit::RetransmitServer;
+use fairfeed_arb::retransmit::{Requester, RetransmitServer, REQUEST_WITH_COOKIE_LEN};
 use fairfeed_arb::{Arbitrator, Sink, Source, Stream};
 use fairfeed_feed::capture::Datagram;
 use fairfeed_wire::moldudp64::RequestRepr;
@@ -71,6 +71,7 @@ pub fn run_offline(
     }
     let me: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
     let mut sink = Collect::default();
+    let mut client = Requester::default();
     let mut buf = vec![0u8; fairfeed_wire::moldudp64::PACKET_LEN_DEFAULT_MAX];
     // Timeouts that change nothing must not spin forever: bounded per instant.
     let (mut idle_at, mut idle_n) = (u64::MAX, 0u32);
@@ -102,11 +103,16 @@ pub fn run_offline(
         }
         for r in std::mem::take(&mut sink.requests) {
             let Some(server) = server.as_deref_mut() else { continue };
-            let mut req = [0u8; 20];
-            if r.emit(&mut req).is_err() {
-                continue;
+            let mut req = [0u8; REQUEST_WITH_COOKIE_LEN];
+            let len = client.request(r, &mut req);
+            let mut answer = server.handle_request(sink.now, me, &req[..len], &mut buf);
+            if let Some(n) = answer.filter(|&n| Requester::is_challenge(&buf[..n])) {
+                // The first request's challenge: its round trip folded into this one.
+                let challenge = buf[..n].to_vec();
+                let len = client.on_challenge(&challenge, &mut req).unwrap_or(0);
+                answer = server.handle_request(sink.now, me, &req[..len], &mut buf);
             }
-            if let Some(n) = server.handle_request(sink.now, me, &req, &mut buf) {
+            if let Some(n) = answer {
                 answers.push(buf[..n].to_vec());
                 order += 1;
                 heap.push(Reverse((sink.now + rtt_ns, order, usize::MAX, answers.len() - 1)));

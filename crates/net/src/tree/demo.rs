@@ -369,6 +369,7 @@ fn node_config(
         threads: Threading::One,
         tuning: Tuning::default(),
         control: None,
+        operator: None,
         max_seconds: None,
         job,
         stop: shared.stop.clone(),

@@ -13,10 +13,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
+use fairfeed_tree::operator::OperatorKey;
 use fairfeed_tree::plan::{Role, Topology};
 use serde::Serialize;
 
 use super::agent::{parse_page, Release};
+use crate::operator::request;
 
 /// Messages compared at most (the most recent every receiver has released).
 pub const FLEET_MESSAGES_MAX: usize = 100_000;
@@ -104,7 +106,7 @@ pub fn control_addresses(topo: &Topology) -> Result<Vec<(u32, Role, SocketAddr)>
 fn ask_all(
     sock: &UdpSocket,
     to: &[(u32, SocketAddr)],
-    ask: impl Fn(u32) -> String,
+    ask: impl Fn(u32) -> Vec<u8>,
     timeout: Duration,
 ) -> HashMap<u32, serde_json::Value> {
     let by_addr: HashMap<SocketAddr, u32> = to.iter().map(|&(id, a)| (a, id)).collect();
@@ -113,7 +115,7 @@ fn ask_all(
     let mut buf = vec![0u8; 65_536];
     while got.len() < to.len() && Instant::now() < until {
         for &(id, a) in to.iter().filter(|(id, _)| !got.contains_key(id)) {
-            let _ = sock.send_to(ask(id).as_bytes(), a);
+            let _ = sock.send_to(&ask(id), a);
         }
         let round = (Instant::now() + RETRY).min(until);
         while got.len() < to.len() {
@@ -134,11 +136,16 @@ fn ask_all(
 
 /// Asks every node of `topo` and builds the view over at most `messages`
 /// recent messages.
-pub fn fleet(topo: &Topology, messages: usize, timeout: Duration) -> Result<FleetView, FleetError> {
+pub fn fleet(
+    topo: &Topology,
+    messages: usize,
+    timeout: Duration,
+    key: Option<&OperatorKey>,
+) -> Result<FleetView, FleetError> {
     let nodes = control_addresses(topo)?;
     let sock = UdpSocket::bind("0.0.0.0:0").map_err(FleetError::Socket)?;
     let all: Vec<(u32, SocketAddr)> = nodes.iter().map(|&(id, _, a)| (id, a)).collect();
-    let stats = ask_all(&sock, &all, |_| "stat".into(), timeout);
+    let stats = ask_all(&sock, &all, |_| request(key, "stat"), timeout);
     let down: Vec<u32> = nodes.iter().map(|n| n.0).filter(|id| !stats.contains_key(id)).collect();
     let receivers: Vec<(u32, SocketAddr)> =
         nodes.iter().filter(|n| n.1 == Role::Receiver && stats.contains_key(&n.0)).map(|&(id, _, a)| (id, a)).collect();
@@ -158,7 +165,7 @@ pub fn fleet(topo: &Topology, messages: usize, timeout: Duration) -> Result<Flee
     let from = hi.saturating_sub(messages.min(FLEET_MESSAGES_MAX) as u64 - 1).max(lo);
     let mut releases: HashMap<u32, Vec<Release>> = HashMap::new();
     if ranges.len() == receivers.len() && hi >= lo {
-        releases = page_all(&sock, &receivers, from, hi, timeout);
+        releases = page_all(&sock, &receivers, (from, hi), timeout, key);
     }
     Ok(view(topo, &stats, &releases, down, (from, hi)))
 }
@@ -167,9 +174,9 @@ pub fn fleet(topo: &Topology, messages: usize, timeout: Duration) -> Result<Flee
 fn page_all(
     sock: &UdpSocket,
     receivers: &[(u32, SocketAddr)],
-    from: u64,
-    to: u64,
+    (from, to): (u64, u64),
     timeout: Duration,
+    key: Option<&OperatorKey>,
 ) -> HashMap<u32, Vec<Release>> {
     let mut out: HashMap<u32, Vec<Release>> = receivers.iter().map(|r| (r.0, Vec::new())).collect();
     let mut next: HashMap<u32, u64> = receivers.iter().map(|r| (r.0, from)).collect();
@@ -178,7 +185,7 @@ fn page_all(
         if want.is_empty() {
             break;
         }
-        let answers = ask_all(sock, &want, |id| format!("releases {}", next[&id]), timeout);
+        let answers = ask_all(sock, &want, |id| request(key, &format!("releases {}", next[&id])), timeout);
         if answers.is_empty() {
             break;
         }

@@ -56,6 +56,7 @@ impl<'c> NodeAgents<'c> {
         let life = Arc::new(Life::new(cfg.stop.clone(), now, cfg.max_seconds));
         let ctl = match cfg.control {
             Some(c) => {
+                fairfeed_tree::operator::check_bind(c, cfg.operator.is_some()).map_err(AgentError::Config)?;
                 Some(bind_udp(c, 1 << 16).map_err(|e| AgentError::Io(format!("binding the control socket {c}"), e))?)
             }
             None => None,
@@ -103,6 +104,7 @@ impl<'c> NodeAgents<'c> {
         let node = NodeAgent::new(cfg, sock, links, on_release)?;
         let control = board.map(|b| {
             ControlAgent::new(ctl, b, life.clone(), cfg.publish.clone())
+                .with_operator(cfg.operator.clone())
                 .with_extra(cfg.extra.clone())
                 .with_releases(releases)
         });

@@ -2,6 +2,12 @@
 //! their counters ([`Board`]), and the [`ControlAgent`] that answers `stat`
 //! and `stop` on the control socket and fills the metrics slot.
 //!
+//! Who may ask what ([`fairfeed_tree::operator`]): `stop` is obeyed only
+//! sealed under the operator key; `stat` and `releases` are answered to
+//! loopback or to sealed requests. Anything else is refused and counted
+//! (`counters.control.auth`), with at most [`UNKNOWN_ANSWERS_PER_S`] short
+//! refusals a second, never longer than the request that drew them.
+//!
 //! Aeron's conductor, small: the data-path agents never serialize a report
 //! or touch the control socket. Each posts its own part of the report (node:
 //! counters, state machine, histograms; feed; delivery) every
@@ -19,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use fairfeed_io::agent::{Agent, Turn};
+use fairfeed_tree::operator::{Access, AuthCounters, OperatorKey, Verifier};
 use hdrhistogram::Histogram;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
@@ -292,6 +299,8 @@ pub struct ControlStats {
     /// Answers sent before every part had caught up.
     pub stale_answers: u64,
     pub unknown: u64,
+    /// Commands admitted and refused by the operator-key check.
+    pub auth: AuthCounters,
 }
 
 /// Answers `stat` and `stop` on the control socket and fills the metrics
@@ -312,6 +321,18 @@ pub struct ControlAgent {
     releases: Option<Arc<super::releases::ReleaseLog>>,
     /// `releases` answers in the current second: (second, count).
     release_answers: (u64, u64),
+    /// Checks each command against the operator key.
+    verifier: Verifier,
+}
+
+/// What a node's control command does: `stop` changes; `stat`, `releases`
+/// and unknown commands (answered "unknown") only read. A command added
+/// here that changes anything must be listed as a change.
+fn access(cmd: &str) -> Access {
+    match cmd.split_whitespace().next() {
+        Some("stop") => Access::Change,
+        _ => Access::Read,
+    }
 }
 
 impl ControlAgent {
@@ -328,7 +349,14 @@ impl ControlAgent {
             extra: Vec::new(),
             releases: None,
             release_answers: (0, 0),
+            verifier: Verifier::new(None),
         }
+    }
+
+    /// Obeys commands sealed under `key` (without one, only loopback queries are answered).
+    pub fn with_operator(mut self, key: Option<OperatorKey>) -> Self {
+        self.verifier = Verifier::new(key);
+        self
     }
 
     /// Answers `releases FROM` from `log` (a receiver's).
@@ -402,26 +430,53 @@ impl ControlAgent {
         while let Some(Ok((len, from))) = self.sock.as_ref().map(|s| s.recv_from(&mut buf)) {
             n += 1;
             self.stats.requests += 1;
-            match String::from_utf8_lossy(&buf[..len]).trim() {
-                "stat" => self.ask(from, now),
-                "stop" => {
-                    self.life.ask_stop();
-                    self.reply(b"stopping", from);
-                }
-                cmd if cmd.starts_with("releases") => self.releases(cmd, from, now),
-                other => {
-                    self.stats.unknown += 1;
-                    if self.may_answer_unknown(now) {
-                        let cmd: String = other.chars().take(32).collect();
-                        self.reply(
-                            format!("unknown command {cmd:?}; try stat, releases FROM or stop").as_bytes(),
-                            from,
-                        );
-                    }
+            let text = String::from_utf8_lossy(&buf[..len]);
+            let admitted = self.verifier.admit(fairfeed_io::clock::wall_ns(), &text, from.ip(), access);
+            self.stats.auth = self.verifier.counters;
+            match admitted {
+                Ok(a) => self.obey(a.command, from, now),
+                Err(e) => {
+                    tracing::debug!(%from, "control: refused {:?}: {e}", text.chars().take(32).collect::<String>());
+                    self.refuse(&format!("refused: {e}"), len, from, now);
                 }
             }
         }
         n
+    }
+
+    /// Carries out an admitted command.
+    fn obey(&mut self, cmd: &str, from: SocketAddr, now: u64) {
+        match cmd {
+            "stat" => self.ask(from, now),
+            "stop" => {
+                tracing::warn!(%from, "control: stop (sealed under the operator key)");
+                self.life.ask_stop();
+                self.reply(b"stopping", from);
+            }
+            cmd if cmd.starts_with("releases") => self.releases(cmd, from, now),
+            other => {
+                self.stats.unknown += 1;
+                let cmd: String = other.chars().take(32).collect();
+                self.refuse(
+                    &format!("unknown command {cmd:?}; try stat, releases FROM or stop"),
+                    usize::MAX,
+                    from,
+                    now,
+                );
+            }
+        }
+    }
+
+    /// A short refusal, at most [`UNKNOWN_ANSWERS_PER_S`] a second and,
+    /// beyond loopback, never longer than the `asked` bytes that drew it (a
+    /// spoofed source gets no more than it sent; `fairfeed stat` pads its
+    /// requests to read the whole reason).
+    fn refuse(&mut self, why: &str, asked: usize, from: SocketAddr, now: u64) {
+        if self.may_answer_unknown(now) {
+            let b = why.as_bytes();
+            let n = if from.ip().is_loopback() { b.len() } else { b.len().min(asked) };
+            self.reply(&b[..n], from);
+        }
     }
 
     /// `releases FROM`: a page of a receiver's recent releases (bounded in
@@ -577,11 +632,46 @@ mod tests {
         ctl.do_work(now + ANSWER_WAIT_NS, Turn::Timers);
         assert_eq!(ctl.stats.stale_answers, 1);
         assert!(other.recv(&mut buf).is_ok());
-        // `stop` ends the node's life.
+        // `stop` needs a seal: without one it is refused and the node lives.
         other.send_to(b"stop", to).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         ctl.do_work(now, Turn::All);
-        assert!(life.over(now));
+        assert!(!life.over(now));
+        let n = other.recv(&mut buf).expect("refused, with the reason");
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("refused: not authenticated"));
+        assert_eq!(ctl.stats.auth.unauthenticated, 1);
+    }
+
+    #[test]
+    fn stop_is_obeyed_only_sealed_under_the_operator_key_and_only_once() {
+        let (board, _posters) = Board::new(&[Part::Node]).unwrap();
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let to = sock.local_addr().unwrap();
+        let life = Arc::new(Life::new(Arc::new(AtomicBool::new(false)), wall_ns(), None));
+        let key = OperatorKey::new([3; 32]);
+        let mut ctl = ControlAgent::new(Some(sock), board, life.clone(), None).with_operator(Some(key.clone()));
+        let c = client("127.0.0.1");
+        let mut buf = [0u8; 512];
+        let mut send = |b: &[u8]| {
+            c.send_to(b, to).unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+            ctl.do_work(wall_ns(), Turn::All);
+            let n = c.recv(&mut buf).map_or(0, |n| n);
+            (String::from_utf8_lossy(&buf[..n]).into_owned(), ctl.stats.auth)
+        };
+        let wrong = OperatorKey::new([4; 32]).seal(wall_ns(), [1; 16], "stop");
+        assert!(send(wrong.as_bytes()).0.contains("wrong MAC"));
+        let stale = key.seal(wall_ns() - 60_000_000_000, [2; 16], "stop");
+        assert!(send(stale.as_bytes()).0.contains("stale"));
+        assert!(!life.over(wall_ns()), "refused commands change nothing");
+        let good = key.seal(wall_ns(), [3; 16], "stop");
+        let (reply, auth) = send(good.as_bytes());
+        assert_eq!(reply, "stopping");
+        assert!(life.over(wall_ns()));
+        let (reply, auth2) = send(good.as_bytes());
+        assert!(reply.contains("replayed"), "{reply}");
+        assert_eq!((auth.sealed, auth.bad_mac, auth.stale, auth2.replayed), (1, 1, 1, 1));
     }
 
     #[test]

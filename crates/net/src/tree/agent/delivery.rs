@@ -4,7 +4,7 @@
 //! tree lost.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use fairfeed_arb::spec::SeqSpec;
@@ -17,7 +17,7 @@ use serde_json::json;
 use super::control::{Life, Poster};
 use super::mailbox::Incoming;
 use super::{wall_ns, AgentError, ReceiverJob, TimeBase};
-use crate::arb::live::bind_udp;
+use crate::arb::client::RetransmitClient;
 
 /// How long the filling arbitrator holds a message behind a gap.
 const FILL_HOLD_NS: u64 = 200_000_000;
@@ -41,8 +41,7 @@ struct Counts {
 struct DeliverSink<'a> {
     sock: &'a UdpSocket,
     to: Option<SocketAddr>,
-    req: &'a UdpSocket,
-    server: SocketAddr,
+    req: &'a RetransmitClient,
     counts: &'a mut Counts,
 }
 
@@ -60,8 +59,7 @@ impl Sink for DeliverSink<'_> {
     }
 
     fn request(&mut self, r: RequestRepr) {
-        let mut b = [0u8; fairfeed_wire::moldudp64::HEADER_LEN];
-        if r.emit(&mut b).is_ok() && self.req.send_to(&b, self.server).is_ok() {
+        if self.req.request(r) {
             self.counts.requests += 1;
         }
     }
@@ -71,7 +69,7 @@ impl Sink for DeliverSink<'_> {
 pub struct DeliveryAgent {
     sock: UdpSocket,
     to: Option<SocketAddr>,
-    fill: Option<(Arbitrator, UdpSocket, SocketAddr)>,
+    fill: Option<(Arbitrator, RetransmitClient)>,
     counts: Counts,
     inbox: Incoming<Delivered>,
     skew: Skew,
@@ -111,9 +109,8 @@ impl DeliveryAgent {
                     ..ArbConfig::default()
                 };
                 let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(AgentError::Config)?;
-                let any = SocketAddr::from(([0, 0, 0, 0], 0));
-                let s = bind_udp(any, 4 << 20).map_err(io("binding the retransmission socket"))?;
-                Some((arb, s, server))
+                let c = RetransmitClient::new(server).map_err(io("binding the retransmission socket"))?;
+                Some((arb, c))
             }
         };
         Ok(DeliveryAgent {
@@ -133,9 +130,8 @@ impl DeliveryAgent {
 
     fn release(&mut self, now: u64, payload: &[u8]) {
         match &mut self.fill {
-            Some((arb, req, server)) => {
-                let mut sink =
-                    DeliverSink { sock: &self.sock, to: self.to, req, server: *server, counts: &mut self.counts };
+            Some((arb, req)) => {
+                let mut sink = DeliverSink { sock: &self.sock, to: self.to, req, counts: &mut self.counts };
                 arb.handle_packet(now, Source::Line(0), payload, &mut sink);
             }
             None => {
@@ -151,10 +147,10 @@ impl DeliveryAgent {
 
     /// Answers from the retransmission server, and the arbitrator's timers.
     fn service(&mut self, now: u64) -> usize {
-        let Some((arb, req, server)) = &mut self.fill else { return 0 };
-        let mut sink = DeliverSink { sock: &self.sock, to: self.to, req, server: *server, counts: &mut self.counts };
+        let Some((arb, req)) = &mut self.fill else { return 0 };
+        let mut sink = DeliverSink { sock: &self.sock, to: self.to, req, counts: &mut self.counts };
         let mut n = 0;
-        while let Ok(k) = sink.req.recv(&mut self.scratch) {
+        while let Some(k) = sink.req.recv(&mut self.scratch) {
             arb.handle_packet(now, Source::Retransmit, &self.scratch[..k], &mut sink);
             n += 1;
         }
@@ -206,7 +202,7 @@ impl Agent for DeliveryAgent {
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = vec![self.inbox.fd()];
-        fds.extend(self.fill.iter().map(|f| f.1.as_fd()));
+        fds.extend(self.fill.iter().map(|f| f.1.fd()));
         fds.extend(self.poster.iter().map(Poster::fd));
         fds
     }

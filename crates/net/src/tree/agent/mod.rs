@@ -188,6 +188,9 @@ pub struct AgentConfig {
     pub tuning: Tuning,
     /// Answer `stat` (and `stop`) here.
     pub control: Option<SocketAddr>,
+    /// The operator key control commands are sealed under (`stop` needs
+    /// one; a control address beyond loopback is refused without one).
+    pub operator: Option<fairfeed_tree::operator::OperatorKey>,
     pub max_seconds: Option<f64>,
     pub job: Job,
     /// Set from outside (a signal handler) to stop the node.

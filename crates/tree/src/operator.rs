@@ -1,0 +1,408 @@
+//! Control commands authenticated under the operator's key.
+//!
+//! Every control socket (a node's `--control`, the arbitrator's) takes one
+//! command per datagram. A command that changes anything — `stop`, the
+//! arbitrator's `mode`/`max-hold-us`/`max-count` — is obeyed only when it
+//! comes sealed under the operator key, a 32-byte secret of its own (never
+//! the tree's data key: a proxy that holds the data key cannot stop its
+//! peers). Read-only queries (`stat`, `releases`, `stats`) are answered to
+//! loopback, or to sealed requests.
+//!
+//! A sealed command is one line of text, so it stays readable in a capture:
+//!
+//! ```text
+//! ffauth1 <unix ns> <nonce: 32 hex> <mac: 32 hex> <command>
+//! ```
+//!
+//! The MAC is BLAKE3 in keyed mode, under a key derived from the operator
+//! key for this use only, over the version, the time, the nonce and the
+//! command — so a command cannot be moved to another time, nonce or verb.
+//! A [`Verifier`] refuses, and counts, commands that are unsealed where a
+//! seal is needed, malformed, wrongly sealed, stale (more than
+//! [`SKEW_MAX_NS`] from its clock either way) or replayed (a nonce it saw
+//! within that window). It is a pure state machine: the time is an
+//! argument, as everywhere in this crate.
+
+use std::collections::{HashSet, VecDeque};
+use std::net::IpAddr;
+
+use crate::auth::KEY_LEN;
+
+/// What starts a sealed command.
+pub const PREFIX: &str = "ffauth1 ";
+/// A sealed command's time may differ from the verifier's clock by this much
+/// either way (the operator's host and the node's need only rough agreement).
+pub const SKEW_MAX_NS: u64 = 30_000_000_000;
+/// Nonces remembered at most (only sealed commands enter, so only a key
+/// holder can fill it; when full, further commands are refused as busy
+/// until the oldest expire).
+pub const NONCES_MAX: usize = 16_384;
+/// Bytes of a nonce and of a MAC.
+pub const NONCE_LEN: usize = 16;
+pub const MAC_LEN: usize = 16;
+/// The context the MAC key is derived under (BLAKE3 `derive_key`).
+const CONTEXT: &str = "fairfeed 2026-11-28 operator control command v1";
+
+/// Why a command was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// A command that changes something, or a query from beyond loopback, without a seal.
+    #[error("not authenticated: this command needs the operator key (--key-file)")]
+    Unauthenticated,
+    /// Sealed, but this socket has no operator key to check it with.
+    #[error("this node has no operator key (--operator-key-file): sealed commands cannot be checked")]
+    NoKey,
+    /// The seal's fields do not parse.
+    #[error("malformed sealed command")]
+    Malformed,
+    /// The MAC does not match: another key, or altered on the way.
+    #[error("wrong MAC: another key, or the command was altered")]
+    BadMac,
+    /// Sealed too long ago or too far ahead (replay, or clocks apart).
+    #[error("stale: the command's time is more than 30 s from this host's clock")]
+    Stale,
+    /// A nonce already used within the window.
+    #[error("replayed: this nonce was used already")]
+    Replayed,
+    /// Too many recent nonces to remember another.
+    #[error("busy: too many recent commands")]
+    Busy,
+}
+
+/// Commands accepted and refused, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AuthCounters {
+    /// Sealed commands accepted.
+    pub sealed: u64,
+    /// Unsealed queries answered (from loopback).
+    pub loopback: u64,
+    pub unauthenticated: u64,
+    pub no_key: u64,
+    pub malformed: u64,
+    pub bad_mac: u64,
+    pub stale: u64,
+    pub replayed: u64,
+    pub busy: u64,
+}
+
+impl AuthCounters {
+    /// Commands refused, all reasons together.
+    pub fn refused(&self) -> u64 {
+        self.unauthenticated + self.no_key + self.malformed + self.bad_mac + self.stale + self.replayed + self.busy
+    }
+
+    fn count(&mut self, r: Refusal) {
+        *match r {
+            Refusal::Unauthenticated => &mut self.unauthenticated,
+            Refusal::NoKey => &mut self.no_key,
+            Refusal::Malformed => &mut self.malformed,
+            Refusal::BadMac => &mut self.bad_mac,
+            Refusal::Stale => &mut self.stale,
+            Refusal::Replayed => &mut self.replayed,
+            Refusal::Busy => &mut self.busy,
+        } += 1;
+    }
+}
+
+/// The operator's key (the MAC key derived from it; never shown).
+#[derive(Clone)]
+pub struct OperatorKey([u8; 32]);
+
+impl core::fmt::Debug for OperatorKey {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("OperatorKey(<secret>)")
+    }
+}
+
+impl OperatorKey {
+    pub fn new(key: [u8; KEY_LEN]) -> Self {
+        OperatorKey(blake3::derive_key(CONTEXT, &key))
+    }
+
+    /// A key from its text form: 64 hex digits (as the tree key).
+    pub fn from_hex(text: &str) -> Result<Self, String> {
+        crate::auth::key_from_hex(text).map(OperatorKey::new)
+    }
+
+    fn mac(&self, ts_ns: u64, nonce: &[u8; NONCE_LEN], command: &str) -> [u8; MAC_LEN] {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(PREFIX.as_bytes());
+        h.update(&ts_ns.to_le_bytes());
+        h.update(nonce);
+        h.update(command.as_bytes());
+        let mut m = [0u8; MAC_LEN];
+        m.copy_from_slice(&h.finalize().as_bytes()[..MAC_LEN]);
+        m
+    }
+
+    /// `command` sealed at wall time `now_ns` with `nonce` (fresh random bytes per command).
+    pub fn seal(&self, now_ns: u64, nonce: [u8; NONCE_LEN], command: &str) -> String {
+        let command = command.trim();
+        format!("{PREFIX}{now_ns} {} {} {command}", hex(&nonce), hex(&self.mac(now_ns, &nonce, command)))
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A sealed command's fields, borrowed from the datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sealed<'a> {
+    pub ts_ns: u64,
+    pub nonce: [u8; NONCE_LEN],
+    pub mac: [u8; MAC_LEN],
+    pub command: &'a str,
+}
+
+impl<'a> Sealed<'a> {
+    /// The fields of `text` (which starts with [`PREFIX`]).
+    pub fn parse(text: &'a str) -> Result<Self, Refusal> {
+        let rest = text.strip_prefix(PREFIX).ok_or(Refusal::Malformed)?;
+        let mut it = rest.splitn(4, ' ');
+        let ts_ns = it.next().and_then(|t| t.parse::<u64>().ok()).ok_or(Refusal::Malformed)?;
+        let nonce = it.next().and_then(unhex::<NONCE_LEN>).ok_or(Refusal::Malformed)?;
+        let mac = it.next().and_then(unhex::<MAC_LEN>).ok_or(Refusal::Malformed)?;
+        let command = it.next().map(str::trim).filter(|c| !c.is_empty()).ok_or(Refusal::Malformed)?;
+        Ok(Sealed { ts_ns, nonce, mac, command })
+    }
+}
+
+/// Whether a command only reads or changes something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Change,
+}
+
+/// A command admitted, and whether it came sealed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted<'a> {
+    pub command: &'a str,
+    pub sealed: bool,
+}
+
+/// Checks control commands for one socket.
+#[derive(Debug)]
+pub struct Verifier {
+    key: Option<OperatorKey>,
+    /// Nonces of sealed commands accepted, and the order to forget them in.
+    seen: HashSet<[u8; NONCE_LEN]>,
+    order: VecDeque<(u64, [u8; NONCE_LEN])>,
+    pub counters: AuthCounters,
+}
+
+impl Verifier {
+    pub fn new(key: Option<OperatorKey>) -> Self {
+        Verifier { key, seen: HashSet::new(), order: VecDeque::new(), counters: AuthCounters::default() }
+    }
+
+    pub fn has_key(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// Admits the datagram `text` from `from` at wall time `now_ns`, where
+    /// `access` tells what its command does: a change needs a seal; a query
+    /// needs a seal unless it comes from loopback. Counts every outcome.
+    pub fn admit<'a>(
+        &mut self,
+        now_ns: u64,
+        text: &'a str,
+        from: IpAddr,
+        access: impl Fn(&str) -> Access,
+    ) -> Result<Admitted<'a>, Refusal> {
+        let r = self.check(now_ns, text.trim(), from, access);
+        match r {
+            Ok(a) if a.sealed => self.counters.sealed += 1,
+            Ok(_) => self.counters.loopback += 1,
+            Err(e) => self.counters.count(e),
+        }
+        r
+    }
+
+    fn check<'a>(
+        &mut self,
+        now_ns: u64,
+        text: &'a str,
+        from: IpAddr,
+        access: impl Fn(&str) -> Access,
+    ) -> Result<Admitted<'a>, Refusal> {
+        if !text.starts_with(PREFIX) {
+            return match (access(text), from.is_loopback()) {
+                (Access::Read, true) => Ok(Admitted { command: text, sealed: false }),
+                _ => Err(Refusal::Unauthenticated),
+            };
+        }
+        let s = Sealed::parse(text)?;
+        let key = self.key.as_ref().ok_or(Refusal::NoKey)?;
+        let want = key.mac(s.ts_ns, &s.nonce, s.command);
+        // Constant time: every byte compared whatever the first difference.
+        if want.iter().zip(&s.mac).fold(0u8, |d, (x, y)| d | (x ^ y)) != 0 {
+            return Err(Refusal::BadMac);
+        }
+        if now_ns.abs_diff(s.ts_ns) > SKEW_MAX_NS {
+            return Err(Refusal::Stale);
+        }
+        self.forget_before(now_ns.saturating_sub(SKEW_MAX_NS));
+        if self.seen.contains(&s.nonce) {
+            return Err(Refusal::Replayed);
+        }
+        if self.seen.len() >= NONCES_MAX {
+            return Err(Refusal::Busy);
+        }
+        self.seen.insert(s.nonce);
+        self.order.push_back((s.ts_ns, s.nonce));
+        Ok(Admitted { command: s.command, sealed: true })
+    }
+
+    /// Forgets nonces of commands sealed before `t` (a replay of them is stale).
+    fn forget_before(&mut self, t: u64) {
+        // `order` is by arrival; a command sealed earlier than one before it
+        // stays until that one goes — kept a little long, never too short.
+        while let Some(&(ts, n)) = self.order.front() {
+            if ts >= t {
+                break;
+            }
+            self.order.pop_front();
+            self.seen.remove(&n);
+        }
+        debug_assert!(self.seen.len() <= NONCES_MAX);
+    }
+}
+
+/// Whether a control socket at `addr` may be bound: beyond loopback only
+/// with an operator key (anyone who can reach it could otherwise stop the
+/// node). Returns the one-line reason when not.
+pub fn check_bind(addr: std::net::SocketAddr, has_key: bool) -> Result<(), String> {
+    if addr.ip().is_loopback() || has_key {
+        return Ok(());
+    }
+    Err(format!(
+        "control address {addr} is reachable beyond this host: give --operator-key-file FILE (else anyone who can \
+         send it a datagram could query it), or bind it to 127.0.0.1"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const T: u64 = 1_800_000_000_000_000_000;
+
+    fn key(b: u8) -> OperatorKey {
+        OperatorKey::new([b; KEY_LEN])
+    }
+
+    fn access(c: &str) -> Access {
+        if c == "stat" {
+            Access::Read
+        } else {
+            Access::Change
+        }
+    }
+
+    fn lo() -> IpAddr {
+        "127.0.0.1".parse().unwrap()
+    }
+
+    fn far() -> IpAddr {
+        "10.1.2.3".parse().unwrap()
+    }
+
+    #[test]
+    fn sealed_commands_are_admitted_once_and_refused_when_replayed_stale_or_altered() {
+        let mut v = Verifier::new(Some(key(1)));
+        let s = key(1).seal(T, [9; NONCE_LEN], "stop");
+        assert_eq!(v.admit(T + 5, &s, far(), access), Ok(Admitted { command: "stop", sealed: true }));
+        assert_eq!(v.admit(T + 6, &s, far(), access), Err(Refusal::Replayed));
+        let old = key(1).seal(T - SKEW_MAX_NS - 1, [1; NONCE_LEN], "stop");
+        assert_eq!(v.admit(T, &old, far(), access), Err(Refusal::Stale));
+        let ahead = key(1).seal(T + SKEW_MAX_NS + 1, [2; NONCE_LEN], "stop");
+        assert_eq!(v.admit(T, &ahead, far(), access), Err(Refusal::Stale));
+        let other = key(2).seal(T, [3; NONCE_LEN], "stop");
+        assert_eq!(v.admit(T, &other, far(), access), Err(Refusal::BadMac));
+        let moved = key(1).seal(T, [4; NONCE_LEN], "mode time").replace("mode time", "mode count");
+        assert_eq!(v.admit(T, &moved, far(), access), Err(Refusal::BadMac), "the verb is covered");
+        let retimed = key(1).seal(T, [5; NONCE_LEN], "stop").replacen(&T.to_string(), &(T + 1).to_string(), 1);
+        assert_eq!(v.admit(T, &retimed, far(), access), Err(Refusal::BadMac), "the time is covered");
+        assert_eq!(v.admit(T, "ffauth1 12 zz", far(), access), Err(Refusal::Malformed));
+        let c = v.counters;
+        assert_eq!((c.sealed, c.replayed, c.stale, c.bad_mac, c.malformed), (1, 1, 2, 3, 1));
+        assert_eq!(c.refused(), 7);
+    }
+
+    #[test]
+    fn unsealed_queries_only_from_loopback_and_unsealed_changes_never() {
+        let mut v = Verifier::new(Some(key(1)));
+        assert_eq!(v.admit(T, "stat\n", lo(), access), Ok(Admitted { command: "stat", sealed: false }));
+        assert_eq!(v.admit(T, "stat", far(), access), Err(Refusal::Unauthenticated));
+        assert_eq!(v.admit(T, "stop", lo(), access), Err(Refusal::Unauthenticated));
+        let sealed_query = key(1).seal(T, [7; NONCE_LEN], "stat");
+        assert!(v.admit(T, &sealed_query, far(), access).is_ok());
+        // Without a key: loopback queries still work; nothing sealed can be checked.
+        let mut none = Verifier::new(None);
+        assert!(none.admit(T, "stat", lo(), access).is_ok());
+        assert_eq!(none.admit(T, &key(1).seal(T, [8; NONCE_LEN], "stop"), lo(), access), Err(Refusal::NoKey));
+        assert_eq!(none.admit(T, "stop", lo(), access), Err(Refusal::Unauthenticated));
+    }
+
+    #[test]
+    fn nonces_are_forgotten_once_their_commands_are_stale_and_the_table_is_bounded() {
+        let mut v = Verifier::new(Some(key(1)));
+        for i in 0..NONCES_MAX as u64 {
+            let mut n = [0u8; NONCE_LEN];
+            n[..8].copy_from_slice(&i.to_le_bytes());
+            assert!(v.admit(T, &key(1).seal(T, n, "stop"), far(), access).is_ok());
+        }
+        let next = key(1).seal(T, [0xee; NONCE_LEN], "stop");
+        assert_eq!(v.admit(T, &next, far(), access), Err(Refusal::Busy));
+        // Once those are stale they go, and the table takes new ones.
+        let later = T + SKEW_MAX_NS + 1;
+        let fresh = key(1).seal(later, [0xee; NONCE_LEN], "stop");
+        assert!(v.admit(later, &fresh, far(), access).is_ok());
+        assert_eq!(v.seen.len(), 1);
+    }
+
+    #[test]
+    fn binding_beyond_loopback_needs_a_key() {
+        assert!(check_bind("127.0.0.1:1".parse().unwrap(), false).is_ok());
+        assert!(check_bind("[::1]:1".parse().unwrap(), false).is_ok());
+        assert!(check_bind("0.0.0.0:1".parse().unwrap(), false).unwrap_err().contains("--operator-key-file"));
+        assert!(check_bind("10.0.0.1:1".parse().unwrap(), true).is_ok());
+    }
+
+    proptest! {
+        #[test]
+        fn any_datagram_gets_an_answer_and_no_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut v = Verifier::new(Some(key(1)));
+            let text = String::from_utf8_lossy(&b);
+            let r = v.admit(T, &text, far(), access);
+            prop_assert!(r.is_err() || text.trim().starts_with(PREFIX));
+            let mut with_prefix = String::from(PREFIX);
+            with_prefix.push_str(&text);
+            prop_assert!(v.admit(T, &with_prefix, far(), access).is_err());
+        }
+
+        #[test]
+        fn seal_and_admit_round_trip(ts in 0u64..u64::MAX / 2, nonce in any::<[u8; 16]>(),
+                                     cmd in "[a-z][a-z0-9 -]{0,40}") {
+            let mut v = Verifier::new(Some(key(3)));
+            let s = key(3).seal(ts, nonce, &cmd);
+            let a = v.admit(ts, &s, far(), access).unwrap();
+            prop_assert_eq!(a.command, cmd.trim());
+            prop_assert!(a.sealed);
+        }
+    }
+}
