@@ -234,6 +234,7 @@ fn spawn_nodes(
             node: NodeConfig::default(),
             rule: DeadlineRule::Paper { margin_ns: 0 },
             auth: None,
+            keys: None,
             link: None,
             seed: c.seed,
             // Many agents share two cores: they sleep between events; the

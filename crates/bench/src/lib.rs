@@ -20,4 +20,5 @@ pub mod exchange;
 pub mod exchange_attack;
 pub mod hop;
 pub mod tree;
+pub mod tree_attack;
 pub mod xdp;

@@ -92,6 +92,7 @@ fn start_proxy(
         node: NodeConfig::default(),
         rule: DeadlineRule::Paper { margin_ns: 0 },
         auth: None,
+        keys: None,
         link: None,
         seed: 1,
         idle,

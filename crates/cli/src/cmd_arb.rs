@@ -424,7 +424,7 @@ pub fn run_control(a: ControlArgs) -> anyhow::Result<()> {
     let key = a.key_file.as_deref().map(crate::fmt::operator_key).transpose()?;
     let sock = std::net::UdpSocket::bind(if a.addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
     sock.set_read_timeout(Some(Duration::from_secs(2)))?;
-    sock.send_to(&fairfeed_net::operator::request(key.as_ref(), &a.command.join(" ")), a.addr)?;
+    sock.send_to(&fairfeed_net::operator::request(key.as_ref(), a.addr, &a.command.join(" ")), a.addr)?;
     let mut buf = vec![0u8; 65_536];
     let n = sock.recv(&mut buf).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {

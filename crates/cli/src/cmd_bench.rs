@@ -140,6 +140,26 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// A tree of node processes carries a feed clean, then under an attack
+    /// campaign on every port (docs/SECURITY.md): messages lost, P(F), and
+    /// what each attack drew, side by side.
+    Attack {
+        /// Receivers of the tree (fan-out 2, hedge 1).
+        #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=64))]
+        receivers: usize,
+        /// Messages per second.
+        #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(100..=50_000))]
+        rate: u64,
+        /// Seconds of feed per run.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+        seconds: u64,
+        /// Loopback ports from here: the nodes' data, control and the retransmission server.
+        #[arg(long, default_value_t = 9700, value_parser = clap::value_parser!(u16).range(1_024..=65_000))]
+        port: u16,
+        /// Print the report as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Latency added by the live arbitrator, beside a bare UDP forwarder, on loopback.
     ArbLatency {
         /// Packets timed per path; 100..=10,000,000.
@@ -211,6 +231,42 @@ fn clock_sync_cmd(b: Bench) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `bench attack`: the clean run and the attacked one, side by side.
+fn attack_cmd(receivers: usize, rate: u64, seconds: u64, port: u16, json: bool) -> anyhow::Result<()> {
+    let exe = anyhow::Context::context(std::env::current_exe(), "finding the fairfeed binary the nodes run as")?;
+    let cfg = fairfeed_bench::tree_attack::AttackConfig { exe, receivers, rate, seconds, port };
+    let r = fairfeed_bench::tree_attack::run(&cfg, &mut |what| eprintln!("bench attack: {what}"))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!("{receivers} receivers, {rate} msg/s for {seconds} s; clean run beside the attacked one:");
+    println!("{:<28} {:>14} {:>14}", "", "clean", "attacked");
+    let row = |name: &str, f: &dyn Fn(&fairfeed_bench::tree_attack::RunReport) -> String| {
+        println!("{name:<28} {:>14} {:>14}", f(&r.clean), f(&r.attacked));
+    };
+    row("messages lost", &|x| x.lost.to_string());
+    row("nodes stopped", &|x| x.stopped.len().to_string());
+    row("window p50 / p99 (µs)", &|x| {
+        format!("{:.0} / {:.0}", x.window_p50_ns as f64 / 1e3, x.window_p99_ns as f64 / 1e3)
+    });
+    row("P(F) 1 / 10 / 100 µs", &|x| format!("{:.2}/{:.2}/{:.2}", x.pf_1us, x.pf_10us, x.pf_100us));
+    row("late share", &|x| format!("{:.4}", x.late_share));
+    row("sealed commands admitted", &|x| format!("{} of {}", x.sealed_accepted, x.operator_requests));
+    row("control datagrams refused", &|x| {
+        x.control_refused
+            .as_object()
+            .map_or(0, |o| o.values().filter_map(serde_json::Value::as_u64).sum::<u64>())
+            .to_string()
+    });
+    row("overlay datagrams refused", &|x| x.data_refused.to_string());
+    row("retransmit bytes in / back", &|x| {
+        format!("{} / {}", x.campaign.retransmit_bytes_in, x.campaign.retransmit_bytes_back)
+    });
+    println!("attacks sent: {}", serde_json::to_string(&r.attacked.campaign)?);
+    Ok(())
+}
+
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         b @ Bench::ClockSync { .. } => clock_sync_cmd(b),
@@ -249,6 +305,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
             Ok(())
         }
         Bench::HopLatency { io, samples, rounds, json } => hop_cmd(&io, samples, rounds, json),
+        Bench::Attack { receivers, rate, seconds, port, json } => attack_cmd(receivers, rate, seconds, port, json),
         Bench::XdpDedup { hedge, messages, rate, payload_bytes, rounds, json } => {
             xdp_dedup(hedge, (messages, rate, payload_bytes), rounds, json)
         }

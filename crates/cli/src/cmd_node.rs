@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fairfeed_feed::gen::{GenConfig, Generator};
+use fairfeed_net::tree::agent::keys::{KeyCell, KeyFileWatch};
 use fairfeed_net::tree::agent::{
     run_agent, write_rows, AgentConfig, ExtraCounters, Job, PublishSlot, ReceiverJob, Replicate, SenderJob, Threading,
 };
@@ -60,7 +61,10 @@ pub struct Common {
     #[arg(long)]
     id: u32,
     /// The tree's authentication key: a file holding 64 hex digits (or set
-    /// FAIRFEED_KEY). Without one, packets are not authenticated.
+    /// FAIRFEED_KEY), or a keyring for a rollover — lines `ID HEX`, the key
+    /// to seal with marked `ID HEX send`. The file is watched: a changed
+    /// keyring is put in force while the node runs (also on SIGHUP or a
+    /// sealed `reload-keys`). Without one, packets are not authenticated.
     #[arg(long)]
     key_file: Option<PathBuf>,
     /// Authentic packets sent longer ago than this are refused as replays (ms; 1..=3,600,000).
@@ -634,9 +638,8 @@ pub(crate) fn load_topology(p: &Path) -> anyhow::Result<Topology> {
 fn load_operator(c: &Common) -> anyhow::Result<Option<OperatorKey>> {
     let Some(p) = &c.operator_key_file else { return Ok(None) };
     let key = crate::fmt::operator_key(p)?;
-    let tree_key = c.key_file.as_deref().map(crate::fmt::key_text).transpose()?;
-    let op_text = crate::fmt::key_text(p)?;
-    if tree_key.is_some_and(|t| t.trim().eq_ignore_ascii_case(op_text.trim())) {
+    let op_bytes = fairfeed_tree::auth::key_from_hex(&crate::fmt::key_text(p)?).map_err(anyhow::Error::msg)?;
+    if load_auth(c)?.is_some_and(|a| a.holds(&op_bytes)) {
         anyhow::bail!(
             "--operator-key-file {} holds the tree's key: give the operator a key of its own (a proxy holds the tree \
              key and must not be able to stop its peers)",
@@ -652,11 +655,11 @@ fn load_auth(c: &Common) -> anyhow::Result<Option<Auth>> {
         (None, Ok(k)) => (k, "FAIRFEED_KEY".to_string()),
         (None, Err(_)) => return Ok(None),
     };
-    let mut a = Auth::from_hex(&text).map_err(|e| anyhow::anyhow!("bad key in {from}: {e}"))?;
+    let mut a = Auth::from_text(&text).map_err(|e| anyhow::anyhow!("bad key in {from}: {e}"))?;
     if a.is_all_zero() {
         tracing::warn!(
             node = c.id,
-            "the key in {from} is all zeros: anyone can guess it, so packets are as good as unauthenticated; make a \
+            "a key in {from} is all zeros: anyone can guess it, so packets are as good as unauthenticated; make a \
              random one (head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')"
         );
     }
@@ -711,6 +714,16 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
             None => None,
         },
     };
+    // A key file is watched: a new keyring in it is put in force while the node runs.
+    let auth = load_auth(c)?;
+    let keys = match (&c.key_file, &auth) {
+        (Some(p), Some(a)) => {
+            let cell = KeyCell::new(a);
+            KeyFileWatch::start(p.clone(), cell.clone()).context("watching the key file")?.detach();
+            Some(cell)
+        }
+        _ => None,
+    };
     Ok(AgentConfig {
         topology: Arc::new(topology),
         id: c.id,
@@ -721,7 +734,8 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
             ..NodeConfig::default()
         },
         rule,
-        auth: load_auth(c)?,
+        auth: auth.clone(),
+        keys,
         link: load_link(&c.link)?,
         seed: c.seed,
         idle: c.idle.strategy(),
@@ -892,7 +906,7 @@ pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
         if left.is_zero() {
             anyhow::bail!("no answer from {} within {} ms (is a node's --control there?)", addr, a.timeout_ms);
         }
-        s.send_to(&fairfeed_net::operator::request(key.as_ref(), "stat"), addr)
+        s.send_to(&fairfeed_net::operator::request(key.as_ref(), addr, "stat"), addr)
             .with_context(|| format!("asking {}", addr))?;
         s.set_read_timeout(Some(left.min(Duration::from_millis(STAT_RETRY_MS))))?;
         match s.recv(&mut buf) {

@@ -420,7 +420,24 @@ fn readme(t: &Topology, nodes: &[(&Node, HostPort)], platform: Platform, o: &Dep
          Each node answers SIGTERM by stopping and writing its counters; `fairfeed stat` needs a \
          `--control` address (plan with `--control-port`: each node then answers on 127.0.0.1 at that \
          port, inside its host or pod; to reach it from elsewhere give it `--control HOST:PORT \
-         --operator-key-file FILE` — docs/SECURITY.md).\n{kernel}",
+         --operator-key-file FILE` — docs/SECURITY.md).\n\n\
+         ## Rotating the tree key\n\n\
+         Nodes watch their key file and put a changed keyring in force without a restart. Roll over in \
+         three steps, each on every host before the next (a node logs `tree keys from …: accepting ids \
+         …, sealing with …`, and `fairfeed stat` shows `counters.keys`):\n\n\
+         1. accept the next key: `0 <old hex> send` and `1 <new hex>`, one per line;\n\
+         2. seal with it: `0 <old hex>` and `1 <new hex> send`;\n\
+         3. retire the old key: `1 <new hex> send`.\n\n{rotate}\n{kernel}",
+        rotate = match platform {
+            Platform::Systemd => "Edit `/etc/fairfeed/tree.key` on each host (`systemctl reload` is not needed).",
+            Platform::Compose =>
+                "The secret is a bind-mounted file: rewrite `./tree.key` in place (`cat next > tree.key`); \
+                 a rename would leave the containers reading the old file.",
+            Platform::Kubernetes =>
+                "Replace the Secret for each step (`kubectl -n <ns> create secret generic \
+                 fairfeed-tree-key --from-file=tree.key --dry-run=client -o yaml | kubectl apply -f -`); the \
+                 kubelet updates the mounted file within about a minute.",
+        },
         kernel = match &o.kernel_iface {
             Some(i) => format!(
                 "\nThe kernel fast path is on: the sender and proxies replicate with TC on `{i}` \

@@ -31,6 +31,9 @@ pub enum AuthError {
     BadTag,
     /// Authentic but too old to be live.
     Replayed,
+    /// Tagged with a key id this node does not hold (a rollover out of
+    /// order, a retired key — or a forgery).
+    UnknownKey,
 }
 
 impl core::fmt::Display for AuthError {
@@ -39,6 +42,7 @@ impl core::fmt::Display for AuthError {
             AuthError::Truncated => "truncated packet",
             AuthError::BadTag => "missing or wrong authentication tag",
             AuthError::Replayed => "replayed packet",
+            AuthError::UnknownKey => "tagged with a key id this node does not hold",
         })
     }
 }
@@ -51,6 +55,7 @@ pub struct AuthStats {
     pub truncated: u64,
     pub bad_tag: u64,
     pub replayed: u64,
+    pub unknown_key: u64,
 }
 
 impl AuthStats {
@@ -59,6 +64,7 @@ impl AuthStats {
             AuthError::Truncated => self.truncated += 1,
             AuthError::BadTag => self.bad_tag += 1,
             AuthError::Replayed => self.replayed += 1,
+            AuthError::UnknownKey => self.unknown_key += 1,
         }
     }
 }
@@ -76,22 +82,65 @@ pub fn key_from_hex(text: &str) -> Result<[u8; KEY_LEN], String> {
     Ok(key)
 }
 
-/// A tree's key and the freshness rule.
+/// Keys a keyring holds at most (a rollover needs two: the current and the next).
+pub const KEYS_MAX: usize = 4;
+
+/// A tree's keys — each under a one-byte id, one of them the key this node
+/// seals with — and the freshness rule.
+///
+/// A packet names the key its tag was made with (header byte
+/// [`overlay::KEY_ID_OFFSET`]); a node accepts every key it holds. So a
+/// key is rolled over without stopping the feed: give every node the next
+/// key beside the current one, then seal with the next, then drop the old
+/// (docs/SECURITY.md, "Rotating the tree key").
 #[derive(Clone)]
 pub struct Auth {
-    key: [u8; KEY_LEN],
+    keys: Vec<(u8, [u8; KEY_LEN])>,
+    send: u8,
     pub max_age_ns: u64,
 }
 
 impl core::fmt::Debug for Auth {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Auth").field("key", &"<secret>").field("max_age_ns", &self.max_age_ns).finish()
+        f.debug_struct("Auth")
+            .field("ids", &self.ids())
+            .field("send", &self.send)
+            .field("keys", &"<secret>")
+            .field("max_age_ns", &self.max_age_ns)
+            .finish()
+    }
+}
+
+/// The same keys under the same ids, sealing with the same one.
+impl PartialEq for Auth {
+    fn eq(&self, o: &Self) -> bool {
+        self.send == o.send && self.keys == o.keys && self.max_age_ns == o.max_age_ns
     }
 }
 
 impl Auth {
+    /// One key, id 0.
     pub fn new(key: [u8; KEY_LEN]) -> Self {
-        Auth { key, max_age_ns: MAX_AGE_NS_DEFAULT }
+        Auth { keys: vec![(0, key)], send: 0, max_age_ns: MAX_AGE_NS_DEFAULT }
+    }
+
+    /// Keys by id, sealing with `send` (one of them); at most [`KEYS_MAX`], ids distinct.
+    pub fn keyring(keys: Vec<(u8, [u8; KEY_LEN])>, send: u8) -> Result<Self, String> {
+        if keys.is_empty() || keys.len() > KEYS_MAX {
+            return Err(format!("a keyring holds 1 to {KEYS_MAX} keys, not {}", keys.len()));
+        }
+        for (i, k) in keys.iter().enumerate() {
+            if keys[..i].iter().any(|j| j.0 == k.0) {
+                return Err(format!("key id {} given twice", k.0));
+            }
+            if keys[..i].iter().any(|j| j.1 == k.1) {
+                return Err(format!("key id {} holds the same key as another id", k.0));
+            }
+        }
+        if !keys.iter().any(|k| k.0 == send) {
+            return Err(format!("no key {send} to seal with"));
+        }
+        Ok(Auth { keys, send, max_age_ns: MAX_AGE_NS_DEFAULT })
     }
 
     /// A key from its text form: 64 hex digits.
@@ -99,13 +148,81 @@ impl Auth {
         key_from_hex(text).map(Auth::new)
     }
 
-    /// A key of zeros only: a placeholder, not a secret.
-    pub fn is_all_zero(&self) -> bool {
-        self.key.iter().all(|&b| b == 0)
+    /// A key file's text: one key as 64 hex digits (id 0), or a keyring —
+    /// one `ID HEX` per line (ID 0..=255), the key to seal with marked
+    /// `ID HEX send` (needed when there are several), `#` comments and
+    /// blank lines ignored. Errors name the line.
+    pub fn from_text(text: &str) -> Result<Self, String> {
+        let lines: Vec<(usize, &str)> = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| (i + 1, l.split('#').next().unwrap_or("").trim()))
+            .filter(|(_, l)| !l.is_empty())
+            .collect();
+        if lines.is_empty() {
+            return Err(format!("no key: a key is {} hex digits", KEY_LEN * 2));
+        }
+        if let [(_, one)] = lines[..] {
+            if !one.contains(char::is_whitespace) {
+                return Self::from_hex(one);
+            }
+        }
+        let mut keys = Vec::new();
+        let mut send = Vec::new();
+        for (n, l) in lines {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (id, hex, mark) = match f[..] {
+                [id, hex] => (id, hex, false),
+                [id, hex, "send"] => (id, hex, true),
+                _ => return Err(format!("line {n}: expected `ID HEX` or `ID HEX send`")),
+            };
+            let id: u8 = id.parse().map_err(|_| format!("line {n}: key id {id:?} is not 0..=255"))?;
+            keys.push((id, key_from_hex(hex).map_err(|e| format!("line {n}: {e}"))?));
+            if mark {
+                send.push(id);
+            }
+        }
+        let send = match (&send[..], &keys[..]) {
+            ([s], _) => *s,
+            ([], [(only, _)]) => *only,
+            ([], _) => return Err("several keys: mark the one to seal with (`ID HEX send`)".into()),
+            _ => return Err("more than one key marked send".into()),
+        };
+        Self::keyring(keys, send)
     }
 
-    fn tag(&self, b: &[u8]) -> [u8; TAG_LEN] {
-        let mut h = blake3::Hasher::new_keyed(&self.key);
+    /// Whether one of its keys is `key` (to keep other secrets apart from it).
+    pub fn holds(&self, key: &[u8; KEY_LEN]) -> bool {
+        self.keys.iter().any(|k| &k.1 == key)
+    }
+
+    /// The ids held, in the file's order.
+    pub fn ids(&self) -> Vec<u8> {
+        self.keys.iter().map(|k| k.0).collect()
+    }
+
+    /// The id sealed with.
+    pub fn send_id(&self) -> u8 {
+        self.send
+    }
+
+    /// Another keyring in force, keeping this one's freshness rule.
+    pub fn replace_keys(&mut self, other: &Auth) {
+        self.keys.clone_from(&other.keys);
+        self.send = other.send;
+    }
+
+    /// Some key is all zeros: a placeholder, not a secret.
+    pub fn is_all_zero(&self) -> bool {
+        self.keys.iter().any(|k| k.1.iter().all(|&b| b == 0))
+    }
+
+    fn key(&self, id: u8) -> Option<&[u8; KEY_LEN]> {
+        self.keys.iter().find(|k| k.0 == id).map(|k| &k.1)
+    }
+
+    fn tag(key: &[u8; KEY_LEN], b: &[u8]) -> [u8; TAG_LEN] {
+        let mut h = blake3::Hasher::new_keyed(key);
         h.update(&b[..6]);
         h.update(&[0]);
         h.update(&b[7..]);
@@ -114,11 +231,14 @@ impl Auth {
         t
     }
 
-    /// Sets the auth flag on the packet in `buf` (header + payload) and appends its tag.
+    /// Sets the auth flag and the key id on the packet in `buf` (header +
+    /// payload) and appends its tag.
     pub fn seal(&self, buf: &mut Vec<u8>) {
         assert!(buf.len() >= HEADER_LEN, "a packet has a header");
         buf[7] |= FLAG_AUTH;
-        let t = self.tag(buf);
+        buf[overlay::KEY_ID_OFFSET] = self.send;
+        let key = self.key(self.send).expect("the sealing key is held (checked in keyring)");
+        let t = Self::tag(key, buf);
         buf.extend_from_slice(&t);
     }
 
@@ -133,7 +253,8 @@ impl Auth {
         if b.len() != len + TAG_LEN {
             return Err(if b.len() < len + TAG_LEN { AuthError::Truncated } else { AuthError::BadTag });
         }
-        let want = self.tag(&b[..len]);
+        let Some(key) = self.key(h.key_id) else { return Err(AuthError::UnknownKey) };
+        let want = Self::tag(key, &b[..len]);
         // Constant time: every byte compared whatever the first difference.
         let diff = want.iter().zip(&b[len..]).fold(0u8, |d, (x, y)| d | (x ^ y));
         if diff != 0 {
@@ -219,5 +340,54 @@ mod tests {
         assert!(Auth::from_hex(&k).is_ok());
         assert!(Auth::from_hex("abc").is_err());
         assert!(Auth::from_hex(&"zz".repeat(32)).is_err());
+    }
+
+    #[test]
+    fn a_keyring_accepts_every_key_it_holds_and_seals_with_the_marked_one() {
+        let (old, new) = ([1u8; KEY_LEN], [2u8; KEY_LEN]);
+        let before = Auth::new(old);
+        let both_old = Auth::keyring(vec![(0, old), (1, new)], 0).unwrap();
+        let both_new = Auth::keyring(vec![(0, old), (1, new)], 1).unwrap();
+        let after = Auth::keyring(vec![(1, new)], 1).unwrap();
+        let mut p = packet(1, 100);
+        both_new.seal(&mut p);
+        assert_eq!(overlay::HeaderRepr::parse(&p).unwrap().0.key_id, 1);
+        assert!(both_old.open(&p, 200).is_ok() && after.open(&p, 200).is_ok());
+        assert_eq!(before.open(&p, 200), Err(AuthError::UnknownKey), "a node that missed the rollover");
+        let mut q = packet(2, 100);
+        before.seal(&mut q);
+        assert!(both_new.open(&q, 200).is_ok(), "old packets in flight still open during the window");
+        assert_eq!(after.open(&q, 200), Err(AuthError::UnknownKey), "after it, the old key is gone");
+        // The key id is covered by the tag: relabelling a packet breaks it.
+        let mut r = p.clone();
+        r[overlay::KEY_ID_OFFSET] = 0;
+        assert_eq!(both_old.open(&r, 200), Err(AuthError::BadTag));
+    }
+
+    #[test]
+    fn key_files_parse_as_one_key_or_a_keyring_and_bad_ones_name_the_line() {
+        let (a, b) = ("ab".repeat(32), "cd".repeat(32));
+        assert_eq!(Auth::from_text(&format!("{a}\n")).unwrap().ids(), vec![0]);
+        let r = Auth::from_text(&format!("# rollover\n3 {a}\n4 {b} send  # the next\n\n")).unwrap();
+        assert_eq!((r.ids(), r.send_id()), (vec![3, 4], 4));
+        assert_eq!(Auth::from_text(&format!("7 {a}")).unwrap().send_id(), 7);
+        for (text, want) in [
+            (format!("1 {a}\n2 {b}"), "mark the one"),
+            (format!("1 {a} send\n2 {b} send"), "more than one"),
+            (format!("1 {a}\n1 {b} send"), "given twice"),
+            (format!("1 {a}\n2 {a} send"), "same key"),
+            (format!("300 {a}"), "line 1: key id"),
+            (format!("1 {a}\n2 xyz send"), "line 2: a key is 64 hex"),
+            (format!("1 {a} now"), "line 1: expected"),
+            (String::new(), "no key"),
+            ((0..5).map(|i| format!("{i} {:02x}{}\n", i, "0".repeat(62))).collect::<String>() + "", "mark"),
+        ] {
+            let e = Auth::from_text(&text).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        let five: String = (0..5)
+            .map(|i| format!("{i} {:02x}{}{}\n", i + 1, "0".repeat(62), if i == 0 { " send" } else { "" }))
+            .collect();
+        assert!(Auth::from_text(&five).unwrap_err().contains("1 to 4 keys"));
     }
 }

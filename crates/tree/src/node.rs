@@ -1219,6 +1219,28 @@ impl Node {
         matches!(self, Node::Receiver(_))
     }
 
+    /// The keys it seals and checks with, if any.
+    pub fn auth(&self) -> Option<&Auth> {
+        match self {
+            Node::Sender(s) => s.auth.as_ref(),
+            Node::Proxy(p) => p.auth.as_ref(),
+            Node::Receiver(r) => r.auth.as_ref(),
+        }
+    }
+
+    /// Puts the keys of `keys` in force (a key rollover), keeping the
+    /// freshness rule. A node started without authentication stays without.
+    pub fn set_keys(&mut self, keys: &Auth) {
+        let a = match self {
+            Node::Sender(s) => &mut s.auth,
+            Node::Proxy(p) => &mut p.auth,
+            Node::Receiver(r) => &mut r.auth,
+        };
+        if let Some(a) = a {
+            a.replace_keys(keys);
+        }
+    }
+
     /// Packets refused by the key check, by reason.
     pub fn auth_stats(&self) -> AuthStats {
         match self {

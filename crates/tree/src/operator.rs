@@ -11,12 +11,14 @@
 //! A sealed command is one line of text, so it stays readable in a capture:
 //!
 //! ```text
-//! ffauth1 <unix ns> <nonce: 32 hex> <mac: 32 hex> <command>
+//! ffauth1 <unix ns> <nonce: 32 hex> <to: HOST:PORT> <mac: 32 hex> <command>
 //! ```
 //!
 //! The MAC is BLAKE3 in keyed mode, under a key derived from the operator
-//! key for this use only, over the version, the time, the nonce and the
-//! command — so a command cannot be moved to another time, nonce or verb.
+//! key for this use only, over the version, the time, the nonce, the
+//! control address it was sent to and the command — so a command cannot be
+//! moved to another time, nonce, node or verb. A socket admits only seals
+//! addressed to its own port (and its own IP, unless it is bound to all).
 //! A [`Verifier`] refuses, and counts, commands that are unsealed where a
 //! seal is needed, malformed, wrongly sealed, stale (more than
 //! [`SKEW_MAX_NS`] from its clock either way) or replayed (a nonce it saw
@@ -24,7 +26,7 @@
 //! argument, as everywhere in this crate.
 
 use std::collections::{HashSet, VecDeque};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use crate::auth::KEY_LEN;
 
@@ -64,6 +66,9 @@ pub enum Refusal {
     /// A nonce already used within the window.
     #[error("replayed: this nonce was used already")]
     Replayed,
+    /// Sealed for another control address (a command captured on its way to another node).
+    #[error("sealed for another control address")]
+    OtherAddress,
     /// Too many recent nonces to remember another.
     #[error("busy: too many recent commands")]
     Busy,
@@ -82,13 +87,21 @@ pub struct AuthCounters {
     pub bad_mac: u64,
     pub stale: u64,
     pub replayed: u64,
+    pub other_address: u64,
     pub busy: u64,
 }
 
 impl AuthCounters {
     /// Commands refused, all reasons together.
     pub fn refused(&self) -> u64 {
-        self.unauthenticated + self.no_key + self.malformed + self.bad_mac + self.stale + self.replayed + self.busy
+        self.unauthenticated
+            + self.no_key
+            + self.malformed
+            + self.bad_mac
+            + self.stale
+            + self.replayed
+            + self.other_address
+            + self.busy
     }
 
     fn count(&mut self, r: Refusal) {
@@ -99,6 +112,7 @@ impl AuthCounters {
             Refusal::BadMac => &mut self.bad_mac,
             Refusal::Stale => &mut self.stale,
             Refusal::Replayed => &mut self.replayed,
+            Refusal::OtherAddress => &mut self.other_address,
             Refusal::Busy => &mut self.busy,
         } += 1;
     }
@@ -124,21 +138,26 @@ impl OperatorKey {
         crate::auth::key_from_hex(text).map(OperatorKey::new)
     }
 
-    fn mac(&self, ts_ns: u64, nonce: &[u8; NONCE_LEN], command: &str) -> [u8; MAC_LEN] {
+    fn mac(&self, ts_ns: u64, nonce: &[u8; NONCE_LEN], to: SocketAddr, command: &str) -> [u8; MAC_LEN] {
         let mut h = blake3::Hasher::new_keyed(&self.0);
         h.update(PREFIX.as_bytes());
         h.update(&ts_ns.to_le_bytes());
         h.update(nonce);
+        let to = to.to_string();
+        h.update(&(to.len() as u64).to_le_bytes());
+        h.update(to.as_bytes());
         h.update(command.as_bytes());
         let mut m = [0u8; MAC_LEN];
         m.copy_from_slice(&h.finalize().as_bytes()[..MAC_LEN]);
         m
     }
 
-    /// `command` sealed at wall time `now_ns` with `nonce` (fresh random bytes per command).
-    pub fn seal(&self, now_ns: u64, nonce: [u8; NONCE_LEN], command: &str) -> String {
+    /// `command` for the control socket at `to`, sealed at wall time
+    /// `now_ns` with `nonce` (fresh random bytes per command).
+    pub fn seal(&self, now_ns: u64, nonce: [u8; NONCE_LEN], to: SocketAddr, command: &str) -> String {
         let command = command.trim();
-        format!("{PREFIX}{now_ns} {} {} {command}", hex(&nonce), hex(&self.mac(now_ns, &nonce, command)))
+        let mac = hex(&self.mac(now_ns, &nonce, to, command));
+        format!("{PREFIX}{now_ns} {} {to} {mac} {command}", hex(&nonce))
     }
 }
 
@@ -162,6 +181,7 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 pub struct Sealed<'a> {
     pub ts_ns: u64,
     pub nonce: [u8; NONCE_LEN],
+    pub to: SocketAddr,
     pub mac: [u8; MAC_LEN],
     pub command: &'a str,
 }
@@ -170,12 +190,13 @@ impl<'a> Sealed<'a> {
     /// The fields of `text` (which starts with [`PREFIX`]).
     pub fn parse(text: &'a str) -> Result<Self, Refusal> {
         let rest = text.strip_prefix(PREFIX).ok_or(Refusal::Malformed)?;
-        let mut it = rest.splitn(4, ' ');
+        let mut it = rest.splitn(5, ' ');
         let ts_ns = it.next().and_then(|t| t.parse::<u64>().ok()).ok_or(Refusal::Malformed)?;
         let nonce = it.next().and_then(unhex::<NONCE_LEN>).ok_or(Refusal::Malformed)?;
+        let to = it.next().and_then(|t| t.parse::<SocketAddr>().ok()).ok_or(Refusal::Malformed)?;
         let mac = it.next().and_then(unhex::<MAC_LEN>).ok_or(Refusal::Malformed)?;
         let command = it.next().map(str::trim).filter(|c| !c.is_empty()).ok_or(Refusal::Malformed)?;
-        Ok(Sealed { ts_ns, nonce, mac, command })
+        Ok(Sealed { ts_ns, nonce, to, mac, command })
     }
 }
 
@@ -197,6 +218,8 @@ pub struct Admitted<'a> {
 #[derive(Debug)]
 pub struct Verifier {
     key: Option<OperatorKey>,
+    /// The socket's own address: seals must be addressed to it.
+    local: Option<SocketAddr>,
     /// Nonces of sealed commands accepted, and the order to forget them in.
     seen: HashSet<[u8; NONCE_LEN]>,
     order: VecDeque<(u64, [u8; NONCE_LEN])>,
@@ -204,8 +227,15 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    pub fn new(key: Option<OperatorKey>) -> Self {
-        Verifier { key, seen: HashSet::new(), order: VecDeque::new(), counters: AuthCounters::default() }
+    /// Checks commands for the socket at `local` (`None`: any address; tests).
+    pub fn new(key: Option<OperatorKey>, local: Option<SocketAddr>) -> Self {
+        Verifier { key, local, seen: HashSet::new(), order: VecDeque::new(), counters: AuthCounters::default() }
+    }
+
+    /// Whether a seal addressed to `to` is for this socket: its port, and
+    /// its IP unless it is bound to all of the host's.
+    fn for_me(&self, to: SocketAddr) -> bool {
+        self.local.is_none_or(|l| l.port() == to.port() && (l.ip().is_unspecified() || l.ip() == to.ip()))
     }
 
     pub fn has_key(&self) -> bool {
@@ -246,13 +276,16 @@ impl Verifier {
         }
         let s = Sealed::parse(text)?;
         let key = self.key.as_ref().ok_or(Refusal::NoKey)?;
-        let want = key.mac(s.ts_ns, &s.nonce, s.command);
+        let want = key.mac(s.ts_ns, &s.nonce, s.to, s.command);
         // Constant time: every byte compared whatever the first difference.
         if want.iter().zip(&s.mac).fold(0u8, |d, (x, y)| d | (x ^ y)) != 0 {
             return Err(Refusal::BadMac);
         }
         if now_ns.abs_diff(s.ts_ns) > SKEW_MAX_NS {
             return Err(Refusal::Stale);
+        }
+        if !self.for_me(s.to) {
+            return Err(Refusal::OtherAddress);
         }
         self.forget_before(now_ns.saturating_sub(SKEW_MAX_NS));
         if self.seen.contains(&s.nonce) {
@@ -313,6 +346,10 @@ mod tests {
         }
     }
 
+    fn to() -> SocketAddr {
+        "10.0.0.9:7000".parse().unwrap()
+    }
+
     fn lo() -> IpAddr {
         "127.0.0.1".parse().unwrap()
     }
@@ -323,19 +360,19 @@ mod tests {
 
     #[test]
     fn sealed_commands_are_admitted_once_and_refused_when_replayed_stale_or_altered() {
-        let mut v = Verifier::new(Some(key(1)));
-        let s = key(1).seal(T, [9; NONCE_LEN], "stop");
+        let mut v = Verifier::new(Some(key(1)), None);
+        let s = key(1).seal(T, [9; NONCE_LEN], to(), "stop");
         assert_eq!(v.admit(T + 5, &s, far(), access), Ok(Admitted { command: "stop", sealed: true }));
         assert_eq!(v.admit(T + 6, &s, far(), access), Err(Refusal::Replayed));
-        let old = key(1).seal(T - SKEW_MAX_NS - 1, [1; NONCE_LEN], "stop");
+        let old = key(1).seal(T - SKEW_MAX_NS - 1, [1; NONCE_LEN], to(), "stop");
         assert_eq!(v.admit(T, &old, far(), access), Err(Refusal::Stale));
-        let ahead = key(1).seal(T + SKEW_MAX_NS + 1, [2; NONCE_LEN], "stop");
+        let ahead = key(1).seal(T + SKEW_MAX_NS + 1, [2; NONCE_LEN], to(), "stop");
         assert_eq!(v.admit(T, &ahead, far(), access), Err(Refusal::Stale));
-        let other = key(2).seal(T, [3; NONCE_LEN], "stop");
+        let other = key(2).seal(T, [3; NONCE_LEN], to(), "stop");
         assert_eq!(v.admit(T, &other, far(), access), Err(Refusal::BadMac));
-        let moved = key(1).seal(T, [4; NONCE_LEN], "mode time").replace("mode time", "mode count");
+        let moved = key(1).seal(T, [4; NONCE_LEN], to(), "mode time").replace("mode time", "mode count");
         assert_eq!(v.admit(T, &moved, far(), access), Err(Refusal::BadMac), "the verb is covered");
-        let retimed = key(1).seal(T, [5; NONCE_LEN], "stop").replacen(&T.to_string(), &(T + 1).to_string(), 1);
+        let retimed = key(1).seal(T, [5; NONCE_LEN], to(), "stop").replacen(&T.to_string(), &(T + 1).to_string(), 1);
         assert_eq!(v.admit(T, &retimed, far(), access), Err(Refusal::BadMac), "the time is covered");
         assert_eq!(v.admit(T, "ffauth1 12 zz", far(), access), Err(Refusal::Malformed));
         let c = v.counters;
@@ -345,34 +382,46 @@ mod tests {
 
     #[test]
     fn unsealed_queries_only_from_loopback_and_unsealed_changes_never() {
-        let mut v = Verifier::new(Some(key(1)));
+        let mut v = Verifier::new(Some(key(1)), None);
         assert_eq!(v.admit(T, "stat\n", lo(), access), Ok(Admitted { command: "stat", sealed: false }));
         assert_eq!(v.admit(T, "stat", far(), access), Err(Refusal::Unauthenticated));
         assert_eq!(v.admit(T, "stop", lo(), access), Err(Refusal::Unauthenticated));
-        let sealed_query = key(1).seal(T, [7; NONCE_LEN], "stat");
+        let sealed_query = key(1).seal(T, [7; NONCE_LEN], to(), "stat");
         assert!(v.admit(T, &sealed_query, far(), access).is_ok());
         // Without a key: loopback queries still work; nothing sealed can be checked.
-        let mut none = Verifier::new(None);
+        let mut none = Verifier::new(None, None);
         assert!(none.admit(T, "stat", lo(), access).is_ok());
-        assert_eq!(none.admit(T, &key(1).seal(T, [8; NONCE_LEN], "stop"), lo(), access), Err(Refusal::NoKey));
+        assert_eq!(none.admit(T, &key(1).seal(T, [8; NONCE_LEN], to(), "stop"), lo(), access), Err(Refusal::NoKey));
         assert_eq!(none.admit(T, "stop", lo(), access), Err(Refusal::Unauthenticated));
     }
 
     #[test]
     fn nonces_are_forgotten_once_their_commands_are_stale_and_the_table_is_bounded() {
-        let mut v = Verifier::new(Some(key(1)));
+        let mut v = Verifier::new(Some(key(1)), None);
         for i in 0..NONCES_MAX as u64 {
             let mut n = [0u8; NONCE_LEN];
             n[..8].copy_from_slice(&i.to_le_bytes());
-            assert!(v.admit(T, &key(1).seal(T, n, "stop"), far(), access).is_ok());
+            assert!(v.admit(T, &key(1).seal(T, n, to(), "stop"), far(), access).is_ok());
         }
-        let next = key(1).seal(T, [0xee; NONCE_LEN], "stop");
+        let next = key(1).seal(T, [0xee; NONCE_LEN], to(), "stop");
         assert_eq!(v.admit(T, &next, far(), access), Err(Refusal::Busy));
         // Once those are stale they go, and the table takes new ones.
         let later = T + SKEW_MAX_NS + 1;
-        let fresh = key(1).seal(later, [0xee; NONCE_LEN], "stop");
+        let fresh = key(1).seal(later, [0xee; NONCE_LEN], to(), "stop");
         assert!(v.admit(later, &fresh, far(), access).is_ok());
         assert_eq!(v.seen.len(), 1);
+    }
+
+    #[test]
+    fn a_seal_for_one_control_address_is_refused_at_another() {
+        let at = |a: &str| Verifier::new(Some(key(1)), Some(a.parse().unwrap()));
+        let s = key(1).seal(T, [1; NONCE_LEN], to(), "stop");
+        assert!(at("10.0.0.9:7000").admit(T, &s, far(), access).is_ok());
+        assert!(at("0.0.0.0:7000").admit(T, &s, far(), access).is_ok(), "bound to all: the port decides");
+        assert_eq!(at("10.0.0.8:7000").admit(T, &s, far(), access), Err(Refusal::OtherAddress));
+        assert_eq!(at("10.0.0.9:7001").admit(T, &s, far(), access), Err(Refusal::OtherAddress));
+        let moved = s.replace("10.0.0.9:7000", "10.0.0.8:7000");
+        assert_eq!(at("10.0.0.8:7000").admit(T, &moved, far(), access), Err(Refusal::BadMac), "the address is covered");
     }
 
     #[test]
@@ -386,7 +435,7 @@ mod tests {
     proptest! {
         #[test]
         fn any_datagram_gets_an_answer_and_no_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let mut v = Verifier::new(Some(key(1)));
+            let mut v = Verifier::new(Some(key(1)), None);
             let text = String::from_utf8_lossy(&b);
             let r = v.admit(T, &text, far(), access);
             prop_assert!(r.is_err() || text.trim().starts_with(PREFIX));
@@ -398,8 +447,8 @@ mod tests {
         #[test]
         fn seal_and_admit_round_trip(ts in 0u64..u64::MAX / 2, nonce in any::<[u8; 16]>(),
                                      cmd in "[a-z][a-z0-9 -]{0,40}") {
-            let mut v = Verifier::new(Some(key(3)));
-            let s = key(3).seal(ts, nonce, &cmd);
+            let mut v = Verifier::new(Some(key(3)), None);
+            let s = key(3).seal(ts, nonce, to(), &cmd);
             let a = v.admit(ts, &s, far(), access).unwrap();
             prop_assert_eq!(a.command, cmd.trim());
             prop_assert!(a.sealed);

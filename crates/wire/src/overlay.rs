@@ -3,14 +3,16 @@
 //! tree.
 //!
 //! ```text
-//!  0      2  3  4      6  7  8              16             24             32         36     38     40
-//!  magic  ver kind tree hop flags  sequence      send time ns   deadline ns    origin   len    rsvd
+//!  0      2  3  4      6  7  8              16             24             32         36     38  39  40
+//!  magic  ver kind tree hop flags  sequence      send time ns   deadline ns    origin   len    key rsvd
 //! ```
 //!
 //! All integers big-endian. `sequence` is the sender's overlay sequence number
 //! per tree, `send time` and `deadline` are nanoseconds on the synchronized
 //! clock, `origin` is the node that built the packet (the sender for data, the
-//! reporting node for reports), `len` the payload length after the header.
+//! reporting node for reports), `len` the payload length after the header,
+//! `key` the id of the tree key the packet's tag is made with (0 for a tree
+//! with one key; a key rollover runs two ids side by side).
 //! Receivers strip the header and hand applications the MoldUDP64 packet.
 //!
 //! A report may carry a [`TailView`] after its fixed part: per-message
@@ -61,6 +63,8 @@ impl Kind {
 
 /// Flag: an authentication tag follows the payload.
 pub const FLAG_AUTH: u8 = 0x01;
+/// Where the key id sits in the header.
+pub const KEY_ID_OFFSET: usize = 38;
 
 /// The header as a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,6 +79,8 @@ pub struct HeaderRepr {
     pub deadline_ns: u64,
     pub origin: u32,
     pub payload_len: u16,
+    /// The tree key the tag is made with (set by the sealing key).
+    pub key_id: u8,
 }
 
 impl HeaderRepr {
@@ -100,6 +106,7 @@ impl HeaderRepr {
             deadline_ns: u64::read(&b[24..32]),
             origin: u32::read(&b[32..36]),
             payload_len: u16::read(&b[36..38]),
+            key_id: b[KEY_ID_OFFSET],
         };
         let end = HEADER_LEN + usize::from(h.payload_len);
         let Some(payload) = b.get(HEADER_LEN..end) else {
@@ -122,7 +129,8 @@ impl HeaderRepr {
         self.deadline_ns.write(&mut b[24..32]);
         self.origin.write(&mut b[32..36]);
         self.payload_len.write(&mut b[36..38]);
-        b[38..40].fill(0);
+        b[KEY_ID_OFFSET] = self.key_id;
+        b[39] = 0;
         Ok(HEADER_LEN)
     }
 }
@@ -441,6 +449,7 @@ mod tests {
             deadline_ns: 2_000,
             origin: 7,
             payload_len: 5,
+            key_id: 9,
         };
         let mut b = [0xa5u8; 46];
         assert_eq!(h.emit(&mut b), Ok(40));

@@ -109,6 +109,17 @@ struct ControlSide {
 }
 
 impl ControlSide {
+    /// The control socket `cfg` asks for (beyond loopback only with an operator key), and its state.
+    fn bind(cfg: &LiveConfig) -> std::io::Result<(Option<UdpSocket>, ControlSide)> {
+        if let Some(a) = cfg.control {
+            fairfeed_tree::operator::check_bind(a, cfg.operator.is_some())
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
+        }
+        let ctl = cfg.control.map(|a| bind_udp(a, 1 << 16)).transpose()?;
+        let local = ctl.as_ref().and_then(|c| c.local_addr().ok());
+        Ok((ctl, ControlSide { verifier: Verifier::new(cfg.operator.clone(), local), refusals: (0, 0) }))
+    }
+
     /// The reply to one datagram `text` from `from` (none: refused beyond the budget).
     fn handle(
         &mut self,
@@ -183,12 +194,7 @@ pub fn run_live(
         cfg.lines.iter().map(|a| bind_udp(*a, LINE_RECV_BUFFER_BYTES)).collect::<Result<_, _>>()?;
     let out = UdpSocket::bind("0.0.0.0:0")?;
     let retrans = cfg.retransmit.map(RetransmitClient::new).transpose()?;
-    if let Some(a) = cfg.control {
-        fairfeed_tree::operator::check_bind(a, cfg.operator.is_some())
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
-    }
-    let ctl = cfg.control.map(|a| bind_udp(a, 1 << 16)).transpose()?;
-    let mut side = ControlSide { verifier: Verifier::new(cfg.operator.clone()), refusals: (0, 0) };
+    let (ctl, mut side) = ControlSide::bind(cfg)?;
     for (l, s) in lines.iter().enumerate() {
         if let Ok(a) = s.local_addr() {
             tracing::info!(line = l, addr = %a, "arb: line {} on {a}", char::from(b'A' + (l as u8).min(25)));

@@ -363,6 +363,7 @@ fn node_config(
         node: cfg.node,
         rule: cfg.rule,
         auth: None,
+        keys: None,
         link: Some(cfg.link),
         seed: cfg.seed,
         idle: IdleStrategy::Spin,

@@ -106,7 +106,7 @@ pub fn control_addresses(topo: &Topology) -> Result<Vec<(u32, Role, SocketAddr)>
 fn ask_all(
     sock: &UdpSocket,
     to: &[(u32, SocketAddr)],
-    ask: impl Fn(u32) -> Vec<u8>,
+    ask: impl Fn(u32, SocketAddr) -> Vec<u8>,
     timeout: Duration,
 ) -> HashMap<u32, serde_json::Value> {
     let by_addr: HashMap<SocketAddr, u32> = to.iter().map(|&(id, a)| (a, id)).collect();
@@ -115,7 +115,7 @@ fn ask_all(
     let mut buf = vec![0u8; 65_536];
     while got.len() < to.len() && Instant::now() < until {
         for &(id, a) in to.iter().filter(|(id, _)| !got.contains_key(id)) {
-            let _ = sock.send_to(&ask(id), a);
+            let _ = sock.send_to(&ask(id, a), a);
         }
         let round = (Instant::now() + RETRY).min(until);
         while got.len() < to.len() {
@@ -145,7 +145,7 @@ pub fn fleet(
     let nodes = control_addresses(topo)?;
     let sock = UdpSocket::bind("0.0.0.0:0").map_err(FleetError::Socket)?;
     let all: Vec<(u32, SocketAddr)> = nodes.iter().map(|&(id, _, a)| (id, a)).collect();
-    let stats = ask_all(&sock, &all, |_| request(key, "stat"), timeout);
+    let stats = ask_all(&sock, &all, |_, a| request(key, a, "stat"), timeout);
     let down: Vec<u32> = nodes.iter().map(|n| n.0).filter(|id| !stats.contains_key(id)).collect();
     let receivers: Vec<(u32, SocketAddr)> =
         nodes.iter().filter(|n| n.1 == Role::Receiver && stats.contains_key(&n.0)).map(|&(id, _, a)| (id, a)).collect();
@@ -185,7 +185,7 @@ fn page_all(
         if want.is_empty() {
             break;
         }
-        let answers = ask_all(sock, &want, |id| request(key, &format!("releases {}", next[&id])), timeout);
+        let answers = ask_all(sock, &want, |id, a| request(key, a, &format!("releases {}", next[&id])), timeout);
         if answers.is_empty() {
             break;
         }

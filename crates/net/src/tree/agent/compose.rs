@@ -105,6 +105,7 @@ impl<'c> NodeAgents<'c> {
         let control = board.map(|b| {
             ControlAgent::new(ctl, b, life.clone(), cfg.publish.clone())
                 .with_operator(cfg.operator.clone())
+                .with_keys(cfg.keys.clone())
                 .with_extra(cfg.extra.clone())
                 .with_releases(releases)
         });

@@ -323,14 +323,16 @@ pub struct ControlAgent {
     release_answers: (u64, u64),
     /// Checks each command against the operator key.
     verifier: Verifier,
+    /// The node's tree keys (`reload-keys` asks their watch to read the file now).
+    keys: Option<Arc<super::keys::KeyCell>>,
 }
 
-/// What a node's control command does: `stop` changes; `stat`, `releases`
+/// What a node's control command does: `stop` and `reload-keys` change; `stat`, `releases`
 /// and unknown commands (answered "unknown") only read. A command added
 /// here that changes anything must be listed as a change.
 fn access(cmd: &str) -> Access {
     match cmd.split_whitespace().next() {
-        Some("stop") => Access::Change,
+        Some("stop" | "reload-keys") => Access::Change,
         _ => Access::Read,
     }
 }
@@ -349,13 +351,21 @@ impl ControlAgent {
             extra: Vec::new(),
             releases: None,
             release_answers: (0, 0),
-            verifier: Verifier::new(None),
+            verifier: Verifier::new(None, None),
+            keys: None,
         }
+    }
+
+    /// Answers `reload-keys` for these keys.
+    pub fn with_keys(mut self, keys: Option<Arc<super::keys::KeyCell>>) -> Self {
+        self.keys = keys;
+        self
     }
 
     /// Obeys commands sealed under `key` (without one, only loopback queries are answered).
     pub fn with_operator(mut self, key: Option<OperatorKey>) -> Self {
-        self.verifier = Verifier::new(key);
+        let local = self.sock.as_ref().and_then(|s| s.local_addr().ok());
+        self.verifier = Verifier::new(key, local);
         self
     }
 
@@ -454,11 +464,19 @@ impl ControlAgent {
                 self.reply(b"stopping", from);
             }
             cmd if cmd.starts_with("releases") => self.releases(cmd, from, now),
+            "reload-keys" => match &self.keys {
+                Some(k) => {
+                    k.ask_reload();
+                    tracing::info!(%from, "control: reload-keys (sealed under the operator key)");
+                    self.reply(b"reloading the key file", from);
+                }
+                None => self.reply(b"error: this node reads no key file (--key-file)", from),
+            },
             other => {
                 self.stats.unknown += 1;
                 let cmd: String = other.chars().take(32).collect();
                 self.refuse(
-                    &format!("unknown command {cmd:?}; try stat, releases FROM or stop"),
+                    &format!("unknown command {cmd:?}; try stat, releases FROM, stop or reload-keys"),
                     usize::MAX,
                     from,
                     now,
@@ -660,12 +678,14 @@ mod tests {
             let n = c.recv(&mut buf).map_or(0, |n| n);
             (String::from_utf8_lossy(&buf[..n]).into_owned(), ctl.stats.auth)
         };
-        let wrong = OperatorKey::new([4; 32]).seal(wall_ns(), [1; 16], "stop");
+        let wrong = OperatorKey::new([4; 32]).seal(wall_ns(), [1; 16], to, "stop");
         assert!(send(wrong.as_bytes()).0.contains("wrong MAC"));
-        let stale = key.seal(wall_ns() - 60_000_000_000, [2; 16], "stop");
+        let stale = key.seal(wall_ns() - 60_000_000_000, [2; 16], to, "stop");
         assert!(send(stale.as_bytes()).0.contains("stale"));
+        let elsewhere = key.seal(wall_ns(), [4; 16], "127.0.0.1:1".parse().unwrap(), "stop");
+        assert!(send(elsewhere.as_bytes()).0.contains("another control address"));
         assert!(!life.over(wall_ns()), "refused commands change nothing");
-        let good = key.seal(wall_ns(), [3; 16], "stop");
+        let good = key.seal(wall_ns(), [3; 16], to, "stop");
         let (reply, auth) = send(good.as_bytes());
         assert_eq!(reply, "stopping");
         assert!(life.over(wall_ns()));

@@ -36,6 +36,7 @@ mod control;
 mod delivery;
 mod egress;
 mod feed;
+pub mod keys;
 mod mailbox;
 mod node;
 mod releases;
@@ -180,6 +181,9 @@ pub struct AgentConfig {
     pub node: NodeConfig,
     pub rule: DeadlineRule,
     pub auth: Option<Auth>,
+    /// The keyring in force at run time (a watched key file): a new one is
+    /// put in force at the next turn. `None`: `auth` for the node's life.
+    pub keys: Option<Arc<keys::KeyCell>>,
     /// Emulate these links on what this node sends (off in real deployments).
     pub link: Option<LinkModel>,
     pub seed: u64,

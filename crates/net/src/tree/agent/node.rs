@@ -184,6 +184,8 @@ pub struct NodeAgent<'c> {
     /// Where a receiver's releases are kept for the fleet view, and a turn's batch of them.
     releases: Option<Arc<ReleaseLog>>,
     release_batch: Vec<Release>,
+    /// The generation of the keyring last put in force (`cfg.keys`).
+    key_generation: u64,
 }
 
 /// A node's resolver and what the node last took from it.
@@ -428,6 +430,7 @@ impl<'c> NodeAgent<'c> {
             feed,
             delivery,
             delivery_full: 0,
+            key_generation: cfg.keys.as_ref().map_or(0, |k| k.generation()),
             poster,
             life,
             started_ns: wall_ns(),
@@ -727,6 +730,13 @@ impl Agent for NodeAgent<'_> {
             }
         }
         work += self.timers(self.local_at(now));
+        if let Some(k) = &self.cfg.keys {
+            let g = k.generation();
+            if g != self.key_generation {
+                self.key_generation = g;
+                self.live.set_keys(&k.keys());
+            }
+        }
         if let Some(b) = &self.cfg.clock.host_bound {
             let b = b.load(std::sync::atomic::Ordering::Relaxed);
             if self.live.sync().host_bound() != Some(b) {
@@ -812,6 +822,9 @@ impl NodeAgent<'_> {
         });
         if let Some(r) = &self.resolver {
             counters["resolve"] = serde_json::to_value(r.resolver.stats()).unwrap_or_default();
+        }
+        if let Some(k) = &self.cfg.keys {
+            counters["keys"] = serde_json::to_value(k.stats()).unwrap_or_default();
         }
         let mut node = match &self.live {
             Node::Sender(s) => serde_json::to_value(&s.stats),
