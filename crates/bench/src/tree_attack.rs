@@ -9,8 +9,12 @@
 //! wire and replayed; a `stop` the operator sealed a minute ago, replayed;
 //! garbage, empty and oversize datagrams on every control socket;
 //! overlay-shaped junk, empty and oversize datagrams on every node's data
-//! port; and bare 20-byte MoldUDP64 requests to the sender's retransmission
-//! server, whose answers are counted on the attacker's socket (reflection).
+//! port, and an authentic data packet and clock probe captured 10 s ago,
+//! replayed; bare 20-byte MoldUDP64 requests to the sender's retransmission
+//! server, whose answers are counted on the attacker's socket (reflection),
+//! and truncated and oversize ones; and, held for the whole run,
+//! [`SLOW_CONNECTIONS`] silent TCP connections to every node's metrics
+//! endpoint (a slowloris), after which another address must still be served.
 //!
 //! The nodes are processes of the running binary (`exe`), on loopback.
 
@@ -26,6 +30,8 @@ use serde::Serialize;
 /// The bench's limits: rounds of attacks per second at most (each round
 /// sends a few dozen datagrams to every node).
 pub const ROUNDS_PER_S_MAX: u64 = 100;
+/// Silent connections the attacker holds open to each node's metrics endpoint.
+pub const SLOW_CONNECTIONS: usize = 20;
 /// How long the other nodes run beyond the feed at most (they are stopped once it is over).
 const RUN_SLACK: Duration = Duration::from_secs(30);
 /// The sender waits this long for the tree to come up, and serves this long after its feed.
@@ -55,6 +61,8 @@ pub struct Campaign {
     pub retransmit_bytes_in: u64,
     /// Bytes the retransmission server sent to the attacker's socket.
     pub retransmit_bytes_back: u64,
+    /// Metrics connections the attacker opened and held (the endpoint closes those over its limits).
+    pub metrics_connections: u64,
 }
 
 /// One run's outcome.
@@ -83,6 +91,11 @@ pub struct RunReport {
     pub data_refused: u64,
     /// The sender's retransmission server's counters.
     pub retransmit: serde_json::Value,
+    /// Nodes whose metrics endpoint answered a scrape from another address after the feed, of all.
+    pub metrics_answered: usize,
+    pub metrics_nodes: usize,
+    /// Overlay packets refused as replays (authentic but too old), all nodes.
+    pub data_replays_refused: u64,
     pub campaign: Campaign,
 }
 
@@ -110,6 +123,7 @@ struct Planned {
     role: String,
     addr: String,
     control: String,
+    metrics: String,
 }
 
 struct Run<'a> {
@@ -143,6 +157,8 @@ impl Run<'_> {
             "park",
             "--stats-out",
             &self.path(&format!("stats-{id}.json")).display().to_string(),
+            "--metrics",
+            &self.nodes[n].metrics,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -184,6 +200,10 @@ fn plan(cfg: &AttackConfig, dir: &Path) -> std::io::Result<(PathBuf, Vec<Planned
             role: n["role"].as_str().unwrap_or_default().to_string(),
             addr: n.get("addr").and_then(|a| a.as_str()).unwrap_or_default().to_string(),
             control: n.get("control").and_then(|a| a.as_str()).unwrap_or_default().to_string(),
+            metrics: {
+                let a = n.get("addr").and_then(|a| a.as_str()).unwrap_or_default();
+                format!("{}:{}", a.rsplit_once(':').map_or(a, |x| x.0), cfg.port + 3)
+            },
         })
         .collect();
     Ok((topo, nodes))
@@ -224,15 +244,44 @@ fn control_attacks(to: SocketAddr, captured: &[Vec<u8>]) -> Vec<Vec<u8>> {
     v
 }
 
+/// What the attacker captured on the wire: sealed control commands, and
+/// authentic overlay packets (a data packet and a probe, 10 s old).
+struct Captured {
+    control: Vec<Vec<u8>>,
+    data: Vec<Vec<u8>>,
+}
+
+/// A data packet and a clock probe sealed under the tree key `auth` 10 s ago.
+fn old_packets(auth: &fairfeed_tree::auth::Auth) -> Vec<Vec<u8>> {
+    use fairfeed_wire::overlay::{HeaderRepr, Kind, ProbeRepr, HEADER_LEN};
+    let then = wall_ns().saturating_sub(10_000_000_000);
+    let h = HeaderRepr {
+        kind: Some(Kind::Data),
+        sequence: 1,
+        send_ns: then,
+        deadline_ns: then + 1_000_000,
+        payload_len: 20,
+        ..HeaderRepr::default()
+    };
+    let mut data = vec![0u8; HEADER_LEN + 20];
+    let _ = h.emit(&mut data);
+    auth.seal(&mut data);
+    let cfg = fairfeed_tree::node::NodeConfig::default();
+    let probe =
+        fairfeed_tree::node::probe_packet(&cfg, Some(auth), 0, &ProbeRepr { tx_ns: then, ..ProbeRepr::default() });
+    vec![data, probe]
+}
+
 /// One round of every attack.
-fn round(socks: &[UdpSocket; 2], run: &Run<'_>, captured: &[Vec<u8>], rs: &str, c: &mut Campaign) {
+fn round(socks: &[UdpSocket; 2], run: &Run<'_>, captured: &Captured, rs: &str, c: &mut Campaign) {
     let (a, r) = (&socks[0], &socks[1]);
     let mut shaped = vec![0xFA, 0x1F, 2, 1];
     shaped.extend((0..60).map(|_| rand::random::<u8>()));
-    let to_data = [shaped.clone(), Vec::new(), vec![0xFA], vec![0x5a; 1_400], shaped[..30].to_vec()];
+    let mut to_data = vec![shaped.clone(), Vec::new(), vec![0xFA], vec![0x5a; 1_400], shaped[..30].to_vec()];
+    to_data.extend(captured.data.iter().cloned());
     for n in &run.nodes {
         let Ok(to) = n.control.parse::<SocketAddr>() else { continue };
-        for d in &control_attacks(to, captured) {
+        for d in &control_attacks(to, &captured.control) {
             c.control_datagrams += u64::from(a.send_to(d, n.control.as_str()).is_ok());
         }
         for d in &to_data {
@@ -246,6 +295,10 @@ fn round(socks: &[UdpSocket; 2], run: &Run<'_>, captured: &[Vec<u8>], rs: &str, 
             c.retransmit_requests += 1;
             c.retransmit_bytes_in += req.len() as u64;
         }
+    }
+    // Truncated and oversize requests draw nothing.
+    for d in [vec![0u8; 5], vec![0u8; 1_600]] {
+        c.retransmit_bytes_in += u64::from(r.send_to(&d, rs).is_ok()) * d.len() as u64;
     }
     let mut buf = [0u8; 65_536];
     while let Ok(k) = r.recv(&mut buf) {
@@ -301,6 +354,38 @@ fn launch(cfg: &AttackConfig, attacked: bool) -> std::io::Result<(Run<'_>, Opera
     Ok((run, OperatorKey::new(op_bytes), Instant::now()))
 }
 
+/// [`SLOW_CONNECTIONS`] silent connections to each node's metrics endpoint, held until dropped.
+fn slowloris(nodes: &[Planned]) -> Vec<std::net::TcpStream> {
+    let mut held = Vec::new();
+    for n in nodes {
+        let Ok(to) = n.metrics.parse::<SocketAddr>() else { continue };
+        for _ in 0..SLOW_CONNECTIONS {
+            if let Ok(s) = std::net::TcpStream::connect_timeout(&to, Duration::from_millis(200)) {
+                held.push(s);
+            }
+        }
+    }
+    held
+}
+
+/// Whether the metrics endpoint at `at` serves a scrape from 127.0.0.2 (another address than the attacker's).
+fn scrape_from_elsewhere(at: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(to) = at.parse::<SocketAddr>() else { return false };
+    let Ok(s) = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None) else { return false };
+    let from: SocketAddr = ([127, 0, 0, 2], 0).into();
+    if s.bind(&from.into()).is_err() || s.connect_timeout(&to.into(), Duration::from_secs(2)).is_err() {
+        return false;
+    }
+    let mut s: std::net::TcpStream = s.into();
+    let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
+    if s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {at}\r\nConnection: close\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
+}
+
 /// Stops every node (SIGTERM: each writes its counters); the nodes that had stopped before.
 fn stop_all(run: &mut Run<'_>) -> Vec<u32> {
     let mut stopped = Vec::new();
@@ -348,15 +433,19 @@ fn one_run(cfg: &AttackConfig, attacked: bool, progress: &mut dyn FnMut(&str)) -
     let capture = fairfeed_net::operator::request(Some(&op), first, "stat");
     let _ = ask(&opsock, &rx0.control, &|_| capture.clone(), &mut operator_requests);
     let stale = op.seal(wall_ns() - 60_000_000_000, rand::random(), first, "stop").into_bytes();
+    let tree_key =
+        fairfeed_tree::auth::Auth::from_text(&std::fs::read_to_string(run.path("tree.key"))?).map_err(io_err)?;
+    let captured = Captured { control: vec![capture.clone(), stale], data: old_packets(&tree_key) };
+    let slow = if attacked { slowloris(&run.nodes) } else { Vec::new() };
     let socks = [UdpSocket::bind("127.0.0.1:0")?, UdpSocket::bind("127.0.0.1:0")?];
     socks[0].set_nonblocking(true)?;
     socks[1].set_read_timeout(Some(Duration::from_millis(2)))?;
-    let mut camp = Campaign::default();
+    let mut camp = Campaign { metrics_connections: slow.len() as u64, ..Campaign::default() };
     // Until the feed's end (the sender lingers well past it, so it is asked too).
     let until = started + SENDER_START_DELAY + Duration::from_secs(cfg.seconds) + Duration::from_millis(300);
     while Instant::now() < until {
         if attacked {
-            round(&socks, &run, &[capture.clone(), stale.clone()], &rs, &mut camp);
+            round(&socks, &run, &captured, &rs, &mut camp);
         }
         std::thread::sleep(Duration::from_nanos(1_000_000_000 / ROUNDS_PER_S_MAX));
     }
@@ -371,6 +460,8 @@ fn one_run(cfg: &AttackConfig, attacked: bool, progress: &mut dyn FnMut(&str)) -
     let topology: fairfeed_tree::plan::Topology =
         toml::from_str(&std::fs::read_to_string(&run.topo)?).map_err(io_err)?;
     let view = fairfeed_net::tree::fleet::fleet(&topology, 2_000, Duration::from_secs(3), Some(&op)).map_err(io_err)?;
+    let metrics_answered = run.nodes.iter().filter(|n| scrape_from_elsewhere(&n.metrics)).count();
+    drop(slow);
     let stopped = stop_all(&mut run);
     let expected = cfg.rate * cfg.seconds;
     let receivers = run.nodes.iter().filter(|n| n.role == "receiver");
@@ -398,6 +489,13 @@ fn one_run(cfg: &AttackConfig, attacked: bool, progress: &mut dyn FnMut(&str)) -
         operator_requests,
         control_refused,
         data_refused: data_refused(&run),
+        data_replays_refused: run
+            .nodes
+            .iter()
+            .map(|n| run.stats(n.id)["node"]["auth"]["replayed"].as_u64().unwrap_or(0))
+            .sum(),
+        metrics_answered,
+        metrics_nodes: run.nodes.len(),
         retransmit: retransmit.unwrap_or_default(),
         campaign: camp,
     };

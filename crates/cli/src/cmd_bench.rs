@@ -260,6 +260,8 @@ fn attack_cmd(receivers: usize, rate: u64, seconds: u64, port: u16, json: bool) 
             .to_string()
     });
     row("overlay datagrams refused", &|x| x.data_refused.to_string());
+    row("of them replays", &|x| x.data_replays_refused.to_string());
+    row("metrics endpoints serving", &|x| format!("{} of {}", x.metrics_answered, x.metrics_nodes));
     row("retransmit bytes in / back", &|x| {
         format!("{} / {}", x.campaign.retransmit_bytes_in, x.campaign.retransmit_bytes_back)
     });

@@ -37,7 +37,12 @@ fn an_attack_campaign_on_a_running_tree_stops_nothing_changes_nothing_and_loses_
         assert_eq!(run["stopped"], serde_json::json!([]), "{run}");
         // Only the operator's own sealed requests were admitted.
         assert!(n(&run["sealed_accepted"]) <= n(&run["operator_requests"]), "{run}");
+        // Every metrics endpoint still served another address.
+        assert_eq!(run["metrics_answered"], run["metrics_nodes"], "{run}");
     }
+    // Authentic packets captured 10 s ago and replayed: refused as replays at every node.
+    assert!(n(&hit["data_replays_refused"]) >= 7 * 40, "{hit}");
+    assert!(n(&hit["campaign"]["metrics_connections"]) >= 7 * 8, "the slowloris held connections: {hit}");
     let c = &hit["campaign"];
     assert!(n(&c["rounds"]) >= 50 && n(&c["control_datagrams"]) > 2_000, "{c}");
     let refused = &hit["control_refused"];

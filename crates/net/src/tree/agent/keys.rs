@@ -126,7 +126,9 @@ impl KeyFileWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
         let thread = std::thread::Builder::new().name("fairfeed-keys".into()).spawn(move || {
-            let mut seen: Option<Vec<u8>> = std::fs::read(&path).ok();
+            // Nothing seen yet: the first look parses the file whatever it
+            // holds (it may have changed since the keys in force were read).
+            let mut seen: Option<Option<Vec<u8>>> = None;
             let mut since = Duration::ZERO;
             while !halt.load(Ordering::Relaxed) {
                 std::thread::sleep(REQUEST_POLL);
@@ -136,7 +138,7 @@ impl KeyFileWatch {
                     continue;
                 }
                 since = Duration::ZERO;
-                let bytes = std::fs::read(&path).ok();
+                let bytes = Some(std::fs::read(&path).ok());
                 if !asked && bytes == seen {
                     continue;
                 }
