@@ -87,7 +87,7 @@ pub struct RunReport {
     pub operator_requests: u64,
     /// Control commands refused, all nodes, by reason.
     pub control_refused: serde_json::Value,
-    /// Overlay packets refused (bad tag, truncated, unknown key) or unparsable, all nodes.
+    /// Overlay packets refused (bad tag, truncated, unknown key, replayed) or unparsable, all nodes.
     pub data_refused: u64,
     /// The sender's retransmission server's counters.
     pub retransmit: serde_json::Value,
@@ -410,7 +410,7 @@ fn data_refused(run: &Run<'_>) -> u64 {
         .map(|n| {
             let s = run.stats(n.id);
             let a = &s["node"]["auth"];
-            ["bad_tag", "truncated", "unknown_key"].iter().map(|k| a[k].as_u64().unwrap_or(0)).sum::<u64>()
+            ["bad_tag", "truncated", "unknown_key", "replayed"].iter().map(|k| a[k].as_u64().unwrap_or(0)).sum::<u64>()
                 + s["node"]["bad_packets"].as_u64().unwrap_or(0)
         })
         .sum()

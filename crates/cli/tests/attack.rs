@@ -49,7 +49,9 @@ fn an_attack_campaign_on_a_running_tree_stops_nothing_changes_nothing_and_loses_
     for k in ["unauthenticated", "bad_mac", "malformed", "stale", "replayed", "other_address"] {
         assert!(n(&refused[k]) >= 40, "{k}: {refused}");
     }
-    assert!(n(&hit["data_refused"]) >= n(&c["data_datagrams"]) / 2, "{hit}");
+    // Every datagram to a data port refused and counted (a kernel drop on a loaded host aside).
+    let (sent, refused) = (n(&c["data_datagrams"]), n(&hit["data_refused"]));
+    assert!(refused <= sent && refused * 100 >= sent * 99, "{refused} of {sent} refused: {hit}");
     // Reflection: the attacker drew no more bytes than it sent, and the server counted it so.
     assert!(n(&c["retransmit_bytes_back"]) <= n(&c["retransmit_bytes_in"]), "{c}");
     let rs = &hit["retransmit"];
