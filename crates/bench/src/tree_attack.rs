@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fairfeed_net::operator::Nonce;
 use fairfeed_tree::operator::OperatorKey;
 use fairfeed_wire::moldudp64::{RequestRepr, Session};
 use serde::Serialize;
@@ -209,21 +210,29 @@ fn plan(cfg: &AttackConfig, dir: &Path) -> std::io::Result<(PathBuf, Vec<Planned
     Ok((topo, nodes))
 }
 
+/// Builds a control request for an address: the datagram and its nonce.
+type MakeRequest<'a> = dyn Fn(SocketAddr) -> (Vec<u8>, Option<Nonce>) + 'a;
+
 /// Sends `datagram(to)` to `to` until answered (at most 10 times, each
 /// counted in `sent`); the answer, if any.
 fn ask(
     sock: &UdpSocket,
     to: &str,
-    datagram: &dyn Fn(SocketAddr) -> Vec<u8>,
+    (key, datagram): (&OperatorKey, &MakeRequest<'_>),
     sent: &mut u64,
 ) -> Option<serde_json::Value> {
     let to: SocketAddr = to.parse().ok()?;
     let mut buf = vec![0u8; 65_536];
+    let mut nonces = Vec::new();
     for _ in 0..10 {
-        sock.send_to(&datagram(to), to).ok()?;
+        let (d, nonce) = datagram(to);
+        nonces.extend(nonce);
+        sock.send_to(&d, to).ok()?;
         *sent += 1;
         if let Ok(n) = sock.recv(&mut buf) {
-            return serde_json::from_slice(&buf[..n]).ok();
+            // Only an answer sealed to one of these requests is taken.
+            let body = fairfeed_net::operator::answer(Some(key), &nonces, &buf[..n]).ok()?;
+            return serde_json::from_slice(body).ok();
         }
     }
     None
@@ -431,7 +440,8 @@ fn one_run(cfg: &AttackConfig, attacked: bool, progress: &mut dyn FnMut(&str)) -
     let rx0 = &run.nodes[run.nodes.iter().position(|n| n.role == "receiver").ok_or_else(|| io_err("no receiver"))?];
     let first: SocketAddr = rx0.control.parse().map_err(io_err)?;
     let capture = fairfeed_net::operator::request(Some(&op), first, "stat");
-    let _ = ask(&opsock, &rx0.control, &|_| capture.clone(), &mut operator_requests);
+    let _ = ask(&opsock, &rx0.control, (&op, &|_| capture.clone()), &mut operator_requests);
+    let capture = capture.0;
     let stale = op.seal(wall_ns() - 60_000_000_000, rand::random(), first, "stop").into_bytes();
     let tree_key =
         fairfeed_tree::auth::Auth::from_text(&std::fs::read_to_string(run.path("tree.key"))?).map_err(io_err)?;
@@ -455,7 +465,7 @@ fn one_run(cfg: &AttackConfig, attacked: bool, progress: &mut dyn FnMut(&str)) -
     let mut live = Vec::new();
     for n in &run.nodes {
         let seal = |to| fairfeed_net::operator::request(Some(&op), to, "stat");
-        live.push((n.role.clone(), ask(&opsock, &n.control, &seal, &mut operator_requests).unwrap_or_default()));
+        live.push((n.role.clone(), ask(&opsock, &n.control, (&op, &seal), &mut operator_requests).unwrap_or_default()));
     }
     let topology: fairfeed_tree::plan::Topology =
         toml::from_str(&std::fs::read_to_string(&run.topo)?).map_err(io_err)?;

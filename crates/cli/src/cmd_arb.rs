@@ -424,7 +424,8 @@ pub fn run_control(a: ControlArgs) -> anyhow::Result<()> {
     let key = a.key_file.as_deref().map(crate::fmt::operator_key).transpose()?;
     let sock = std::net::UdpSocket::bind(if a.addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
     sock.set_read_timeout(Some(Duration::from_secs(2)))?;
-    sock.send_to(&fairfeed_net::operator::request(key.as_ref(), a.addr, &a.command.join(" ")), a.addr)?;
+    let (datagram, nonce) = fairfeed_net::operator::request(key.as_ref(), a.addr, &a.command.join(" "));
+    sock.send_to(&datagram, a.addr)?;
     let mut buf = vec![0u8; 65_536];
     let n = sock.recv(&mut buf).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
@@ -432,7 +433,16 @@ pub fn run_control(a: ControlArgs) -> anyhow::Result<()> {
         }
         _ => anyhow::anyhow!("no reply from {} (is a --control socket there?): {e}", a.addr),
     })?;
-    let reply = String::from_utf8_lossy(&buf[..n]);
+    // With a key, an answer not sealed to this request is not taken (it may be forged).
+    let body = match fairfeed_net::operator::answer(key.as_ref(), nonce.as_slice(), &buf[..n]) {
+        Ok(body) => body,
+        Err(fairfeed_net::operator::AnswerError::Refused(why)) => {
+            println!("{why}");
+            anyhow::bail!("{} refused the command (the refusal is not sealed)", a.addr)
+        }
+        Err(e) => anyhow::bail!("{}: {e}", a.addr),
+    };
+    let reply = String::from_utf8_lossy(body);
     println!("{reply}");
     anyhow::ensure!(
         !["error", "refused", "unknown"].iter().any(|p| reply.starts_with(p)),

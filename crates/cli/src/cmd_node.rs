@@ -901,16 +901,28 @@ pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
     let s = UdpSocket::bind(if addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
     let until = std::time::Instant::now() + Duration::from_millis(a.timeout_ms);
     let mut buf = vec![0u8; 65_536];
-    let n = loop {
+    // With a key: only an answer sealed to one of our requests is taken.
+    let (mut sent, mut not_taken) = (Vec::new(), None);
+    let body = loop {
         let left = until.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
+            if let Some(e) = not_taken {
+                anyhow::bail!("no answer taken from {addr} within {} ms: {e}", a.timeout_ms);
+            }
             anyhow::bail!("no answer from {} within {} ms (is a node's --control there?)", addr, a.timeout_ms);
         }
-        s.send_to(&fairfeed_net::operator::request(key.as_ref(), addr, "stat"), addr)
-            .with_context(|| format!("asking {}", addr))?;
+        let (datagram, nonce) = fairfeed_net::operator::request(key.as_ref(), addr, "stat");
+        sent.extend(nonce);
+        s.send_to(&datagram, addr).with_context(|| format!("asking {}", addr))?;
         s.set_read_timeout(Some(left.min(Duration::from_millis(STAT_RETRY_MS))))?;
         match s.recv(&mut buf) {
-            Ok(n) => break n,
+            Ok(n) => match fairfeed_net::operator::answer(key.as_ref(), &sent, &buf[..n]) {
+                Ok(body) => break body.to_vec(),
+                Err(fairfeed_net::operator::AnswerError::Refused(why)) => {
+                    anyhow::bail!("{addr} refused the request: {}", why.trim())
+                }
+                Err(e) => not_taken = Some(e),
+            },
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             // Nothing listens there (ICMP port unreachable): ask again until the time is up.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
@@ -919,11 +931,11 @@ pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("no answer from {} (is a node's --control there?): {e}", addr),
         }
     };
-    let answer = String::from_utf8_lossy(&buf[..n]);
-    if let Some(why) = answer.strip_prefix("refused: ") {
+    let text = String::from_utf8_lossy(&body);
+    if let Some(why) = text.strip_prefix("refused: ") {
         anyhow::bail!("{addr} refused the request: {}", why.trim());
     }
-    let v: serde_json::Value = serde_json::from_slice(&buf[..n]).context("the answer is not JSON")?;
+    let v: serde_json::Value = serde_json::from_slice(&body).context("the answer is not JSON")?;
     use std::io::Write;
     // A closed pipe (`| head`) is not an error worth a panic.
     let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&v)?);

@@ -19,6 +19,12 @@
 //! control address it was sent to and the command — so a command cannot be
 //! moved to another time, nonce, node or verb. A socket admits only seals
 //! addressed to its own port (and its own IP, unless it is bound to all).
+//! The answer to a sealed command is sealed too — `ffreply1 <nonce> <mac>
+//! <body>`, the MAC over the request's nonce and the body — so an operator
+//! can tell a node's answer from one an attacker sent in its name
+//! ([`OperatorKey::open_reply`]). Refusals are not sealed (the command was
+//! not admitted) and say so.
+//!
 //! A [`Verifier`] refuses, and counts, commands that are unsealed where a
 //! seal is needed, malformed, wrongly sealed, stale (more than
 //! [`SKEW_MAX_NS`] from its clock either way) or replayed (a nonce it saw
@@ -32,6 +38,8 @@ use crate::auth::KEY_LEN;
 
 /// What starts a sealed command.
 pub const PREFIX: &str = "ffauth1 ";
+/// What starts a sealed answer.
+pub const REPLY_PREFIX: &str = "ffreply1 ";
 /// A sealed command's time may differ from the verifier's clock by this much
 /// either way (the operator's host and the node's need only rough agreement).
 pub const SKEW_MAX_NS: u64 = 30_000_000_000;
@@ -152,6 +160,38 @@ impl OperatorKey {
         m
     }
 
+    fn reply_mac(&self, nonce: &[u8; NONCE_LEN], body: &[u8]) -> [u8; MAC_LEN] {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(REPLY_PREFIX.as_bytes());
+        h.update(nonce);
+        h.update(body);
+        let mut m = [0u8; MAC_LEN];
+        m.copy_from_slice(&h.finalize().as_bytes()[..MAC_LEN]);
+        m
+    }
+
+    /// The answer `body` to the sealed command that carried `nonce`.
+    pub fn seal_reply(&self, nonce: &[u8; NONCE_LEN], body: &[u8]) -> Vec<u8> {
+        let mut out = format!("{REPLY_PREFIX}{} {} ", hex(nonce), hex(&self.reply_mac(nonce, body))).into_bytes();
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// A sealed answer's nonce (which request it answers) and body.
+    pub fn open_reply<'a>(&self, datagram: &'a [u8]) -> Result<([u8; NONCE_LEN], &'a [u8]), Refusal> {
+        let rest = datagram.strip_prefix(REPLY_PREFIX.as_bytes()).ok_or(Refusal::Unauthenticated)?;
+        let field = |b: &'a [u8], n: usize| b.get(..n).and_then(|f| std::str::from_utf8(f).ok());
+        let nonce = field(rest, 2 * NONCE_LEN).and_then(unhex::<NONCE_LEN>).ok_or(Refusal::Malformed)?;
+        let rest = rest.get(2 * NONCE_LEN + 1..).ok_or(Refusal::Malformed)?;
+        let mac = field(rest, 2 * MAC_LEN).and_then(unhex::<MAC_LEN>).ok_or(Refusal::Malformed)?;
+        let body = rest.get(2 * MAC_LEN + 1..).ok_or(Refusal::Malformed)?;
+        let want = self.reply_mac(&nonce, body);
+        if want.iter().zip(&mac).fold(0u8, |d, (x, y)| d | (x ^ y)) != 0 {
+            return Err(Refusal::BadMac);
+        }
+        Ok((nonce, body))
+    }
+
     /// `command` for the control socket at `to`, sealed at wall time
     /// `now_ns` with `nonce` (fresh random bytes per command).
     pub fn seal(&self, now_ns: u64, nonce: [u8; NONCE_LEN], to: SocketAddr, command: &str) -> String {
@@ -207,11 +247,11 @@ pub enum Access {
     Change,
 }
 
-/// A command admitted, and whether it came sealed.
+/// A command admitted, and the nonce it was sealed with (`None`: an unsealed query from loopback).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admitted<'a> {
     pub command: &'a str,
-    pub sealed: bool,
+    pub sealed: Option<[u8; NONCE_LEN]>,
 }
 
 /// Checks control commands for one socket.
@@ -242,6 +282,14 @@ impl Verifier {
         self.key.is_some()
     }
 
+    /// The datagram that answers `body` to an admitted command: sealed when it was.
+    pub fn answer(&self, admitted_nonce: Option<[u8; NONCE_LEN]>, body: &[u8]) -> Vec<u8> {
+        match (admitted_nonce, &self.key) {
+            (Some(n), Some(k)) => k.seal_reply(&n, body),
+            _ => body.to_vec(),
+        }
+    }
+
     /// Admits the datagram `text` from `from` at wall time `now_ns`, where
     /// `access` tells what its command does: a change needs a seal; a query
     /// needs a seal unless it comes from loopback. Counts every outcome.
@@ -254,7 +302,7 @@ impl Verifier {
     ) -> Result<Admitted<'a>, Refusal> {
         let r = self.check(now_ns, text.trim(), from, access);
         match r {
-            Ok(a) if a.sealed => self.counters.sealed += 1,
+            Ok(a) if a.sealed.is_some() => self.counters.sealed += 1,
             Ok(_) => self.counters.loopback += 1,
             Err(e) => self.counters.count(e),
         }
@@ -270,7 +318,7 @@ impl Verifier {
     ) -> Result<Admitted<'a>, Refusal> {
         if !text.starts_with(PREFIX) {
             return match (access(text), from.is_loopback()) {
-                (Access::Read, true) => Ok(Admitted { command: text, sealed: false }),
+                (Access::Read, true) => Ok(Admitted { command: text, sealed: None }),
                 _ => Err(Refusal::Unauthenticated),
             };
         }
@@ -296,7 +344,7 @@ impl Verifier {
         }
         self.seen.insert(s.nonce);
         self.order.push_back((s.ts_ns, s.nonce));
-        Ok(Admitted { command: s.command, sealed: true })
+        Ok(Admitted { command: s.command, sealed: Some(s.nonce) })
     }
 
     /// Forgets nonces of commands sealed before `t` (a replay of them is stale).
@@ -362,7 +410,7 @@ mod tests {
     fn sealed_commands_are_admitted_once_and_refused_when_replayed_stale_or_altered() {
         let mut v = Verifier::new(Some(key(1)), None);
         let s = key(1).seal(T, [9; NONCE_LEN], to(), "stop");
-        assert_eq!(v.admit(T + 5, &s, far(), access), Ok(Admitted { command: "stop", sealed: true }));
+        assert_eq!(v.admit(T + 5, &s, far(), access), Ok(Admitted { command: "stop", sealed: Some([9; NONCE_LEN]) }));
         assert_eq!(v.admit(T + 6, &s, far(), access), Err(Refusal::Replayed));
         let old = key(1).seal(T - SKEW_MAX_NS - 1, [1; NONCE_LEN], to(), "stop");
         assert_eq!(v.admit(T, &old, far(), access), Err(Refusal::Stale));
@@ -383,7 +431,7 @@ mod tests {
     #[test]
     fn unsealed_queries_only_from_loopback_and_unsealed_changes_never() {
         let mut v = Verifier::new(Some(key(1)), None);
-        assert_eq!(v.admit(T, "stat\n", lo(), access), Ok(Admitted { command: "stat", sealed: false }));
+        assert_eq!(v.admit(T, "stat\n", lo(), access), Ok(Admitted { command: "stat", sealed: None }));
         assert_eq!(v.admit(T, "stat", far(), access), Err(Refusal::Unauthenticated));
         assert_eq!(v.admit(T, "stop", lo(), access), Err(Refusal::Unauthenticated));
         let sealed_query = key(1).seal(T, [7; NONCE_LEN], to(), "stat");
@@ -425,6 +473,21 @@ mod tests {
     }
 
     #[test]
+    fn answers_are_sealed_to_the_request_and_altered_or_unsealed_ones_are_refused() {
+        let (k, n) = (key(1), [6; NONCE_LEN]);
+        let r = k.seal_reply(&n, b"stopping");
+        assert_eq!(k.open_reply(&r), Ok((n, &b"stopping"[..])));
+        let mut altered = r.clone();
+        *altered.last_mut().unwrap() ^= 1;
+        assert_eq!(k.open_reply(&altered), Err(Refusal::BadMac));
+        assert_eq!(k.open_reply(b"stopping"), Err(Refusal::Unauthenticated));
+        assert_eq!(k.open_reply(b"ffreply1 zz"), Err(Refusal::Malformed));
+        for cut in 0..r.len() - 8 {
+            assert!(k.open_reply(&r[..cut]).is_err(), "cut to {cut}");
+        }
+    }
+
+    #[test]
     fn binding_beyond_loopback_needs_a_key() {
         assert!(check_bind("127.0.0.1:1".parse().unwrap(), false).is_ok());
         assert!(check_bind("[::1]:1".parse().unwrap(), false).is_ok());
@@ -451,7 +514,11 @@ mod tests {
             let s = key(3).seal(ts, nonce, to(), &cmd);
             let a = v.admit(ts, &s, far(), access).unwrap();
             prop_assert_eq!(a.command, cmd.trim());
-            prop_assert!(a.sealed);
+            prop_assert_eq!(a.sealed, Some(nonce));
+            // The answer is sealed to that nonce, and only the key opens it.
+            let r = v.answer(a.sealed, b"{\"x\":1}");
+            prop_assert_eq!(key(3).open_reply(&r), Ok((nonce, &b"{\"x\":1}"[..])));
+            prop_assert!(key(4).open_reply(&r).is_err());
         }
     }
 }

@@ -128,9 +128,12 @@ impl ControlSide {
         text: &str,
         from: SocketAddr,
         sink: &mut UdpSink<'_>,
-    ) -> Option<String> {
+    ) -> Option<Vec<u8>> {
         match self.verifier.admit(fairfeed_io::clock::wall_ns(), text, from.ip(), access) {
-            Ok(a) => Some(control(arb, now, a.command, sink, &self.verifier.counters)),
+            Ok(a) => {
+                let body = control(arb, now, a.command, sink, &self.verifier.counters);
+                Some(self.verifier.answer(a.sealed, body.as_bytes()))
+            }
             Err(e) => {
                 tracing::debug!(%from, "arb control: refused: {e}");
                 let second = now / 1_000_000_000;
@@ -144,7 +147,7 @@ impl ControlSide {
                 while !why.is_char_boundary(n) {
                     n -= 1;
                 }
-                (self.refusals.1 <= REFUSALS_PER_S).then(|| why[..n].to_string())
+                (self.refusals.1 <= REFUSALS_PER_S).then(|| why.as_bytes()[..n].to_vec())
             }
         }
     }
@@ -229,7 +232,7 @@ pub fn run_live(
             if let Ok((n, from)) = c.recv_from(&mut buf) {
                 let text = String::from_utf8_lossy(&buf[..n.min(CONTROL_REQUEST_MAX)]).into_owned();
                 if let Some(reply) = side.handle(&mut arb, now(), &text, from, &mut sink) {
-                    let _ = c.send_to(reply.as_bytes(), from);
+                    let _ = c.send_to(&reply, from);
                 }
             }
         }

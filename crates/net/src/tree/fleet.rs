@@ -18,7 +18,7 @@ use fairfeed_tree::plan::{Role, Topology};
 use serde::Serialize;
 
 use super::agent::{parse_page, Release};
-use crate::operator::request;
+use crate::operator::{answer, request, Nonce};
 
 /// Messages compared at most (the most recent every receiver has released).
 pub const FLEET_MESSAGES_MAX: usize = 100_000;
@@ -106,16 +106,20 @@ pub fn control_addresses(topo: &Topology) -> Result<Vec<(u32, Role, SocketAddr)>
 fn ask_all(
     sock: &UdpSocket,
     to: &[(u32, SocketAddr)],
-    ask: impl Fn(u32, SocketAddr) -> Vec<u8>,
+    (key, cmd): (Option<&OperatorKey>, &dyn Fn(u32) -> String),
     timeout: Duration,
 ) -> HashMap<u32, serde_json::Value> {
     let by_addr: HashMap<SocketAddr, u32> = to.iter().map(|&(id, a)| (a, id)).collect();
     let mut got: HashMap<u32, serde_json::Value> = HashMap::new();
+    // Each node's sealed requests so far: its answer must be sealed to one of them.
+    let mut sent: HashMap<u32, Vec<Nonce>> = HashMap::new();
     let until = Instant::now() + timeout;
     let mut buf = vec![0u8; 65_536];
     while got.len() < to.len() && Instant::now() < until {
         for &(id, a) in to.iter().filter(|(id, _)| !got.contains_key(id)) {
-            let _ = sock.send_to(&ask(id, a), a);
+            let (datagram, nonce) = request(key, a, &cmd(id));
+            sent.entry(id).or_default().extend(nonce);
+            let _ = sock.send_to(&datagram, a);
         }
         let round = (Instant::now() + RETRY).min(until);
         while got.len() < to.len() {
@@ -126,7 +130,8 @@ fn ask_all(
             let _ = sock.set_read_timeout(Some(left));
             let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
             let Some(&id) = by_addr.get(&from) else { continue };
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf[..n]) {
+            let Ok(body) = answer(key, sent.get(&id).map_or(&[][..], Vec::as_slice), &buf[..n]) else { continue };
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
                 got.insert(id, v);
             }
         }
@@ -145,7 +150,7 @@ pub fn fleet(
     let nodes = control_addresses(topo)?;
     let sock = UdpSocket::bind("0.0.0.0:0").map_err(FleetError::Socket)?;
     let all: Vec<(u32, SocketAddr)> = nodes.iter().map(|&(id, _, a)| (id, a)).collect();
-    let stats = ask_all(&sock, &all, |_, a| request(key, a, "stat"), timeout);
+    let stats = ask_all(&sock, &all, (key, &|_| "stat".into()), timeout);
     let down: Vec<u32> = nodes.iter().map(|n| n.0).filter(|id| !stats.contains_key(id)).collect();
     let receivers: Vec<(u32, SocketAddr)> =
         nodes.iter().filter(|n| n.1 == Role::Receiver && stats.contains_key(&n.0)).map(|&(id, _, a)| (id, a)).collect();
@@ -185,7 +190,7 @@ fn page_all(
         if want.is_empty() {
             break;
         }
-        let answers = ask_all(sock, &want, |id, a| request(key, a, &format!("releases {}", next[&id])), timeout);
+        let answers = ask_all(sock, &want, (key, &|id| format!("releases {}", next[&id])), timeout);
         if answers.is_empty() {
             break;
         }

@@ -25,7 +25,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use fairfeed_io::agent::{Agent, Turn};
-use fairfeed_tree::operator::{Access, AuthCounters, OperatorKey, Verifier};
+use fairfeed_tree::operator::{Access, AuthCounters, OperatorKey, Verifier, NONCE_LEN};
+
+/// A sealed command's nonce.
+type Nonce = [u8; NONCE_LEN];
 use hdrhistogram::Histogram;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
@@ -310,8 +313,11 @@ pub struct ControlAgent {
     board: Arc<Board>,
     life: Arc<Life>,
     slot: Option<PublishSlot>,
-    /// Requests waiting for the parts: who asked, the generation, until when.
-    pending: VecDeque<(SocketAddr, u64, u64)>,
+    /// Requests waiting for the parts: who asked, the generation, until
+    /// when, and the nonce it was sealed with (its answer is sealed to it).
+    pending: VecDeque<(SocketAddr, u64, u64, Option<Nonce>)>,
+    /// The nonce of the sealed command being carried out (answers are sealed to it).
+    current: Option<Nonce>,
     next_publish_ns: u64,
     /// Unknown-command answers in the current second: (second, count).
     unknown_answers: (u64, u64),
@@ -345,6 +351,7 @@ impl ControlAgent {
             life,
             slot,
             pending: VecDeque::with_capacity(PENDING_MAX),
+            current: None,
             next_publish_ns: wall_ns() + PUBLISH_INTERVAL_NS,
             unknown_answers: (0, 0),
             stats: ControlStats::default(),
@@ -420,7 +427,7 @@ impl ControlAgent {
             return;
         }
         let g = self.board.ask();
-        self.pending.push_back((from, g, now + ANSWER_WAIT_NS));
+        self.pending.push_back((from, g, now + ANSWER_WAIT_NS, self.current));
     }
 
     /// Whether an unknown command may be answered now (at most
@@ -444,7 +451,11 @@ impl ControlAgent {
             let admitted = self.verifier.admit(fairfeed_io::clock::wall_ns(), &text, from.ip(), access);
             self.stats.auth = self.verifier.counters;
             match admitted {
-                Ok(a) => self.obey(a.command, from, now),
+                Ok(a) => {
+                    self.current = a.sealed;
+                    self.obey(a.command, from, now);
+                    self.current = None;
+                }
                 Err(e) => {
                     tracing::debug!(%from, "control: refused {:?}: {e}", text.chars().take(32).collect::<String>());
                     self.refuse(&format!("refused: {e}"), len, from, now);
@@ -517,15 +528,16 @@ impl ControlAgent {
         self.reply(body.as_bytes(), from);
     }
 
+    /// Sends `body` to `to`, sealed to the command being answered if it came sealed.
     fn reply(&self, body: &[u8], to: SocketAddr) {
         if let Some(s) = &self.sock {
-            let _ = s.send_to(body, to);
+            let _ = s.send_to(&self.verifier.answer(self.current, body), to);
         }
     }
 
     fn answer(&mut self, now: u64) -> usize {
         let mut n = 0;
-        while let Some(&(to, g, until)) = self.pending.front() {
+        while let Some(&(to, g, until, nonce)) = self.pending.front() {
             let ready = self.board.caught_up(g);
             if !ready && now < until {
                 break;
@@ -535,7 +547,9 @@ impl ControlAgent {
                 || r#"{"error":"the node has not started yet"}"#.to_string(),
                 |(r, _)| serde_json::to_string(&self.with_stats(r)).unwrap_or_default(),
             );
+            self.current = nonce;
             self.reply(body.as_bytes(), to);
+            self.current = None;
             self.pending.pop_front();
             n += 1;
         }
@@ -687,7 +701,8 @@ mod tests {
         assert!(!life.over(wall_ns()), "refused commands change nothing");
         let good = key.seal(wall_ns(), [3; 16], to, "stop");
         let (reply, auth) = send(good.as_bytes());
-        assert_eq!(reply, "stopping");
+        // The answer is sealed to the command's nonce.
+        assert_eq!(key.open_reply(reply.as_bytes()), Ok(([3; 16], &b"stopping"[..])), "{reply}");
         assert!(life.over(wall_ns()));
         let (reply, auth2) = send(good.as_bytes());
         assert!(reply.contains("replayed"), "{reply}");
