@@ -397,19 +397,28 @@ fn scrape_from_elsewhere(at: &str) -> bool {
 
 /// Stops every node (SIGTERM: each writes its counters); the nodes that had stopped before.
 fn stop_all(run: &mut Run<'_>) -> Vec<u32> {
+    let mut procs = std::mem::take(&mut run.procs);
     let mut stopped = Vec::new();
-    for (id, c) in &mut run.procs {
+    for (id, c) in &mut procs {
         if c.try_wait().ok().flatten().is_some() {
             stopped.push(*id);
         }
     }
-    for (_, c) in &run.procs {
+    for (_, c) in &procs {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
     }
-    for (_, c) in &mut run.procs {
+    for (_, c) in &mut procs {
         let _ = c.wait();
     }
     stopped
+}
+
+/// A run that ends early (an error) leaves no node running and no files behind.
+impl Drop for Run<'_> {
+    fn drop(&mut self) {
+        stop_all(self);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Overlay packets every node refused or could not parse.
@@ -509,7 +518,6 @@ fn one_run(cfg: &AttackConfig, attacked: bool, progress: &mut dyn FnMut(&str)) -
         retransmit: retransmit.unwrap_or_default(),
         campaign: camp,
     };
-    let _ = std::fs::remove_dir_all(&run.dir);
     Ok(report)
 }
 

@@ -923,6 +923,7 @@ fn every_file_input_refuses_bad_files_in_one_line() {
         vec!["stat", "--topology", "{F}"],
         vec!["stat", "127.0.0.1:9", "--key-file", "{F}"],
         vec!["control", "127.0.0.1:9", "--key-file", "{F}", "stats"],
+        vec!["arb", "--a", "127.0.0.1:0", "--out-hr", &port, "--control", "127.0.0.1:0", "--operator-key-file", "{F}"],
     ];
     for cmd in &commands {
         for f in [&missing, &empty, &random, &header, &pcapng] {

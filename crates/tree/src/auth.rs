@@ -69,15 +69,42 @@ impl AuthStats {
     }
 }
 
+/// Why a key or a key file was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("a key is 64 hex digits")]
+    NotHex,
+    #[error("no key: a key is 64 hex digits")]
+    Empty,
+    #[error("line {0}: expected `ID HEX` or `ID HEX send`")]
+    BadLine(usize),
+    #[error("line {0}: key id {1:?} is not 0..=255")]
+    BadId(usize, String),
+    #[error("line {0}: a key is 64 hex digits")]
+    BadKeyAt(usize),
+    #[error("a keyring holds 1 to {KEYS_MAX} keys, not {0}")]
+    Count(usize),
+    #[error("key id {0} given twice")]
+    Twice(u8),
+    #[error("key id {0} holds the same key as another id")]
+    SameKey(u8),
+    #[error("no key {0} to seal with")]
+    NoSendKey(u8),
+    #[error("several keys: mark the one to seal with (`ID HEX send`)")]
+    Unmarked,
+    #[error("more than one key marked send")]
+    MarkedTwice,
+}
+
 /// A key's bytes from its text form: 64 hex digits (surrounding white space ignored).
-pub fn key_from_hex(text: &str) -> Result<[u8; KEY_LEN], String> {
+pub fn key_from_hex(text: &str) -> Result<[u8; KEY_LEN], KeyError> {
     let t = text.trim();
     if t.len() != KEY_LEN * 2 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("a key is {} hex digits", KEY_LEN * 2));
+        return Err(KeyError::NotHex);
     }
     let mut key = [0u8; KEY_LEN];
     for (i, k) in key.iter_mut().enumerate() {
-        *k = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+        *k = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).map_err(|_| KeyError::NotHex)?;
     }
     Ok(key)
 }
@@ -125,26 +152,26 @@ impl Auth {
     }
 
     /// Keys by id, sealing with `send` (one of them); at most [`KEYS_MAX`], ids distinct.
-    pub fn keyring(keys: Vec<(u8, [u8; KEY_LEN])>, send: u8) -> Result<Self, String> {
+    pub fn keyring(keys: Vec<(u8, [u8; KEY_LEN])>, send: u8) -> Result<Self, KeyError> {
         if keys.is_empty() || keys.len() > KEYS_MAX {
-            return Err(format!("a keyring holds 1 to {KEYS_MAX} keys, not {}", keys.len()));
+            return Err(KeyError::Count(keys.len()));
         }
         for (i, k) in keys.iter().enumerate() {
             if keys[..i].iter().any(|j| j.0 == k.0) {
-                return Err(format!("key id {} given twice", k.0));
+                return Err(KeyError::Twice(k.0));
             }
             if keys[..i].iter().any(|j| j.1 == k.1) {
-                return Err(format!("key id {} holds the same key as another id", k.0));
+                return Err(KeyError::SameKey(k.0));
             }
         }
         if !keys.iter().any(|k| k.0 == send) {
-            return Err(format!("no key {send} to seal with"));
+            return Err(KeyError::NoSendKey(send));
         }
         Ok(Auth { keys, send, max_age_ns: MAX_AGE_NS_DEFAULT })
     }
 
     /// A key from its text form: 64 hex digits.
-    pub fn from_hex(text: &str) -> Result<Self, String> {
+    pub fn from_hex(text: &str) -> Result<Self, KeyError> {
         key_from_hex(text).map(Auth::new)
     }
 
@@ -152,7 +179,7 @@ impl Auth {
     /// one `ID HEX` per line (ID 0..=255), the key to seal with marked
     /// `ID HEX send` (needed when there are several), `#` comments and
     /// blank lines ignored. Errors name the line.
-    pub fn from_text(text: &str) -> Result<Self, String> {
+    pub fn from_text(text: &str) -> Result<Self, KeyError> {
         let lines: Vec<(usize, &str)> = text
             .lines()
             .enumerate()
@@ -160,7 +187,7 @@ impl Auth {
             .filter(|(_, l)| !l.is_empty())
             .collect();
         if lines.is_empty() {
-            return Err(format!("no key: a key is {} hex digits", KEY_LEN * 2));
+            return Err(KeyError::Empty);
         }
         if let [(_, one)] = lines[..] {
             if !one.contains(char::is_whitespace) {
@@ -174,10 +201,10 @@ impl Auth {
             let (id, hex, mark) = match f[..] {
                 [id, hex] => (id, hex, false),
                 [id, hex, "send"] => (id, hex, true),
-                _ => return Err(format!("line {n}: expected `ID HEX` or `ID HEX send`")),
+                _ => return Err(KeyError::BadLine(n)),
             };
-            let id: u8 = id.parse().map_err(|_| format!("line {n}: key id {id:?} is not 0..=255"))?;
-            keys.push((id, key_from_hex(hex).map_err(|e| format!("line {n}: {e}"))?));
+            let id: u8 = id.parse().map_err(|_| KeyError::BadId(n, id.to_string()))?;
+            keys.push((id, key_from_hex(hex).map_err(|_| KeyError::BadKeyAt(n))?));
             if mark {
                 send.push(id);
             }
@@ -185,8 +212,8 @@ impl Auth {
         let send = match (&send[..], &keys[..]) {
             ([s], _) => *s,
             ([], [(only, _)]) => *only,
-            ([], _) => return Err("several keys: mark the one to seal with (`ID HEX send`)".into()),
-            _ => return Err("more than one key marked send".into()),
+            ([], _) => return Err(KeyError::Unmarked),
+            _ => return Err(KeyError::MarkedTwice),
         };
         Self::keyring(keys, send)
     }
@@ -382,12 +409,12 @@ mod tests {
             (String::new(), "no key"),
             ((0..5).map(|i| format!("{i} {:02x}{}\n", i, "0".repeat(62))).collect::<String>() + "", "mark"),
         ] {
-            let e = Auth::from_text(&text).unwrap_err();
+            let e = Auth::from_text(&text).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
         let five: String = (0..5)
             .map(|i| format!("{i} {:02x}{}{}\n", i + 1, "0".repeat(62), if i == 0 { " send" } else { "" }))
             .collect();
-        assert!(Auth::from_text(&five).unwrap_err().contains("1 to 4 keys"));
+        assert_eq!(Auth::from_text(&five), Err(KeyError::Count(5)));
     }
 }

@@ -142,7 +142,7 @@ impl OperatorKey {
     }
 
     /// A key from its text form: 64 hex digits (as the tree key).
-    pub fn from_hex(text: &str) -> Result<Self, String> {
+    pub fn from_hex(text: &str) -> Result<Self, crate::auth::KeyError> {
         crate::auth::key_from_hex(text).map(OperatorKey::new)
     }
 
@@ -362,17 +362,22 @@ impl Verifier {
     }
 }
 
+/// A control address beyond loopback without an operator key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "control address {0} is reachable beyond this host: give --operator-key-file FILE (else anyone who can send \
+     it a datagram could query it), or bind it to 127.0.0.1"
+)]
+pub struct ExposedControl(pub SocketAddr);
+
 /// Whether a control socket at `addr` may be bound: beyond loopback only
 /// with an operator key (anyone who can reach it could otherwise stop the
-/// node). Returns the one-line reason when not.
-pub fn check_bind(addr: std::net::SocketAddr, has_key: bool) -> Result<(), String> {
+/// node).
+pub fn check_bind(addr: SocketAddr, has_key: bool) -> Result<(), ExposedControl> {
     if addr.ip().is_loopback() || has_key {
         return Ok(());
     }
-    Err(format!(
-        "control address {addr} is reachable beyond this host: give --operator-key-file FILE (else anyone who can \
-         send it a datagram could query it), or bind it to 127.0.0.1"
-    ))
+    Err(ExposedControl(addr))
 }
 
 #[cfg(test)]
@@ -491,7 +496,10 @@ mod tests {
     fn binding_beyond_loopback_needs_a_key() {
         assert!(check_bind("127.0.0.1:1".parse().unwrap(), false).is_ok());
         assert!(check_bind("[::1]:1".parse().unwrap(), false).is_ok());
-        assert!(check_bind("0.0.0.0:1".parse().unwrap(), false).unwrap_err().contains("--operator-key-file"));
+        assert!(check_bind("0.0.0.0:1".parse().unwrap(), false)
+            .unwrap_err()
+            .to_string()
+            .contains("--operator-key-file"));
         assert!(check_bind("10.0.0.1:1".parse().unwrap(), true).is_ok());
     }
 

@@ -56,7 +56,8 @@ impl<'c> NodeAgents<'c> {
         let life = Arc::new(Life::new(cfg.stop.clone(), now, cfg.max_seconds));
         let ctl = match cfg.control {
             Some(c) => {
-                fairfeed_tree::operator::check_bind(c, cfg.operator.is_some()).map_err(AgentError::Config)?;
+                fairfeed_tree::operator::check_bind(c, cfg.operator.is_some())
+                    .map_err(|e| AgentError::Config(e.to_string()))?;
                 Some(bind_udp(c, 1 << 16).map_err(|e| AgentError::Io(format!("binding the control socket {c}"), e))?)
             }
             None => None,

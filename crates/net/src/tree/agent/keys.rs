@@ -109,14 +109,26 @@ pub struct KeyFileWatch {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Why a key file was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    #[error("{0}: {1} bytes, more than a key file holds")]
+    TooLarge(PathBuf, u64),
+    #[error("{0}: {1}")]
+    Keys(PathBuf, fairfeed_tree::auth::KeyError),
+}
+
 /// The keyring in `path` (bounded in size; errors name the file).
-pub fn read_keys(path: &std::path::Path) -> Result<Auth, String> {
-    let len = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
+pub fn read_keys(path: &std::path::Path) -> Result<Auth, KeyFileError> {
+    let at = || path.to_path_buf();
+    let len = std::fs::metadata(path).map_err(|e| KeyFileError::Io(at(), e))?.len();
     if len > KEY_FILE_MAX_BYTES {
-        return Err(format!("{}: {len} bytes, more than a key file holds", path.display()));
+        return Err(KeyFileError::TooLarge(at(), len));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Auth::from_text(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let text = std::fs::read_to_string(path).map_err(|e| KeyFileError::Io(at(), e))?;
+    Auth::from_text(&text).map_err(|e| KeyFileError::Keys(at(), e))
 }
 
 impl KeyFileWatch {
@@ -158,7 +170,7 @@ impl KeyFileWatch {
                     }
                     Err(e) => {
                         tracing::warn!("tree keys not reloaded (the keys in force stay): {e}");
-                        cell.failed(e);
+                        cell.failed(e.to_string());
                     }
                 }
             }
