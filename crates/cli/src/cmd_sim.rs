@@ -899,7 +899,9 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
          | asymmetric links in the probe graph / flaggings | {} / {} |\n| clock steps detected | {} |\n\
          | releases while over the bound limit (share of all releases) | {} ({:.4} %) |\n\
          | feed: P(F@1µs) (target) / DWS p99 µs / late share / OML p50 µs / lost | {:.4} ({}) / {:.2} / {:.5} / {:.1} / {} |\n\
-         | feed: P(F@5µs) / P(F@10µs) | {:.4} / {:.4} |\n\n\
+         | feed: P(F@5µs) / P(F@10µs) | {:.4} / {:.4} |\n\
+         | feed, every receiver (synchronized or not): P(F@1µs) / P(F@5µs) / P(F@10µs) | {:.4} / {:.4} / {:.4} |\n\
+         | feed: smallest window fair at the target, synchronized receivers / all (µs) | {:.2} / {:.2} |\n\n\
          {} events in {wall:.1} s.{}\n",
         r.receivers,
         r.nodes,
@@ -940,6 +942,11 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         r.lost_deliveries,
         r.pf_5us,
         r.pf_10us,
+        r.pf_1us_all,
+        r.pf_5us_all,
+        r.pf_10us_all,
+        r.fair_window_us,
+        r.fair_window_all_us,
         r.events,
         stall_note(r.timer_stalls),
     );

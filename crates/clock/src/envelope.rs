@@ -93,6 +93,24 @@ impl Envelope {
         }
     }
 
+    /// True when a sample at `(x, y)` lies more than `step_ns` (plus the
+    /// fit's slope tolerance) *above* the fit of a window of at least `min`
+    /// samples: queueing, or a clock that jumped the other way. One such
+    /// sample means nothing; the caller asks for a pair, from several peers.
+    pub fn far_above(&self, x: u64, y: i64, step_ns: u64, min: usize) -> bool {
+        let Some(f) = self.fit(min) else { return false };
+        let reach = x.saturating_sub(self.samples.front().map_or(x, |s| s.0)) as f64;
+        y as f64 > f.at(x) + step_ns as f64 + STEP_SLOPE_TOLERANCE * reach
+    }
+
+    /// The middle of the window's time span (0 when empty).
+    pub fn middle(&self) -> u64 {
+        match (self.samples.front(), self.samples.back()) {
+            (Some(a), Some(b)) => a.0 + (b.0 - a.0) / 2,
+            _ => 0,
+        }
+    }
+
     /// The lowest delay in the window.
     pub fn min_y(&self) -> Option<i64> {
         self.samples.iter().map(|s| s.1).min()
@@ -269,6 +287,29 @@ pub fn delta_with_slope(fwd: &Envelope, rev: &Envelope, b: f64, x: u64) -> Optio
     };
     let (mf, mr) = (lowest(fwd, b), lowest(rev, -b));
     (mf.is_finite() && mr.is_finite()).then_some((mf - mr) / 2.0)
+}
+
+/// How sharply a window's floor is pinned down, observed from its own
+/// samples: detrended by slope `b`, the `k`-th lowest sample's height above
+/// the lowest (with fewer than `k + 1` samples, the whole spread — few
+/// samples pin nothing). The lowest sample sits above the true floor by an
+/// amount nobody sees; where many samples crowd the floor that amount is
+/// small, and where the nearest ones lie far above it (few unqueued packets,
+/// noisy timestamps) it may be as large as their spacing. The order
+/// statistics' spacing is the observable scale of that error (for an
+/// exponential floor density the lowest's excess over `c` times this gap has
+/// probability `(1 + c)^−(k−1)`), so an edge's bound scales with it instead
+/// of with a constant tuned on one model.
+pub fn floor_spread(env: &Envelope, b: f64, x: u64, k: usize) -> Option<f64> {
+    let mut v: Vec<f64> = env.samples.iter().map(|&(xi, y)| y as f64 - b * (xi as f64 - x as f64)).collect();
+    if v.is_empty() {
+        return None;
+    }
+    let lowest = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let k = k.min(v.len() - 1);
+    let (_, kth, _) = v.select_nth_unstable_by(k, f64::total_cmp);
+    let spread = *kth - lowest;
+    spread.is_finite().then_some(spread.max(0.0))
 }
 
 /// The lower convex hull of samples sorted by x, relative to (x0, y0), in

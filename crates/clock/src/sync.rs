@@ -40,25 +40,43 @@
 //!   stands far out from the others (a link with asymmetric minimum delays;
 //!   judged by the median and MAD weighted by level only — a peer of the
 //!   node's own level counts ¾ of an anchor — since the candidates' weights
-//!   measure noise, not asymmetry) is flagged and left out until it agrees again.
+//!   measure noise, not asymmetry; peers further down whose probes say they
+//!   do not derive from us, `PROBE_ANCHORED` clear, vote too at
+//!   [`VOTE_WITNESS`]) is flagged and left out until it agrees again.
 //!   When that outvotes every anchor, at least [`PROMOTE_MIN`] agreeing peers
 //!   of the node's own level anchor it instead, one level further down. An
 //!   edge to the reference itself is flagged only when at least two other
 //!   edges agree against it (a child of the reference outvoted by the
 //!   siblings it probes, `graph::SIBLING_PEERS`): it is what anchors the graph.
-//! - **Bound.** `bound_ns` is a statistical bound: a timestamping floor plus
-//!   3 × the combination's standard deviation (widened to the residuals' rms
-//!   when the peers disagree more), plus the drift's uncertainty since the
-//!   last update. `hard_bound_ns` needs no symmetry assumption: half the
+//! - **Bound.** `bound_ns` is built from what the node observes, not from
+//!   constants tuned on one model. Each edge's own bound comes from how
+//!   sharply its two floors are pinned: the lowest sample of a direction may
+//!   sit above the true floor by up to [`FLOOR_C`] times the height of its
+//!   [`FLOOR_K`]-th lowest above it ([`crate::envelope::floor_spread`]), and
+//!   the line through those floors tilts by as much again at the window's
+//!   end. A candidate's bound is its peer's advertised bound (grown by the
+//!   drift's uncertainty since) plus its edge's. If every candidate's
+//!   interval holds the truth, so does the estimate within the weighted
+//!   mean of their bounds; candidates whose intervals have no common point
+//!   (an asymmetric edge no vote caught) widen it to the hull of them all
+//!   (`inconsistent_updates`). Plus the common slope's error and, between
+//!   updates, [`DRIFT_UNCERTAINTY`] per ns ([`DRIFT_MAX`] while no edge has a
+//!   slope yet). `hard_bound_ns` needs no symmetry assumption: half the
 //!   minimum round trip, summed along the best path to the reference.
+//! - **Clock steps.** A pair far below an edge's fit (a step) or both probes
+//!   far above it (a jump the other way) resets that edge; until a pair from
+//!   another peer sits on its fit, the node's bound is unknown (`suspect`).
+//!   Jumps on the edges to [`OWN_STEP_PEERS`] peers at once, or a step the
+//!   host announces ([`ClockSync::clock_stepped`]), are the node's own: every
+//!   edge restarts and it is unsynchronized until they refit.
 //!
 //! Bad probes — misdirected, from a node that is not a peer, replayed,
 //! malformed, or with absurd timestamps — are refused and counted, and never
 //! move the estimate.
 
-use fairfeed_wire::overlay::{ProbeRepr, PROBE_SYNCED};
+use fairfeed_wire::overlay::{ProbeRepr, PROBE_ANCHORED, PROBE_FLAGS, PROBE_SYNCED};
 
-use crate::envelope::{delta_with_slope, joint_fit, Envelope, Offer};
+use crate::envelope::{delta_with_slope, floor_spread, joint_fit, Envelope, Offer};
 
 /// Peers one node probes at most.
 pub const PEERS_MAX: usize = 256;
@@ -81,6 +99,16 @@ pub const FLAG_AFTER_NS: u64 = 1_000_000_000;
 pub const ECHO_QUEUE: usize = 4;
 /// Our recent probe send stamps remembered per peer, to check echoes.
 pub const SENT_RING: usize = 128;
+/// Jumps (a pair far off the fit, either way) on the edges to this many
+/// distinct peers within [`OWN_STEP_WINDOW_NS`] mean our own clock jumped
+/// (a peer's jump shows on its edge alone) ...
+pub const OWN_STEP_PEERS: usize = 2;
+/// ... within this long.
+pub const OWN_STEP_WINDOW_NS: u64 = 1_000_000_000;
+/// A peer further from the reference whose estimate does not derive from
+/// ours counts this much of an anchor in the asymmetry vote (a witness: it
+/// never feeds our estimate, but its edge to us is one more path).
+pub const VOTE_WITNESS: f64 = 0.5;
 /// A peer of a node's own level counts this much of an anchor in the asymmetry vote.
 pub const VOTE_SAME_LEVEL: f64 = 0.75;
 /// Agreeing peers of a node's own level needed to outvote all its anchors.
@@ -99,6 +127,16 @@ pub const SLOPE_VOTERS_MIN: usize = 3;
 pub const ASYM_K: f64 = 5.0;
 /// ... and beyond at least this many ns.
 pub const ASYM_MIN_NS: f64 = 400.0;
+/// An edge's floor is judged by its `FLOOR_K`-th lowest sample ...
+pub const FLOOR_K: usize = 8;
+/// ... the lowest sample taken to sit at most `FLOOR_C` times that sample's
+/// height above it over the true floor (see [`crate::envelope::floor_spread`]).
+pub const FLOOR_C: f64 = 4.0;
+/// A node whose bound is over its limit but within this many times it still
+/// measures delays for the deadline (see [`ClockSync::usable`]).
+pub const USABLE_FACTOR: u64 = 10;
+/// The share of the worst-case tilt of an edge's floor line counted in its bound (see `edge_bound`).
+pub const SLOPE_FLOOR_K: f64 = 1.0;
 /// Statistical bound: this many residual rms.
 pub const BOUND_K: f64 = 3.0;
 /// Statistical bound: never below this (software timestamping), ns.
@@ -293,6 +331,11 @@ pub struct SyncStats {
     /// (peer, forward direction?, ns below the envelope).
     pub steps: u64,
     pub last_step: Option<(u32, bool, i64)>,
+    /// Jumps of our own clock (seen on the edges to several peers at once, or announced by the host).
+    pub own_steps: u64,
+    /// Updates whose sources' intervals had no common point (one of them
+    /// wrong): the bound then spans them all.
+    pub inconsistent_updates: u64,
     /// Edges flagged as asymmetric now, and flaggings so far.
     pub asymmetric_edges: u64,
     pub asymmetric_flagged: u64,
@@ -351,6 +394,8 @@ struct Peer {
     /// Samples peer → me (x = our receive time) and me → peer (x = our send time).
     fwd: Envelope,
     rev: Envelope,
+    /// The first probe of the pair in progress lay far above the fit.
+    first_above: bool,
     /// Samples from the peer to echo, oldest first: (its tx, our rx).
     echo: std::collections::VecDeque<(u64, u64)>,
     /// Newest echo taken in (its tx stamp, ours).
@@ -360,6 +405,10 @@ struct Peer {
     advert: Option<Advert>,
     asymmetric: bool,
     residual_ns: f64,
+    /// Our estimate takes this peer as a source (said in our probes to it) ...
+    source: bool,
+    /// ... and its estimate takes us as one of its sources (said in its probes).
+    derives_from_us: bool,
     /// Probed every `stride`-th interval in steady state ...
     stride: u32,
     /// ... `rate` pairs each time (see [`crate::graph::rates`]).
@@ -375,6 +424,7 @@ impl Peer {
             next_pair: 1,
             last_rx: None,
             first: None,
+            first_above: false,
             fwd: Envelope::default(),
             rev: Envelope::default(),
             echo: std::collections::VecDeque::with_capacity(ECHO_QUEUE),
@@ -384,18 +434,56 @@ impl Peer {
             advert: None,
             asymmetric: false,
             residual_ns: 0.0,
+            source: false,
+            derives_from_us: false,
         }
     }
 
     /// θ_me − θ_peer at `x`, its slope (once both directions span
-    /// [`SLOPE_SPAN_NS`]), and half the min round trip.
-    fn edge(&self, x: u64) -> Option<(f64, Option<f64>, f64)> {
+    /// [`SLOPE_SPAN_NS`]), half the min round trip, and the edge's own error
+    /// bound (see [`edge_bound`]).
+    fn edge(&self, x: u64) -> Option<(f64, Option<f64>, f64, f64)> {
         if self.fwd.len() < MIN_SAMPLES || self.rev.len() < MIN_SAMPLES {
             return None;
         }
         let e = joint_fit(&self.fwd, &self.rev, 2.0 * DRIFT_MAX)?;
         let slope = (self.fwd.span().min(self.rev.span()) >= SLOPE_SPAN_NS).then_some(e.slope);
-        Some((e.delta_at(x), slope, e.delay.max(0.0)))
+        Some((e.delta_at(x), slope, e.delay.max(0.0), edge_bound(&self.fwd, &self.rev, e.slope, x)))
+    }
+
+    /// What the peer's probe says about its clock (and whether it derives from us).
+    fn heard(&mut self, now: u64, p: &ProbeRepr) {
+        let finite = |v: u64| if v == u64::MAX { f64::INFINITY } else { v as f64 };
+        self.derives_from_us = p.flags & PROBE_ANCHORED != 0;
+        self.advert = Some(Advert {
+            offset_ns: p.offset_ps as f64 / 1e3,
+            drift: p.drift_e15 as f64 * 1e-15,
+            bound_ns: finite(p.bound_ns),
+            hard_ns: finite(p.hard_bound_ns),
+            synced: p.flags & PROBE_SYNCED != 0,
+            level: p.level,
+            at: now,
+        });
+    }
+
+    /// The echo a probe carries: a sample of our probe to the peer, me →
+    /// peer, into the reverse window. True when it shows a step.
+    fn take_echo(&mut self, p: &ProbeRepr, cfg: &SyncConfig, stats: &mut SyncStats) -> bool {
+        if p.echo_tx_ns == 0 || p.echo_tx_ns <= self.last_echo_tx {
+            return false;
+        }
+        if !self.sent.contains(&p.echo_tx_ns) {
+            stats.bad_echoes += 1;
+            return false;
+        }
+        self.last_echo_tx = p.echo_tx_ns;
+        let y = p.echo_rx_ns as i64 - p.echo_tx_ns as i64;
+        stats.echoes += 1;
+        if let Offer::Step(b) = self.rev.offer(p.echo_tx_ns, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) {
+            stats.last_step = Some((self.id, false, b));
+            return true;
+        }
+        false
     }
 
     fn reset(&mut self) {
@@ -403,7 +491,15 @@ impl Peer {
         self.rev.clear();
         self.echo.clear();
         self.first = None;
+        self.first_above = false;
         self.asymmetric = false;
+        // Echoes of probes sent before the jump would carry the old clocks'
+        // relation into the fresh window (after a step back, below every new
+        // sample: the envelope kept them and the node sat 1 ms off): forget
+        // what we sent, and accept echoes of what we send from now on, even
+        // with stamps below the old ones.
+        self.sent = [0; SENT_RING];
+        self.last_echo_tx = 0;
     }
 }
 
@@ -416,6 +512,8 @@ struct Candidate {
     theta_peer: f64,
     slope: Option<f64>,
     weight: f64,
+    /// How far `theta` may be from the truth: the peer's own bound plus the edge's.
+    bound: f64,
     hard: f64,
     /// The peer is the reference: its edge is flagged only against two agreeing others.
     reference: bool,
@@ -447,6 +545,14 @@ pub struct ClockSync {
     last_rms: f64,
     synced: bool,
     synced_since: Option<u64>,
+    /// How fast the bound grows after an update: [`DRIFT_UNCERTAINTY`], or
+    /// [`DRIFT_MAX`] while no edge has a slope yet.
+    drift_unc: f64,
+    /// Recent jumps seen on our edges: (raw time, peer), newest last.
+    jumps: std::collections::VecDeque<(u64, u32)>,
+    /// A jump was seen on one edge and no other peer's pair has yet shown
+    /// that our own clock held: our bound is unknown meanwhile.
+    suspect: bool,
     /// Probe hops from the reference (`u16::MAX` while unsynchronized).
     level: u16,
     /// `SyncMode::Off` on a host whose clock daemon publishes its error
@@ -484,6 +590,9 @@ impl ClockSync {
             synced: reference,
             synced_since: None,
             level: if reference { 0 } else { u16::MAX },
+            jumps: std::collections::VecDeque::new(),
+            drift_unc: DRIFT_UNCERTAINTY,
+            suspect: false,
             host_bound: None,
             stats,
         };
@@ -625,7 +734,10 @@ impl ClockSync {
         if self.reference {
             return 0;
         }
-        let b = self.bound_ns + DRIFT_UNCERTAINTY * local.saturating_sub(self.at) as f64;
+        if self.suspect {
+            return u64::MAX;
+        }
+        let b = self.bound_ns + self.drift_unc * local.saturating_sub(self.at) as f64;
         if b.is_finite() {
             b.ceil() as u64
         } else {
@@ -638,7 +750,20 @@ impl ClockSync {
         if self.cfg.mode == SyncMode::Off {
             return self.host_bound.is_none_or(|b| b <= self.cfg.bound_limit_ns);
         }
-        self.synced && self.bound_ns(local) <= self.cfg.bound_limit_ns
+        self.synced && !self.suspect && self.bound_ns(local) <= self.cfg.bound_limit_ns
+    }
+
+    /// True while the bound is within [`USABLE_FACTOR`] × the limit, over
+    /// the fairness limit or not: good enough to measure delays with, the
+    /// bound said alongside (a feed's deadline covers it). Beyond that a
+    /// node is left out of the deadline as well: one receiver's 300-µs bound
+    /// would have held every message 300 µs longer.
+    pub fn usable(&self, local: u64) -> bool {
+        let cap = self.cfg.bound_limit_ns.saturating_mul(USABLE_FACTOR);
+        if self.cfg.mode == SyncMode::Off {
+            return self.host_bound.is_none_or(|b| b <= cap);
+        }
+        self.synced && self.bound_ns(local) <= cap
     }
 
     /// When something is due next (raw time), `u64::MAX` if never.
@@ -726,7 +851,7 @@ impl ClockSync {
         let probe = ProbeRepr {
             target: peer.id,
             index,
-            flags: if self.synced { PROBE_SYNCED } else { 0 },
+            flags: if self.synced { PROBE_SYNCED } else { 0 } | if peer.source { PROBE_ANCHORED } else { 0 },
             level: self.level,
             pair,
             tx_ns: now,
@@ -765,7 +890,7 @@ impl ClockSync {
             return Err(ProbeError::Misdirected);
         }
         let i = self.peers.binary_search_by_key(&from, |q| q.id).map_err(|_| ProbeError::UnknownPeer)?;
-        if p.index > 1 || p.flags & !PROBE_SYNCED != 0 || p.pair == 0 {
+        if p.index > 1 || p.flags & !PROBE_FLAGS != 0 || p.pair == 0 {
             return Err(ProbeError::Malformed);
         }
         if let Some((pair, mask)) = self.peers[i].last_rx {
@@ -792,33 +917,23 @@ impl ClockSync {
             Some((pair, mask)) if pair == p.pair => (pair, mask | 1 << p.index),
             _ => (p.pair, 1 << p.index),
         });
-        let finite = |v: u64| if v == u64::MAX { f64::INFINITY } else { v as f64 };
-        peer.advert = Some(Advert {
-            offset_ns: p.offset_ps as f64 / 1e3,
-            drift: p.drift_e15 as f64 * 1e-15,
-            bound_ns: finite(p.bound_ns),
-            hard_ns: finite(p.hard_bound_ns),
-            synced: p.flags & PROBE_SYNCED != 0,
-            level: p.level,
-            at: now,
-        });
-        let mut stepped = false;
-        // The echo: a sample of our probe to the peer, me → peer.
-        if p.echo_tx_ns != 0 && p.echo_tx_ns > peer.last_echo_tx {
-            if peer.sent.contains(&p.echo_tx_ns) {
-                peer.last_echo_tx = p.echo_tx_ns;
-                let y = p.echo_rx_ns as i64 - p.echo_tx_ns as i64;
-                stats.echoes += 1;
-                if let Offer::Step(b) = peer.rev.offer(p.echo_tx_ns, y, cfg.window_ns, cfg.step_ns, STEP_SAMPLES) {
-                    stepped = true;
-                    stats.last_step = Some((peer.id, false, b));
-                }
-            } else {
-                stats.bad_echoes += 1;
-            }
-        }
+        peer.heard(now, p);
+        let mut stepped = peer.take_echo(p, &cfg, stats);
         // The probe: peer → me. Its pair tells whether it met queueing (purity).
         let y = now as i64 - p.tx_ns as i64;
+        // Both probes of a pair far above the fit: our clock jumped forward
+        // or the peer's back (a down-jump shows below the fit, as a step).
+        let above = peer.fwd.far_above(now, y, cfg.step_ns, STEP_SAMPLES);
+        let (mut jumped, quiet) = match p.index {
+            0 => {
+                peer.first_above = above;
+                (false, false)
+            }
+            _ => {
+                let first = std::mem::take(&mut peer.first_above);
+                (above && first, !above && !first && peer.fwd.fit(STEP_SAMPLES).is_some())
+            }
+        };
         let mut sample: Option<(u64, i64, u64)> = (!cfg.pure_only).then_some((now, y, p.tx_ns));
         match (p.index, peer.first) {
             (0, _) => peer.first = Some((p.pair, p.tx_ns, now)),
@@ -854,7 +969,72 @@ impl ClockSync {
             peer.reset();
             self.fast_until = now + cfg.startup_ns;
             self.next_round = self.next_round.min(now + cfg.startup_interval_ns);
+            jumped = true;
         }
+        if jumped {
+            // A jump up: this edge's floor is as stale as after a step down.
+            peer.reset();
+            let id = peer.id;
+            self.jumped(now, id);
+        } else if quiet && !stepped && self.suspect && self.jumps.iter().all(|j| j.1 != peer.id) {
+            // A whole pair from another peer on its fit: our clock held, the
+            // jump was the other peer's.
+            self.suspect = false;
+            self.jumps.clear();
+        }
+    }
+
+    /// A jump on the edge to `peer` (its edge reset). One edge alone: that
+    /// peer's clock, and the
+    /// estimate is recomputed at once without it. Edges to
+    /// [`OWN_STEP_PEERS`] peers within [`OWN_STEP_WINDOW_NS`] (or our only
+    /// peer): our own clock jumped — every edge restarts, and until they
+    /// have refitted we are unsynchronized, the bound unknown. Waiting for
+    /// the next round instead left a stepped node releasing 1 ms off under a
+    /// 100-ns bound for 400 ms in the simulator.
+    fn jumped(&mut self, now: u64, peer: u32) {
+        while self.jumps.front().is_some_and(|j| now.saturating_sub(j.0) > OWN_STEP_WINDOW_NS) {
+            self.jumps.pop_front();
+        }
+        self.jumps.retain(|j| j.1 != peer);
+        self.jumps.push_back((now, peer));
+        if self.reference {
+            return;
+        }
+        self.suspect = true;
+        if self.jumps.len() >= OWN_STEP_PEERS.min(self.peers.len()) {
+            self.own_step(now);
+        }
+        self.update(now);
+    }
+
+    /// Our own clock was stepped: the host said so (a daemon's
+    /// `clock_settime`, seen by a `TFD_TIMER_CANCEL_ON_SET` timer), or the
+    /// edges to several peers jumped at once. Every edge restarts and we are
+    /// unsynchronized, the bound unknown, until they have refitted (a few
+    /// start-up intervals).
+    pub fn clock_stepped(&mut self, now: u64) {
+        if self.cfg.mode == SyncMode::Off || self.reference {
+            return;
+        }
+        self.own_step(now);
+        self.update(now);
+    }
+
+    fn own_step(&mut self, now: u64) {
+        self.jumps.clear();
+        self.suspect = false;
+        self.stats.own_steps += 1;
+        for p in &mut self.peers {
+            p.reset();
+        }
+        // The estimate was of the clock before the jump: nothing is known now.
+        self.synced = false;
+        self.synced_since = None;
+        self.level = u16::MAX;
+        self.bound_ns = f64::INFINITY;
+        self.fast_until = now + self.cfg.startup_ns;
+        self.next_round = self.next_round.min(now + self.cfg.startup_interval_ns);
     }
 
     /// Recomputes the estimate from the peers; called each round.
@@ -878,8 +1058,13 @@ impl ClockSync {
         // so no estimate feeds back into itself around a loop.
         let up = cands.iter().map(|c| c.level).min().unwrap_or(u16::MAX);
         let level = up.saturating_add(1);
-        // Peers up to our own level are judged (those below derive from us).
-        cands.retain(|c| c.level <= level);
+        // Peers up to our own level are judged (those below may derive from
+        // us); those below that say they do not are witnesses in the vote.
+        let witnesses: Vec<Candidate> = {
+            let (keep, below): (Vec<Candidate>, Vec<Candidate>) = cands.into_iter().partition(|c| c.level <= level);
+            cands = keep;
+            below.into_iter().filter(|c| !self.peers[c.peer].derives_from_us).collect()
+        };
         // The common slope first, and every edge's height on it: an edge is
         // judged by where its floor lies on the slope the others agree on,
         // not on its own (in the simulator an edge whose own line crossed the
@@ -887,25 +1072,13 @@ impl ClockSync {
         // it, was unflagged, and its slope moved every edge's height; see
         // `common_slope`).
         let (slope, slope_err) = self.common_slope(&mut cands, level, now);
+        // No edge has spanned long enough for a slope: the drift is not
+        // known, and between updates the clock may run off at any legal rate.
+        self.drift_unc = if slope_err.is_nan() { DRIFT_MAX } else { DRIFT_UNCERTAINTY };
+        let slope_err = if slope_err.is_nan() { 0.0 } else { slope_err };
         let settled = self.synced_since.is_some_and(|s| now.saturating_sub(s) >= FLAG_AFTER_NS);
-        self.flag_asymmetric(&mut cands, level, settled);
-        let mut level = level;
-        if !cands.iter().any(|c| c.level < level && !self.peers[c.peer].asymmetric) {
-            let agreeing = cands.iter().filter(|c| c.level == level && !self.peers[c.peer].asymmetric).count();
-            if agreeing >= PROMOTE_MIN {
-                // Every anchor was outvoted by peers of our own level that
-                // agree with each other (our only upstream edge is
-                // asymmetric): they anchor us instead, one level further
-                // down, so nothing they derive from feeds back into us.
-                level += 1;
-                self.stats.promotions += 1;
-            } else {
-                // Too few to outvote it: an outvoted anchor is still an anchor.
-                for c in cands.iter().filter(|c| c.level < level) {
-                    self.peers[c.peer].asymmetric = false;
-                }
-            }
-        }
+        self.flag_asymmetric(&mut cands, &witnesses, level, settled);
+        let level = self.anchor_level(&cands, level);
         // Same-level peers count at a lower weight: each is anchored upstream
         // by its own paths, so they correct one poor upstream edge without
         // letting a loop float free.
@@ -915,7 +1088,16 @@ impl ClockSync {
             }
         }
         let used: Vec<&Candidate> = cands.iter().filter(|c| !self.peers[c.peer].asymmetric).collect();
+        for p in &mut self.peers {
+            p.source = false;
+        }
+        for c in &used {
+            self.peers[c.peer].source = true;
+        }
         if !used.iter().any(|c| c.level < level) {
+            for p in &mut self.peers {
+                p.source = false;
+            }
             self.synced = false;
             self.synced_since = None;
             self.level = u16::MAX;
@@ -934,16 +1116,35 @@ impl ClockSync {
         self.offset_ns = theta;
         self.drift = slope.clamp(-DRIFT_MAX, DRIFT_MAX);
         self.at = now;
-        // The combination's standard deviation (independent errors), widened
-        // by how much the peers actually disagree.
-        let sigma = (1.0 / w).sqrt().max(rms).hypot(slope_err);
-        self.bound_ns = BOUND_FLOOR_NS + BOUND_K * sigma;
+        let (spread, consistent) = combined_bound(&used, theta);
+        self.stats.inconsistent_updates += u64::from(!consistent);
+        self.bound_ns = BOUND_FLOOR_NS + spread.max(BOUND_K * rms) + BOUND_K * slope_err;
         self.hard_ns = best_hard;
         self.last_rms = rms;
         self.synced = true;
         self.synced_since.get_or_insert(now);
         let n = used.len();
         self.refresh_stats(now, n, rms);
+    }
+
+    /// The level we take: one below our nearest anchors, or — when every
+    /// anchor was outvoted by [`PROMOTE_MIN`] agreeing peers of that level
+    /// (our only upstream edges are asymmetric) — one further down, those
+    /// peers anchoring us, so nothing they derive from feeds back into us.
+    /// Too few to outvote them: an outvoted anchor is still an anchor.
+    fn anchor_level(&mut self, cands: &[Candidate], level: u16) -> u16 {
+        if cands.iter().any(|c| c.level < level && !self.peers[c.peer].asymmetric) {
+            return level;
+        }
+        let agreeing = cands.iter().filter(|c| c.level == level && !self.peers[c.peer].asymmetric).count();
+        if agreeing >= PROMOTE_MIN {
+            self.stats.promotions += 1;
+            return level + 1;
+        }
+        for c in cands.iter().filter(|c| c.level < level) {
+            self.peers[c.peer].asymmetric = false;
+        }
+        level
     }
 
     /// Our drift against the reference — the weighted mean of every usable
@@ -989,7 +1190,7 @@ impl ClockSync {
             cands.iter().filter(|c| usable(c)).filter_map(|c| c.slope.map(|s| (weight(c), s))).collect();
         let ws: f64 = sloped.iter().map(|x| x.0).sum();
         if ws <= 0.0 {
-            return (self.drift, 0.0);
+            return (self.drift, f64::NAN);
         }
         let slope = sloped.iter().map(|x| x.0 * x.1).sum::<f64>() / ws;
         let var = sloped.iter().map(|x| x.0 * (x.1 - slope).powi(2)).sum::<f64>() / ws;
@@ -1027,7 +1228,7 @@ impl ClockSync {
         let median = counts.get(counts.len() / 2).copied().unwrap_or(1).max(1) as f64;
         let mut out = Vec::new();
         for (i, p) in self.peers.iter().enumerate() {
-            let (Some(a), Some((delta, dslope, half_rtt))) = (p.advert, p.edge(now)) else { continue };
+            let (Some(a), Some((delta, dslope, half_rtt, edge_bound))) = (p.advert, p.edge(now)) else { continue };
             if !a.synced || !a.bound_ns.is_finite() || a.level == u16::MAX {
                 continue;
             }
@@ -1045,6 +1246,8 @@ impl ClockSync {
                 // (up to 100 ppm × 100 ppm = 10 ppb) adds up level by level.
                 slope: dslope.map(|d| a.drift * (1.0 - d) + d),
                 weight: 1.0 / (edge_var * median / p.fwd.len().min(p.rev.len()).max(1) as f64 + peer_sigma.powi(2)),
+                // The peer's bound as of its send time, grown since by the drift's uncertainty.
+                bound: a.bound_ns + DRIFT_UNCERTAINTY * (now.saturating_sub(a.at) as f64 + half_rtt) + edge_bound,
                 hard: a.hard_ns + half_rtt,
                 reference: a.bound_ns == 0.0,
             });
@@ -1055,8 +1258,8 @@ impl ClockSync {
     /// Flags edges whose candidate stands out from the others (robustly:
     /// distance from the weighted median beyond [`ASYM_K`] weighted MADs),
     /// and clears flags on edges that agree again.
-    fn flag_asymmetric(&mut self, cands: &mut [Candidate], level: u16, settled: bool) {
-        if cands.len() < 3 || !settled {
+    fn flag_asymmetric(&mut self, cands: &mut [Candidate], witnesses: &[Candidate], level: u16, settled: bool) {
+        if cands.len() + witnesses.len() < 3 || !settled {
             for c in cands.iter() {
                 self.peers[c.peer].asymmetric = false;
             }
@@ -1070,13 +1273,20 @@ impl ClockSync {
         // asymmetric anchor and one asymmetric peer of our level no longer
         // tie with two good anchors (a proxy in the simulator sat 2.5 µs off
         // on such a tie: the lower median fell on the bad side).
+        // Witnesses — peers further down whose estimates do not derive from
+        // ours — vote at [`VOTE_WITNESS`]: two edges to our own level that
+        // are asymmetric the same way outvote one good anchor, but not the
+        // anchor and the paths through other subtrees together (a proxy in
+        // the simulator sat 5 µs off under a 137-ns bound that way).
         let vote = |c: &Candidate| if c.level < level { 1.0 } else { VOTE_SAME_LEVEL };
-        let (med, mad) = median_and_mad(&cands.iter().map(|c| (c.theta, vote(c))).collect::<Vec<_>>());
+        let votes: Vec<(f64, f64)> =
+            cands.iter().map(|c| (c.theta, vote(c))).chain(witnesses.iter().map(|c| (c.theta, VOTE_WITNESS))).collect();
+        let (med, mad) = median_and_mad(&votes);
         let thr = (ASYM_K * mad).max(ASYM_MIN_NS);
         // An edge to the reference itself is flagged only when at least two
         // other edges agree with each other against it (a child of the
         // reference and its siblings): otherwise nothing would be left.
-        let agreeing = cands.iter().filter(|c| !c.reference && (c.theta - med).abs() <= thr).count();
+        let agreeing = cands.iter().chain(witnesses).filter(|c| !c.reference && (c.theta - med).abs() <= thr).count();
         for c in cands.iter() {
             let d = (c.theta - med).abs();
             let p = &mut self.peers[c.peer];
@@ -1112,6 +1322,48 @@ impl ClockSync {
     pub fn edges(&self) -> impl Iterator<Item = (u32, f64, bool)> + '_ {
         self.peers.iter().map(|p| (p.id, p.residual_ns, p.asymmetric))
     }
+}
+
+/// How far the weighted mean `theta` of `used` may be from the truth, and
+/// whether their intervals agree. Each candidate's own bound (its peer's
+/// plus its edge's, both observed) combines as the estimate combines them:
+/// if every interval θᵢ ± Bᵢ holds the truth, so does θ ± Σwᵢ·Bᵢ/Σwᵢ
+/// (linearly, as if every error leaned the same way: candidates share
+/// upstream paths). Intervals with no common point mean one of them does
+/// not (an asymmetric edge no vote has caught): then only the hull of them
+/// all is sure to hold it, and the bound says so.
+fn combined_bound(used: &[&Candidate], theta: f64) -> (f64, bool) {
+    let w: f64 = used.iter().map(|c| c.weight).sum();
+    let linear = used.iter().map(|c| c.weight * c.bound).sum::<f64>() / w;
+    let lo = used.iter().map(|c| c.theta - c.bound).fold(f64::NEG_INFINITY, f64::max);
+    let hi = used.iter().map(|c| c.theta + c.bound).fold(f64::INFINITY, f64::min);
+    if lo > hi {
+        (used.iter().map(|c| (c.theta - theta).abs() + c.bound).fold(0.0, f64::max), false)
+    } else {
+        (linear, true)
+    }
+}
+
+/// An edge's own error bound at `x`: the offset is half the difference of
+/// the two directions' floors, and each floor's lowest sample may sit above
+/// the true floor by up to [`FLOOR_C`] times its [`FLOOR_K`]-th sample's
+/// height above it ([`floor_spread`]); half the larger of the two.
+///
+/// The height is taken at `x`, usually the window's end, on a slope fitted
+/// from the same floors: an error of `g` at each end of a baseline of about
+/// two thirds of the span tilts it by up to `3g ÷ span`, which at `reach`
+/// from the window's middle moves the height by `3g · reach ÷ span`
+/// ([`SLOPE_FLOOR_K`] times that: the floors' errors are rarely both at
+/// their worst, and opposed).
+fn edge_bound(fwd: &Envelope, rev: &Envelope, slope: f64, x: u64) -> f64 {
+    let f = floor_spread(fwd, slope, x, FLOOR_K).unwrap_or(f64::INFINITY);
+    let r = floor_spread(rev, -slope, x, FLOOR_K).unwrap_or(f64::INFINITY);
+    let g = f.max(r);
+    let span = fwd.span().min(rev.span()) as f64;
+    let middle = fwd.middle().max(rev.middle()) as f64;
+    let reach = (x as f64 - middle).max(0.0);
+    let tilt = if span > 0.0 { SLOPE_FLOOR_K * 3.0 * g * reach / span } else { 0.0 };
+    FLOOR_C * g / 2.0 + tilt
 }
 
 /// The weighted median of `(value, weight)` pairs and their weighted MAD,
@@ -1168,6 +1420,98 @@ mod tests {
             let sync = 2_000_000_000 + (next() * 1e11) as u64;
             check(&s, sync);
         }
+    }
+
+    /// A peer that probes `node` with a clock `skew_ns` ahead of it, one pair
+    /// every 10 ms from raw time `from`, for `pairs` pairs, 20 µs away.
+    fn feed(node: &mut ClockSync, peer: u32, from: u64, pairs: u64, skew_ns: i64, first_pair: u64) {
+        for k in 0..pairs {
+            let t = from + k * 10_000_000;
+            for index in 0..2u8 {
+                let tx = (t as i64 + i64::from(index) * 20_000 + skew_ns) as u64;
+                let rx = t + u64::from(index) * 20_000 + 20_000;
+                let p = ProbeRepr {
+                    target: node.id,
+                    index,
+                    pair: first_pair + k,
+                    tx_ns: tx,
+                    flags: PROBE_SYNCED,
+                    bound_ns: 0,
+                    ..ProbeRepr::default()
+                };
+                node.handle_probe(rx, peer, &p).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn a_step_the_host_announces_makes_the_node_unsynchronized_at_once() {
+        let mut s = ClockSync::new(5, &[0, 1, 2], false, SyncConfig::default());
+        (s.synced, s.bound_ns, s.at, s.level) = (true, 50.0, 1_000_000_000, 1);
+        assert!(s.within_limit(1_000_000_000));
+        s.clock_stepped(1_000_000_001);
+        assert_eq!(s.stats.own_steps, 1);
+        assert!(!s.within_limit(1_000_000_001));
+        assert_eq!(s.bound_ns(1_000_000_001), u64::MAX);
+        assert!(!s.usable(1_000_000_001));
+        // The reference's clock is the reference: nothing to do.
+        let mut r = ClockSync::new(0, &[5], true, SyncConfig::default());
+        r.clock_stepped(1);
+        assert_eq!((r.stats.own_steps, r.bound_ns(1)), (0, 0));
+    }
+
+    #[test]
+    fn a_jump_on_one_edge_is_suspect_until_another_peer_shows_our_clock_held() {
+        let t0 = 10_000_000_000;
+        let mut s = ClockSync::new(5, &[1, 2, 3], false, SyncConfig::default());
+        // Peers 1 and 2 hold steady; enough samples for a fit.
+        for peer in [1, 2] {
+            feed(&mut s, peer, t0, 40, 0, 1);
+        }
+        // Peer 1's clock jumps 1 ms ahead: its probes land far below the fit.
+        feed(&mut s, 1, t0 + 400_000_000, 1, 1_000_000, 41);
+        assert_eq!(s.stats.steps, 1);
+        assert_eq!(s.bound_ns(t0 + 401_000_000), u64::MAX, "one jumped edge: our bound unknown meanwhile");
+        // Peer 2's next pair sits on its fit: our clock held; no own step.
+        feed(&mut s, 2, t0 + 402_000_000, 1, 0, 41);
+        assert_eq!(s.stats.own_steps, 0);
+        assert!(!s.suspect);
+        // Now both remaining peers see a jump at once: our own clock stepped.
+        let mut o = ClockSync::new(5, &[1, 2, 3], false, SyncConfig::default());
+        for peer in [1, 2] {
+            feed(&mut o, peer, t0, 40, 0, 1);
+        }
+        for peer in [1, 2] {
+            feed(&mut o, peer, t0 + 400_000_000, 1, 1_000_000, 41);
+        }
+        assert_eq!(o.stats.own_steps, 1);
+        assert!(!o.synced && o.bound_ns(t0 + 401_000_000) == u64::MAX);
+    }
+
+    #[test]
+    fn the_edge_bound_grows_with_how_loosely_the_floor_is_pinned() {
+        let mut sharp = (Envelope::default(), Envelope::default());
+        let mut loose = (Envelope::default(), Envelope::default());
+        for i in 0..64u64 {
+            let x = 1_000_000_000 + i * 10_000_000;
+            // Sharp: every fourth sample at the floor. Loose: the floor's
+            // neighbours hundreds of ns above it.
+            let q = if i % 4 == 0 { 0 } else { 5_000 };
+            let l = if i == 0 { 0 } else { 300 * (i as i64 % 7 + 1) };
+            for (env, y) in [
+                (&mut sharp.0, 20_000 + q),
+                (&mut sharp.1, 20_000 + q),
+                (&mut loose.0, 20_000 + l),
+                (&mut loose.1, 20_000 + l),
+            ] {
+                env.offer(x, y, 16_000_000_000, 20_000, STEP_SAMPLES);
+            }
+        }
+        let at = 1_700_000_000;
+        let b_sharp = edge_bound(&sharp.0, &sharp.1, 0.0, at);
+        let b_loose = edge_bound(&loose.0, &loose.1, 0.0, at);
+        assert_eq!(b_sharp, 0.0, "eight samples at the floor pin it");
+        assert!(b_loose >= FLOOR_C * 300.0 / 2.0, "{b_loose}");
     }
 
     #[test]

@@ -29,6 +29,7 @@
 //! step_share = 0.0       # share of nodes whose clock steps (an ntpd jump) ...
 //! step_us = 0.0          # ... by this much, either sign (at most 10 s) ...
 //! step_at_s = 0.0        # ... at this time
+//! step_announced = true  # the host says so at once (clock_settime); false: a silent jump
 //!
 //! # Host classes (any number): a share of nodes, drawn once per run, whose
 //! # every hop (to or from them) is slower, optionally only for a while.
@@ -329,6 +330,11 @@ pub struct ClockModel {
     pub step_share: f64,
     pub step_us: f64,
     pub step_at_s: f64,
+    /// The host announces the step (a daemon's `clock_settime`, which Linux
+    /// reports to a `TFD_TIMER_CANCEL_ON_SET` timer): the node learns of it at
+    /// once. `false`: a silent jump (a paused VM, a hypervisor's correction),
+    /// found only by the probes.
+    pub step_announced: bool,
 }
 
 impl Default for ClockModel {
@@ -340,6 +346,7 @@ impl Default for ClockModel {
             step_share: 0.0,
             step_us: 0.0,
             step_at_s: 0.0,
+            step_announced: true,
         }
     }
 }
@@ -353,6 +360,7 @@ impl ClockModel {
         step_share: 0.0,
         step_us: 0.0,
         step_at_s: 0.0,
+        step_announced: true,
     };
     /// NTP-class raw clocks (±10 ms, ±50 ppm) with software timestamps (200 ns mean noise).
     pub const NTP: ClockModel = ClockModel {
@@ -362,6 +370,7 @@ impl ClockModel {
         step_share: 0.0,
         step_us: 0.0,
         step_at_s: 0.0,
+        step_announced: true,
     };
 
     pub fn validate(&self) -> Result<(), String> {

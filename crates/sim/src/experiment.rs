@@ -341,6 +341,14 @@ pub struct ClockSummary {
     pub pf_1us: f64,
     pub pf_5us: f64,
     pub pf_10us: f64,
+    /// The same counting every receiver, synchronized or not, and the
+    /// smallest windows within which the target share reached every
+    /// synchronized receiver / every receiver (µs).
+    pub pf_1us_all: f64,
+    pub pf_5us_all: f64,
+    pub pf_10us_all: f64,
+    pub fair_window_us: f64,
+    pub fair_window_all_us: f64,
     pub dws_p99_us: f64,
     pub late_fraction: f64,
     pub oml_p50_us: f64,
@@ -389,6 +397,11 @@ pub fn clock(c: &ClockConfig) -> Result<ClockSummary, String> {
         pf_1us: r.pf_1us,
         pf_5us: r.pf_5us,
         pf_10us: r.pf_10us,
+        pf_1us_all: r.pf_1us_all,
+        pf_5us_all: r.pf_5us_all,
+        pf_10us_all: r.pf_10us_all,
+        fair_window_us: r.fair_window_us,
+        fair_window_all_us: r.fair_window_all_us,
         dws_p99_us: r.dws_p99_us,
         late_fraction: r.late_fraction,
         oml_p50_us: r.oml_p50_us,
@@ -504,6 +517,7 @@ pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
         "P(F) 5 µs",
         "P(F) 10 µs",
         "unsynced",
+        "fair window µs (synced / all)",
         "hold mean µs",
         "late",
         "load",
@@ -511,7 +525,7 @@ pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
     let mut s = md_header(&header);
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.4} | {:.1} | {:.4} | {:.2}{} |\n",
+            "| {} | {} | {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.4} | {:.2} / {:.2} | {:.1} | {:.4} | {:.2}{} |\n",
             r.scheme,
             r.run.receivers,
             r.hedge,
@@ -526,6 +540,8 @@ pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
             r.run.pf_5us,
             r.run.pf_10us,
             r.run.unsynced_share,
+            r.run.fair_window_us,
+            r.run.fair_window_all_us,
             r.run.hold_mean_us,
             r.run.late_fraction,
             r.busiest_node_load,

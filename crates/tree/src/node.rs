@@ -875,7 +875,11 @@ impl Receiver {
         let owd = now as i64 - h.send_ns as i64;
         let outcome = Outcome::New { sequence: h.sequence, hops: h.hop.saturating_add(1), owd_ns: owd };
         self.owd.record(owd);
-        if self.sync.within_limit(raw) {
+        // Any clock with a known bound measures delays within it (the
+        // sender's margin covers the bounds reported); one over the fairness
+        // limit is still counted here, so a cloud where no clock can be held
+        // within 1 µs gets a deadline that covers what it can, not none.
+        if self.sync.usable(raw) {
             self.tail.record(h.sequence, owd.max(0) as u64);
         }
         let deadline_ns = if self.cfg.hold_and_release { h.deadline_ns } else { now };
@@ -1043,9 +1047,10 @@ impl Receiver {
             self.next_report_ns = now + self.cfg.report_interval_ns;
             if let Some(p) = self.owd.quantile(self.cfg.owd_quantile) {
                 self.interval.owd_p95_ns = p;
-                if self.sync.within_limit(raw) {
+                if self.sync.usable(raw) {
                     self.interval.clock_bound_ns = self.sync.bound_ns(raw);
-                } else {
+                }
+                if !self.sync.within_limit(raw) {
                     self.interval.clock_unsynced = 1;
                 }
                 let to = ReportTo { parent: self.parent, hedge_parents: &self.hedge_parents };

@@ -324,6 +324,12 @@ impl<'a> TailView<'a> {
 
 /// Probe flag: the prober considers its own clock synchronized.
 pub const PROBE_SYNCED: u8 = 0x01;
+/// Probe flag: the prober's estimate derives from the probe's target (it is
+/// one of the prober's sources), so the target must not count the prober as
+/// an independent witness of its own edges.
+pub const PROBE_ANCHORED: u8 = 0x02;
+/// Every probe flag defined.
+pub const PROBE_FLAGS: u8 = PROBE_SYNCED | PROBE_ANCHORED;
 
 /// A clock-synchronization probe (payload of a [`Kind::Probe`] packet).
 ///
