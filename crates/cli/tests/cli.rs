@@ -353,7 +353,23 @@ fn sim_clock_writes_the_documented_fields_and_sync_shrinks_the_window() {
         out.to_str().unwrap(),
     ]);
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
-    for k in ["sync_error_p50_ns", "sync_error_p99_ns", "sync_error_max_ns", "converged_s", "probe_share"] {
+    for k in [
+        "sync_error_p50_ns",
+        "sync_error_p99_ns",
+        "sync_error_max_ns",
+        "converged_s",
+        "probe_share",
+        "bound_coverage",
+        "unsynced_share",
+        "pf_1us",
+        "pf_5us",
+        "pf_10us",
+        "pf_1us_all",
+        "pf_5us_all",
+        "pf_10us_all",
+        "fair_window_us",
+        "fair_window_all_us",
+    ] {
         assert!(v.get(k).is_some(), "summary lacks {k}: {v}");
     }
     // The feed's controller aimed where it was told.
