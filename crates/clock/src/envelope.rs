@@ -291,8 +291,8 @@ pub fn delta_with_slope(fwd: &Envelope, rev: &Envelope, b: f64, x: u64) -> Optio
 
 /// How sharply a window's floor is pinned down, observed from its own
 /// samples: detrended by slope `b`, the `k`-th lowest sample's height above
-/// the lowest (with fewer than `k + 1` samples, the whole spread — few
-/// samples pin nothing). The lowest sample sits above the true floor by an
+/// the lowest (`None` with fewer than `k + 1` samples: a few samples, all
+/// queued alike, look sharp and pin nothing). The lowest sample sits above the true floor by an
 /// amount nobody sees; where many samples crowd the floor that amount is
 /// small, and where the nearest ones lie far above it (few unqueued packets,
 /// noisy timestamps) it may be as large as their spacing. The order
@@ -301,12 +301,11 @@ pub fn delta_with_slope(fwd: &Envelope, rev: &Envelope, b: f64, x: u64) -> Optio
 /// probability `(1 + c)^−(k−1)`), so an edge's bound scales with it instead
 /// of with a constant tuned on one model.
 pub fn floor_spread(env: &Envelope, b: f64, x: u64, k: usize) -> Option<f64> {
-    let mut v: Vec<f64> = env.samples.iter().map(|&(xi, y)| y as f64 - b * (xi as f64 - x as f64)).collect();
-    if v.is_empty() {
+    if env.samples.len() <= k {
         return None;
     }
+    let mut v: Vec<f64> = env.samples.iter().map(|&(xi, y)| y as f64 - b * (xi as f64 - x as f64)).collect();
     let lowest = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let k = k.min(v.len() - 1);
     let (_, kth, _) = v.select_nth_unstable_by(k, f64::total_cmp);
     let spread = *kth - lowest;
     spread.is_finite().then_some(spread.max(0.0))

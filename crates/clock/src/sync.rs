@@ -1229,7 +1229,9 @@ impl ClockSync {
         let mut out = Vec::new();
         for (i, p) in self.peers.iter().enumerate() {
             let (Some(a), Some((delta, dslope, half_rtt, edge_bound))) = (p.advert, p.edge(now)) else { continue };
-            if !a.synced || !a.bound_ns.is_finite() || a.level == u16::MAX {
+            // An edge whose floors are not yet pinned (too few samples since
+            // it started or restarted) cannot say how wrong it is: not yet.
+            if !a.synced || !a.bound_ns.is_finite() || a.level == u16::MAX || !edge_bound.is_finite() {
                 continue;
             }
             // The advertised estimate is as of the probe's send time, a
@@ -1359,6 +1361,9 @@ fn edge_bound(fwd: &Envelope, rev: &Envelope, slope: f64, x: u64) -> f64 {
     let f = floor_spread(fwd, slope, x, FLOOR_K).unwrap_or(f64::INFINITY);
     let r = floor_spread(rev, -slope, x, FLOOR_K).unwrap_or(f64::INFINITY);
     let g = f.max(r);
+    if !g.is_finite() {
+        return f64::INFINITY;
+    }
     let span = fwd.span().min(rev.span()) as f64;
     let middle = fwd.middle().max(rev.middle()) as f64;
     let reach = (x as f64 - middle).max(0.0);
