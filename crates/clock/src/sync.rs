@@ -54,7 +54,8 @@
 //!   sit above the true floor by up to [`FLOOR_C`] times the height of its
 //!   [`FLOOR_K`]-th lowest above it ([`crate::envelope::floor_spread`]), and
 //!   the line through those floors tilts by as much again at the window's
-//!   end. A candidate's bound is its peer's advertised bound (grown by the
+//!   end (no candidate at all until each direction holds `FLOOR_K` + 1
+//!   samples). A candidate's bound is its peer's advertised bound (grown by the
 //!   drift's uncertainty since) plus its edge's. If every candidate's
 //!   interval holds the truth, so does the estimate within the weighted
 //!   mean of their bounds; candidates whose intervals have no common point
