@@ -1092,13 +1092,7 @@ impl ClockSync {
         for p in &mut self.peers {
             p.source = false;
         }
-        for c in &used {
-            self.peers[c.peer].source = true;
-        }
         if !used.iter().any(|c| c.level < level) {
-            for p in &mut self.peers {
-                p.source = false;
-            }
             self.synced = false;
             self.synced_since = None;
             self.level = u16::MAX;
@@ -1107,6 +1101,9 @@ impl ClockSync {
             return;
         }
         self.level = level;
+        for c in &used {
+            self.peers[c.peer].source = true;
+        }
         let w: f64 = used.iter().map(|c| c.weight).sum();
         let theta = used.iter().map(|c| c.weight * c.theta).sum::<f64>() / w;
         let rms = (used.iter().map(|c| c.weight * (c.theta - theta).powi(2)).sum::<f64>() / w).sqrt();
