@@ -257,6 +257,7 @@ fn spawn_nodes(
             tap: None,
             publish: None,
             extra: Vec::new(),
+            shards: Default::default(),
             replicate: None,
             external: None,
             io: fairfeed_io::send::Backend::Udp,

@@ -108,6 +108,7 @@ fn start_proxy(
         tap: None,
         publish: None,
         extra: Vec::new(),
+        shards: Default::default(),
         replicate: None,
         external: None,
         io,

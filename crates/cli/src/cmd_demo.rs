@@ -63,6 +63,10 @@ pub struct Args {
     /// Hedging factor H (each proxy also sends to the children of H siblings), 0..=4.
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=4))]
     hedge: usize,
+    /// Trees the feed is sharded over by symbol (stock locate % K; market-wide messages on every tree),
+    /// 1..=16. Every receiver takes every tree and delivers one merged MoldUDP64 session.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
+    trees: usize,
     /// Fan-out F of the tree, 2..=64 (default: the planner's choice for --receivers); the depth follows.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=64))]
     fanout: Option<usize>,
@@ -118,7 +122,7 @@ fn topologies(a: &Args) -> anyhow::Result<(Topology, Topology)> {
         depth: None,
         hedge: a.hedge,
         cost_model: None,
-        trees: 1,
+        trees: a.trees,
     })
     .map_err(|e| anyhow::anyhow!("invalid tree: {e}"))?;
     let direct = plan(&PlanRequest {
@@ -151,7 +155,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         None => None,
     };
     let link = LinkModel::CLOUD;
-    let mut cal = calibrate(&[&tree, &direct], &link, a.rate).context("measuring a loopback datagram")?;
+    // Over K trees one feed packet becomes a packet on each tree it touches:
+    // the loop carries that many more.
+    let split = split_factor(&tree, &payloads(&a, MESSAGES_MIN)?);
+    let mut cal = calibrate(&[&tree, &direct], &link, a.rate * split).context("measuring a loopback datagram")?;
     if let Dilation::Factor(k) = a.dilation {
         cal.dilation = k;
     }
@@ -200,9 +207,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             stop_if_behind_in_warmup: retry,
         };
         eprintln!(
-            "demo: {} receivers, F = {}, D = {}, H = {}; a loopback datagram costs {:.2} µs here, so time runs {}× \
-             dilated: {messages} messages per configuration",
+            "demo: {} receivers, {} tree(s), F = {}, D = {}, H = {}; a loopback datagram costs {:.2} µs here, so time \
+             runs {}× dilated: {messages} messages per configuration",
             a.receivers,
+            tree.trees.len(),
             tree.fanout,
             tree.depth,
             tree.hedge,
@@ -240,6 +248,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         d.note("finished; writing the report");
     }
     report(&a, &Run { tree, cal, jasper, du, fell_behind_at })
+}
+
+/// Per-tree packets per feed packet when `tree`'s trees split `payloads` (1 on one tree).
+fn split_factor(tree: &Topology, payloads: &[Vec<u8>]) -> f64 {
+    let k = tree.trees.len();
+    let Ok(mut s) = fairfeed_tree::shard::Sharder::new(k, Default::default()) else { return 1.0 };
+    if k == 1 || payloads.is_empty() {
+        return 1.0;
+    }
+    let per_tree: usize = payloads.iter().map(|p| s.split(p, |_, _| {}).unwrap_or(0)).sum();
+    (per_tree as f64 / payloads.len() as f64).max(1.0)
 }
 
 /// The first two and the last two receivers.
@@ -349,6 +368,7 @@ fn summary(a: &Args, r: &Run, trading: &serde_json::Value) -> anyhow::Result<ser
     v["du_link_model_p50_us"] = du.link_model_p50_us.into();
     v["du_link_lag_share"] = du.link_lag_share.into();
     v["hedge"] = r.tree.hedge.into();
+    v["du_delivered_identical"] = du.delivered_identical.into();
     v["fanout"] = r.tree.fanout.into();
     v["depth"] = r.tree.depth.into();
     v["seconds"] = a.seconds.into();

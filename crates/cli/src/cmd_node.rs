@@ -707,12 +707,14 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
     // The command line's --control, else the topology's control address for this node.
     let control = match c.control {
         Some(a) => Some(a),
-        None => match topology.trees[0].nodes.iter().find(|n| n.id == c.id).and_then(|n| n.control.as_deref()) {
-            Some(s) => {
-                Some(crate::fmt::listen_addr(s).map_err(|e| anyhow::anyhow!("node {}'s control address: {e}", c.id))?)
+        None => {
+            match fairfeed_tree::plan::node_in_trees(&topology, c.id).first().and_then(|(_, n)| n.control.as_deref()) {
+                Some(s) => Some(
+                    crate::fmt::listen_addr(s).map_err(|e| anyhow::anyhow!("node {}'s control address: {e}", c.id))?,
+                ),
+                None => None,
             }
-            None => None,
-        },
+        }
     };
     // A key file is watched: a new keyring in it is put in force while the node runs.
     let auth = load_auth(c)?;
@@ -724,6 +726,21 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         }
         _ => None,
     };
+    let sharded = topology.trees.len() > 1;
+    let retransmits = match &job {
+        Job::Sender(s) => s.retransmit_listen.is_some(),
+        Job::Receiver(r) => r.retransmit.is_some(),
+        Job::Proxy => false,
+    };
+    if sharded && retransmits {
+        anyhow::bail!(
+            "{}: a topology of {} trees splits the feed into one MoldUDP64 session per tree; retransmission \
+             (--retransmit-listen / --retransmit) serves one session and is not yet offered per tree: plan with --trees 1 \
+             to use it",
+            c.topology.display(),
+            topology.trees.len()
+        );
+    }
     Ok(AgentConfig {
         topology: Arc::new(topology),
         id: c.id,
@@ -756,6 +773,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         publish: c.metrics.map(|_| PublishSlot::default()),
         extra,
         replicate,
+        shards: Default::default(),
         io: match plan.io {
             IoArg::Udp | IoArg::XdpSocket | IoArg::Auto => fairfeed_net::send::Backend::Udp,
             IoArg::Uring => fairfeed_net::send::Backend::Uring,

@@ -67,7 +67,7 @@ pub struct Args {
     /// there (a fleet view of the running tree).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     control_port: Option<u16>,
-    /// Also write tree 0 as Graphviz DOT (and an SVG beside it when `dot` is installed).
+    /// Also write each tree as Graphviz DOT (tree 0 here, tree k beside it as NAME-treeK.dot; an SVG beside each when `dot` is installed).
     #[arg(long)]
     dot: Option<PathBuf>,
 }
@@ -161,12 +161,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         proxies,
         a.out.display()
     );
-    if let Some(dot) = &a.dot {
-        std::fs::write(dot, to_dot(&topo, 0)).with_context(|| format!("writing {}", dot.display()))?;
-        let svg = dot.with_extension("svg");
-        match std::process::Command::new("dot").arg("-Tsvg").arg(dot).arg("-o").arg(&svg).status() {
-            Ok(s) if s.success() => eprintln!("plan: drew {}", svg.display()),
-            _ => eprintln!("plan: wrote {} (install graphviz's `dot` to draw it)", dot.display()),
+    if let Some(first) = &a.dot {
+        // Tree 0 in the file named; over several trees each further tree beside it (NAME-tree1.dot, …).
+        for k in 0..topo.trees.len() {
+            let dot = if k == 0 {
+                first.clone()
+            } else {
+                let stem = first.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+                first.with_file_name(format!("{stem}-tree{k}.dot"))
+            };
+            std::fs::write(&dot, to_dot(&topo, k)).with_context(|| format!("writing {}", dot.display()))?;
+            let svg = dot.with_extension("svg");
+            match std::process::Command::new("dot").arg("-Tsvg").arg(&dot).arg("-o").arg(&svg).status() {
+                Ok(s) if s.success() => eprintln!("plan: drew {}", svg.display()),
+                _ => eprintln!("plan: wrote {} (install graphviz's `dot` to draw it)", dot.display()),
+            }
         }
     }
     Ok(())

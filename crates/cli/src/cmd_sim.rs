@@ -36,6 +36,10 @@ pub enum Experiment {
         /// Hedging factor of the hedged schemes (0..=16).
         #[arg(long, default_value_t = 2, value_parser = hedge_range)]
         hedge: usize,
+        /// Trees the tree schemes shard the messages over, sharing the receivers (1..=64; message i
+        /// rides tree i mod K; --rate is all trees together). Direct unicast and CloudEx have none.
+        #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+        trees: usize,
         /// Multicast messages per scheme (1..=10,000,000).
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
         messages: u64,
@@ -630,12 +634,13 @@ fn fairness_cmd(cfg: &FairnessConfig, out: &std::path::Path, model_label: &str) 
         String::new()
     };
     let md = format!(
-        "# Fairness, N = {}, seed {}\n\n{stopped}{} messages per scheme at {} msg/s; link model: {model_label}; \
+        "# Fairness, N = {}, seed {}\n\n{stopped}{} messages per scheme at {} msg/s{}; link model: {model_label}; \
          controller target P(F) {} (previous controller: {} of deliveries on time).\n\n{}\n\n{events} events in {wall:.1} s ({:.2} M events/s).\n",
         cfg.receivers,
         cfg.seed,
         cfg.messages,
         cfg.rate_per_s,
+        if cfg.trees > 1 { format!(" over {} trees (round robin)", cfg.trees) } else { String::new() },
         cfg.target_pf,
         cfg.late_share_target(),
         fairness_markdown(&rows),
@@ -665,6 +670,7 @@ fn fairness_entry(e: Experiment) -> anyhow::Result<()> {
         seed,
         out,
         hedge,
+        trees,
         messages,
         rate,
         latency_model,
@@ -685,6 +691,7 @@ fn fairness_entry(e: Experiment) -> anyhow::Result<()> {
     let cfg = FairnessConfig {
         receivers,
         hedge,
+        trees,
         seed,
         messages,
         rate_per_s: rate,

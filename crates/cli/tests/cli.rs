@@ -272,6 +272,66 @@ fn plan_writes_a_valid_topology_and_refuses_impossible_ones() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("fewer than 100"));
 }
 
+/// Issue 42's interface: `--trees K` shards the tree schemes' messages over K
+/// trees; rows say `trees` and the aggregate `rate`; a bad K is refused at parse time.
+#[test]
+fn sim_fairness_shards_over_trees() {
+    let d = tmp();
+    let out = d.path().join("fair");
+    let o = out.to_str().unwrap();
+    fairfeed(&[
+        "sim",
+        "experiment",
+        "fairness",
+        "--receivers",
+        "40",
+        "--trees",
+        "3",
+        "--rate",
+        "9000",
+        "--messages",
+        "1500",
+        "--schemes",
+        "direct-unicast,jasper+controller",
+        "--out",
+        o,
+    ]);
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let by = |s: &str| rows.as_array().unwrap().iter().find(|r| r["scheme"] == s).unwrap().clone();
+    let (du, j) = (by("direct-unicast"), by("jasper+controller"));
+    assert_eq!((du["trees"].as_u64(), j["trees"].as_u64()), (Some(1), Some(3)));
+    assert_eq!(j["rate"].as_f64(), Some(9000.0));
+    assert_eq!((j["lost_deliveries"].as_u64(), j["repeated_deliveries"].as_u64()), (Some(0), Some(0)));
+    assert!(std::fs::read_to_string(out.join("summary.md")).unwrap().contains("over 3 trees"));
+    for bad in ["0", "65", "x"] {
+        let r =
+            Command::new(bin()).args(["sim", "experiment", "fairness", "--trees", bad, "--out", o]).output().unwrap();
+        assert_eq!(r.status.code(), Some(2), "--trees {bad}");
+        assert!(String::from_utf8_lossy(&r.stderr).contains("--trees"), "--trees {bad}");
+    }
+}
+
+/// Issue 42's interface: the demo over K trees reports `trees` and each
+/// receiver's delivered stream's SHA-256 (the merged MoldUDP64 session).
+#[test]
+fn demo_shards_over_trees_and_fingerprints_what_each_receiver_delivered() {
+    let d = tmp();
+    let out = d.path().join("demo");
+    fairfeed(&["demo", "--receivers", "6", "--trees", "3", "--seconds", "1", "--out", out.to_str().unwrap()]);
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["trees"], 3);
+    assert_eq!(s["lost"], 0, "{s}");
+    let hashes = s["delivered_sha256"].as_array().unwrap();
+    assert_eq!(hashes.len(), 6);
+    assert!(hashes.iter().all(|h| h.as_str().is_some_and(|h| h.len() == 64)));
+    let distinct: std::collections::HashSet<_> = hashes.iter().collect();
+    assert_eq!(s["delivered_identical"].as_bool(), Some(distinct.len() == 1));
+    assert_eq!(s["delivered_streams"].as_u64(), Some(distinct.len() as u64));
+    // Where nothing came late, every receiver delivered the same bytes.
+    assert_eq!(s["delivered_on_time_identical"].as_bool(), Some(true), "{s}");
+    assert!(s["barriers"].as_u64().is_some());
+}
+
 #[test]
 fn sim_fairness_writes_the_documented_rows() {
     let d = tmp();

@@ -199,6 +199,71 @@ fn receivers_deliver_one_in_order_moldudp64_line_identical_everywhere() {
     }
 }
 
+/// Goal (issue 42): a feed sharded over three trees, run as one process per
+/// node, reaches every receiver's application as one MoldUDP64 line — the
+/// merged session, numbered from 1 with no gap and no repeat, every message
+/// of every tree once, each symbol's messages in the same order everywhere.
+#[test]
+fn a_feed_sharded_over_trees_reaches_every_application_as_one_line() {
+    let mut c = Cluster::plan(4, 2, 1, &["--loopback-port".into(), "9380".into(), "--trees".into(), "3".into()]);
+    assert_eq!(c.ids("sender").len(), 1, "one sender for every tree");
+    assert_eq!(c.ids("proxy").len(), 3 * 2, "each tree its own proxies");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut collectors = Vec::new();
+    for id in c.ids("receiver") {
+        let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
+        sock.set_nonblocking(false).unwrap();
+        let deliver = sock.local_addr().unwrap().to_string();
+        collectors.push((id, collect_bytes(sock, stop.clone())));
+        let mut a = common_args();
+        a.extend(["--deliver".into(), deliver, "--control".into(), ready_addr(id, 9387)]);
+        c.start(id, &a);
+    }
+    for id in c.ids("proxy") {
+        let mut a = common_args();
+        a.extend(["--control".into(), ready_addr(id, 9387)]);
+        c.start(id, &a);
+    }
+    wait_up(c.ids("receiver").into_iter().chain(c.ids("proxy")), 9387);
+    let sender = c.ids("sender")[0];
+    c.start(sender, &sender_args(&[]));
+    c.wait(sender, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    c.stop_all();
+    stop.store(true, Ordering::Relaxed);
+    let s = c.stats(sender);
+    assert_eq!(n(&s["counters"]["feed_sent"]), RATE * FEED_S);
+    assert!(n(&s["node"]["shard"]["packets_out"]) >= RATE * FEED_S, "{}", s["node"]);
+    let mut by_symbol: Vec<std::collections::BTreeMap<u16, Vec<Vec<u8>>>> = Vec::new();
+    for (id, h) in collectors {
+        let got = h.join().unwrap();
+        let mut next = 1;
+        let mut symbols: std::collections::BTreeMap<u16, Vec<Vec<u8>>> = Default::default();
+        for b in &got {
+            let p = fairfeed_wire::moldudp64::Packet::new_checked(&b[..]).expect("a MoldUDP64 packet");
+            assert!(p.session().as_str().unwrap().ends_with("MRG"), "receiver {id}: session {:?}", p.session());
+            if p.is_end_of_session() {
+                continue;
+            }
+            assert_eq!(p.sequence(), next, "receiver {id}: the line jumps from {next} to {}", p.sequence());
+            next = p.next_sequence();
+            for m in p.messages() {
+                let m = m.unwrap();
+                symbols.entry(u16::from_be_bytes([m[1], m[2]])).or_default().push(m.to_vec());
+            }
+        }
+        let st = c.stats(id);
+        eprintln!("receiver {id}: {} packets, {} messages; merge {}", got.len(), next - 1, st["node"]["merge"]);
+        assert_eq!(n(&st["node"]["gaps"]), 0, "receiver {id} lost nothing: {}", st["node"]);
+        assert_eq!(n(&st["node"]["merge"]["barrier_timeouts"]), 0);
+        by_symbol.push(symbols);
+    }
+    assert!(by_symbol[0].len() > 10, "the feed's symbols came through");
+    for w in by_symbol.windows(2) {
+        assert!(w[0] == w[1], "two receivers delivered a symbol's messages differently");
+    }
+}
+
 /// A node's control address in a crash test (one port per test), to ask whether it is up.
 fn ready_addr(id: u32, port: u16) -> String {
     format!("127.0.4.{}:{port}", id + 1)

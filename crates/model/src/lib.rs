@@ -153,6 +153,19 @@ pub enum LinkKind {
     Lognormal,
 }
 
+/// Where a node's per-copy cost is paid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CopyLanes {
+    /// One queue per node: every copy it sends waits for the one before.
+    #[default]
+    Node,
+    /// One queue per node and tree: a node that sends on several sharded
+    /// trees (the sender) sends each tree's copies on a core and NIC queue
+    /// of its own, as Jasper's proxies spread copies over six Tx cores.
+    Tree,
+}
+
 /// One hop's delay, loss and the per-copy cost at its sender.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -179,6 +192,8 @@ pub struct LinkModel {
     pub spike_alpha: f64,
     pub loss_burst_probability: f64,
     pub loss_burst_len: u32,
+    /// Where the per-copy cost is paid (`node`, or per `tree` on sharded trees).
+    pub copy_lanes: CopyLanes,
 }
 
 impl Default for LinkModel {
@@ -208,6 +223,7 @@ impl LinkModel {
         spike_alpha: 1.5,
         loss_burst_probability: 0.0,
         loss_burst_len: 0,
+        copy_lanes: CopyLanes::Node,
     };
 
     /// The cloud model on a propagation floor: 20 µs that 30 % of packets see
@@ -242,6 +258,7 @@ impl LinkModel {
         spike_alpha: 1.5,
         loss_burst_probability: 0.0,
         loss_burst_len: 0,
+        copy_lanes: CopyLanes::Node,
     };
 
     /// Checks the parameters make sense; the error names the first field that does not.
@@ -561,6 +578,9 @@ pub struct LinkEmulator {
     /// Picks the asymmetric directed links (a hash of the pair with this salt).
     salt: u64,
     busy_until: Vec<u64>,
+    /// With [`CopyLanes::Tree`]: when each (node, tree ≥ 1) queue is free
+    /// (tree 0 uses `busy_until`).
+    lane_busy: std::collections::HashMap<(u32, u16), u64>,
     /// (node, start ns, length ns, extra delay ns)
     pub slow: Option<(u32, u64, u64, u64)>,
     classes: Vec<HostClass>,
@@ -581,6 +601,7 @@ impl LinkEmulator {
             rng,
             salt,
             busy_until: vec![0; nodes],
+            lane_busy: std::collections::HashMap::new(),
             slow: None,
             classes: Vec::new(),
             members: Vec::new(),
@@ -646,9 +667,20 @@ impl LinkEmulator {
     /// When a copy node `from` sends to `to` at `now` arrives, and when its
     /// duplicate does (if any); both `None` if it is lost.
     pub fn arrivals(&mut self, now: u64, from: u32, to: u32) -> [Option<u64>; 2] {
+        self.arrivals_on(now, from, 0, to)
+    }
+
+    /// [`LinkEmulator::arrivals`] for a copy of tree `tree`'s packet: under
+    /// [`CopyLanes::Tree`] it waits only for the same tree's copies.
+    pub fn arrivals_on(&mut self, now: u64, from: u32, tree: u16, to: u32) -> [Option<u64>; 2] {
         let f = from as usize;
-        let depart = now.max(self.busy_until[f]) + (self.link.copy_us * 1e3) as u64;
-        self.busy_until[f] = depart;
+        let cost = (self.link.copy_us * 1e3) as u64;
+        let busy = match (self.link.copy_lanes, tree) {
+            (CopyLanes::Tree, 1..) => self.lane_busy.entry((from, tree)).or_insert(0),
+            _ => &mut self.busy_until[f],
+        };
+        let depart = now.max(*busy) + cost;
+        *busy = depart;
         if self.link.loss > 0.0 && self.rng.gen_bool(self.link.loss) {
             return [None, None];
         }
@@ -750,6 +782,29 @@ mod tests {
         assert!(ModelFile::from_toml("[[class]]\nshare = 1.5\n").is_err());
         assert!(ModelFile::from_toml("[[class]]\nfrom_s = 5\nuntil_s = 1\n").is_err());
         assert!(ModelFile::from_toml("[link]\nspike_shape = \"gamma\"\n").is_err());
+    }
+
+    #[test]
+    fn copies_queue_per_node_or_per_tree() {
+        let flat = LinkModel {
+            kind: LinkKind::Uniform,
+            min_us: 10.0,
+            max_us: 10.0,
+            spike_probability: 0.0,
+            ..LinkModel::CLOUD
+        };
+        let rng = || rand_chacha::ChaCha12Rng::seed_from_u64(1);
+        // One queue: the second tree's copy waits for the first's 2.7 µs.
+        let mut one = LinkEmulator::new(flat, rng(), 4);
+        let a = one.arrivals_on(0, 1, 0, 2)[0].unwrap();
+        let b = one.arrivals_on(0, 1, 1, 3)[0].unwrap();
+        assert_eq!(b - a, 2_700);
+        // A queue per tree: both leave at once; the same tree's next copy waits.
+        let mut lanes = LinkEmulator::new(LinkModel { copy_lanes: CopyLanes::Tree, ..flat }, rng(), 4);
+        let a = lanes.arrivals_on(0, 1, 0, 2)[0].unwrap();
+        let b = lanes.arrivals_on(0, 1, 1, 3)[0].unwrap();
+        let c = lanes.arrivals_on(0, 1, 1, 2)[0].unwrap();
+        assert_eq!((a, b, c - b), (12_700, 12_700, 2_700));
     }
 
     #[test]

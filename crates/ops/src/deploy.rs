@@ -66,17 +66,14 @@ fn role_name(r: Role) -> &'static str {
     }
 }
 
-/// The nodes to deploy (tree 0: a node process runs one tree), each with its address.
+/// The nodes to deploy, each once with its address: over several trees the
+/// sender and each receiver are one process for all of them, a proxy one
+/// process in its tree.
 fn nodes(t: &Topology) -> Result<Vec<(&Node, HostPort)>, String> {
-    if t.trees.len() != 1 {
-        return Err(format!(
-            "{} trees: a deployment runs one tree per node process (plan with --trees 1; sharding over trees is simulated only)",
-            t.trees.len()
-        ));
-    }
     let mut out = Vec::new();
     let mut missing = Vec::new();
-    for n in &t.trees[0].nodes {
+    let mut seen = std::collections::HashSet::new();
+    for n in t.trees.iter().flat_map(|tr| &tr.nodes).filter(|n| seen.insert(n.id)) {
         match n.addr.as_deref().map(|a| HostPort::parse(a, false)) {
             Some(Ok(a)) => out.push((n, a)),
             _ => missing.push(n.id),
@@ -505,11 +502,20 @@ mod tests {
     }
 
     #[test]
-    fn nodes_without_addresses_or_several_trees_are_refused() {
+    fn nodes_without_addresses_are_refused() {
         let e = emit(&topo(false), "x", Platform::Kubernetes, &DeployOptions::default()).unwrap_err();
         assert!(e.contains("no HOST:PORT address"), "{e}");
-        let mut t = topo(true);
-        t.trees.push(t.trees[0].clone());
-        assert!(emit(&t, "x", Platform::Systemd, &DeployOptions::default()).unwrap_err().contains("2 trees"));
+    }
+
+    #[test]
+    fn several_trees_deploy_each_node_once() {
+        let req = PlanRequest { receivers: 4, fanout: Some(2), depth: None, hedge: 1, cost_model: None, trees: 3 };
+        let mut t = plan(&req).unwrap();
+        for n in t.trees.iter_mut().flat_map(|tr| &mut tr.nodes) {
+            n.addr = Some(format!("10.0.0.{}:9100", n.id + 1));
+        }
+        let units = emit(&t, "x", Platform::Systemd, &DeployOptions::default()).unwrap();
+        let services = units.iter().filter(|(n, _)| n.ends_with(".service")).count();
+        assert_eq!(services, 4 + 1 + 3 * 2, "4 receivers and 1 sender for all trees, 2 proxies per tree");
     }
 }

@@ -20,7 +20,7 @@ use std::rc::Rc;
 
 use fairfeed_clock::{ClockSync, SyncConfig};
 use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Transmit};
-use fairfeed_tree::plan::{probe_graph, Role, Topology};
+use fairfeed_tree::plan::{Role, Topology};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use rand_distr::{Distribution, Exp};
@@ -331,10 +331,12 @@ struct Net {
     timer_stalls: u64,
     /// Hedged copies known to be duplicates when sent ([`crate::dups`]; `None` where that would not be exact).
     dups: Option<DupFilter>,
+    /// Trees the messages are sharded over.
+    trees: usize,
 }
 
 impl Net {
-    fn new(cfg: &SimConfig, rng: ChaCha12Rng, n_ids: usize, members: Vec<u16>, elide: bool) -> Net {
+    fn new(cfg: &SimConfig, rng: ChaCha12Rng, n_ids: usize, members: Vec<u16>, elide: bool, trees: usize) -> Net {
         // Exact only where a delivery draws no noise and no node requeues what reaches it.
         let exact = cfg.clock.timestamp_noise_ns == 0.0 && cfg.stall.is_none();
         let gap_ns = (1e9 / cfg.rate_per_s) as u64;
@@ -354,6 +356,7 @@ impl Net {
             armed_local: vec![u64::MAX; n_ids],
             refire: vec![(u64::MAX, 0); n_ids],
             timer_stalls: 0,
+            trees,
             dups: (elide && exact)
                 .then(|| DupFilter::new(n_ids, DupFilter::span_for(fairfeed_tree::dedup::WINDOW, gap_ns.max(1)))),
         }
@@ -420,6 +423,11 @@ fn packet_sequence(bytes: &[u8]) -> Option<u64> {
     bytes.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes)
 }
 
+/// A packet's tree, without checking the rest of its header.
+fn packet_tree(bytes: &[u8]) -> u16 {
+    bytes.get(4..6).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]))
+}
+
 /// True when `bytes` is an overlay data packet.
 fn is_data(bytes: &[u8]) -> bool {
     bytes.get(3) == Some(&(fairfeed_wire::overlay::Kind::Data as u8))
@@ -440,8 +448,14 @@ impl Tx<'_> {
         }
         // The send call: the packet leaves a little after the node read its clock.
         let leaves = n.now + n.stack_delay();
-        let seq = if n.dups.is_some() && is_data(bytes) { packet_sequence(bytes) } else { None };
-        for at in n.links.arrivals(leaves, self.from, to).into_iter().flatten() {
+        // The duplicate filter's key: the message's index among all sent (over
+        // several trees, a tree's sequence alone names another tree's message too).
+        let seq = if n.dups.is_some() && is_data(bytes) {
+            packet_sequence(bytes).map(|s| message_index(n.trees, packet_tree(bytes), s) as u64)
+        } else {
+            None
+        };
+        for at in n.links.arrivals_on(leaves, self.from, packet_tree(bytes), to).into_iter().flatten() {
             let (Some(seq), Some(d)) = (seq, n.dups.as_mut()) else {
                 n.push_delivery(at, to, rc.clone());
                 continue;
@@ -621,7 +635,7 @@ impl World {
         let members = class_members(topo, cfg, n_ids);
         let mut w = World {
             nodes,
-            net: Net::new(cfg, rng, n_ids, members, elide),
+            net: Net::new(cfg, rng, n_ids, members, elide, topo.trees.len()),
             timer_at: vec![u64::MAX; n_ids],
             msgs: vec![MsgAgg::default(); cfg.messages as usize + 1],
             owd: Logs::new(topo, cfg, n_ids),
@@ -910,18 +924,37 @@ fn send_one(node: &mut SimNode, net: &mut Net, sender_id: u32, sent: u64, msgs: 
         net.counts.iter_mut().for_each(|c| *c = [0; 4]);
         net.feed_started = t;
     }
-    if let SimNode { node: Some(Node::Sender(s)), clock, .. } = node {
-        let payload = sent.to_be_bytes();
-        let local = net.stamp_send(clock);
-        let mut tx = Tx { net, from: sender_id };
-        let seq = s.handle_message(local, &payload, &mut tx);
-        if let Some(m) = msgs.get_mut(seq as usize) {
-            m.send_ns = t;
-            m.first_ns = u64::MAX;
-            m.first_all = u64::MAX;
+    let SimNode { node: Some(node), clock, .. } = node else { return };
+    let payload = sent.to_be_bytes();
+    let local = net.stamp_send(clock);
+    let mut tx = Tx { net, from: sender_id };
+    let index = match node {
+        Node::Sender(s) => {
+            let seq = s.handle_message(local, &payload, &mut tx);
+            s.update(local);
+            seq as usize
         }
-        s.update(local);
+        Node::ShardSender(s) => {
+            // Uniform sharding: message i rides tree i mod K.
+            let k = s.trees.len();
+            let tree = (sent % k as u64) as usize;
+            let seq = s.handle_message(tree, local, &payload, &mut tx);
+            s.update(local);
+            message_index(k, tree as u16, seq)
+        }
+        _ => return,
+    };
+    if let Some(m) = msgs.get_mut(index) {
+        m.send_ns = t;
+        m.first_ns = u64::MAX;
+        m.first_all = u64::MAX;
     }
+}
+
+/// The index (1..) of tree `tree`'s packet `seq` among the messages sent, of
+/// `trees` trees sharing them round robin (on one tree: its sequence).
+fn message_index(trees: usize, tree: u16, seq: u64) -> usize {
+    (seq.saturating_sub(1) as usize) * trees + usize::from(tree) + 1
 }
 
 /// Each node's class mask, drawn from its own stream of the seed (so runs
@@ -931,7 +964,7 @@ fn class_members(topo: &Topology, cfg: &SimConfig, n_ids: usize) -> Vec<u16> {
         return Vec::new();
     }
     let mut roles = vec![None; n_ids];
-    for n in &topo.trees[0].nodes {
+    for n in topo.trees.iter().flat_map(|t| &t.nodes) {
         roles[n.id as usize] = match n.role {
             Role::Receiver => Some(ClassRoles::Receivers),
             Role::Proxy => Some(ClassRoles::Proxies),
@@ -987,32 +1020,32 @@ fn stalled_until(cfg: &SimConfig, id: u32, t: u64) -> Option<u64> {
     }
 }
 
-/// The state machines of tree 0, indexed by node id; returns them and the sender's id.
+/// The state machines of every tree, indexed by node id (the sender and the
+/// receivers once for all their trees); returns them and the sender's id.
 fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<SimNode>, u32) {
-    let tree = &topo.trees[0];
-    let n_ids = tree.nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
+    let all: Vec<&fairfeed_tree::plan::Node> = {
+        let mut seen = std::collections::HashSet::new();
+        topo.trees.iter().flat_map(|t| &t.nodes).filter(|n| seen.insert(n.id)).collect()
+    };
+    let n_ids = all.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
     let mut nodes: Vec<SimNode> = (0..n_ids).map(|_| SimNode::ABSENT).collect();
-    let sender_id = tree.nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
-    let graph = cfg.sync.map(|s| probe_graph(topo, 0, s.random_peers, cfg.seed));
-    let strides = match (&graph, cfg.sync) {
-        (Some(g), Some(s)) => fairfeed_tree::plan::probe_strides(topo, 0, g, s.cfg.peer_budget),
-        _ => Default::default(),
-    };
-    let rates = match cfg.sync {
-        Some(s) => fairfeed_tree::plan::probe_rates(topo, 0, s.cfg.rate_max),
-        None => Default::default(),
-    };
-    let sync_for = |id: u32| match (&graph, cfg.sync) {
-        (Some(g), Some(s)) => {
-            let mut c = ClockSync::new(id, g.get(&id).map_or(&[][..], |v| &v[..]), id == sender_id, s.cfg);
-            c.set_strides(strides.get(&id).map_or(&[][..], |v| &v[..]));
-            c.set_rates(rates.get(&id).map_or(&[][..], |v| &v[..]));
+    let sender_id = fairfeed_tree::plan::sender_id(topo).unwrap_or(0);
+    let k = topo.trees.len();
+    let sync_plan = cfg
+        .sync
+        .map(|s| fairfeed_tree::plan::probe_plan(topo, s.random_peers, cfg.seed, s.cfg.peer_budget, s.cfg.rate_max));
+    let sync_for = |id: u32| match (&sync_plan, cfg.sync) {
+        (Some(p), Some(s)) => {
+            let mut c = ClockSync::new(id, p.peers.get(&id).map_or(&[][..], |v| &v[..]), id == sender_id, s.cfg);
+            c.set_strides(p.strides.get(&id).map_or(&[][..], |v| &v[..]));
+            c.set_rates(p.rates.get(&id).map_or(&[][..], |v| &v[..]));
             c
         }
         _ => ClockSync::off(id),
     };
-    let mut hp = fairfeed_tree::plan::hedge_parents(topo, 0);
-    for n in &tree.nodes {
+    let hp: Vec<_> = (0..k).map(|t| fairfeed_tree::plan::hedge_parents(topo, t)).collect();
+    let opts = fairfeed_tree::sharded::ShardOptions::default();
+    for n in all {
         let mut clock = Clock::draw(&cfg.clock, rng);
         if n.id == sender_id && cfg.sync.is_some() {
             // The reference's clock is the timescale every node follows: its
@@ -1020,8 +1053,10 @@ fn build_nodes(topo: &Topology, cfg: &SimConfig, rng: &mut ChaCha12Rng) -> (Vec<
             // failure, not modelled by `step_share` (docs/models/README.md).
             clock.step = None;
         }
-        let hedge_parents = hp.remove(&n.id).unwrap_or_default();
-        let node = Node::from_plan(n, sender_id, hedge_parents, cfg.node, cfg.rule, sync_for(n.id));
+        let Ok(node) = fairfeed_tree::sharded::node_of(topo, n.id, cfg.node, cfg.rule, sync_for(n.id), &hp, &opts)
+        else {
+            continue;
+        };
         let announce_at = clock.step.filter(|_| cfg.clock.step_announced).map_or(u64::MAX, |s| s.0);
         nodes[n.id as usize] = SimNode { node: Some(node), clock, announce_at };
     }
@@ -1109,7 +1144,13 @@ fn announce(node: &mut Node, announce_at: &mut u64, t: u64, local: u64) {
 /// Records what a receiver released at true time `t` (`local` on its clock).
 fn drain(r: &mut Node, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
     let id = r.id();
-    while let Some(m) = r.poll_release() {
+    let trees = match r {
+        Node::ShardReceiver(s) => s.trees.len(),
+        _ => 1,
+    };
+    while let Some(mut m) = r.poll_release() {
+        // Over several trees, the message's index among all sent.
+        m.sequence = message_index(trees, m.tree, m.sequence) as u64;
         if owd.tracked.get(id as usize).copied().unwrap_or(false) && owd.releases.len() < TRACKED_MAX {
             owd.releases.push(TrackedRelease {
                 receiver: id,
@@ -1194,6 +1235,13 @@ fn node_figures(nodes: &[SimNode], warmup: u64, expected: u64) -> (usize, f64, f
         match &node.node {
             Some(Node::Receiver(r)) if r.stats.released.saturating_sub(warmup) < expected => {
                 receivers_with_loss += 1;
+            }
+            Some(Node::ShardReceiver(r)) if r.stats().released.saturating_sub(warmup) < expected => {
+                receivers_with_loss += 1;
+            }
+            Some(Node::ShardSender(s)) => {
+                offset = s.deadline_offsets_ns().into_iter().max().unwrap_or(0) as f64 / 1e3;
+                controller = s.trees[0].stats.tail;
             }
             Some(Node::Sender(s)) => {
                 offset = s.deadline_offset_ns() as f64 / 1e3;
@@ -1491,6 +1539,20 @@ mod dups_tests {
         let (on, off) = same(&topo(2), &base(LinkModel::CLOUD));
         // Three copies of each message per node, two of them duplicates: most never become events.
         assert!((on as f64) < 0.8 * off as f64, "{on} vs {off} events");
+    }
+
+    /// Over several trees each tree numbers its own packets: the filter must
+    /// key copies by message, not by a tree's sequence (it once elided one
+    /// tree's packets as duplicates of another's: 3/4 of deliveries lost).
+    #[test]
+    fn the_same_over_several_trees() {
+        let t =
+            plan(&PlanRequest { receivers: 60, fanout: Some(4), depth: Some(3), hedge: 2, cost_model: None, trees: 3 })
+                .unwrap();
+        let (on, off) = same(&t, &base(LinkModel::CLOUD));
+        assert!((on as f64) < 0.8 * off as f64, "{on} vs {off} events");
+        let r = run(&t, &base(LinkModel::CLOUD));
+        assert_eq!((r.lost_deliveries, r.repeated_deliveries), (0, 0));
     }
 
     #[test]

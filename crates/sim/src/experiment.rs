@@ -13,6 +13,10 @@ use crate::model::{ClockModel, LinkModel, ModelFile};
 #[derive(Debug, Clone, Serialize)]
 pub struct FairnessRow {
     pub scheme: String,
+    /// Trees the messages were sharded over (1: one tree; direct unicast and CloudEx have none and say 1).
+    pub trees: usize,
+    /// Messages per second, all trees together.
+    pub rate: f64,
     pub hedge: usize,
     pub fanout: usize,
     pub depth: usize,
@@ -28,6 +32,8 @@ pub struct FairnessRow {
 pub struct FairnessConfig {
     pub receivers: usize,
     pub hedge: usize,
+    /// Trees the tree schemes shard messages over (round robin: message i on tree i mod K).
+    pub trees: usize,
     pub seed: u64,
     pub messages: u64,
     pub rate_per_s: f64,
@@ -54,6 +60,7 @@ impl Default for FairnessConfig {
         FairnessConfig {
             receivers: 100,
             hedge: 2,
+            trees: 1,
             seed: 1,
             messages: 10_000,
             rate_per_s: 5_000.0,
@@ -74,13 +81,39 @@ impl FairnessConfig {
     }
 }
 
+/// The busiest node's share of its time spent sending copies. A proxy serves
+/// one tree, so it sees 1/K of the messages; the sender sends every tree's.
 fn load(topo: &fairfeed_tree::plan::Topology, c: &FairnessConfig) -> f64 {
-    let copies = topo.trees[0].nodes.iter().map(|n| n.children.len() + n.hedge_targets.len()).max().unwrap_or(0);
-    copies as f64 * c.model.link.copy_us * 1e-6 * c.rate_per_s
+    let per_tree = c.rate_per_s / topo.trees.len().max(1) as f64;
+    let copies = |n: &fairfeed_tree::plan::Node| (n.children.len() + n.hedge_targets.len()) as f64;
+    let nodes = || topo.trees.iter().flat_map(|t| &t.nodes);
+    let proxy = nodes().filter(|n| n.layer >= 0).map(copies).fold(0.0, f64::max);
+    // The sender sends every tree's copies: on one queue, or on one per tree.
+    let sender = nodes().filter(|n| n.layer < 0).map(copies);
+    let sender = match c.model.link.copy_lanes {
+        crate::model::CopyLanes::Node => sender.sum(),
+        crate::model::CopyLanes::Tree => sender.fold(0.0, f64::max),
+    };
+    proxy.max(sender) * per_tree * c.model.link.copy_us * 1e-6
 }
 
-fn row(scheme: &str, hedge: usize, fanout: usize, depth: usize, load: f64, run: RunResult) -> FairnessRow {
-    FairnessRow { scheme: scheme.into(), hedge, fanout, depth, busiest_node_load: load, run }
+fn row(
+    scheme: &str,
+    topo: &fairfeed_tree::plan::Topology,
+    hedge: usize,
+    c: &FairnessConfig,
+    run: RunResult,
+) -> FairnessRow {
+    FairnessRow {
+        scheme: scheme.into(),
+        trees: topo.trees.len(),
+        rate: c.rate_per_s,
+        hedge,
+        fanout: topo.fanout,
+        depth: topo.depth,
+        busiest_node_load: load(topo, c),
+        run,
+    }
 }
 
 /// The six schemes of the fairness comparison, on the same seed and model:
@@ -92,8 +125,8 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
     let direct =
         plan(&PlanRequest { receivers: n, fanout: Some(n), depth: Some(1), hedge: 0, cost_model: None, trees: 1 })
             .map_err(|e| e.to_string())?;
-    let tree0 = heuristic_tree(n, 0)?;
-    let treeh = heuristic_tree(n, c.hedge)?;
+    let tree0 = heuristic_trees(n, 0, c.trees)?;
+    let treeh = heuristic_trees(n, c.hedge, c.trees)?;
     let base = sim_base(c, NodeConfig::default(), DeadlineRule::Paper { margin_ns: 0 });
     let no_hold = NodeConfig { hold_and_release: false, ..base.node };
     let controller = DeadlineRule::Quantile { target_pf: c.target_pf };
@@ -123,7 +156,7 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
             // shows it as well as a long one without holding millions of copies.
             let messages = if l > 1.0 { c.messages.min(OVERLOADED_MESSAGES_MAX) } else { c.messages };
             let cfg = SimConfig { node, rule, messages, warmup_messages: (messages / 5).min(2_000), ..base.clone() };
-            Some(row(name, hedge, topo.fanout, topo.depth, l, run(topo, &cfg)))
+            Some(row(name, topo, hedge, c, run(topo, &cfg)))
         },
         |i| progress(runs[i].0),
     );
@@ -235,7 +268,12 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync, mut do
 
 /// The paper's heuristic tree (F = 10, D = ⌈log10 N⌉) with hedging factor `hedge`.
 fn heuristic_tree(receivers: usize, hedge: usize) -> Result<fairfeed_tree::plan::Topology, String> {
-    plan(&PlanRequest { receivers, fanout: None, depth: None, hedge, cost_model: None, trees: 1 })
+    heuristic_trees(receivers, hedge, 1)
+}
+
+/// `trees` such trees over the same receivers.
+fn heuristic_trees(receivers: usize, hedge: usize, trees: usize) -> Result<fairfeed_tree::plan::Topology, String> {
+    plan(&PlanRequest { receivers, fanout: None, depth: None, hedge, cost_model: None, trees })
         .map_err(|e| e.to_string())
 }
 
@@ -507,7 +545,7 @@ pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
         "scheme",
         "N",
         "H",
-        "F×D",
+        "trees × F×D",
         "OML p50 µs",
         "OML p99 µs",
         "DWS p50 µs",
@@ -525,10 +563,11 @@ pub fn fairness_markdown(rows: &[FairnessRow]) -> String {
     let mut s = md_header(&header);
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {}×{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.4} | {:.2} / {:.2} | {:.1} | {:.4} | {:.2}{} |\n",
+            "| {} | {} | {} | {} × {}×{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.4} | {:.2} / {:.2} | {:.1} | {:.4} | {:.2}{} |\n",
             r.scheme,
             r.run.receivers,
             r.hedge,
+            r.trees,
             r.fanout,
             r.depth,
             r.run.oml_p50_us,
@@ -624,6 +663,39 @@ mod tests {
         };
         assert!(oml99(0) > 500.0, "H=0: the slow proxy's subtree waits 500 µs more");
         assert!(oml99(1) < 300.0, "H=1: a sibling's copy arrives first");
+    }
+
+    /// Issue 42: sharding carries a rate one tree cannot. At 20,000 msg/s a
+    /// hedged tree's proxies are 1.6× overloaded (OML in the milliseconds);
+    /// over 4 trees each proxy sees a quarter of the messages, every message
+    /// reaches every receiver once, fairly, at the latency of a lightly loaded tree.
+    #[test]
+    fn sharding_over_trees_carries_a_rate_one_tree_cannot() {
+        let c = FairnessConfig {
+            receivers: 100,
+            hedge: 2,
+            messages: 8_000,
+            rate_per_s: 20_000.0,
+            target_pf: 0.99,
+            schemes: vec!["jasper+controller".into()],
+            ..FairnessConfig::default()
+        };
+        let one = fairness(&c, |_| {}).unwrap().remove(0);
+        let four = fairness(&FairnessConfig { trees: 4, ..c.clone() }, |_| {}).unwrap().remove(0);
+        assert_eq!((one.trees, four.trees, four.rate), (1, 4, 20_000.0));
+        assert!(
+            one.busiest_node_load > 1.0 && four.busiest_node_load < 0.6,
+            "{} / {}",
+            one.busiest_node_load,
+            four.busiest_node_load
+        );
+        let r = &four.run;
+        assert_eq!((r.lost_deliveries, r.repeated_deliveries, r.incomplete_messages), (0, 0, 0));
+        assert!(r.pf_1us >= 0.99, "P(F@1µs) {}", r.pf_1us);
+        assert!(r.oml_p50_us * 10.0 < one.run.oml_p50_us, "4 trees {} µs, one {} µs", r.oml_p50_us, one.run.oml_p50_us);
+        // The same seed gives the same run, sharded too.
+        let again = fairness(&FairnessConfig { trees: 4, ..c }, |_| {}).unwrap().remove(0);
+        assert_eq!(serde_json_like(&[again]), serde_json_like(&[four]));
     }
 
     #[test]

@@ -59,6 +59,14 @@ pub struct AuthStats {
 }
 
 impl AuthStats {
+    /// Adds `o`'s counts (a node of several trees sums its trees').
+    pub fn add(&mut self, o: &AuthStats) {
+        self.truncated += o.truncated;
+        self.bad_tag += o.bad_tag;
+        self.replayed += o.replayed;
+        self.unknown_key += o.unknown_key;
+    }
+
     pub fn count(&mut self, e: AuthError) {
         match e {
             AuthError::Truncated => self.truncated += 1,

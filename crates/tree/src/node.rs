@@ -38,6 +38,7 @@ use fairfeed_wire::overlay::{self, HeaderRepr, Kind, ProbeRepr, ReportRepr};
 use crate::auth::{Auth, AuthStats};
 use crate::dedup::{Dedup, Seen};
 use crate::owd::OwdWindow;
+use crate::sharded::{ShardReceiver, ShardSender};
 use crate::tail::{TailConfig, TailEstimator, TailLog, TailStats};
 
 /// Packets a receiver holds at most; beyond it the earliest is released early
@@ -389,7 +390,7 @@ pub struct Sender {
     owd_g_ns: Option<u64>,
     next_update_ns: u64,
     buf: Vec<u8>,
-    auth: Option<Auth>,
+    pub(crate) auth: Option<Auth>,
     clock_bound_ns: u64,
     /// The tree's clock reference.
     pub sync: ClockSync,
@@ -463,10 +464,17 @@ impl Sender {
     /// Sends one market-data payload (a MoldUDP64 packet) down the tree;
     /// returns its overlay sequence number.
     pub fn handle_message(&mut self, now: u64, payload: &[u8], tx: &mut impl Transmit) -> u64 {
+        self.handle_message_flagged(now, payload, 0, tx)
+    }
+
+    /// [`Sender::handle_message`] with header flags `flags` (a sharding
+    /// sender marks its market-wide copies [`overlay::FLAG_EVERY_TREE`]).
+    pub fn handle_message_flagged(&mut self, now: u64, payload: &[u8], flags: u8, tx: &mut impl Transmit) -> u64 {
         self.seq += 1;
         let h = HeaderRepr {
             kind: Some(Kind::Data),
             tree: self.cfg.tree,
+            flags: flags & overlay::FLAG_EVERY_TREE,
             sequence: self.seq,
             send_ns: now,
             deadline_ns: now + self.deadline_offset_ns(),
@@ -583,7 +591,7 @@ pub struct Proxy {
     reports: ChildReports,
     tail: TailLog,
     next_report_ns: u64,
-    auth: Option<Auth>,
+    pub(crate) auth: Option<Auth>,
     pub sync: ClockSync,
     pub stats: ProxyStats,
 }
@@ -705,6 +713,11 @@ impl Proxy {
 /// A message a receiver released to its application.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Released {
+    /// The tree it came on (the header's).
+    pub tree: u16,
+    /// The overlay header's flags ([`overlay::FLAG_EVERY_TREE`]: a copy of a
+    /// packet every tree carries).
+    pub flags: u8,
     pub sequence: u64,
     /// The MoldUDP64 packet, header stripped.
     pub payload: Payload,
@@ -741,6 +754,7 @@ struct Hold {
     sequence: u64,
     arrival_ns: u64,
     send_ns: u64,
+    flags: u8,
     payload: Payload,
 }
 
@@ -783,7 +797,7 @@ pub struct Receiver {
     next_report_ns: u64,
     /// Released messages not yet taken by the application.
     ready: std::collections::VecDeque<Released>,
-    auth: Option<Auth>,
+    pub(crate) auth: Option<Auth>,
     pub sync: ClockSync,
     /// Raw clock reading of the last event (for the clock's state at a release).
     last_local: u64,
@@ -889,6 +903,7 @@ impl Receiver {
             sequence: h.sequence,
             arrival_ns: now,
             send_ns: h.send_ns,
+            flags: h.flags,
             payload: Payload::from_slice(payload),
         };
         if let ReleaseOrder::Sequence { .. } = self.cfg.order {
@@ -1000,6 +1015,8 @@ impl Receiver {
             self.interval.hold_sum_ns = self.interval.hold_sum_ns.saturating_add(hold_ns);
         }
         self.ready.push_back(Released {
+            tree: self.cfg.tree,
+            flags: h.flags,
             sequence: h.sequence,
             payload: h.payload,
             deadline_ns: h.deadline_ns,
@@ -1017,6 +1034,13 @@ impl Receiver {
         deadline.min(self.sync.to_local(self.next_report_ns)).min(self.sync.next_timeout())
     }
 
+    /// The earliest synchronized time a release or a report is due (what
+    /// [`Receiver::next_timeout`] gives before its probes and the conversion
+    /// to the raw clock) — for a node that runs the clock for several trees.
+    pub fn next_due_sync(&self) -> u64 {
+        self.held.peek().map_or(u64::MAX, |Reverse(h)| self.due_ns(h)).min(self.next_report_ns)
+    }
+
     /// When a held message is next looked at: its deadline, or — at the
     /// head of a sequence-ordered receiver, behind a gap — the gap wait's end.
     fn due_ns(&self, h: &Hold) -> u64 {
@@ -1030,19 +1054,9 @@ impl Receiver {
 
     /// Releases what is due, sends the report and the probes when due (`raw`: the raw local clock).
     pub fn handle_timeout(&mut self, raw: u64, tx: &mut impl Transmit) {
-        self.last_local = raw;
         sync_timeout(&mut self.sync, &self.cfg, self.auth.as_ref(), raw, tx);
+        self.release_due(raw);
         let now = self.sync.now_sync(raw);
-        if let ReleaseOrder::Sequence { .. } = self.cfg.order {
-            self.release_in_order(now);
-        }
-        while self.cfg.order == ReleaseOrder::Deadline
-            && self.held.peek().is_some_and(|Reverse(h)| h.deadline_ns <= now)
-        {
-            if let Some(Reverse(h)) = self.held.pop() {
-                self.release(h, 0);
-            }
-        }
         if now >= self.next_report_ns {
             self.next_report_ns = now + self.cfg.report_interval_ns;
             if let Some(p) = self.owd.quantile(self.cfg.owd_quantile) {
@@ -1061,6 +1075,24 @@ impl Receiver {
         }
     }
 
+    /// Releases what is due at raw local time `raw` (what
+    /// [`Receiver::handle_timeout`] does before its report): a node of
+    /// several trees has each release what is due before it merges them.
+    pub fn release_due(&mut self, raw: u64) {
+        self.last_local = raw;
+        let now = self.sync.now_sync(raw);
+        if let ReleaseOrder::Sequence { .. } = self.cfg.order {
+            self.release_in_order(now);
+        }
+        while self.cfg.order == ReleaseOrder::Deadline
+            && self.held.peek().is_some_and(|Reverse(h)| h.deadline_ns <= now)
+        {
+            if let Some(Reverse(h)) = self.held.pop() {
+                self.release(h, 0);
+            }
+        }
+    }
+
     /// The next released message, in release order.
     pub fn poll_release(&mut self) -> Option<Released> {
         self.ready.pop_front()
@@ -1069,6 +1101,11 @@ impl Receiver {
     /// Messages held now.
     pub fn held(&self) -> usize {
         self.held.len()
+    }
+
+    /// Whether released messages wait to be polled.
+    pub fn has_released(&self) -> bool {
+        !self.ready.is_empty()
     }
 
     /// The memory a data packet with `sequence` will touch beyond the
@@ -1090,6 +1127,10 @@ pub enum Node {
     Sender(Box<Sender>),
     Proxy(Box<Proxy>),
     Receiver(Box<Receiver>),
+    /// The sender of a feed sharded over several trees.
+    ShardSender(Box<ShardSender>),
+    /// A receiver of several trees, delivering one merged feed.
+    ShardReceiver(Box<ShardReceiver>),
 }
 
 impl Node {
@@ -1125,6 +1166,14 @@ impl Node {
             Node::Sender(s) => Node::Sender(Box::new(s.with_auth(auth))),
             Node::Proxy(p) => Node::Proxy(Box::new(p.with_auth(auth))),
             Node::Receiver(r) => Node::Receiver(Box::new(r.with_auth(auth))),
+            Node::ShardSender(mut s) => {
+                s.trees = s.trees.into_iter().map(|t| t.with_auth(auth.clone())).collect();
+                Node::ShardSender(s)
+            }
+            Node::ShardReceiver(mut r) => {
+                r.trees = r.trees.into_iter().map(|(k, t)| (k, t.with_auth(auth.clone()))).collect();
+                Node::ShardReceiver(r)
+            }
         }
     }
 
@@ -1133,6 +1182,8 @@ impl Node {
             Node::Sender(s) => s.id,
             Node::Proxy(p) => p.id,
             Node::Receiver(r) => r.id,
+            Node::ShardSender(s) => s.id,
+            Node::ShardReceiver(r) => r.id,
         }
     }
 
@@ -1143,6 +1194,8 @@ impl Node {
             Node::Sender(s) => s.handle_packet(raw, bytes),
             Node::Proxy(p) => p.handle_packet(raw, bytes, tx),
             Node::Receiver(r) => r.handle_packet(raw, bytes),
+            Node::ShardSender(s) => s.handle_packet(raw, bytes),
+            Node::ShardReceiver(r) => r.handle_packet(raw, bytes),
         }
     }
 
@@ -1152,6 +1205,8 @@ impl Node {
             Node::Sender(s) => s.next_timeout(),
             Node::Proxy(p) => p.next_timeout(),
             Node::Receiver(r) => r.next_timeout(),
+            Node::ShardSender(s) => s.next_timeout(),
+            Node::ShardReceiver(r) => r.next_timeout(),
         }
     }
 
@@ -1161,6 +1216,8 @@ impl Node {
             Node::Sender(s) => s.handle_timeout(raw, tx),
             Node::Proxy(p) => p.handle_timeout(raw, tx),
             Node::Receiver(r) => r.handle_timeout(raw, tx),
+            Node::ShardSender(s) => s.handle_timeout(raw, tx),
+            Node::ShardReceiver(r) => r.handle_timeout(raw, tx),
         }
     }
 
@@ -1168,6 +1225,7 @@ impl Node {
     pub fn poll_release(&mut self) -> Option<Released> {
         match self {
             Node::Receiver(r) => r.poll_release(),
+            Node::ShardReceiver(r) => r.poll_release(),
             _ => None,
         }
     }
@@ -1176,6 +1234,7 @@ impl Node {
     pub fn held(&self) -> usize {
         match self {
             Node::Receiver(r) => r.held(),
+            Node::ShardReceiver(r) => r.held(),
             _ => 0,
         }
     }
@@ -1187,7 +1246,7 @@ impl Node {
         match self {
             Node::Receiver(r) => r.hot_lines(sequence),
             Node::Proxy(p) => [p.dedup.line(sequence).cast(), p.tail.back().cast(), std::ptr::null(), std::ptr::null()],
-            Node::Sender(_) => [std::ptr::null(); 4],
+            Node::Sender(_) | Node::ShardSender(_) | Node::ShardReceiver(_) => [std::ptr::null(); 4],
         }
     }
 
@@ -1199,6 +1258,10 @@ impl Node {
             Node::Sender(s) => (std::ptr::from_ref::<Sender>(s).cast(), std::mem::size_of::<Sender>()),
             Node::Proxy(p) => (std::ptr::from_ref::<Proxy>(p).cast(), std::mem::size_of::<Proxy>()),
             Node::Receiver(r) => (std::ptr::from_ref::<Receiver>(r).cast(), std::mem::size_of::<Receiver>()),
+            Node::ShardSender(s) => (std::ptr::from_ref::<ShardSender>(s).cast(), std::mem::size_of::<ShardSender>()),
+            Node::ShardReceiver(r) => {
+                (std::ptr::from_ref::<ShardReceiver>(r).cast(), std::mem::size_of::<ShardReceiver>())
+            }
         }
     }
 
@@ -1207,6 +1270,8 @@ impl Node {
             Node::Sender(s) => &s.sync,
             Node::Proxy(p) => &p.sync,
             Node::Receiver(r) => &r.sync,
+            Node::ShardSender(s) => &s.sync,
+            Node::ShardReceiver(r) => &r.sync,
         }
     }
 
@@ -1217,11 +1282,13 @@ impl Node {
             Node::Sender(s) => &mut s.sync,
             Node::Proxy(p) => &mut p.sync,
             Node::Receiver(r) => &mut r.sync,
+            Node::ShardSender(s) => &mut s.sync,
+            Node::ShardReceiver(r) => &mut r.sync,
         }
     }
 
     pub fn is_receiver(&self) -> bool {
-        matches!(self, Node::Receiver(_))
+        matches!(self, Node::Receiver(_) | Node::ShardReceiver(_))
     }
 
     /// The keys it seals and checks with, if any.
@@ -1230,18 +1297,22 @@ impl Node {
             Node::Sender(s) => s.auth.as_ref(),
             Node::Proxy(p) => p.auth.as_ref(),
             Node::Receiver(r) => r.auth.as_ref(),
+            Node::ShardSender(s) => s.trees[0].auth.as_ref(),
+            Node::ShardReceiver(r) => r.trees[0].1.auth.as_ref(),
         }
     }
 
     /// Puts the keys of `keys` in force (a key rollover), keeping the
     /// freshness rule. A node started without authentication stays without.
     pub fn set_keys(&mut self, keys: &Auth) {
-        let a = match self {
-            Node::Sender(s) => &mut s.auth,
-            Node::Proxy(p) => &mut p.auth,
-            Node::Receiver(r) => &mut r.auth,
+        let auths: Vec<&mut Option<Auth>> = match self {
+            Node::Sender(s) => vec![&mut s.auth],
+            Node::Proxy(p) => vec![&mut p.auth],
+            Node::Receiver(r) => vec![&mut r.auth],
+            Node::ShardSender(s) => s.trees.iter_mut().map(|t| &mut t.auth).collect(),
+            Node::ShardReceiver(r) => r.trees.iter_mut().map(|(_, t)| &mut t.auth).collect(),
         };
-        if let Some(a) = a {
+        for a in auths.into_iter().flatten() {
             a.replace_keys(keys);
         }
     }
@@ -1252,6 +1323,11 @@ impl Node {
             Node::Sender(s) => s.stats.auth,
             Node::Proxy(p) => p.stats.auth,
             Node::Receiver(r) => r.stats.auth,
+            Node::ShardSender(s) => s.trees.iter().fold(AuthStats::default(), |mut a, t| {
+                a.add(&t.stats.auth);
+                a
+            }),
+            Node::ShardReceiver(r) => r.stats().auth,
         }
     }
 }

@@ -197,13 +197,11 @@ pub fn shape(req: &PlanRequest) -> Result<(usize, usize), PlanError> {
 }
 
 /// Builds the topology.
-/// One tree's nodes: a sender (the next id), proxy layers of `sizes` (ids
+/// One tree's nodes: the sender `sender`, proxy layers of `sizes` (ids
 /// from `next_id` on) and the receivers, each child under the parent its
 /// position maps to.
-fn layers(sizes: &[usize], receiver_ids: &[u32], next_id: &mut u32) -> Vec<Node> {
+fn layers(sizes: &[usize], receiver_ids: &[u32], sender: u32, next_id: &mut u32) -> Vec<Node> {
     let n = receiver_ids.len();
-    let sender = *next_id;
-    *next_id += 1;
     let mut nodes = vec![Node {
         id: sender,
         role: Role::Sender,
@@ -284,10 +282,12 @@ pub fn plan(req: &PlanRequest) -> Result<Topology, PlanError> {
         cap = cap.div_ceil(fanout).max(1);
     }
     let receiver_ids: Vec<u32> = (0..n as u32).collect();
-    let mut next_id = n as u32;
+    // One sender for every tree (one feed in, K trees out), then each tree's proxies.
+    let sender = n as u32;
+    let mut next_id = sender + 1;
     let mut trees = Vec::with_capacity(req.trees);
     for t in 0..req.trees {
-        let mut nodes = layers(&sizes, &receiver_ids, &mut next_id);
+        let mut nodes = layers(&sizes, &receiver_ids, sender, &mut next_id);
         hedge(&mut nodes, sizes.len(), req.hedge);
         trees.push(Tree { id: t as u16, nodes });
     }
@@ -296,7 +296,7 @@ pub fn plan(req: &PlanRequest) -> Result<Topology, PlanError> {
         fanout,
         depth,
         hedge: req.hedge,
-        sharding: "stock_locate % trees".into(),
+        sharding: "stock_locate % trees; stock locate 0 on every tree".into(),
         receiver_ids,
         trees,
     };
@@ -338,7 +338,51 @@ pub fn validate(t: &Topology) -> Result<(), PlanError> {
     for tree in &t.trees {
         validate_tree(t, tree, &receivers)?;
     }
+    validate_across(t)
+}
+
+/// What sharding needs of the trees together: ids 0..K in order, one sender
+/// for all (it splits the one feed), and each proxy in one tree only (a
+/// proxy process runs one tree).
+fn validate_across(t: &Topology) -> Result<(), PlanError> {
+    let mut sender = None;
+    let mut proxies: std::collections::HashMap<u32, u16> = std::collections::HashMap::new();
+    for (k, tree) in t.trees.iter().enumerate() {
+        if usize::from(tree.id) != k {
+            return err(format!("tree {} is entry {k} of [[trees]]; tree ids run 0, 1, … in order", tree.id));
+        }
+        for n in &tree.nodes {
+            match n.role {
+                Role::Sender => match sender {
+                    None => sender = Some(n.id),
+                    Some(s) if s != n.id => {
+                        return err(format!(
+                            "tree {k}'s sender is node {}, tree 0's is node {s}: one sender splits the feed over every tree",
+                            n.id
+                        ))
+                    }
+                    Some(_) => {}
+                },
+                Role::Proxy => {
+                    if let Some(other) = proxies.insert(n.id, tree.id) {
+                        return err(format!("node {} is a proxy of trees {other} and {k}; a proxy serves one tree", n.id));
+                    }
+                }
+                Role::Receiver => {}
+            }
+        }
+    }
     Ok(())
+}
+
+/// The topology's one sender (every tree's).
+pub fn sender_id(t: &Topology) -> Option<u32> {
+    t.trees.first()?.nodes.iter().find(|n| n.role == Role::Sender).map(|n| n.id)
+}
+
+/// Node `id`'s role and the trees it is in (its entry in each).
+pub fn node_in_trees(t: &Topology, id: u32) -> Vec<(u16, &Node)> {
+    t.trees.iter().filter_map(|tr| tr.nodes.iter().find(|n| n.id == id).map(|n| (tr.id, n))).collect()
 }
 
 /// What the per-node checks learn of a tree's edges.
@@ -543,13 +587,53 @@ pub fn probe_rates(t: &Topology, tree: usize, rate_max: u32) -> std::collections
     fairfeed_clock::graph::rates(&probe_members(t, tree), rate_max)
 }
 
+/// Every node's probe peers, strides and rates over all the trees: on one
+/// tree what [`probe_graph`], [`probe_strides`] and [`probe_rates`] give;
+/// over several, tree 0's for the receivers (a host has one clock, synchronized
+/// on one tree's edges) and each further tree's for its proxies and the
+/// sender among themselves — so the sender answers every tree's proxies and
+/// receivers probe no more than on one tree.
+pub struct ProbePlan {
+    pub peers: std::collections::BTreeMap<u32, Vec<u32>>,
+    pub strides: std::collections::BTreeMap<u32, Vec<(u32, u32)>>,
+    pub rates: std::collections::BTreeMap<u32, Vec<(u32, u32)>>,
+}
+
+pub fn probe_plan(t: &Topology, random: usize, seed: u64, budget: usize, rate_max: u32) -> ProbePlan {
+    let mut plan = ProbePlan { peers: Default::default(), strides: Default::default(), rates: Default::default() };
+    for tree in 0..t.trees.len() {
+        let members = probe_members(t, tree);
+        let g = fairfeed_clock::graph::peers(&members, random, seed ^ tree as u64);
+        let strides = fairfeed_clock::graph::strides(&members, &g, budget);
+        let rates = fairfeed_clock::graph::rates(&members, rate_max);
+        for (id, v) in g {
+            plan.peers.entry(id).or_default().extend(v);
+        }
+        for (id, v) in strides {
+            plan.strides.entry(id).or_default().extend(v);
+        }
+        for (id, v) in rates {
+            plan.rates.entry(id).or_default().extend(v);
+        }
+    }
+    for v in plan.peers.values_mut() {
+        v.sort_unstable();
+        v.dedup();
+    }
+    plan
+}
+
 fn probe_members(t: &Topology, tree: usize) -> Vec<fairfeed_clock::graph::Member> {
     let Some(tr) = t.trees.get(tree) else { return Vec::new() };
+    // Beyond tree 0, receivers take no part (they synchronize on tree 0).
+    let nodes = || tr.nodes.iter().filter(move |n| tree == 0 || n.role != Role::Receiver);
     let mut parents: std::collections::BTreeMap<u32, Vec<u32>> =
-        tr.nodes.iter().map(|n| (n.id, n.parent.into_iter().collect())).collect();
-    for n in &tr.nodes {
+        nodes().map(|n| (n.id, n.parent.into_iter().collect())).collect();
+    for n in nodes() {
         for &h in &n.hedge_targets {
-            parents.entry(h).or_default().push(n.id);
+            if let Some(p) = parents.get_mut(&h) {
+                p.push(n.id);
+            }
         }
     }
     parents.into_iter().map(|(id, parents)| fairfeed_clock::graph::Member { id, parents }).collect()
@@ -698,7 +782,25 @@ mod tests {
         assert_eq!(t.trees.len(), 3);
         let proxies: std::collections::HashSet<u32> =
             t.trees.iter().flat_map(|tr| tr.nodes.iter().filter(|n| n.role != Role::Receiver).map(|n| n.id)).collect();
-        assert_eq!(proxies.len(), 3 * 11, "each tree has its own sender and 10 proxies");
+        assert_eq!(proxies.len(), 1 + 3 * 10, "one sender for all trees, and 10 proxies each");
         assert_eq!(tree_for_locate(7, 3), 1);
+        assert_eq!(node_in_trees(&t, sender_id(&t).unwrap()).len(), 3);
+        assert_eq!(node_in_trees(&t, 0).len(), 3, "a receiver is in every tree");
+        // Each tree's sender must be the same node, and a proxy may serve one tree.
+        let mut two = t.clone();
+        two.trees[1].nodes[0].id = 9_999;
+        let kids: Vec<u32> = two.trees[1].nodes[0].children.clone();
+        for n in &mut two.trees[1].nodes {
+            if kids.contains(&n.id) {
+                n.parent = Some(9_999);
+            }
+        }
+        assert!(validate(&two).unwrap_err().0.contains("one sender splits the feed"), "{:?}", validate(&two));
+        let mut shared = t.clone();
+        shared.trees[2] = Tree { id: 2, ..shared.trees[1].clone() };
+        assert!(validate(&shared).unwrap_err().0.contains("a proxy serves one tree"));
+        let mut order = t.clone();
+        order.trees.swap(0, 1);
+        assert!(validate(&order).unwrap_err().0.contains("in order"));
     }
 }

@@ -63,6 +63,10 @@ impl Kind {
 
 /// Flag: an authentication tag follows the payload.
 pub const FLAG_AUTH: u8 = 0x01;
+/// Flag: the packet is one tree's copy of a packet the sender sent on every
+/// tree it shards a feed over (a market-wide message); all copies carry the
+/// same send time, and a receiver of several trees delivers one.
+pub const FLAG_EVERY_TREE: u8 = 0x04;
 /// Where the key id sits in the header.
 pub const KEY_ID_OFFSET: usize = 38;
 

@@ -40,10 +40,14 @@ impl Cluster {
         args.extend(plan_extra.iter().map(String::as_str));
         fairfeed(&args);
         let t: toml::Value = toml::from_str(&std::fs::read_to_string(&topo).unwrap()).unwrap();
-        let nodes = t["trees"][0]["nodes"]
+        // Every tree's nodes, each once (the sender and the receivers are in all trees).
+        let mut seen = std::collections::HashSet::new();
+        let nodes = t["trees"]
             .as_array()
             .unwrap()
             .iter()
+            .flat_map(|tr| tr["nodes"].as_array().unwrap())
+            .filter(|n| seen.insert(n["id"].as_integer().unwrap()))
             .map(|n| NodeInfo {
                 id: n["id"].as_integer().unwrap() as u32,
                 role: n["role"].as_str().unwrap().to_string(),

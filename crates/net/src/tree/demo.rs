@@ -39,6 +39,7 @@ use fairfeed_io::agent::{run, Agent, RunConfig, RunStats, Turn};
 use fairfeed_model::{Clock, ClockModel, LinkModel};
 use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Released};
 use fairfeed_tree::plan::{Role, Topology};
+use fairfeed_tree::shard::{Dest, ShardMap, Sharder};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
@@ -106,6 +107,25 @@ pub struct ClusterResult {
     pub lag_timeline: Vec<(f64, f64)>,
     /// The run was stopped in its warm-up: the host fell behind (see `stop_if_behind_in_warmup`).
     pub fell_behind_in_warmup: bool,
+    /// Trees the feed was sharded over (each per-tree packet is one message below).
+    pub trees: usize,
+    /// Each receiver's delivered stream (what it handed its application, in
+    /// order: over several trees the merged MoldUDP64 session), SHA-256.
+    pub delivered_sha256: Vec<String>,
+    /// Every receiver delivered the same bytes in the same order.
+    pub delivered_identical: bool,
+    /// Distinct delivered streams (1: all the same).
+    pub delivered_streams: usize,
+    /// Receivers at which, after the warm-up, no message arrived after its
+    /// deadline — and whether what
+    /// they delivered after the warm-up is the same at all of them (the
+    /// merge's promise).
+    pub delivered_on_time_receivers: usize,
+    pub delivered_on_time_identical: bool,
+    /// Market-wide messages the merges delivered (summed over receivers),
+    /// and those delivered without some tree's copy after the wait.
+    pub barriers: u64,
+    pub barrier_timeouts: u64,
     pub receivers: usize,
     pub messages: u64,
     pub warmup_messages: u64,
@@ -191,8 +211,68 @@ fn quantile(v: &mut [u64], q: f64) -> u64 {
     v[((q * v.len() as f64) as usize).min(v.len() - 1)]
 }
 
-/// Per-message release bookkeeping (index: overlay sequence).
+/// Where each tree's packets are counted: on one tree a packet's slot is its
+/// overlay sequence; over K trees the feed is split as the sender will split
+/// it, and each per-tree packet gets a slot in send order (the copies of a
+/// market-wide packet share one, as receivers deliver one).
+struct Slots {
+    /// `by_tree[k][seq]`: the slot of tree k's packet `seq` (K > 1 only).
+    by_tree: Vec<Vec<u32>>,
+    /// Slots in all (they run 1..=total).
+    total: u64,
+    /// Slots of the first `warmup` feed packets.
+    warmup: u64,
+}
+
+impl Slots {
+    fn new(topo: &Topology, payloads: &[Vec<u8>], warmup_packets: u64) -> Slots {
+        let k = topo.trees.len();
+        if k == 1 {
+            let total = payloads.len() as u64;
+            return Slots { by_tree: Vec::new(), total, warmup: warmup_packets.min(total) };
+        }
+        let Ok(mut sharder) = Sharder::new(k, ShardMap::default()) else {
+            return Slots { by_tree: Vec::new(), total: 0, warmup: 0 };
+        };
+        let mut by_tree: Vec<Vec<u32>> = vec![vec![0]; k];
+        let (mut next, mut warmup, mut every) = (1u32, 0u64, 0u32);
+        for (i, p) in payloads.iter().enumerate() {
+            let _ = sharder.split(p, |d, _| {
+                let slot = match d {
+                    Dest::Every(t) if t > 0 => every,
+                    _ => {
+                        next += 1;
+                        next - 1
+                    }
+                };
+                if let Dest::Every(0) = d {
+                    every = slot;
+                }
+                by_tree[usize::from(d.tree())].push(slot);
+            });
+            if i as u64 + 1 == warmup_packets {
+                warmup = u64::from(next - 1);
+            }
+        }
+        Slots { by_tree, total: u64::from(next - 1), warmup }
+    }
+
+    /// The slot of tree `tree`'s packet `seq` (0: not one the run sent).
+    fn of(&self, tree: u16, seq: u64) -> usize {
+        if self.by_tree.is_empty() {
+            return seq as usize;
+        }
+        self.by_tree.get(usize::from(tree)).and_then(|v| v.get(seq as usize)).map_or(0, |&s| s as usize)
+    }
+}
+
+/// Per-message release bookkeeping (index: the packet's slot, [`Slots`]).
 struct Tally {
+    slots: Slots,
+    /// Each receiver's delivered stream so far, hashed; and its part after
+    /// the warm-up, with the releases there that arrived late.
+    delivered: std::collections::BTreeMap<u32, sha2::Sha256>,
+    counted: std::collections::BTreeMap<u32, (sha2::Sha256, u64)>,
     /// The sender's clock (send stamps are read on it).
     sender: Skew,
     /// Messages up to this sequence are warm-up, left out of the measures.
@@ -216,23 +296,27 @@ struct Tally {
 }
 
 impl Tally {
-    fn new(slots: usize, track: &[u32], sender: Skew, warmup: u64) -> Self {
+    fn new(slots: Slots, track: &[u32], sender: Skew) -> Self {
         let mut t = vec![false; NODES_MAX];
         for &id in track {
             if let Some(x) = t.get_mut(id as usize) {
                 *x = true;
             }
         }
+        let (warmup, n) = (slots.warmup, slots.total as usize + 1);
         Tally {
+            slots,
+            delivered: std::collections::BTreeMap::new(),
+            counted: std::collections::BTreeMap::new(),
             sender,
             warmup,
-            sent_at: vec![0; slots],
-            first: vec![u64::MAX; slots],
-            last: vec![0; slots],
-            host_first: vec![u64::MAX; slots],
-            host_last: vec![0; slots],
-            count: vec![0; slots],
-            any_late: vec![false; slots],
+            sent_at: vec![0; n],
+            first: vec![u64::MAX; n],
+            last: vec![0; n],
+            host_first: vec![u64::MAX; n],
+            host_last: vec![0; n],
+            count: vec![0; n],
+            any_late: vec![false; n],
             release_err: Vec::new(),
             host_release_err: Vec::new(),
             hold: Vec::new(),
@@ -245,11 +329,18 @@ impl Tally {
 
     /// Receiver `id` released `m` at wall time `h` (true emulated `e`, its own clock `local`).
     fn release(&mut self, id: u32, m: &Released, (h, e, local): (u64, u64, u64), hold: bool, due_host: u64) {
-        if self.track.get(id as usize).copied().unwrap_or(false) {
-            self.tracked.push((id, m.sequence, m.due_ns));
+        use sha2::Digest;
+        self.delivered.entry(id).or_default().update(&m.payload[..]);
+        let i = self.slots.of(m.tree, m.sequence);
+        if i as u64 > self.warmup {
+            let (h, off) = self.counted.entry(id).or_default();
+            h.update(&m.payload[..]);
+            *off += u64::from(m.late);
         }
-        let i = m.sequence as usize;
-        if i < self.first.len() {
+        if self.track.get(id as usize).copied().unwrap_or(false) {
+            self.tracked.push((id, i as u64, m.due_ns));
+        }
+        if i > 0 && i < self.first.len() {
             if self.sent_at[i] == 0 {
                 self.sent_at[i] = self.sender.true_at(m.send_ns);
             }
@@ -261,7 +352,7 @@ impl Tally {
             self.any_late[i] |= m.late;
         }
         // Measures of the counted messages only: warm-up is left out of every figure alike.
-        if !m.late && hold && m.sequence > self.warmup {
+        if !m.late && hold && i as u64 > self.warmup {
             self.release_err.push(local.saturating_sub(m.deadline_ns));
             self.host_release_err.push(h.saturating_sub(due_host));
             self.hold.push(m.deadline_ns.saturating_sub(m.arrival_ns));
@@ -379,6 +470,7 @@ fn node_config(
         tap: Some(shared.tap.clone()),
         publish: cfg.publish.get(&n.id).cloned(),
         extra: Vec::new(),
+        shards: Default::default(),
         replicate: None,
         external: None,
         io: fairfeed_io::send::Backend::Udp,
@@ -395,19 +487,31 @@ struct Shared {
     tap: Arc<Tap>,
 }
 
-/// Binds every node of tree 0 to its own loopback address and writes the
-/// addresses into the topology the agents read.
+/// Binds every node of every tree to its own loopback address (a receiver,
+/// and the sender, once for all their trees) and writes the addresses into
+/// the topology the agents read.
 fn bind_all(topo: &Topology) -> std::io::Result<(Topology, Vec<Option<UdpSocket>>)> {
     let mut topo = topo.clone();
-    let n_ids = topo.trees[0].nodes.iter().map(|n| n.id).max().unwrap_or(0) as usize + 1;
+    let n_ids = topo.trees.iter().flat_map(|t| &t.nodes).map(|n| n.id).max().unwrap_or(0) as usize + 1;
     assert!(n_ids <= NODES_MAX, "at most {NODES_MAX} nodes on loopback");
     let mut socks: Vec<Option<UdpSocket>> = (0..n_ids).map(|_| None).collect();
-    for n in &mut topo.trees[0].nodes {
-        let s = bind_udp(SocketAddr::V4(SocketAddrV4::new(node_addr(n.id), 0)), SOCKET_BUFFER)?;
-        n.addr = Some(s.local_addr()?.to_string());
-        socks[n.id as usize] = Some(s);
+    let mut addrs: Vec<Option<String>> = vec![None; n_ids];
+    for n in topo.trees.iter_mut().flat_map(|t| t.nodes.iter_mut()) {
+        let i = n.id as usize;
+        if addrs[i].is_none() {
+            let s = bind_udp(SocketAddr::V4(SocketAddrV4::new(node_addr(n.id), 0)), SOCKET_BUFFER)?;
+            addrs[i] = Some(s.local_addr()?.to_string());
+            socks[i] = Some(s);
+        }
+        n.addr.clone_from(&addrs[i]);
     }
     Ok((topo, socks))
+}
+
+/// Every node of the topology once (a receiver or the sender by its first tree's entry).
+fn unique_nodes(topo: &Topology) -> Vec<&fairfeed_tree::plan::Node> {
+    let mut seen = std::collections::HashSet::new();
+    topo.trees.iter().flat_map(|t| &t.nodes).filter(|n| seen.insert(n.id)).collect()
 }
 
 /// Runs tree 0 of `topo` on loopback, sending `cfg.messages` of `payloads`
@@ -442,14 +546,11 @@ pub fn run_cluster(
         time,
         tap: Arc::new(Tap::default()),
     };
-    let configs: Vec<AgentConfig> = topo.trees[0].nodes.iter().map(|n| node_config(&topo, n, cfg, &shared)).collect();
-    let sender_id = topo.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
-    let tally = Rc::new(RefCell::new(Tally::new(
-        total as usize + 1,
-        &cfg.track,
-        shared.skews[sender_id as usize],
-        cfg.warmup_messages.min(total.saturating_sub(1)),
-    )));
+    let configs: Vec<AgentConfig> =
+        unique_nodes(&topo).into_iter().map(|n| node_config(&topo, n, cfg, &shared)).collect();
+    let sender_id = fairfeed_tree::plan::sender_id(&topo).unwrap_or(0);
+    let slots = Slots::new(&topo, &shared.payloads, cfg.warmup_messages.min(total.saturating_sub(1)));
+    let tally = Rc::new(RefCell::new(Tally::new(slots, &cfg.track, shared.skews[sender_id as usize])));
     let mut socks = socks;
     let mut agents = Vec::with_capacity(configs.len());
     for c in &configs {
@@ -492,7 +593,7 @@ pub fn run_cluster(
     let (link, paths) = shared.tap.take();
     tally.link_measured = link.iter().map(|l| l.0).collect();
     tally.link_model = link.iter().map(|l| l.1).collect();
-    let mut r = summarize(&agents, &topo.receiver_ids, cfg, &mut tally, total);
+    let mut r = summarize(&agents, &topo, cfg, &mut tally);
     r.paths = path_latency(paths);
     r.host_seconds = host_seconds;
     r.runner = stats;
@@ -530,10 +631,10 @@ struct MessageMeasures {
     counted: u64,
 }
 
-fn message_measures(tally: &Tally, receivers: u32, warmup: u64, total: u64) -> MessageMeasures {
+fn message_measures(tally: &Tally, receivers: u32) -> MessageMeasures {
     let mut m =
         MessageMeasures { oml: Vec::new(), dws: Vec::new(), host_dws: Vec::new(), lost: 0, fair_paper: 0, counted: 0 };
-    for i in (warmup as usize + 1)..=(total as usize) {
+    for i in (tally.slots.warmup as usize + 1)..=(tally.slots.total as usize) {
         m.counted += 1;
         m.lost += u64::from(receivers.saturating_sub(tally.count[i]));
         if tally.count[i] >= receivers {
@@ -564,19 +665,14 @@ fn link_fidelity(tally: &mut Tally) -> [f64; 7] {
     ]
 }
 
-fn summarize(
-    agents: &[NodeAgents<'_>],
-    receiver_ids: &[u32],
-    cfg: &ClusterConfig,
-    tally: &mut Tally,
-    total: u64,
-) -> ClusterResult {
-    let n = receiver_ids.len() as u32;
-    let warmup = cfg.warmup_messages.min(total.saturating_sub(1));
-    let mut m = message_measures(tally, n, warmup, total);
+fn summarize(agents: &[NodeAgents<'_>], topo: &Topology, cfg: &ClusterConfig, tally: &mut Tally) -> ClusterResult {
+    let n = topo.receiver_ids.len() as u32;
+    let warmup = tally.slots.warmup;
+    let mut m = message_measures(tally, n);
     let (mut late, mut released) = (0u64, 0u64);
     let mut deadline_offset_us = 0.0;
     let (mut packets_sent, mut send_errors) = (0, 0);
+    let mut merge = fairfeed_tree::merge::MergeStats::default();
     for a in agents.iter().map(|a| &a.node) {
         let (sent, failed) = a.sent();
         packets_sent += sent;
@@ -586,10 +682,36 @@ fn summarize(
                 late += r.stats.late;
                 released += r.stats.released;
             }
+            Node::ShardReceiver(r) => {
+                let s = r.stats();
+                late += s.late;
+                released += s.released;
+                let g = r.merge_stats();
+                merge.barriers += g.barriers;
+                merge.barrier_timeouts += g.barrier_timeouts;
+                merge.lost_messages += g.lost_messages;
+            }
             Node::Sender(s) => deadline_offset_us = s.deadline_offset_ns() as f64 / 1e3,
+            Node::ShardSender(s) => {
+                deadline_offset_us = s.deadline_offsets_ns().into_iter().max().unwrap_or(0) as f64 / 1e3;
+            }
             Node::Proxy(_) => {}
         }
     }
+    let hex = |h: sha2::Sha256| -> String {
+        use sha2::Digest;
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    };
+    let delivered_sha256: Vec<String> =
+        topo.receiver_ids.iter().map(|id| hex(tally.delivered.get(id).cloned().unwrap_or_default())).collect();
+    let delivered_identical = delivered_sha256.windows(2).all(|w| w[0] == w[1]);
+    let delivered_streams = delivered_sha256.iter().collect::<std::collections::HashSet<_>>().len();
+    // After the warm-up, at receivers where no message came late.
+    let on_time: Vec<String> = topo
+        .receiver_ids
+        .iter()
+        .filter_map(|id| tally.counted.get(id).filter(|(_, off)| *off == 0).map(|(h, _)| hex(h.clone())))
+        .collect();
     let fair = m.dws.iter().filter(|&&d| d <= 1_000).count();
     let complete = m.dws.len().max(1) as f64;
     let us = |v: &mut Vec<u64>, q: f64| quantile(v, q) as f64 / 1e3;
@@ -597,6 +719,14 @@ fn summarize(
     ClusterResult {
         lag_timeline: Vec::new(),
         fell_behind_in_warmup: false,
+        trees: topo.trees.len(),
+        delivered_identical,
+        delivered_streams,
+        delivered_on_time_receivers: on_time.len(),
+        delivered_on_time_identical: on_time.windows(2).all(|w| w[0] == w[1]),
+        delivered_sha256,
+        barriers: merge.barriers,
+        barrier_timeouts: merge.barrier_timeouts,
         receivers: n as usize,
         messages: m.counted,
         warmup_messages: warmup,

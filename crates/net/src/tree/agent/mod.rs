@@ -210,6 +210,9 @@ pub struct AgentConfig {
     pub publish: Option<PublishSlot>,
     /// Counters kept beside the node (its eBPF programs'), shown with its own.
     pub extra: Vec<ExtraCounters>,
+    /// On a topology of several trees: the sender's symbol map, the trees a
+    /// receiver takes, the market-wide messages' wait.
+    pub shards: fairfeed_tree::sharded::ShardOptions,
     /// The kernel makes the node's fan-out copies; `None`: user space sends each.
     pub replicate: Option<Replicate>,
     /// What sends and receives the node's datagrams: `sendmmsg`/`recvmmsg`,

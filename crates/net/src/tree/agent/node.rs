@@ -9,7 +9,7 @@ use fairfeed_clock::ClockSync;
 use fairfeed_io::agent::{Agent, RunConfig, Turn};
 use fairfeed_model::LinkEmulator;
 use fairfeed_tree::node::{Node, Outcome, Released, Transmit};
-use fairfeed_tree::plan::{probe_graph, probe_rates, probe_strides, Node as PlanNode, Role};
+use fairfeed_tree::plan::{probe_plan, Node as PlanNode, Role};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
@@ -211,24 +211,32 @@ fn parse_addr(n: &PlanNode) -> Result<Option<(String, u16)>, AgentError> {
 /// Addresses by node id (names resolved, and kept current by the returned
 /// resolver), and this node's entry; errors name what is missing.
 fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode, Resolver), AgentError> {
-    let tree = cfg.topology.trees.first().ok_or_else(|| AgentError::Config("the topology has no tree".into()))?;
-    let n_ids = tree.nodes.iter().map(|n| n.id as usize + 1).max().unwrap_or(0);
+    let topo = &cfg.topology;
+    if topo.trees.is_empty() {
+        return Err(AgentError::Config("the topology has no tree".into()));
+    }
+    // Every tree's nodes: receivers and the sender are in all of them, a proxy in one.
+    let all = || topo.trees.iter().flat_map(|t| t.nodes.iter());
+    let n_ids = all().map(|n| n.id as usize + 1).max().unwrap_or(0);
     let mut names = vec![None; n_ids];
-    for n in &tree.nodes {
+    for n in all() {
         names[n.id as usize] = parse_addr(n)?;
     }
     let resolver = Resolver::start(names, &format!("node {}", cfg.id))
         .map_err(|e| AgentError::Io("resolving the topology's addresses".into(), e))?;
     let addrs = resolver.table();
-    let me = tree.nodes.iter().find(|n| n.id == cfg.id).cloned().ok_or_else(|| {
+    let mine = fairfeed_tree::plan::node_in_trees(topo, cfg.id);
+    let me = mine.first().map(|(_, n)| (*n).clone()).ok_or_else(|| {
         AgentError::Config(format!("no node {} in the topology (ids 0..{})", cfg.id, n_ids.saturating_sub(1)))
     })?;
-    let sender = tree.nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
+    let sender = fairfeed_tree::plan::sender_id(topo).unwrap_or(0);
     let mut needed: Vec<u32> = vec![me.id];
-    needed.extend(&me.children);
-    needed.extend(&me.hedge_targets);
-    if me.role != Role::Sender {
-        needed.push(me.parent.unwrap_or(sender));
+    for (_, n) in &mine {
+        needed.extend(&n.children);
+        needed.extend(&n.hedge_targets);
+        if n.role != Role::Sender {
+            needed.push(n.parent.unwrap_or(sender));
+        }
     }
     for id in needed {
         if addrs.get(id as usize).and_then(|a| a.as_ref()).is_none() {
@@ -305,13 +313,13 @@ fn start_sync(cfg: &AgentConfig, me: &PlanNode, sender: u32) -> ClockSync {
         // No probes; the limit still judges a host daemon's bound (--host-clock).
         return ClockSync::new(me.id, &[], true, cfg.clock.sync);
     }
-    let graph = probe_graph(&cfg.topology, 0, cfg.clock.random_peers, cfg.seed);
-    let peers = graph.get(&me.id).cloned().unwrap_or_default();
-    let mut sync = ClockSync::new(me.id, &peers, me.id == sender, cfg.clock.sync);
-    let strides = probe_strides(&cfg.topology, 0, &graph, cfg.clock.sync.peer_budget);
-    sync.set_strides(strides.get(&me.id).map_or(&[][..], |v| &v[..]));
-    let rates = probe_rates(&cfg.topology, 0, cfg.clock.sync.rate_max);
-    sync.set_rates(rates.get(&me.id).map_or(&[][..], |v| &v[..]));
+    // One clock per host, whatever its trees (plan::probe_plan).
+    let s = cfg.clock.sync;
+    let plan = probe_plan(&cfg.topology, cfg.clock.random_peers, cfg.seed, s.peer_budget, s.rate_max);
+    let peers = plan.peers.get(&me.id).cloned().unwrap_or_default();
+    let mut sync = ClockSync::new(me.id, &peers, me.id == sender, s);
+    sync.set_strides(plan.strides.get(&me.id).map_or(&[][..], |v| &v[..]));
+    sync.set_rates(plan.rates.get(&me.id).map_or(&[][..], |v| &v[..]));
     sync
 }
 
@@ -344,12 +352,17 @@ fn node_socket(cfg: &AgentConfig, me: u32, addr: SocketAddr, sock: Option<UdpSoc
 
 /// The state machine of node `me`, checked against the job it is started with.
 fn state_machine(cfg: &AgentConfig, me: &PlanNode) -> Result<Node, AgentError> {
-    let sender = cfg.topology.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
-    let hedge_parents = fairfeed_tree::plan::hedge_parents(&cfg.topology, 0).remove(&me.id).unwrap_or_default();
+    let topo = &cfg.topology;
+    let sender = fairfeed_tree::plan::sender_id(topo).unwrap_or(0);
     match (&me.role, &cfg.job) {
         (Role::Sender, Job::Sender(_)) | (Role::Proxy, Job::Proxy) | (Role::Receiver, Job::Receiver(_)) => {
-            Ok(Node::from_plan(me, sender, hedge_parents, cfg.node, cfg.rule, start_sync(cfg, me, sender))
-                .with_auth(cfg.auth.clone()))
+            let hedge_parents: Vec<_> =
+                (0..topo.trees.len()).map(|k| fairfeed_tree::plan::hedge_parents(topo, k)).collect();
+            let sync = start_sync(cfg, me, sender);
+            let node =
+                fairfeed_tree::sharded::node_of(topo, me.id, cfg.node, cfg.rule, sync, &hedge_parents, &cfg.shards)
+                    .map_err(|e| AgentError::Config(e.to_string()))?;
+            Ok(node.with_auth(cfg.auth.clone()))
         }
         (role, _) => Err(AgentError::Config(format!(
             "node {} is a {role:?} in the topology; start it with `fairfeed {}`",
@@ -468,7 +481,10 @@ impl NodeAgent<'_> {
         let handed = self.pending.len();
         for (to_id, to, bytes, fanout) in self.pending.drain(..) {
             let dues = match &mut self.emu {
-                Some(e) => e.arrivals(now, id, to_id),
+                Some(e) => {
+                    let tree = bytes.get(4..6).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+                    e.arrivals_on(now, id, tree, to_id)
+                }
                 None => [Some(now), None],
             };
             for due_ns in dues.into_iter().flatten() {
@@ -496,18 +512,26 @@ impl NodeAgent<'_> {
 
     /// A sender's packets from its feed; returns how many.
     fn take_feed(&mut self, now: u64) -> usize {
-        let (Some(feed), Node::Sender(s)) = (&mut self.feed, &mut self.live) else { return 0 };
+        let Some(feed) = &mut self.feed else { return 0 };
         let mut tx = Pending {
             addrs: &self.addrs,
             out: &mut self.pending,
             unknown: &mut self.unknown_destination,
             kernel: self.kernel.as_mut(),
         };
-        let n = feed.drain(|p| {
-            s.handle_message(now, &p, &mut tx);
-            // As the simulator does: the deadline rule sees fresh reports at once.
-            s.update(now);
-        });
+        let n = match &mut self.live {
+            Node::Sender(s) => feed.drain(|p| {
+                s.handle_message(now, &p, &mut tx);
+                // As the simulator does: the deadline rule sees fresh reports at once.
+                s.update(now);
+            }),
+            Node::ShardSender(s) => feed.drain(|p| {
+                // A packet that is not MoldUDP64 is counted by the sharder and dropped.
+                let _ = s.handle_feed(now, &p, &mut tx);
+                s.update(now);
+            }),
+            _ => return 0,
+        };
         if !feed.arm() {
             // One came in meanwhile: next turn.
             return n + 1;
@@ -830,6 +854,16 @@ impl NodeAgent<'_> {
             Node::Sender(s) => serde_json::to_value(&s.stats),
             Node::Proxy(p) => serde_json::to_value(&p.stats),
             Node::Receiver(r) => serde_json::to_value(&r.stats),
+            Node::ShardSender(s) => Ok(json!({
+                "trees": s.stats(),
+                "shard": s.shard_stats(),
+                "deadline_offsets_ns": s.deadline_offsets_ns(),
+            })),
+            Node::ShardReceiver(r) => serde_json::to_value(r.stats()).map(|mut v| {
+                v["merge"] = serde_json::to_value(r.merge_stats()).unwrap_or_default();
+                v["trees"] = r.trees.iter().map(|(t, _)| *t).collect::<Vec<_>>().into();
+                v
+            }),
         }
         .unwrap_or_default();
         let sync = self.live.sync();
@@ -854,10 +888,12 @@ impl NodeAgent<'_> {
             });
         }
         let mut latency = json!({});
-        if let Node::Receiver(r) = &self.live {
-            // Sequences never released: the tree lost them (and, when filling
-            // is on, the arbitrator below asked for their MoldUDP64 messages).
-            counters["overlay_missing"] = self.max_released_seq.saturating_sub(r.stats.released).into();
+        if self.live.is_receiver() {
+            if let Node::Receiver(r) = &self.live {
+                // Sequences never released: the tree lost them (and, when filling
+                // is on, the arbitrator below asked for their MoldUDP64 messages).
+                counters["overlay_missing"] = self.max_released_seq.saturating_sub(r.stats.released).into();
+            }
             if let Some(h) = self.hists.as_ref().filter(|_| with_latency) {
                 latency = json!({
                     "owd": summary(&h.owd),

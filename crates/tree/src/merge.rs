@@ -1,0 +1,258 @@
+//! One feed out of K trees: a receiver that takes several sharded trees
+//! ([`crate::shard`]) hands its application one MoldUDP64 session, in one
+//! order that is the same at every receiver.
+//!
+//! Each tree's receiver releases its own packets in its own sequence order
+//! ([`crate::node::ReleaseOrder::Sequence`]: at the deadline, or after its
+//! predecessor, with its own gap wait). The merge takes those releases and
+//! interleaves the trees by **(due, deadline, send stamp, tree, sequence)**
+//! — a k-way merge of the trees' queues, so each tree's (each symbol's) order
+//! is kept whatever the keys. A message on time is due at its deadline,
+//! which the sender stamped, and the sender stamps every packet it sends a
+//! distinct send time ([`crate::node::ShardSender`]): so every receiver at
+//! which the messages were on time delivers them in the same order, byte for
+//! byte. A late message (or one held behind a late one) is due when it came,
+//! so it is delivered then — as under one tree, the receiver where it was late
+//! saw it late, and there its position differs (counted by the tree's
+//! receiver as `late` / `held_by_gap`).
+//!
+//! A market-wide message comes on every tree ([`crate::shard::Dest::Every`],
+//! flagged [`overlay::FLAG_EVERY_TREE`], one send stamp for all copies). It is
+//! a **barrier**: delivered once, when every tree has reached its copy (or
+//! shown, by releasing something stamped after it, that its copy was lost) —
+//! so it comes after everything sent before it on every tree and before
+//! everything sent after it. A tree that neither reaches nor passes its copy
+//! within `barrier_wait_ns` of the first copy's release is not waited for
+//! longer (`barrier_timeouts`).
+//!
+//! The session delivered is [`merged_session`]; messages are numbered from 1
+//! in delivery order. A run of messages a tree lost (given up by its gap
+//! wait) advances the numbering by as many, so the application sees the
+//! gap it would see on one MoldUDP64 line (one larger where the run held a
+//! market-wide copy that another tree delivered — never smaller).
+
+use std::collections::VecDeque;
+
+use fairfeed_wire::moldudp64::{Packet, Session};
+use fairfeed_wire::overlay;
+
+use crate::node::Released;
+
+/// Releases a merge queues at most behind a pending barrier; beyond it the
+/// barrier is given up (counted) rather than memory growing.
+pub const MERGE_QUEUE_MAX: usize = 65_536;
+/// How long a barrier waits by default for a tree's copy after the first
+/// copy's release (as long as a tree waits for a missing message).
+pub const BARRIER_WAIT_DEFAULT_NS: u64 = crate::node::GAP_WAIT_DEFAULT_NS;
+
+/// The session a merged feed is delivered as: the feed's first seven
+/// characters and `MRG` (`NASDAQ0T03` → `NASDAQ0MRG`).
+pub fn merged_session(tree: Session) -> Session {
+    let mut s = tree;
+    s.0[7..10].copy_from_slice(b"MRG");
+    s
+}
+
+/// Merge counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MergeStats {
+    /// Packets delivered (a market-wide message once).
+    pub delivered: u64,
+    /// Messages in them.
+    pub messages: u64,
+    /// Market-wide messages delivered, and the other trees' copies dropped.
+    pub barriers: u64,
+    pub every_copies: u64,
+    /// Barriers delivered without some tree's copy after the wait, or to bound the queues.
+    pub barrier_timeouts: u64,
+    /// Messages the trees lost (the numbering skips them).
+    pub lost_messages: u64,
+    /// Releases that were not MoldUDP64 packets (delivered as they are, unnumbered).
+    pub unframed: u64,
+}
+
+struct Entry {
+    tree: usize,
+    every: bool,
+    r: Released,
+}
+
+impl Entry {
+    fn key(&self) -> (u64, u64, u64, usize, u64) {
+        (self.r.due_ns, self.r.deadline_ns, self.r.send_ns, self.tree, self.r.sequence)
+    }
+}
+
+struct Barrier {
+    first: Entry,
+    /// Trees that reached their copy or released something after it.
+    done: Vec<bool>,
+    /// When the first copy fell due.
+    since_ns: u64,
+    /// The latest copy's due time.
+    due_ns: u64,
+}
+
+/// The merge of K trees' releases at one receiver (see the module docs).
+pub struct Merge {
+    queues: Vec<VecDeque<Entry>>,
+    /// Each tree's next MoldUDP64 sequence number (`None` before its first packet).
+    next_mold: Vec<Option<u64>>,
+    /// The delivered session's next sequence number.
+    next_out: u64,
+    /// The send stamp of the last market-wide message delivered.
+    last_every_ns: Option<u64>,
+    barrier: Option<Barrier>,
+    barrier_wait_ns: u64,
+    out: VecDeque<Released>,
+    pub stats: MergeStats,
+}
+
+impl Merge {
+    /// A merge of `trees` trees (indices 0..trees, the receiver's own
+    /// numbering of the trees it takes).
+    pub fn new(trees: usize, barrier_wait_ns: u64) -> Merge {
+        assert!((1..=crate::plan::TREES_MAX).contains(&trees), "1..={} trees", crate::plan::TREES_MAX);
+        Merge {
+            queues: (0..trees).map(|_| VecDeque::new()).collect(),
+            next_mold: vec![None; trees],
+            next_out: 1,
+            last_every_ns: None,
+            barrier: None,
+            barrier_wait_ns,
+            out: VecDeque::new(),
+            stats: MergeStats::default(),
+        }
+    }
+
+    /// Tree `tree` released `r` (in its own sequence order); `flags` are the
+    /// overlay header's.
+    pub fn push(&mut self, tree: usize, r: Released) {
+        let every = r.flags & overlay::FLAG_EVERY_TREE != 0;
+        self.queues[tree].push_back(Entry { tree, every, r });
+    }
+
+    /// Delivers what can go at `now` (the receiver's synchronized clock),
+    /// in merged order; take it with [`Merge::poll`].
+    pub fn flush(&mut self, now: u64) {
+        loop {
+            self.absorb_copies();
+            if self.barrier_ready(now) {
+                self.deliver_barrier();
+                continue;
+            }
+            let blocked_after = self.barrier.as_ref().map(|b| b.first.r.send_ns);
+            let pick = (0..self.queues.len())
+                .filter_map(|t| self.queues[t].front().map(|e| (e.key(), t)))
+                .filter(|&((_, _, send, _, _), _)| blocked_after.is_none_or(|b| send < b))
+                .min();
+            let Some((_, t)) = pick else { break };
+            let Some(e) = self.queues[t].pop_front() else { break };
+            self.account(e.tree, &e.r);
+            if e.every {
+                // The first copy of a market-wide message: wait for the other trees.
+                let mut done = vec![false; self.queues.len()];
+                done[t] = true;
+                let since = e.r.due_ns;
+                self.barrier = Some(Barrier { first: e, done, since_ns: since, due_ns: since });
+            } else {
+                self.deliver(e.r);
+            }
+        }
+    }
+
+    /// Drops copies of the pending barrier (and of market-wide messages
+    /// already delivered) at the queues' heads, and marks trees that passed it.
+    fn absorb_copies(&mut self) {
+        for t in 0..self.queues.len() {
+            while let Some(e) = self.queues[t].front() {
+                let send = e.r.send_ns;
+                let old = e.every && self.last_every_ns.is_some_and(|l| send <= l);
+                let copy = e.every && self.barrier.as_ref().is_some_and(|b| b.first.r.send_ns == send);
+                if !(old || copy) {
+                    if let Some(b) = &mut self.barrier {
+                        // A release stamped after the barrier: this tree's copy was lost.
+                        b.done[t] |= send > b.first.r.send_ns;
+                    }
+                    break;
+                }
+                let Some(e) = self.queues[t].pop_front() else { break };
+                self.account(t, &e.r);
+                self.stats.every_copies += 1;
+                if let Some(b) = self.barrier.as_mut().filter(|_| copy) {
+                    b.done[t] = true;
+                    b.due_ns = b.due_ns.max(e.r.due_ns);
+                }
+            }
+        }
+    }
+
+    fn barrier_ready(&mut self, now: u64) -> bool {
+        let Some(b) = &self.barrier else { return false };
+        if b.done.iter().all(|&d| d) {
+            return true;
+        }
+        let queued: usize = self.queues.iter().map(VecDeque::len).sum();
+        let timed_out = now >= b.since_ns.saturating_add(self.barrier_wait_ns) || queued >= MERGE_QUEUE_MAX;
+        self.stats.barrier_timeouts += u64::from(timed_out);
+        timed_out
+    }
+
+    fn deliver_barrier(&mut self) {
+        let Some(b) = self.barrier.take() else { return };
+        self.last_every_ns = Some(b.first.r.send_ns);
+        self.stats.barriers += 1;
+        let mut r = b.first.r;
+        r.due_ns = b.due_ns;
+        self.deliver(r);
+    }
+
+    /// Counts what tree `tree` lost before `r` and moves its line on.
+    fn account(&mut self, tree: usize, r: &Released) {
+        let Ok(p) = Packet::new_checked(&r.payload[..]) else { return };
+        let seq = p.sequence();
+        if let Some(want) = self.next_mold[tree] {
+            let lost = seq.saturating_sub(want);
+            self.stats.lost_messages += lost;
+            self.next_out += lost;
+        }
+        let next = if p.is_end_of_session() || p.is_heartbeat() { seq } else { p.next_sequence() };
+        self.next_mold[tree] = Some(next.max(self.next_mold[tree].unwrap_or(0)));
+    }
+
+    /// Renumbers `r` into the merged session and queues it for the application.
+    fn deliver(&mut self, mut r: Released) {
+        self.stats.delivered += 1;
+        match Packet::new_checked(&mut r.payload[..]) {
+            Ok(mut p) => {
+                let count = if p.is_end_of_session() || p.is_heartbeat() { 0 } else { u64::from(p.count()) };
+                p.set_session(merged_session(p.session()));
+                p.set_sequence(self.next_out);
+                self.next_out += count;
+                self.stats.messages += count;
+            }
+            Err(_) => self.stats.unframed += 1,
+        }
+        self.out.push_back(r);
+    }
+
+    /// The next packet for the application, in merged order.
+    pub fn poll(&mut self) -> Option<Released> {
+        self.out.pop_front()
+    }
+
+    /// When a pending barrier stops waiting (`u64::MAX`: none pending).
+    pub fn next_timeout(&self) -> u64 {
+        self.barrier.as_ref().map_or(u64::MAX, |b| b.since_ns.saturating_add(self.barrier_wait_ns))
+    }
+
+    /// Releases queued behind a barrier.
+    pub fn queued(&self) -> usize {
+        self.queues.iter().map(VecDeque::len).sum()
+    }
+
+    /// The delivered session's next sequence number.
+    pub fn next_sequence(&self) -> u64 {
+        self.next_out
+    }
+}
