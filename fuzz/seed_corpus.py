@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Seed the fuzz corpora from captures: fuzz/seed_corpus.py CAPTURE.pcap [...]
 
-Writes UDP payloads (moldudp64), single ITCH messages (itch) and whole frames
-prefixed by an Ethernet link selector byte (frame) under fuzz/corpus/<target>/,
+Writes UDP payloads (moldudp64), single ITCH messages (itch), whole frames
+prefixed by an Ethernet link selector byte (frame) and each capture's payloads
+as one sharder input (shard: a tree-count byte, then length-prefixed packets)
+under fuzz/corpus/<target>/,
 so the fuzzers start from real structure instead of from nothing.
 """
 import hashlib
@@ -31,6 +33,7 @@ def frames(path):
 
 
 for path in sys.argv[1:]:
+    shard = bytearray([3])
     for n, fr in enumerate(frames(path)):
         if n > 300:
             break
@@ -38,9 +41,12 @@ for path in sys.argv[1:]:
         udp = fr[14 + (fr[14] & 15) * 4:]
         payload = udp[8:struct.unpack("!H", udp[4:6])[0]]
         put("moldudp64", payload)
+        if len(shard) + 2 + len(payload) <= 2048:
+            shard += struct.pack("!H", len(payload)) + payload
         if len(payload) >= 20 and struct.unpack("!H", payload[18:20])[0] not in (0, 0xFFFF):
             p = 20
             while p + 2 <= len(payload):
                 ln = struct.unpack("!H", payload[p:p + 2])[0]
                 put("itch", payload[p + 2:p + 2 + ln])
                 p += 2 + ln
+    put("shard", bytes(shard))

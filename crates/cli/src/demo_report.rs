@@ -256,6 +256,7 @@ pub fn markdown(f: &Facts, j: &ClusterResult, du: &ClusterResult, warnings: &[St
     }
     md += "\n";
     md += &details(j);
+    md += &sharding(j, du);
     md += &format!(
         "\n## Trading\n\nTraders: receivers {:?}; timestamps at {} ns; races {} (tree) and {} (direct unicast), ties {} and {}.\n\n\
          ![Hold time](hold_cdf.png)\n\n",
@@ -264,6 +265,52 @@ pub fn markdown(f: &Facts, j: &ClusterResult, du: &ClusterResult, warnings: &[St
     md += DEFINITIONS;
     md += "\n";
     md += &paths(j, du);
+    md
+}
+
+/// Over several trees: each tree's figures, and whether the receivers' merged
+/// feeds were the same (nothing on one tree but the streams' agreement).
+fn sharding(j: &ClusterResult, du: &ClusterResult) -> String {
+    let same = |r: &ClusterResult| {
+        if r.delivered_identical {
+            "every receiver delivered the same bytes".to_string()
+        } else {
+            format!(
+                "{} different streams among {} receivers; the {} receivers at which nothing came late after the \
+                 warm-up delivered {}",
+                r.delivered_streams,
+                r.receivers,
+                r.delivered_on_time_receivers,
+                if r.delivered_on_time_identical { "the same bytes" } else { "different bytes" }
+            )
+        }
+    };
+    let mut md = format!(
+        "\n## What each receiver delivered\n\nFair tree: {}; direct unicast: {} (SHA-256 of each stream in \
+         summary.json, `delivered_sha256`).\n",
+        same(j),
+        same(du)
+    );
+    if j.per_tree.is_empty() {
+        return md;
+    }
+    md += &format!(
+        "\nThe feed was sharded over {} trees by stock locate (market-wide messages on every tree, delivered once: {} \
+         barriers, {} given up after the wait). Each receiver merged them into one MoldUDP64 session. Per tree:\n\n\
+         | tree | messages | lost | OML p50 µs | OML p99 µs | P(F) paper |\n|---|---|---|---|---|---|\n",
+        j.trees, j.barriers, j.barrier_timeouts
+    );
+    for t in &j.per_tree {
+        md += &format!(
+            "| {} | {} | {} | {:.1} | {:.1} | {} |\n",
+            t.tree,
+            t.messages,
+            t.lost,
+            t.oml_p50_us,
+            t.oml_p99_us,
+            pct(t.pf_paper)
+        );
+    }
     md
 }
 

@@ -330,6 +330,12 @@ fn demo_shards_over_trees_and_fingerprints_what_each_receiver_delivered() {
     // Where nothing came late, every receiver delivered the same bytes.
     assert_eq!(s["delivered_on_time_identical"].as_bool(), Some(true), "{s}");
     assert!(s["barriers"].as_u64().is_some());
+    let per_tree = s["per_tree"].as_array().unwrap();
+    assert_eq!(per_tree.len(), 3);
+    assert!(per_tree.iter().all(|t| t["messages"].as_u64() > Some(0) && t["lost"] == 0), "{per_tree:?}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("sharded over 3 trees") && report.contains("What each receiver delivered"));
+    assert_eq!(fairfeed_sim::experiment::md_table_faults(&report), vec![], "{report}");
 }
 
 #[test]

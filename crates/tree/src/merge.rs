@@ -41,6 +41,10 @@ use crate::node::Released;
 /// Releases a merge queues at most behind a pending barrier; beyond it the
 /// barrier is given up (counted) rather than memory growing.
 pub const MERGE_QUEUE_MAX: usize = 65_536;
+/// A market-wide copy stamped further than this ahead of the receiver's
+/// clock is no barrier (a broken or forged stamp would otherwise make every
+/// later market-wide message look old): it is delivered as it is, counted.
+pub const EVERY_AHEAD_MAX_NS: u64 = 1_000_000_000;
 /// How long a barrier waits by default for a tree's copy after the first
 /// copy's release (as long as a tree waits for a missing message).
 pub const BARRIER_WAIT_DEFAULT_NS: u64 = crate::node::GAP_WAIT_DEFAULT_NS;
@@ -69,6 +73,8 @@ pub struct MergeStats {
     pub lost_messages: u64,
     /// Releases that were not MoldUDP64 packets (delivered as they are, unnumbered).
     pub unframed: u64,
+    /// Market-wide copies stamped beyond [`EVERY_AHEAD_MAX_NS`] ahead (delivered, no barrier).
+    pub bad_stamps: u64,
 }
 
 struct Entry {
@@ -149,7 +155,10 @@ impl Merge {
             let Some((_, t)) = pick else { break };
             let Some(e) = self.queues[t].pop_front() else { break };
             self.account(e.tree, &e.r);
-            if e.every {
+            if e.every && e.r.send_ns > now.saturating_add(EVERY_AHEAD_MAX_NS) {
+                self.stats.bad_stamps += 1;
+                self.deliver(e.r);
+            } else if e.every {
                 // The first copy of a market-wide message: wait for the other trees.
                 let mut done = vec![false; self.queues.len()];
                 done[t] = true;
@@ -254,5 +263,85 @@ impl Merge {
     /// The delivered session's next sequence number.
     pub fn next_sequence(&self) -> u64 {
         self.next_out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::{Payload, Released};
+    use fairfeed_wire::moldudp64::PacketBuilder;
+
+    fn release(tree: u16, seq: u64, mold: u64, send_ns: u64, every: bool) -> Released {
+        let mut buf = [0u8; 64];
+        let mut b = PacketBuilder::new(&mut buf, Session::from_str_padded("NASDAQ0T00"), mold).unwrap();
+        b.push(&[b'A', 0, 1]).unwrap();
+        let n = b.finish();
+        Released {
+            tree,
+            flags: if every { overlay::FLAG_EVERY_TREE } else { 0 },
+            sequence: seq,
+            payload: Payload::from_slice(&buf[..n]),
+            deadline_ns: send_ns + 100,
+            arrival_ns: send_ns + 50,
+            send_ns,
+            late: false,
+            due_ns: send_ns + 100,
+            clock_ok: true,
+        }
+    }
+
+    #[test]
+    fn a_market_wide_message_waits_for_every_tree_and_goes_once() {
+        let mut m = Merge::new(2, 1_000);
+        m.push(0, release(0, 1, 1, 10, true));
+        m.push(0, release(0, 2, 2, 30, false));
+        m.flush(200);
+        assert!(m.poll().is_none(), "tree 1 has not reached its copy");
+        m.push(1, release(1, 1, 1, 5, false));
+        m.push(1, release(1, 2, 2, 10, true));
+        m.flush(200);
+        let order: Vec<(u16, u64)> = std::iter::from_fn(|| m.poll()).map(|r| (r.tree, r.send_ns)).collect();
+        assert_eq!(order, [(1, 5), (0, 10), (0, 30)], "before it, it once, after it");
+        assert_eq!((m.stats.barriers, m.stats.every_copies), (1, 1));
+        assert_eq!(m.next_sequence(), 4, "three messages numbered 1..=3");
+    }
+
+    #[test]
+    fn a_tree_that_never_reaches_the_barrier_is_not_waited_for_past_the_wait() {
+        let mut m = Merge::new(2, 1_000);
+        m.push(0, release(0, 1, 1, 10, true));
+        m.flush(200);
+        assert_eq!(m.next_timeout(), 110 + 1_000);
+        m.flush(1_109);
+        assert!(m.poll().is_none());
+        m.flush(1_110);
+        assert!(m.poll().is_some());
+        assert_eq!(m.stats.barrier_timeouts, 1);
+    }
+
+    #[test]
+    fn a_copy_stamped_far_ahead_is_no_barrier() {
+        let mut m = Merge::new(2, 1_000);
+        m.push(0, release(0, 1, 1, 5_000_000_000, true));
+        m.flush(1_000);
+        assert!(m.poll().is_some(), "delivered at once");
+        assert_eq!((m.stats.bad_stamps, m.stats.barriers), (1, 0));
+        // A genuine market-wide message later still waits for both trees.
+        m.push(0, release(0, 2, 2, 2_000, true));
+        m.flush(3_000);
+        assert!(m.poll().is_none());
+    }
+
+    #[test]
+    fn lost_messages_leave_a_gap_of_their_count_in_the_numbering() {
+        let mut m = Merge::new(1, 1_000);
+        m.push(0, release(0, 1, 1, 10, false));
+        m.push(0, release(0, 2, 5, 20, false));
+        m.flush(500);
+        let seqs: Vec<u64> =
+            std::iter::from_fn(|| m.poll()).map(|r| Packet::new_checked(&r.payload[..]).unwrap().sequence()).collect();
+        assert_eq!(seqs, [1, 5]);
+        assert_eq!(m.stats.lost_messages, 3);
     }
 }

@@ -126,6 +126,8 @@ pub struct ClusterResult {
     /// and those delivered without some tree's copy after the wait.
     pub barriers: u64,
     pub barrier_timeouts: u64,
+    /// Over several trees: each tree's figures (the ones above are merged).
+    pub per_tree: Vec<TreeFigures>,
     pub receivers: usize,
     pub messages: u64,
     pub warmup_messages: u64,
@@ -218,6 +220,8 @@ fn quantile(v: &mut [u64], q: f64) -> u64 {
 struct Slots {
     /// `by_tree[k][seq]`: the slot of tree k's packet `seq` (K > 1 only).
     by_tree: Vec<Vec<u32>>,
+    /// Each slot's tree (`u16::MAX`: a market-wide packet, on every tree; K > 1 only).
+    tree_of: Vec<u16>,
     /// Slots in all (they run 1..=total).
     total: u64,
     /// Slots of the first `warmup` feed packets.
@@ -229,18 +233,20 @@ impl Slots {
         let k = topo.trees.len();
         if k == 1 {
             let total = payloads.len() as u64;
-            return Slots { by_tree: Vec::new(), total, warmup: warmup_packets.min(total) };
+            return Slots { by_tree: Vec::new(), tree_of: Vec::new(), total, warmup: warmup_packets.min(total) };
         }
         let Ok(mut sharder) = Sharder::new(k, ShardMap::default()) else {
-            return Slots { by_tree: Vec::new(), total: 0, warmup: 0 };
+            return Slots { by_tree: Vec::new(), tree_of: Vec::new(), total: 0, warmup: 0 };
         };
         let mut by_tree: Vec<Vec<u32>> = vec![vec![0]; k];
+        let mut tree_of: Vec<u16> = vec![0];
         let (mut next, mut warmup, mut every) = (1u32, 0u64, 0u32);
         for (i, p) in payloads.iter().enumerate() {
             let _ = sharder.split(p, |d, _| {
                 let slot = match d {
                     Dest::Every(t) if t > 0 => every,
                     _ => {
+                        tree_of.push(if matches!(d, Dest::Every(_)) { u16::MAX } else { d.tree() });
                         next += 1;
                         next - 1
                     }
@@ -254,7 +260,7 @@ impl Slots {
                 warmup = u64::from(next - 1);
             }
         }
-        Slots { by_tree, total: u64::from(next - 1), warmup }
+        Slots { by_tree, tree_of, total: u64::from(next - 1), warmup }
     }
 
     /// The slot of tree `tree`'s packet `seq` (0: not one the run sent).
@@ -622,6 +628,47 @@ fn path_latency(mut by_links: Vec<Vec<u64>>) -> Vec<PathLatency> {
 
 /// Per counted message: OML, delivery window on the emulated and the host
 /// clock; deliveries lost; messages every receiver got on time.
+/// One tree's figures over its own messages (a market-wide packet, on every
+/// tree, counts for none).
+#[derive(Debug, Clone, Serialize)]
+pub struct TreeFigures {
+    pub tree: u16,
+    pub messages: u64,
+    pub lost: u64,
+    pub oml_p50_us: f64,
+    pub oml_p99_us: f64,
+    /// The paper's P(F) over the tree's messages.
+    pub pf_paper: f64,
+}
+
+/// Per-tree figures from the tally (empty on one tree).
+fn tree_figures(tally: &Tally, receivers: u32, trees: usize) -> Vec<TreeFigures> {
+    if tally.slots.tree_of.is_empty() {
+        return Vec::new();
+    }
+    let mut per: Vec<(u64, u64, u64, Vec<u64>)> = vec![(0, 0, 0, Vec::new()); trees];
+    for i in (tally.slots.warmup as usize + 1)..=(tally.slots.total as usize) {
+        let Some(p) = tally.slots.tree_of.get(i).and_then(|&t| per.get_mut(usize::from(t))) else { continue };
+        p.0 += 1;
+        p.1 += u64::from(receivers.saturating_sub(tally.count[i]));
+        if tally.count[i] >= receivers {
+            p.3.push(tally.last[i] - tally.sent_at[i]);
+            p.2 += u64::from(!tally.any_late[i]);
+        }
+    }
+    per.into_iter()
+        .enumerate()
+        .map(|(t, (messages, lost, fair, mut oml))| TreeFigures {
+            tree: t as u16,
+            messages,
+            lost,
+            oml_p50_us: quantile(&mut oml, 0.5) as f64 / 1e3,
+            oml_p99_us: quantile(&mut oml, 0.99) as f64 / 1e3,
+            pf_paper: fair as f64 / messages.max(1) as f64,
+        })
+        .collect()
+}
+
 struct MessageMeasures {
     oml: Vec<u64>,
     dws: Vec<u64>,
@@ -727,6 +774,7 @@ fn summarize(agents: &[NodeAgents<'_>], topo: &Topology, cfg: &ClusterConfig, ta
         delivered_sha256,
         barriers: merge.barriers,
         barrier_timeouts: merge.barrier_timeouts,
+        per_tree: tree_figures(tally, n, topo.trees.len()),
         receivers: n as usize,
         messages: m.counted,
         warmup_messages: warmup,

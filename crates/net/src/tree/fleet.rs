@@ -4,6 +4,9 @@
 //! wide is each message's delivery window, how often is it within 1 µs, who
 //! is late, which receivers are last and by how much.
 //!
+//! Over several trees the messages lined up are tree 0's (each tree numbers
+//! its own; every receiver takes tree 0); the counters are every tree's.
+//!
 //! Release instants are each receiver's synchronized clock (the sender's
 //! clock as that receiver knows it, or CLOCK_REALTIME with `--clock
 //! system`): the windows are as good as those clocks, and the view says
@@ -88,10 +91,11 @@ pub struct FleetView {
     pub rows: Vec<ReceiverRow>,
 }
 
-/// Control addresses of every node of tree 0, resolved now.
+/// Control addresses of every node of every tree (each once), resolved now.
 pub fn control_addresses(topo: &Topology) -> Result<Vec<(u32, Role, SocketAddr)>, FleetError> {
     let mut out = Vec::new();
-    for n in &topo.trees[0].nodes {
+    let mut seen = std::collections::HashSet::new();
+    for n in topo.trees.iter().flat_map(|t| &t.nodes).filter(|n| seen.insert(n.id)) {
         let Some(c) = &n.control else { return Err(FleetError::NoControl(n.id)) };
         let bad = |e: String| FleetError::BadControl(n.id, c.clone(), e);
         let hp = fairfeed_tree::addr::HostPort::parse(c, false).map_err(bad)?;
@@ -282,15 +286,19 @@ pub fn view(
         .collect();
     rows.sort_by_key(|r| (std::cmp::Reverse(r.behind_p99_ns), r.id));
     let (rel, late): (u64, u64) = rows.iter().fold((0, 0), |a, r| (a.0 + r.released, a.1 + r.late));
-    let sender = topo.trees[0].nodes.iter().find(|n| n.role == Role::Sender).and_then(|n| stats.get(&n.id));
+    let sender = fairfeed_tree::plan::sender_id(topo).and_then(|id| stats.get(&id));
     let deadline_offset_ns = sender.map(|s| {
         let node = &s["node"];
+        // A sender of several trees: the largest of its trees' offsets.
+        if let Some(v) = node["deadline_offsets_ns"].as_array() {
+            return v.iter().filter_map(serde_json::Value::as_u64).max().unwrap_or(0);
+        }
         let tail = n(&node["tail"]["estimate_ns"]);
         let owd = n(&node["owd_g_ns"]) as i64 + node["margin_ns"].as_i64().unwrap_or(0);
         (if tail > 0 { tail } else { owd.max(0) as u64 }) + n(&node["clock_bound_ns"])
     });
     FleetView {
-        nodes: topo.trees[0].nodes.len(),
+        nodes: topo.trees.iter().flat_map(|t| &t.nodes).map(|n| n.id).collect::<std::collections::HashSet<_>>().len(),
         down,
         receivers: rows.len(),
         compared: complete.len(),

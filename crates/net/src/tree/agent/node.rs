@@ -634,7 +634,9 @@ impl NodeAgent<'_> {
                 record(&mut h.hold, m.deadline_ns.saturating_sub(m.arrival_ns));
             }
             self.max_released_seq = self.max_released_seq.max(m.sequence);
-            if self.releases.is_some() {
+            // The fleet view lines receivers up by sequence: over several
+            // trees, tree 0's (each tree numbers its own; all receivers take tree 0).
+            if self.releases.is_some() && m.tree == 0 {
                 self.release_batch.push(Release {
                     sequence: m.sequence,
                     at_ns: t_sync,
