@@ -541,6 +541,11 @@ pub struct SenderArgs {
     /// The paper's rule: deadline = now + OWD_G + this margin (µs).
     #[arg(long, default_value_t = 0)]
     margin_us: i64,
+    /// On a topology of several trees: which tree carries which symbol, one
+    /// `SYMBOL TREE` pair per line (`#` comments; hot symbols on trees of their
+    /// own); symbols not named ride tree `stock locate % K`.
+    #[arg(long, value_name = "FILE")]
+    shard_map: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -576,6 +581,41 @@ pub struct ReceiverArgs {
     #[arg(long, default_value_t = fairfeed_tree::node::GAP_WAIT_DEFAULT_NS / 1_000,
           value_parser = clap::value_parser!(u64).range(0..=fairfeed_tree::node::GAP_WAIT_MAX_NS / 1_000))]
     gap_wait_us: u64,
+    /// On a topology of several trees: deliver only these symbols (one per
+    /// line, `#` comments) and the market-wide messages, taking only the trees
+    /// that carry them — which --shard-map (the sender's) must name.
+    #[arg(long, value_name = "FILE", requires = "shard_map")]
+    symbols: Option<PathBuf>,
+    /// The sender's symbol → tree map (see `fairfeed sender --shard-map`).
+    #[arg(long, value_name = "FILE")]
+    shard_map: Option<PathBuf>,
+}
+
+/// The shard map in `p` for a topology of `trees` trees; one line names a bad entry.
+fn load_shard_map(p: &Path, trees: usize) -> anyhow::Result<fairfeed_tree::shard::ShardMap> {
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading shard map {}", p.display()))?;
+    fairfeed_tree::shard::ShardMap::parse(&text, trees).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+}
+
+/// A subscription file: one symbol per line (1-8 printable characters), `#` comments.
+fn load_symbols(p: &Path) -> anyhow::Result<Vec<[u8; 8]>> {
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading symbols {}", p.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let sym = line.split('#').next().unwrap_or("").trim();
+        if sym.is_empty() {
+            continue;
+        }
+        anyhow::ensure!(
+            sym.len() <= 8 && sym.bytes().all(|b| b.is_ascii_graphic()),
+            "{} line {}: symbol {sym:?} is not 1-8 printable characters",
+            p.display(),
+            i + 1
+        );
+        out.push(fairfeed_tree::shard::pad_symbol(sym));
+    }
+    anyhow::ensure!(!out.is_empty(), "{}: no symbol", p.display());
+    Ok(out)
 }
 
 #[derive(clap::Args)]
@@ -860,7 +900,10 @@ pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
         retransmit_listen: a.retransmit_listen,
         listen: a.listen,
     });
-    let cfg = config(&a.common, rule, job)?;
+    let mut cfg = config(&a.common, rule, job)?;
+    if let Some(p) = &a.shard_map {
+        cfg.shards.map = load_shard_map(p, cfg.topology.trees.len())?;
+    }
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("sender {}: {e}", a.common.id))?;
     finish(&a.common, &cfg, r)
@@ -886,6 +929,12 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     });
     let mut cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
     cfg.node.order = ReleaseOrder::Sequence { gap_wait_ns: a.gap_wait_us * 1_000 };
+    if let Some(p) = &a.shard_map {
+        cfg.shards.map = load_shard_map(p, cfg.topology.trees.len())?;
+    }
+    if let Some(p) = &a.symbols {
+        cfg.shards.symbols = Some(load_symbols(p)?);
+    }
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("receiver {}: {e}", a.common.id))?;
     if let Some(p) = &a.log {

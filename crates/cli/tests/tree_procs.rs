@@ -264,6 +264,85 @@ fn a_feed_sharded_over_trees_reaches_every_application_as_one_line() {
     }
 }
 
+/// Goal (issue 42, subscriptions): a receiver given `--symbols` (and the
+/// sender's `--shard-map`) takes only the trees that carry its symbols and
+/// delivers exactly their messages — directory included — and the
+/// market-wide ones, in feed order; a receiver without one delivers all.
+/// Method: a generated feed as a capture (its symbols read back with
+/// `fairfeed decode`), two of its symbols mapped to trees 1 and 2 of three.
+#[test]
+fn a_subscriber_takes_its_symbols_trees_and_delivers_only_them() {
+    let mut c = Cluster::plan(4, 2, 1, &["--loopback-port".into(), "9390".into(), "--trees".into(), "3".into()]);
+    let pcap = c.dir.path().join("feed.pcap");
+    common::fairfeed(&["gen", "--seed", "5", "--messages", "4000", "--symbols", "20", "--out", pcap.to_str().unwrap()]);
+    let decoded = common::fairfeed(&["decode", pcap.to_str().unwrap(), "--json"]);
+    let msgs: Vec<serde_json::Value> =
+        String::from_utf8(decoded.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let dir: Vec<(String, u64)> = msgs
+        .iter()
+        .filter(|m| m["type"] == "R")
+        .map(|m| (m["stock"].as_str().unwrap().to_string(), m["stock_locate"].as_u64().unwrap()))
+        .collect();
+    let (a, b) = (dir[0].clone(), dir[1].clone());
+    let map = c.dir.path().join("shards.txt");
+    std::fs::write(&map, format!("# hot symbols\n{} 1\n{} 2\n", a.0, b.0)).unwrap();
+    let subs = c.dir.path().join("symbols.txt");
+    std::fs::write(&subs, format!("{}\n{}\n", a.0, b.0)).unwrap();
+    let want: Vec<u64> = msgs
+        .iter()
+        .filter(|m| [0, a.1, b.1].contains(&m["stock_locate"].as_u64().unwrap()))
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut collectors = Vec::new();
+    for id in c.ids("receiver") {
+        let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
+        sock.set_nonblocking(false).unwrap();
+        let deliver = sock.local_addr().unwrap().to_string();
+        collectors.push((id, collect_bytes(sock, stop.clone())));
+        let mut args = common_args();
+        args.extend(["--deliver".into(), deliver, "--control".into(), ready_addr(id, 9397)]);
+        args.extend(["--shard-map".into(), map.to_str().unwrap().into()]);
+        if id == 0 {
+            args.extend(["--symbols".into(), subs.to_str().unwrap().into()]);
+        }
+        c.start(id, &args);
+    }
+    for id in c.ids("proxy") {
+        let mut args = common_args();
+        args.extend(["--control".into(), ready_addr(id, 9397)]);
+        c.start(id, &args);
+    }
+    wait_up(c.ids("receiver").into_iter().chain(c.ids("proxy")), 9397);
+    let sender = c.ids("sender")[0];
+    let p = pcap.to_str().unwrap().to_string();
+    let map_arg = map.to_str().unwrap().to_string();
+    c.start(sender, &sender_args(&["--pcap", &p, "--shard-map", &map_arg]));
+    c.wait(sender, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    c.stop_all();
+    stop.store(true, Ordering::Relaxed);
+    let s = c.stats(sender);
+    assert_eq!(n(&s["node"]["shard"]["mapped_symbols"]), 2, "{}", s["node"]);
+    for (id, h) in collectors {
+        let got = h.join().unwrap();
+        let mut locates = Vec::new();
+        for b in &got {
+            let p = fairfeed_wire::moldudp64::Packet::new_checked(&b[..]).unwrap();
+            locates.extend(p.messages().map(|m| u64::from(u16::from_be_bytes([m.unwrap()[1], m.unwrap()[2]]))));
+        }
+        let st = c.stats(id);
+        if id == 0 {
+            assert_eq!(st["node"]["trees"], serde_json::json!([1, 2]), "the subscriber's trees");
+            assert!(locates.iter().all(|l| [0, a.1, b.1].contains(l)), "receiver 0 delivered another symbol");
+            assert_eq!(locates.len(), want.len(), "receiver 0 delivered its symbols' and the market's messages");
+            assert!(n(&st["node"]["merge"]["filtered_messages"]) > 0, "{}", st["node"]);
+        } else {
+            assert_eq!(locates.len(), msgs.len(), "receiver {id} delivered the whole feed");
+        }
+    }
+}
+
 /// A node's control address in a crash test (one port per test), to ask whether it is up.
 fn ready_addr(id: u32, port: u16) -> String {
     format!("127.0.4.{}:{port}", id + 1)
@@ -462,4 +541,23 @@ fn node_processes_explain_bad_configurations() {
     std::fs::write(&bad_key, "xyz").unwrap();
     fails_with(&["receiver", "--topology", topo, "--id", "1", "--key-file", bad_key.to_str().unwrap()], "bad key");
     fails_with(&["stat", "127.0.0.1:9", "--timeout-ms", "200"], "no answer");
+    // Sharding: a subscription needs the shard map, which must name its symbols
+    // (and only trees that exist); retransmission is one session, one tree.
+    let sharded = Cluster::plan(4, 2, 1, &["--loopback-port".into(), "9350".into(), "--trees".into(), "2".into()]);
+    let st = sharded.topo.to_str().unwrap();
+    let (map, subs) = (c.path("map.txt"), c.path("subs.txt"));
+    std::fs::write(&map, "AAPL 1\nMSFT 5\n").unwrap();
+    std::fs::write(&subs, "AAPL\n").unwrap();
+    let (m, s) = (map.to_str().unwrap(), subs.to_str().unwrap());
+    fails_with(&["receiver", "--topology", st, "--id", "0", "--symbols", s], "--shard-map");
+    fails_with(
+        &["receiver", "--topology", st, "--id", "0", "--symbols", s, "--shard-map", m],
+        "line 2: tree 5 out of range",
+    );
+    std::fs::write(&map, "MSFT 1\n").unwrap();
+    fails_with(
+        &["receiver", "--topology", st, "--id", "0", "--symbols", s, "--shard-map", m],
+        "AAPL is not in the shard map",
+    );
+    fails_with(&["receiver", "--topology", st, "--id", "0", "--retransmit", "127.0.0.1:9"], "retransmission");
 }

@@ -31,9 +31,9 @@
 //! gap it would see on one MoldUDP64 line (one larger where the run held a
 //! market-wide copy that another tree delivered — never smaller).
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
-use fairfeed_wire::moldudp64::{Packet, Session};
+use fairfeed_wire::moldudp64::{Packet, PacketBuilder, Session};
 use fairfeed_wire::overlay;
 
 use crate::node::Released;
@@ -75,6 +75,41 @@ pub struct MergeStats {
     pub unframed: u64,
     /// Market-wide copies stamped beyond [`EVERY_AHEAD_MAX_NS`] ahead (delivered, no barrier).
     pub bad_stamps: u64,
+    /// With a symbol filter: messages of other symbols left out, and
+    /// packets left with none (not delivered).
+    pub filtered_messages: u64,
+    pub filtered_packets: u64,
+}
+
+/// A receiver's subscription: the symbols it delivers (with the
+/// market-wide messages, stock locate 0). A symbol is known by its stock
+/// locate once its Stock Directory (`R`) message has come by on its tree;
+/// before that its messages cannot be told from others' and are left out
+/// (a receiver that starts after the directory needs a snapshot).
+#[derive(Debug, Clone, Default)]
+pub struct SymbolFilter {
+    wanted: HashSet<[u8; 8]>,
+    locates: HashSet<u16>,
+}
+
+impl SymbolFilter {
+    /// Delivers `symbols` (each space-padded to 8 bytes, as ITCH carries them).
+    pub fn new(symbols: impl IntoIterator<Item = [u8; 8]>) -> SymbolFilter {
+        SymbolFilter { wanted: symbols.into_iter().collect(), locates: HashSet::new() }
+    }
+
+    /// Whether message `m` is delivered (learning its locate if it names a wanted symbol).
+    fn keep(&mut self, m: &[u8]) -> bool {
+        let Some(locate) = m.get(1..3).map(|b| u16::from_be_bytes([b[0], b[1]])) else { return false };
+        if m[0] == b'R' {
+            if let Some(sym) = m.get(11..19).and_then(|s| <[u8; 8]>::try_from(s).ok()) {
+                if self.wanted.contains(&sym) {
+                    self.locates.insert(locate);
+                }
+            }
+        }
+        locate == 0 || self.locates.contains(&locate)
+    }
 }
 
 struct Entry {
@@ -111,6 +146,7 @@ pub struct Merge {
     barrier: Option<Barrier>,
     barrier_wait_ns: u64,
     out: VecDeque<Released>,
+    filter: Option<SymbolFilter>,
     pub stats: MergeStats,
 }
 
@@ -127,8 +163,43 @@ impl Merge {
             barrier: None,
             barrier_wait_ns,
             out: VecDeque::new(),
+            filter: None,
             stats: MergeStats::default(),
         }
+    }
+
+    /// Delivers only the subscription's symbols (and market-wide messages).
+    pub fn with_filter(mut self, f: SymbolFilter) -> Merge {
+        self.filter = Some(f);
+        self
+    }
+
+    /// `r`'s packet with the messages the filter leaves out removed
+    /// (`None`: none left). Unframed payloads pass as they are.
+    fn filtered(&mut self, mut r: Released) -> Option<Released> {
+        let Some(f) = &mut self.filter else { return Some(r) };
+        let Ok(p) = Packet::new_checked(&r.payload[..]) else { return Some(r) };
+        if p.is_heartbeat() || p.is_end_of_session() {
+            return Some(r);
+        }
+        let keep: Vec<bool> = p.messages().map_while(Result::ok).map(|m| f.keep(m)).collect();
+        let kept = keep.iter().filter(|&&k| k).count();
+        self.stats.filtered_messages += (keep.len() - kept) as u64;
+        if kept == keep.len() {
+            return Some(r);
+        }
+        if kept == 0 {
+            self.stats.filtered_packets += 1;
+            return None;
+        }
+        let mut buf = vec![0u8; r.payload.len()];
+        let mut b = PacketBuilder::new(&mut buf, p.session(), p.sequence()).ok()?;
+        for (m, _) in p.messages().map_while(Result::ok).zip(&keep).filter(|(_, &k)| k) {
+            b.push(m).ok()?;
+        }
+        let n = b.finish();
+        r.payload = crate::node::Payload::from_slice(&buf[..n]);
+        Some(r)
     }
 
     /// Tree `tree` released `r` (in its own sequence order); `flags` are the
@@ -230,7 +301,8 @@ impl Merge {
     }
 
     /// Renumbers `r` into the merged session and queues it for the application.
-    fn deliver(&mut self, mut r: Released) {
+    fn deliver(&mut self, r: Released) {
+        let Some(mut r) = self.filtered(r) else { return };
         self.stats.delivered += 1;
         match Packet::new_checked(&mut r.payload[..]) {
             Ok(mut p) => {
@@ -331,6 +403,45 @@ mod tests {
         m.push(0, release(0, 2, 2, 2_000, true));
         m.flush(3_000);
         assert!(m.poll().is_none());
+    }
+
+    #[test]
+    fn a_subscription_delivers_its_symbols_and_the_market_wide_messages() {
+        let pkt = |mold: u64, msgs: &[Vec<u8>]| {
+            let mut buf = [0u8; 512];
+            let mut b = PacketBuilder::new(&mut buf, Session::from_str_padded("NASDAQ0T00"), mold).unwrap();
+            for m in msgs {
+                b.push(m).unwrap();
+            }
+            let n = b.finish();
+            Released { payload: Payload::from_slice(&buf[..n]), ..release(0, mold, mold, mold * 10, false) }
+        };
+        let msg = |kind: u8, locate: u16| {
+            let mut m = vec![0u8; 20];
+            m[0] = kind;
+            m[1..3].copy_from_slice(&locate.to_be_bytes());
+            m
+        };
+        let mut dir = msg(b'R', 7);
+        dir[11..19].copy_from_slice(b"AAPL    ");
+        let mut m = Merge::new(1, 1_000).with_filter(SymbolFilter::new([*b"AAPL    "]));
+        m.push(0, pkt(1, &[msg(b'A', 7)])); // before its directory: not known yet
+        m.push(0, pkt(2, &[dir.clone(), msg(b'A', 8)]));
+        m.push(0, pkt(4, &[msg(b'A', 8)])); // only another symbol: not delivered
+        m.push(0, pkt(5, &[msg(b'S', 0), msg(b'E', 7), msg(b'A', 9)]));
+        m.flush(10_000);
+        let got: Vec<Vec<u8>> = std::iter::from_fn(|| m.poll())
+            .flat_map(|r| {
+                Packet::new_checked(&r.payload[..])
+                    .unwrap()
+                    .messages()
+                    .map(|x| x.unwrap()[..3].to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(got, [dir[..3].to_vec(), msg(b'S', 0)[..3].to_vec(), msg(b'E', 7)[..3].to_vec()]);
+        assert_eq!((m.stats.filtered_messages, m.stats.filtered_packets), (4, 2));
+        assert_eq!(m.next_sequence(), 4, "three messages numbered 1..=3: left out is not lost");
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub enum ShardError {
     NotInTopology(u32),
     #[error("receiver {0} takes none of the topology's trees")]
     NoTrees(u32),
+    #[error("symbol {0} is not in the shard map: a subscriber learns a symbol's tree from the map (its stock locate comes only with its directory message)")]
+    Unmapped(String),
 }
 
 /// Which tree carries which symbol.

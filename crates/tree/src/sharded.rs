@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use fairfeed_clock::ClockSync;
 use fairfeed_wire::overlay::{self, HeaderRepr, Kind};
 
-use crate::merge::{Merge, MergeStats};
+use crate::merge::{Merge, MergeStats, SymbolFilter};
 use crate::node::{DeadlineRule, Node, NodeConfig};
 use crate::node::{Outcome, Receiver, ReceiverStats, Refusal, Released, Sender, SenderStats, Transmit};
 use crate::plan::{Role, Topology};
@@ -249,8 +249,13 @@ impl ShardReceiver {
 pub struct ShardOptions {
     /// The sender's symbol → tree map (empty: stock locate % K alone).
     pub map: ShardMap,
-    /// The trees a receiver takes (`None`: every tree).
+    /// The trees a receiver takes (`None`: every tree, or its symbols' trees).
     pub trees: Option<Vec<u16>>,
+    /// A receiver's subscription: only these symbols (space-padded to 8
+    /// bytes) and the market-wide messages; it takes only their trees, which
+    /// `map` must name (a symbol's stock locate, and so its default tree, is
+    /// not known before its directory message).
+    pub symbols: Option<Vec<[u8; 8]>>,
     /// How long a market-wide message waits for a tree's copy
     /// (0: [`crate::merge::BARRIER_WAIT_DEFAULT_NS`]).
     pub barrier_wait_ns: u64,
@@ -289,9 +294,22 @@ pub fn node_of(
         let sharder = Sharder::new(trees.len(), opts.map.clone())?;
         return Ok(Node::ShardSender(Box::new(ShardSender::new(id, trees, sharder, sync))));
     }
+    let mut want = opts.trees.clone();
+    if let Some(symbols) = &opts.symbols {
+        let mut t: Vec<u16> = Vec::new();
+        for sym in symbols {
+            let Some(&k) = opts.map.symbols.get(sym) else {
+                return Err(ShardError::Unmapped(String::from_utf8_lossy(sym).trim_end().to_string()));
+            };
+            t.push(k);
+        }
+        t.sort_unstable();
+        t.dedup();
+        want = Some(t);
+    }
     let mut trees = Vec::new();
     for &(k, n) in &mine {
-        if opts.trees.as_ref().is_some_and(|want| !want.contains(&k)) {
+        if want.as_ref().is_some_and(|want| !want.contains(&k)) {
             continue;
         }
         let c = tree_cfg(k);
@@ -302,5 +320,10 @@ pub fn node_of(
         return Err(ShardError::NoTrees(id));
     }
     let wait = if opts.barrier_wait_ns == 0 { crate::merge::BARRIER_WAIT_DEFAULT_NS } else { opts.barrier_wait_ns };
-    Ok(Node::ShardReceiver(Box::new(ShardReceiver::new(id, trees, sync, wait))))
+    let mut r = ShardReceiver::new(id, trees, sync, wait);
+    if let Some(symbols) = &opts.symbols {
+        r.merge = std::mem::replace(&mut r.merge, Merge::new(1, wait))
+            .with_filter(SymbolFilter::new(symbols.iter().copied()));
+    }
+    Ok(Node::ShardReceiver(Box::new(r)))
 }

@@ -712,6 +712,21 @@ fn link_fidelity(tally: &mut Tally) -> [f64; 7] {
     ]
 }
 
+/// Each receiver's delivered stream's SHA-256 (hex), and the hashes of what
+/// came after the warm-up at the receivers where nothing came late then.
+fn delivered_hashes(tally: &Tally, receivers: &[u32]) -> (Vec<String>, Vec<String>) {
+    let hex = |h: sha2::Sha256| -> String {
+        use sha2::Digest;
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    };
+    let all = receivers.iter().map(|id| hex(tally.delivered.get(id).cloned().unwrap_or_default())).collect();
+    let on_time = receivers
+        .iter()
+        .filter_map(|id| tally.counted.get(id).filter(|(_, off)| *off == 0).map(|(h, _)| hex(h.clone())))
+        .collect();
+    (all, on_time)
+}
+
 fn summarize(agents: &[NodeAgents<'_>], topo: &Topology, cfg: &ClusterConfig, tally: &mut Tally) -> ClusterResult {
     let n = topo.receiver_ids.len() as u32;
     let warmup = tally.slots.warmup;
@@ -745,20 +760,9 @@ fn summarize(agents: &[NodeAgents<'_>], topo: &Topology, cfg: &ClusterConfig, ta
             Node::Proxy(_) => {}
         }
     }
-    let hex = |h: sha2::Sha256| -> String {
-        use sha2::Digest;
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
-    };
-    let delivered_sha256: Vec<String> =
-        topo.receiver_ids.iter().map(|id| hex(tally.delivered.get(id).cloned().unwrap_or_default())).collect();
+    let (delivered_sha256, on_time) = delivered_hashes(tally, &topo.receiver_ids);
     let delivered_identical = delivered_sha256.windows(2).all(|w| w[0] == w[1]);
     let delivered_streams = delivered_sha256.iter().collect::<std::collections::HashSet<_>>().len();
-    // After the warm-up, at receivers where no message came late.
-    let on_time: Vec<String> = topo
-        .receiver_ids
-        .iter()
-        .filter_map(|id| tally.counted.get(id).filter(|(_, off)| *off == 0).map(|(h, _)| hex(h.clone())))
-        .collect();
     let fair = m.dws.iter().filter(|&&d| d <= 1_000).count();
     let complete = m.dws.len().max(1) as f64;
     let us = |v: &mut Vec<u64>, q: f64| quantile(v, q) as f64 / 1e3;
