@@ -119,6 +119,35 @@ fn collect_bytes(sock: UdpSocket, stop: Arc<AtomicBool>) -> std::thread::JoinHan
     })
 }
 
+/// Starts every receiver delivering to a socket of its own (what each
+/// received collected until `stop`) with `extra(id)` flags, and every proxy,
+/// each with a control address on `port`; returns when all answer `stat`.
+fn start_delivering(
+    c: &mut Cluster,
+    port: u16,
+    stop: &Arc<AtomicBool>,
+    extra: impl Fn(u32) -> Vec<String>,
+) -> Vec<(u32, std::thread::JoinHandle<Vec<Vec<u8>>>)> {
+    let mut collectors = Vec::new();
+    for id in c.ids("receiver") {
+        let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
+        sock.set_nonblocking(false).unwrap();
+        let deliver = sock.local_addr().unwrap().to_string();
+        collectors.push((id, collect_bytes(sock, stop.clone())));
+        let mut a = common_args();
+        a.extend(["--deliver".into(), deliver, "--control".into(), ready_addr(id, port)]);
+        a.extend(extra(id));
+        c.start(id, &a);
+    }
+    for id in c.ids("proxy") {
+        let mut a = common_args();
+        a.extend(["--control".into(), ready_addr(id, port)]);
+        c.start(id, &a);
+    }
+    wait_up(c.ids("receiver").into_iter().chain(c.ids("proxy")), port);
+    collectors
+}
+
 /// Goal (issue 39): what a receiver hands an unmodified ITCH application is
 /// what a MoldUDP64 line would hand it — strictly increasing sequence
 /// numbers, no gap, no duplicate — and the same bytes at every receiver,
@@ -130,24 +159,8 @@ fn collect_bytes(sock: UdpSocket, stop: Arc<AtomicBool>) -> std::thread::JoinHan
 fn receivers_deliver_one_in_order_moldudp64_line_identical_everywhere() {
     let mut c = Cluster::plan(4, 2, 1, &["--loopback-port".into(), "9360".into()]);
     let stop = Arc::new(AtomicBool::new(false));
-    let mut collectors = Vec::new();
-    for id in c.ids("receiver") {
-        let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
-        sock.set_nonblocking(false).unwrap();
-        let deliver = sock.local_addr().unwrap().to_string();
-        collectors.push((id, collect_bytes(sock, stop.clone())));
-        let mut a = common_args();
-        // As the README's tree runs: the receivers' own order, no filling arbitrator behind them.
-        a.extend(["--deliver".into(), deliver]);
-        a.extend(["--control".into(), ready_addr(id, 9367)]);
-        c.start(id, &a);
-    }
-    for id in c.ids("proxy") {
-        let mut a = common_args();
-        a.extend(["--control".into(), ready_addr(id, 9367)]);
-        c.start(id, &a);
-    }
-    wait_up(c.ids("receiver").into_iter().chain(c.ids("proxy")), 9367);
+    // As the README's tree runs: the receivers' own order, no filling arbitrator behind them.
+    let collectors = start_delivering(&mut c, 9367, &stop, |_| Vec::new());
     let sender = c.ids("sender")[0];
     let (rate, seconds) = (2_000u64, 10u64);
     let args: Vec<String> = [
@@ -209,22 +222,7 @@ fn a_feed_sharded_over_trees_reaches_every_application_as_one_line() {
     assert_eq!(c.ids("sender").len(), 1, "one sender for every tree");
     assert_eq!(c.ids("proxy").len(), 3 * 2, "each tree its own proxies");
     let stop = Arc::new(AtomicBool::new(false));
-    let mut collectors = Vec::new();
-    for id in c.ids("receiver") {
-        let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
-        sock.set_nonblocking(false).unwrap();
-        let deliver = sock.local_addr().unwrap().to_string();
-        collectors.push((id, collect_bytes(sock, stop.clone())));
-        let mut a = common_args();
-        a.extend(["--deliver".into(), deliver, "--control".into(), ready_addr(id, 9387)]);
-        c.start(id, &a);
-    }
-    for id in c.ids("proxy") {
-        let mut a = common_args();
-        a.extend(["--control".into(), ready_addr(id, 9387)]);
-        c.start(id, &a);
-    }
-    wait_up(c.ids("receiver").into_iter().chain(c.ids("proxy")), 9387);
+    let collectors = start_delivering(&mut c, 9387, &stop, |_| Vec::new());
     let sender = c.ids("sender")[0];
     c.start(sender, &sender_args(&[]));
     c.wait(sender, Duration::from_secs(60));
@@ -294,26 +292,14 @@ fn a_subscriber_takes_its_symbols_trees_and_delivers_only_them() {
         .map(|m| m["seq"].as_u64().unwrap())
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let mut collectors = Vec::new();
-    for id in c.ids("receiver") {
-        let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
-        sock.set_nonblocking(false).unwrap();
-        let deliver = sock.local_addr().unwrap().to_string();
-        collectors.push((id, collect_bytes(sock, stop.clone())));
-        let mut args = common_args();
-        args.extend(["--deliver".into(), deliver, "--control".into(), ready_addr(id, 9397)]);
-        args.extend(["--shard-map".into(), map.to_str().unwrap().into()]);
+    let (map_s, subs_s) = (map.to_str().unwrap().to_string(), subs.to_str().unwrap().to_string());
+    let collectors = start_delivering(&mut c, 9397, &stop, |id| {
+        let mut a = vec!["--shard-map".to_string(), map_s.clone()];
         if id == 0 {
-            args.extend(["--symbols".into(), subs.to_str().unwrap().into()]);
+            a.extend(["--symbols".to_string(), subs_s.clone()]);
         }
-        c.start(id, &args);
-    }
-    for id in c.ids("proxy") {
-        let mut args = common_args();
-        args.extend(["--control".into(), ready_addr(id, 9397)]);
-        c.start(id, &args);
-    }
-    wait_up(c.ids("receiver").into_iter().chain(c.ids("proxy")), 9397);
+        a
+    });
     let sender = c.ids("sender")[0];
     let p = pcap.to_str().unwrap().to_string();
     let map_arg = map.to_str().unwrap().to_string();
