@@ -28,6 +28,14 @@ pub struct Args {
     /// Cost model: cost of one more copy a proxy sends, µs (0..=1,000,000; Jasper: ≈ 2.7).
     #[arg(long, default_value_t = 2.7, value_parser = |s: &str| crate::fmt::f64_in(s, 0.0, 1e6, "µs"))]
     copy_us: f64,
+    /// Size the trees for this many messages per second in all (1..=10,000,000):
+    /// the fewest trees that keep the busiest proxy's send queue at --load-max
+    /// (with --copy-us per copy); says what the sender's queue then carries.
+    #[arg(long, conflicts_with = "trees", value_parser = |s: &str| crate::fmt::f64_in(s, 1.0, 1e7, "msg/s"))]
+    rate: Option<f64>,
+    /// With --rate: the largest share of a send queue a proxy may spend copying (0.05..=1).
+    #[arg(long, default_value_t = 0.5, requires = "rate", value_parser = |s: &str| crate::fmt::f64_in(s, 0.05, 1.0, ""))]
+    load_max: f64,
     /// Trees sharing the receivers, symbols sharded by stock locate (1..=64).
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     trees: usize,
@@ -113,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let outs: Vec<&std::path::Path> = std::iter::once(a.out.as_path()).chain(a.dot.as_deref()).collect();
         crate::fmt::check_outputs(&outs, &[])?;
     }
-    let req = PlanRequest {
+    let mut req = PlanRequest {
         receivers: a.receivers,
         fanout: a.fanout,
         depth: a.depth,
@@ -121,7 +129,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         cost_model: a.cost_model.then_some(CostModel { hop_ns: a.hop_us * 1e3, copy_ns: a.copy_us * 1e3 }),
         trees: a.trees,
     };
+    if let Some(rate) = a.rate {
+        req.trees = fairfeed_tree::plan::trees_for_rate(&req, rate, a.copy_us * 1e3, a.load_max)
+            .map_err(|e| anyhow::anyhow!("--rate: {e}"))?;
+    }
     let mut topo = plan(&req).map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
+    if let Some(rate) = a.rate {
+        let l = fairfeed_tree::plan::loads(&topo, rate, a.copy_us * 1e3);
+        eprintln!(
+            "plan: {rate} msg/s over {} tree(s): the busiest proxy's send queue at {:.2}; the sender's at {:.2} on one \
+             queue, {:.2} with a queue per tree{}",
+            req.trees,
+            l.proxy,
+            l.sender,
+            l.sender_per_tree,
+            if l.sender > a.load_max {
+                " — one queue cannot carry it: give the sender a Tx queue per tree, or fewer first-layer proxies"
+            } else {
+                ""
+            }
+        );
+    }
     for n in topo.trees.iter_mut().flat_map(|t| &mut t.nodes) {
         if let Some(port) = a.loopback_port {
             n.addr = Some(format!("{}:{port}", fairfeed_net::tree::demo::node_addr(n.id)));

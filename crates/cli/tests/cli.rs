@@ -311,6 +311,27 @@ fn sim_fairness_shards_over_trees() {
     }
 }
 
+/// Issue 42: the planner sizes K from a rate (the fewest trees that keep
+/// each proxy's send queue at half load) and says what the sender carries.
+#[test]
+fn plan_sizes_the_trees_for_a_rate() {
+    let d = tmp();
+    let t = d.path().join("t.toml");
+    let out =
+        fairfeed(&["plan", "--receivers", "1000", "--hedge", "2", "--rate", "20000", "--out", t.to_str().unwrap()]);
+    let topo: toml::Value = toml::from_str(&std::fs::read_to_string(&t).unwrap()).unwrap();
+    // 30 copies × 2.7 µs × 20,000/K ≤ 0.5 → K = 4.
+    assert_eq!(topo["trees"].as_array().unwrap().len(), 4);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("over 4 tree(s)") && err.contains("a queue per tree"), "{err}");
+    for bad in [&["--rate", "0"][..], &["--rate", "5000", "--trees", "2"], &["--load-max", "0.5"]] {
+        let mut args = vec!["plan", "--receivers", "10", "--out", t.to_str().unwrap()];
+        args.extend_from_slice(bad);
+        let r = Command::new(bin()).args(&args).output().unwrap();
+        assert_eq!(r.status.code(), Some(2), "{bad:?}");
+    }
+}
+
 /// Issue 42's interface: the demo over K trees reports `trees` and each
 /// receiver's delivered stream's SHA-256 (the merged MoldUDP64 session).
 #[test]

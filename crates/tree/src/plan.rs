@@ -304,6 +304,49 @@ pub fn plan(req: &PlanRequest) -> Result<Topology, PlanError> {
     Ok(topo)
 }
 
+/// The share of one send queue the busiest proxy, and the sender, spend
+/// sending copies at `rate` messages per second in all (spread evenly over
+/// the trees), `copy_ns` per copy: the sender's on one queue for all its
+/// trees (`sender`) or on a queue per tree (`sender_per_tree`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Loads {
+    pub proxy: f64,
+    pub sender: f64,
+    pub sender_per_tree: f64,
+}
+
+pub fn loads(t: &Topology, rate: f64, copy_ns: f64) -> Loads {
+    let per_tree = rate / t.trees.len().max(1) as f64 * copy_ns * 1e-9;
+    let copies = |n: &Node| (n.children.len() + n.hedge_targets.len()) as f64;
+    let nodes = || t.trees.iter().flat_map(|tr| &tr.nodes);
+    let proxy = nodes().filter(|n| n.role == Role::Proxy).map(copies).fold(0.0, f64::max);
+    let sender: Vec<f64> = nodes().filter(|n| n.role == Role::Sender).map(copies).collect();
+    Loads {
+        proxy: proxy * per_tree,
+        sender: sender.iter().sum::<f64>() * per_tree,
+        sender_per_tree: sender.iter().copied().fold(0.0, f64::max) * per_tree,
+    }
+}
+
+/// The fewest trees (of the shape `req` plans) that keep the busiest proxy
+/// at or below `load_max` at `rate` messages per second in all, `copy_ns`
+/// per copy. The sender's own load does not fall with more trees on one
+/// send queue (see [`loads`]).
+pub fn trees_for_rate(req: &PlanRequest, rate: f64, copy_ns: f64, load_max: f64) -> Result<usize, PlanError> {
+    if !(rate.is_finite() && rate > 0.0 && copy_ns.is_finite() && copy_ns >= 0.0 && load_max > 0.0) {
+        return err(format!("rate {rate}, copy cost {copy_ns} ns and load limit {load_max} must be positive"));
+    }
+    let one = plan(&PlanRequest { trees: 1, ..req.clone() })?;
+    let k = (loads(&one, rate, copy_ns).proxy / load_max).ceil().max(1.0);
+    if k > TREES_MAX as f64 {
+        return err(format!(
+            "{rate} msg/s needs {k} trees to keep each proxy at {load_max} load, more than {TREES_MAX}: a smaller fan-out \
+             (--fanout) or a faster copy"
+        ));
+    }
+    Ok(k as usize)
+}
+
 /// Tree of a symbol: stock locate modulo the number of trees.
 pub fn tree_for_locate(locate: u16, trees: usize) -> usize {
     usize::from(locate) % trees.max(1)
@@ -786,6 +829,14 @@ mod tests {
         assert_eq!(tree_for_locate(7, 3), 1);
         assert_eq!(node_in_trees(&t, sender_id(&t).unwrap()).len(), 3);
         assert_eq!(node_in_trees(&t, 0).len(), 3, "a receiver is in every tree");
+        // Sizing K from a rate: 10×2 with H = 1 → the busiest proxy sends 20 copies.
+        let r = req(100, 1);
+        assert_eq!(trees_for_rate(&r, 5_000.0, 2_700.0, 0.5), Ok(1));
+        assert_eq!(trees_for_rate(&r, 20_000.0, 2_700.0, 0.5), Ok(3), "20 × 2.7 µs × 20,000 / 0.5 = 2.16");
+        let k3 = plan(&PlanRequest { trees: 3, ..r.clone() }).unwrap();
+        let l = loads(&k3, 20_000.0, 2_700.0);
+        assert!(l.proxy <= 0.5 && (l.sender - 0.54).abs() < 1e-9 && (l.sender_per_tree - 0.18).abs() < 1e-9, "{l:?}");
+        assert!(trees_for_rate(&r, 1e7, 2_700.0, 0.5).unwrap_err().0.contains("more than 64"));
         // Each tree's sender must be the same node, and a proxy may serve one tree.
         let mut two = t.clone();
         two.trees[1].nodes[0].id = 9_999;
