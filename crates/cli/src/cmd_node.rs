@@ -594,7 +594,10 @@ pub struct ReceiverArgs {
 /// The shard map in `p` for a topology of `trees` trees; one line names a bad entry.
 fn load_shard_map(p: &Path, trees: usize) -> anyhow::Result<fairfeed_tree::shard::ShardMap> {
     let text = std::fs::read_to_string(p).with_context(|| format!("reading shard map {}", p.display()))?;
-    fairfeed_tree::shard::ShardMap::parse(&text, trees).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+    let map =
+        fairfeed_tree::shard::ShardMap::parse(&text, trees).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    anyhow::ensure!(!map.symbols.is_empty(), "{}: the shard map names no symbol", p.display());
+    Ok(map)
 }
 
 /// A subscription file: one symbol per line (1-8 printable characters), `#` comments.

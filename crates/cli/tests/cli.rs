@@ -1010,7 +1010,17 @@ fn every_file_input_refuses_bad_files_in_one_line() {
     let out = d.path().join("o");
     let o = out.to_str().unwrap();
     let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    // A valid sharded topology and shard map, for the files a node of several trees reads.
+    let sharded = d.path().join("sharded.toml");
+    let st = sharded.to_str().unwrap();
+    fairfeed(&["plan", "--receivers", "4", "--fanout", "2", "--trees", "2", "--loopback-port", "9370", "--out", st]);
+    let map = d.path().join("map.txt");
+    std::fs::write(&map, "AAPL 1\n").unwrap();
+    let m = map.to_str().unwrap();
     let commands: Vec<Vec<&str>> = vec![
+        vec!["sender", "--topology", st, "--id", "4", "--shard-map", "{F}"],
+        vec!["receiver", "--topology", st, "--id", "0", "--shard-map", "{F}"],
+        vec!["receiver", "--topology", st, "--id", "0", "--shard-map", m, "--symbols", "{F}"],
         vec!["decode", "{F}"],
         vec!["stats", "{F}"],
         vec!["replay", "{F}", "--to", &port],

@@ -134,13 +134,24 @@ pub struct ShardReceiver {
 impl ShardReceiver {
     /// `trees`: the trees it takes with their receivers (each configured
     /// for its tree, releasing in sequence order).
-    pub fn new(id: u32, trees: Vec<(u16, Receiver)>, sync: ClockSync, barrier_wait_ns: u64) -> ShardReceiver {
+    /// `filter`: a subscription's symbols (`None`: every message).
+    pub fn new(
+        id: u32,
+        trees: Vec<(u16, Receiver)>,
+        sync: ClockSync,
+        barrier_wait_ns: u64,
+        filter: Option<SymbolFilter>,
+    ) -> ShardReceiver {
         assert!(!trees.is_empty(), "a receiver takes at least one tree");
         let mut index = vec![None; crate::plan::TREES_MAX];
         for (i, (t, _)) in trees.iter().enumerate() {
             index[usize::from(*t)] = Some(i);
         }
         let merge = Merge::new(trees.len(), barrier_wait_ns);
+        let merge = match filter {
+            Some(f) => merge.with_filter(f),
+            None => merge,
+        };
         ShardReceiver { id, trees, index, merge, sync, refused: 0 }
     }
 
@@ -320,10 +331,6 @@ pub fn node_of(
         return Err(ShardError::NoTrees(id));
     }
     let wait = if opts.barrier_wait_ns == 0 { crate::merge::BARRIER_WAIT_DEFAULT_NS } else { opts.barrier_wait_ns };
-    let mut r = ShardReceiver::new(id, trees, sync, wait);
-    if let Some(symbols) = &opts.symbols {
-        r.merge = std::mem::replace(&mut r.merge, Merge::new(1, wait))
-            .with_filter(SymbolFilter::new(symbols.iter().copied()));
-    }
-    Ok(Node::ShardReceiver(Box::new(r)))
+    let filter = opts.symbols.as_ref().map(|s| SymbolFilter::new(s.iter().copied()));
+    Ok(Node::ShardReceiver(Box::new(ShardReceiver::new(id, trees, sync, wait, filter))))
 }
