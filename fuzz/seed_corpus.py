@@ -4,6 +4,8 @@
 Writes UDP payloads (moldudp64), single ITCH messages (itch), whole frames
 prefixed by an Ethernet link selector byte (frame) and each capture's payloads
 as one sharder input (shard: a tree-count byte, then length-prefixed packets)
+and as one snapshot-service input (snapshot: selector 0 — a feed datagram — and
+a length before each payload)
 under fuzz/corpus/<target>/,
 so the fuzzers start from real structure instead of from nothing.
 """
@@ -34,6 +36,7 @@ def frames(path):
 
 for path in sys.argv[1:]:
     shard = bytearray([3])
+    snap = bytearray()
     for n, fr in enumerate(frames(path)):
         if n > 300:
             break
@@ -43,6 +46,8 @@ for path in sys.argv[1:]:
         put("moldudp64", payload)
         if len(shard) + 2 + len(payload) <= 2048:
             shard += struct.pack("!H", len(payload)) + payload
+        if len(snap) + 3 + len(payload) <= 2048:
+            snap += struct.pack("!BH", 0, len(payload)) + payload
         if len(payload) >= 20 and struct.unpack("!H", payload[18:20])[0] not in (0, 0xFFFF):
             p = 20
             while p + 2 <= len(payload):
@@ -50,3 +55,4 @@ for path in sys.argv[1:]:
                 put("itch", payload[p + 2:p + 2 + ln])
                 p += 2 + ln
     put("shard", bytes(shard))
+    put("snapshot", bytes(snap))

@@ -2,8 +2,8 @@
 //! arbitrator (with retransmission on). It must never panic, and its
 //! high-reliability output must stay strictly increasing without repeats.
 #![no_main]
-use fairfeed_arb::{Arbitrator, Config, Mode, RetransmitConfig, Sink, Source, Stream, Window};
 use fairfeed_arb::spec::SeqSpec;
+use fairfeed_arb::{Arbitrator, Config, Mode, RetransmitConfig, Sink, Source, Stream, Window};
 use fairfeed_wire::moldudp64::RequestRepr;
 use libfuzzer_sys::fuzz_target;
 

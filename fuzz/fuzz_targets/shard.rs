@@ -29,7 +29,13 @@ fuzz_target!(|data: &[u8]| {
         i = end;
         now += 1_000;
         let accepted: usize = Packet::new_checked(packet)
-            .map(|p| if p.is_heartbeat() || p.is_end_of_session() { 0 } else { p.messages().map_while(Result::ok).filter(|m| m.len() >= 3).count() })
+            .map(|p| {
+                if p.is_heartbeat() || p.is_end_of_session() {
+                    0
+                } else {
+                    p.messages().map_while(Result::ok).filter(|m| m.len() >= 3).count()
+                }
+            })
             .unwrap_or(0);
         let mut out_msgs = 0usize;
         let _ = s.split(packet, |d, b| {

@@ -589,6 +589,18 @@ pub struct ReceiverArgs {
     /// The sender's symbol → tree map (see `fairfeed sender --shard-map`).
     #[arg(long, value_name = "FILE")]
     shard_map: Option<PathBuf>,
+    /// Join a running feed: fetch the books from this snapshot server
+    /// (`fairfeed snapshot-server`, GLIMPSE-style SoupBinTCP) and hand the
+    /// application the snapshot first, numbered up to where the live line
+    /// continues, then the live line from there — no gap, no duplicate.
+    #[arg(long, value_name = "ADDR", value_parser = crate::fmt::dest_addr, conflicts_with = "retransmit_from")]
+    snapshot: Option<SocketAddr>,
+    /// With --snapshot: the username to log in with (blank: a server that asks for none).
+    #[arg(long, requires = "snapshot", default_value = "", value_parser = crate::fmt::soup_user)]
+    snapshot_user: String,
+    /// With --snapshot: a file holding the password (its first line).
+    #[arg(long, value_name = "FILE", requires = "snapshot")]
+    snapshot_password_file: Option<PathBuf>,
 }
 
 /// The shard map in `p` for a topology of `trees` trees; one line names a bad entry.
@@ -721,6 +733,34 @@ fn load_link(s: &str) -> anyhow::Result<Option<LinkModel>> {
     })
 }
 
+/// What a topology of several trees cannot offer yet: one line naming it.
+fn refuse_on_several_trees(c: &Common, topology: &Topology, job: &Job) -> anyhow::Result<()> {
+    let sharded = topology.trees.len() > 1;
+    let retransmits = match job {
+        Job::Sender(s) => s.retransmit_listen.is_some(),
+        Job::Receiver(r) => r.retransmit.is_some(),
+        Job::Proxy => false,
+    };
+    if sharded && matches!(job, Job::Receiver(r) if r.snapshot.is_some()) {
+        anyhow::bail!(
+            "{}: a topology of {} trees delivers one merged session numbered by the receiver, not the feed's \
+             sequence numbers a snapshot ends at; --snapshot needs a topology of one tree (plan with --trees 1)",
+            c.topology.display(),
+            topology.trees.len()
+        );
+    }
+    if sharded && retransmits {
+        anyhow::bail!(
+            "{}: a topology of {} trees splits the feed into one MoldUDP64 session per tree; retransmission \
+             (--retransmit-listen / --retransmit) serves one session and is not yet offered per tree: plan with --trees 1 \
+             to use it",
+            c.topology.display(),
+            topology.trees.len()
+        );
+    }
+    Ok(())
+}
+
 fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfig> {
     if let Some(p) = &c.stats_out {
         crate::fmt::check_outputs(&[p], &[&c.topology])?;
@@ -769,21 +809,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         }
         _ => None,
     };
-    let sharded = topology.trees.len() > 1;
-    let retransmits = match &job {
-        Job::Sender(s) => s.retransmit_listen.is_some(),
-        Job::Receiver(r) => r.retransmit.is_some(),
-        Job::Proxy => false,
-    };
-    if sharded && retransmits {
-        anyhow::bail!(
-            "{}: a topology of {} trees splits the feed into one MoldUDP64 session per tree; retransmission \
-             (--retransmit-listen / --retransmit) serves one session and is not yet offered per tree: plan with --trees 1 \
-             to use it",
-            c.topology.display(),
-            topology.trees.len()
-        );
-    }
+    refuse_on_several_trees(c, &topology, &job)?;
     Ok(AgentConfig {
         topology: Arc::new(topology),
         id: c.id,
@@ -924,11 +950,25 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
         let outs: Vec<&Path> = std::iter::once(p.as_path()).chain(a.common.stats_out.as_deref()).collect();
         crate::fmt::check_outputs(&outs, &[&a.common.topology])?;
     }
+    let snapshot = match a.snapshot {
+        None => None,
+        Some(server) => Some(fairfeed_net::tree::agent::SnapshotJoin {
+            server,
+            user: a.snapshot_user.clone(),
+            password: a
+                .snapshot_password_file
+                .as_deref()
+                .map(crate::fmt::soup_password_file)
+                .transpose()?
+                .unwrap_or_default(),
+        }),
+    };
     let job = Job::Receiver(ReceiverJob {
         deliver: a.deliver,
         retransmit: a.retransmit,
         fill_from: a.retransmit_from,
         keep_log: a.log.is_some(),
+        snapshot,
     });
     let mut cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
     cfg.node.order = ReleaseOrder::Sequence { gap_wait_ns: a.gap_wait_us * 1_000 };

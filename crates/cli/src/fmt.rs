@@ -342,3 +342,27 @@ pub fn operator_key(p: &std::path::Path) -> anyhow::Result<fairfeed_tree::operat
     );
     Ok(fairfeed_tree::operator::OperatorKey::new(bytes))
 }
+
+/// A clap value parser for a SoupBinTCP username: up to 6 printable ASCII
+/// characters, no spaces (blank: none).
+pub fn soup_user(s: &str) -> Result<String, String> {
+    if s.len() <= 6 && s.bytes().all(|b| b.is_ascii_graphic()) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not a SoupBinTCP username (up to 6 printable ASCII characters, no spaces)"))
+    }
+}
+
+/// The SoupBinTCP password in file `p`: its first line, 1-10 printable ASCII
+/// characters — a one-line error naming the file otherwise.
+pub fn soup_password_file(p: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading password {}", p.display()))?;
+    let pass = text.lines().next().unwrap_or("").trim();
+    anyhow::ensure!(
+        !pass.is_empty() && pass.len() <= 10 && pass.bytes().all(|b| b.is_ascii_graphic()),
+        "bad password in {}: its first line must be 1-10 printable ASCII characters, no spaces",
+        p.display()
+    );
+    Ok(pass.to_string())
+}

@@ -17,6 +17,7 @@ mod cmd_order;
 mod cmd_plan;
 mod cmd_replay;
 mod cmd_sim;
+mod cmd_snapshot;
 mod cmd_stats;
 mod demo_dashboard;
 mod demo_report;
@@ -55,6 +56,8 @@ enum Command {
     RetransmitServer(cmd_arb::ServerArgs),
     /// Send a command to a running arbitrator's control socket and print the reply.
     Control(cmd_arb::ControlArgs),
+    /// Follow an ITCH feed's books and serve GLIMPSE-style snapshots of them (late joiners start from one).
+    SnapshotServer(cmd_snapshot::Args),
     /// Run a fair multicast tree on loopback beside direct unicast and report fairness and latency.
     Demo(Box<cmd_demo::Args>),
     /// Run the sender of a fair multicast tree (one node per process).
@@ -176,6 +179,7 @@ fn main() {
         Command::Capture(a) => cmd_capture::run(a),
         Command::Arb(a) => cmd_arb::run(*a),
         Command::RetransmitServer(a) => cmd_arb::run_server(a),
+        Command::SnapshotServer(a) => cmd_snapshot::run(a),
         Command::Control(a) => cmd_arb::run_control(a),
         Command::Bench(b) => cmd_bench::run(b),
         Command::Bridge(c) => cmd_bridge::run(c),

@@ -155,3 +155,50 @@ fn a_book_rebuilt_from_the_itch_feed_equals_the_engines() {
         assert!(types.get(&t).copied().unwrap_or(0) > 0, "the feed has {} messages: {types:?}", t as char);
     }
 }
+
+/// Goal (issue 43): a late joiner's books — a snapshot of the feed taken at
+/// any point, then the rest of the feed — are the engine's own displayed
+/// books at the end, order by order and in each price level's queue order.
+/// Method: the same flow's packets through the snapshot service's follower;
+/// snapshots at five points, each replayed into empty books followed by the
+/// rest of the feed; every level compared with `Engine::displayed_depth`.
+#[test]
+fn books_rebuilt_from_a_snapshot_and_the_rest_equal_the_engines_queues() {
+    use fairfeed_feed::book::Books;
+    use fairfeed_feed::snapshot::Follower;
+    let names: Vec<String> = ["AAPL", "MSFT", "BRK B"].iter().map(|s| s.to_string()).collect();
+    let (e, packets) = flow(&names);
+    for cut in [1, packets.len() / 5, packets.len() / 2, packets.len() * 4 / 5, packets.len() - 1] {
+        let mut f = Follower::new(fairfeed_feed::snapshot::GAP_WAIT_DEFAULT_NS, 1 << 20);
+        for p in &packets[..cut] {
+            f.on_packet(0, p);
+        }
+        let s = f.snapshot().expect("a feed followed from its start is served");
+        let mut books = Books::new();
+        let mut rest = &s.frames[..];
+        while let Some((p, used)) = fairfeed_wire::soupbintcp::split_packet(rest).unwrap() {
+            if let fairfeed_wire::soupbintcp::PacketRepr::SequencedData(m) = p {
+                if m[0] != b'G' {
+                    books.apply(m).expect("a snapshot message applies to empty books");
+                }
+            }
+            rest = &rest[used..];
+        }
+        for p in &packets[cut..] {
+            let pk = Packet::new_checked(&p[..]).unwrap();
+            if pk.message_count() == COUNT_END_OF_SESSION {
+                continue;
+            }
+            for m in pk.messages() {
+                books.apply(m.unwrap()).expect("the live feed applies after the snapshot");
+            }
+        }
+        for sym in 1..=3u16 {
+            for (side, code) in [(Side::Buy, b'B'), (Side::Sell, b'S')] {
+                let want: Vec<(u32, Vec<(u64, u32)>)> =
+                    e.displayed_depth(sym, side).into_iter().map(|(price, _, orders)| (price, orders)).collect();
+                assert_eq!(books.queues(sym, code), want, "cut at packet {cut}, symbol {sym} side {}", code as char);
+            }
+        }
+    }
+}

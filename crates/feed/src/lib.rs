@@ -9,8 +9,10 @@
 //! The generator, decoder, statistics and impairments are pure (packets in,
 //! packets or numbers out, seeded randomness); only [`capture`] touches files.
 
+pub mod book;
 pub mod capture;
 pub mod decode;
 pub mod gen;
 pub mod lines;
+pub mod snapshot;
 pub mod stats;

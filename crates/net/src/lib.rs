@@ -18,4 +18,5 @@ pub mod exchange;
 pub mod operator;
 pub mod publish;
 pub mod replay;
+pub mod snapshot;
 pub mod tree;

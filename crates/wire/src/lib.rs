@@ -33,6 +33,7 @@ pub mod checks;
 pub mod error;
 pub mod field;
 pub mod frame;
+pub mod glimpse;
 pub mod itch;
 pub mod moldudp64;
 pub mod ouch;

@@ -62,7 +62,7 @@ impl<'c> NodeAgents<'c> {
             }
             None => None,
         };
-        let delivers = matches!(&cfg.job, Job::Receiver(j) if j.deliver.is_some() || j.retransmit.is_some());
+        let delivers = matches!(&cfg.job, Job::Receiver(j) if j.deliver.is_some() || j.retransmit.is_some() || j.snapshot.is_some());
         let sends = matches!(&cfg.job, Job::Sender(_));
         let mut posters: [Option<Poster>; PARTS] = [None, None, None];
         let board = if ctl.is_some() || cfg.publish.is_some() {

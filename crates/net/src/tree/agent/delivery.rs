@@ -1,7 +1,9 @@
 //! A receiver's delivery as an agent: each released message goes to the
 //! application as a plain MoldUDP64 datagram, optionally through a one-line
 //! arbitrator that asks the sender's retransmission server for whatever the
-//! tree lost.
+//! tree lost, and optionally after a snapshot (`--snapshot`: a receiver
+//! joining a running feed hands its application the books first, then the
+//! live line from where the snapshot ends).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::BorrowedFd;
@@ -18,6 +20,7 @@ use super::control::{Life, Poster};
 use super::mailbox::Incoming;
 use super::{wall_ns, AgentError, ReceiverJob, TimeBase};
 use crate::arb::client::RetransmitClient;
+use crate::snapshot::SnapshotClient;
 
 /// How long the filling arbitrator holds a message behind a gap.
 const FILL_HOLD_NS: u64 = 200_000_000;
@@ -38,39 +41,67 @@ struct Counts {
     requests: u64,
 }
 
-struct DeliverSink<'a> {
-    sock: &'a UdpSocket,
+/// The application's side: its socket, and the snapshot join in front of it.
+struct AppOut {
+    sock: UdpSocket,
     to: Option<SocketAddr>,
+    counts: Counts,
+    join: Option<SnapshotClient>,
+    /// Wall clock of the turn (the join's timers run on it).
+    now: u64,
+}
+
+/// Sends one packet to the application.
+fn send(sock: &UdpSocket, to: Option<SocketAddr>, counts: &mut Counts, p: &[u8]) {
+    counts.delivered += 1;
+    if let Some(to) = to {
+        if sock.send_to(p, to).is_err() {
+            counts.failed += 1;
+        }
+    }
+}
+
+impl AppOut {
+    /// One packet of the line, in sequence order: to the application, or
+    /// through the join while it has not joined.
+    fn take(&mut self, p: &[u8]) {
+        let (sock, to, counts) = (&self.sock, self.to, &mut self.counts);
+        match &mut self.join {
+            Some(j) => j.on_live(self.now, p, &mut |q| send(sock, to, counts, q)),
+            None => send(sock, to, counts, p),
+        }
+    }
+
+    /// The join's connection and timers.
+    fn service(&mut self) -> usize {
+        let (sock, to, counts) = (&self.sock, self.to, &mut self.counts);
+        self.join.as_mut().map_or(0, |j| j.service(self.now, &mut |q| send(sock, to, counts, q)))
+    }
+}
+
+struct DeliverSink<'a> {
+    app: &'a mut AppOut,
     req: &'a RetransmitClient,
-    counts: &'a mut Counts,
 }
 
 impl Sink for DeliverSink<'_> {
     fn emit(&mut self, stream: Stream, packet: &[u8]) {
-        if stream != Stream::HighReliability {
-            return;
-        }
-        self.counts.delivered += 1;
-        if let Some(to) = self.to {
-            if self.sock.send_to(packet, to).is_err() {
-                self.counts.failed += 1;
-            }
+        if stream == Stream::HighReliability {
+            self.app.take(packet);
         }
     }
 
     fn request(&mut self, r: RequestRepr) {
         if self.req.request(r) {
-            self.counts.requests += 1;
+            self.app.counts.requests += 1;
         }
     }
 }
 
 /// Where a receiver's releases go.
 pub struct DeliveryAgent {
-    sock: UdpSocket,
-    to: Option<SocketAddr>,
+    app: AppOut,
     fill: Option<(Arbitrator, RetransmitClient)>,
-    counts: Counts,
     inbox: Incoming<Delivered>,
     skew: Skew,
     time: TimeBase,
@@ -113,43 +144,32 @@ impl DeliveryAgent {
                 Some((arb, c))
             }
         };
-        Ok(DeliveryAgent {
-            sock,
-            to: job.deliver,
-            fill,
-            counts: Counts::default(),
-            inbox,
-            skew,
-            time,
-            life,
-            poster,
-            scratch: vec![0u8; 2048],
-            batch: Vec::new(),
-        })
+        let join = match &job.snapshot {
+            None => None,
+            Some(j) => Some(
+                SnapshotClient::new(j.server, &j.user, &j.password, wall_ns())
+                    .map_err(io("making the snapshot client"))?,
+            ),
+        };
+        let app = AppOut { sock, to: job.deliver, counts: Counts::default(), join, now: wall_ns() };
+        Ok(DeliveryAgent { app, fill, inbox, skew, time, life, poster, scratch: vec![0u8; 2048], batch: Vec::new() })
     }
 
     fn release(&mut self, now: u64, payload: &[u8]) {
         match &mut self.fill {
             Some((arb, req)) => {
-                let mut sink = DeliverSink { sock: &self.sock, to: self.to, req, counts: &mut self.counts };
+                let mut sink = DeliverSink { app: &mut self.app, req };
                 arb.handle_packet(now, Source::Line(0), payload, &mut sink);
             }
-            None => {
-                self.counts.delivered += 1;
-                if let Some(to) = self.to {
-                    if self.sock.send_to(payload, to).is_err() {
-                        self.counts.failed += 1;
-                    }
-                }
-            }
+            None => self.app.take(payload),
         }
     }
 
     /// Answers from the retransmission server, and the arbitrator's timers.
     fn service(&mut self, now: u64) -> usize {
-        let Some((arb, req)) = &mut self.fill else { return 0 };
-        let mut sink = DeliverSink { sock: &self.sock, to: self.to, req, counts: &mut self.counts };
-        let mut n = 0;
+        let mut n = self.app.service();
+        let Some((arb, req)) = &mut self.fill else { return n };
+        let mut sink = DeliverSink { app: &mut self.app, req };
         while let Some(k) = sink.req.recv(&mut self.scratch) {
             arb.handle_packet(now, Source::Retransmit, &self.scratch[..k], &mut sink);
             n += 1;
@@ -163,10 +183,14 @@ impl DeliveryAgent {
 
     /// Its counters, as they go into the node's report.
     pub fn counters(&self) -> serde_json::Value {
-        let mut c = json!({ "delivered": self.counts.delivered, "deliver_failed": self.counts.failed });
+        let counts = &self.app.counts;
+        let mut c = json!({ "delivered": counts.delivered, "deliver_failed": counts.failed });
         if let Some((arb, ..)) = &self.fill {
-            c["retransmit_requests"] = self.counts.requests.into();
+            c["retransmit_requests"] = counts.requests.into();
             c["fill"] = serde_json::to_value(arb.stats()).unwrap_or_default();
+        }
+        if let Some(j) = &self.app.join {
+            c["join"] = serde_json::to_value(j.stats()).unwrap_or_default();
         }
         c
     }
@@ -174,6 +198,7 @@ impl DeliveryAgent {
 
 impl Agent for DeliveryAgent {
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
+        self.app.now = now;
         let mut batch = std::mem::take(&mut self.batch);
         let mut work = self.inbox.drain(|d| batch.push(d));
         for d in batch.drain(..) {
@@ -197,12 +222,14 @@ impl Agent for DeliveryAgent {
         }
         let arb = self.fill.as_ref().and_then(|f| f.0.next_timeout());
         let due = arb.map_or(u64::MAX, |l| self.time.wall_at(self.skew.true_at(l)));
-        due.min(self.poster.as_ref().map_or(u64::MAX, Poster::next_ns))
+        let join = self.app.join.as_ref().map_or(u64::MAX, SnapshotClient::next_due);
+        due.min(join).min(self.poster.as_ref().map_or(u64::MAX, Poster::next_ns))
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = vec![self.inbox.fd()];
         fds.extend(self.fill.iter().map(|f| f.1.fd()));
+        fds.extend(self.app.join.iter().map(SnapshotClient::fd));
         fds.extend(self.poster.iter().map(Poster::fd));
         fds
     }

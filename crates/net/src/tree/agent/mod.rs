@@ -162,6 +162,16 @@ pub struct ReceiverJob {
     pub fill_from: Option<u64>,
     /// Keep one row per release for the log.
     pub keep_log: bool,
+    /// Join from a snapshot: the application gets the books first.
+    pub snapshot: Option<SnapshotJoin>,
+}
+
+/// Where a joining receiver fetches its snapshot, and as whom.
+#[derive(Debug, Clone)]
+pub struct SnapshotJoin {
+    pub server: SocketAddr,
+    pub user: String,
+    pub password: String,
 }
 
 /// The node's job, by its role in the topology.

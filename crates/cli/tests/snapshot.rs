@@ -1,0 +1,212 @@
+//! Goal (issue 43, join): a receiver that starts while the market is open
+//! hands its application books equal to those of a receiver that saw the
+//! whole feed — a GLIMPSE-style snapshot first, then the live line from
+//! where the snapshot ends, one MoldUDP64 line without a gap or a repeat.
+//! And the snapshot server holds against clients that misbehave.
+//! Method: a generated ITCH feed replayed live into a tree's sender and into
+//! `fairfeed snapshot-server`; one receiver from the start, one started
+//! seconds later with `--snapshot`; what each application received is
+//! collected on a UDP socket and rebuilt into books with `fairfeed_feed::book`,
+//! compared with the books of the whole capture.
+
+mod common;
+use common::cluster::Cluster;
+use common::{bin, fairfeed};
+use fairfeed_feed::book::Books;
+use fairfeed_wire::moldudp64::Packet;
+use std::io::{Read, Write};
+use std::net::{TcpStream, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Every datagram arriving at `sock` until `stop`.
+fn collect(sock: UdpSocket, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
+    std::thread::spawn(move || {
+        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut buf = [0u8; 2048];
+        let mut got = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(n) = sock.recv(&mut buf) {
+                got.push(buf[..n].to_vec());
+            }
+        }
+        got
+    })
+}
+
+fn delivery_socket() -> (UdpSocket, String) {
+    let s = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
+    s.set_nonblocking(false).unwrap();
+    let a = s.local_addr().unwrap().to_string();
+    (s, a)
+}
+
+/// An application's books from what it received, and the first and last
+/// sequence numbers of its line (asserting there is no gap and no repeat).
+fn app_books(packets: &[Vec<u8>]) -> (Books, u64, u64) {
+    let mut b = Books::new();
+    let (mut first, mut next) = (None, None);
+    for p in packets {
+        let p = Packet::new_checked(&p[..]).expect("a MoldUDP64 packet");
+        if p.message_count() == 0 {
+            continue;
+        }
+        if let Some(n) = next {
+            assert_eq!(p.sequence(), n, "the application's line has a gap or a repeat");
+        }
+        first.get_or_insert(p.sequence());
+        next = Some(p.next_sequence());
+        for m in p.messages() {
+            b.apply(m.unwrap()).unwrap_or_else(|e| panic!("the application's books refuse a message: {e}"));
+        }
+    }
+    (b, first.unwrap_or(0), next.unwrap_or(0))
+}
+
+fn capture_books(path: &std::path::Path) -> (Books, u64) {
+    let mut b = Books::new();
+    let mut n = 0;
+    for d in fairfeed_feed::capture::read_datagrams(path, None).unwrap().0 {
+        let p = Packet::new_checked(&d.payload[..]).unwrap();
+        for m in p.messages() {
+            b.apply(m.unwrap()).unwrap();
+            n += 1;
+        }
+    }
+    (b, n)
+}
+
+fn spawn(args: &[&str], stderr: &std::path::Path) -> Child {
+    let err = std::fs::File::create(stderr).unwrap();
+    Command::new(bin()).args(args).stdout(Stdio::null()).stderr(err).spawn().unwrap()
+}
+
+fn term(c: &mut Child) {
+    let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+    let t0 = Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "did not stop at SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_receiver_started_mid_feed_delivers_the_whole_feeds_books() {
+    let mut c = Cluster::plan(2, 2, 1, &["--loopback-port".into(), "9710".into()]);
+    let feed = c.path("feed.pcap");
+    fairfeed(&["gen", "--messages", "40000", "--symbols", "40", "--all-types", "--out", feed.to_str().unwrap()]);
+    let (want, messages) = capture_books(&feed);
+    let (snap_addr, snap_feed, sender_in) = ("127.0.0.1:9718", "127.0.0.1:9719", "127.0.0.1:9717");
+    let snap_err = c.path("snapshot-server.txt");
+    let mut server = spawn(&["snapshot-server", "--listen", snap_addr, "--feed", snap_feed], &snap_err);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let [early, late] = c.ids("receiver")[..] else { panic!("two receivers") };
+    let common = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["--link", "cloud", "--seconds", "40"].iter().map(|s| s.to_string()).collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let (sock, to) = delivery_socket();
+    let early_got = collect(sock, stop.clone());
+    c.start(early, &common(&["--deliver", &to]));
+    for id in c.ids("proxy") {
+        c.start(id, &common(&[]));
+    }
+    let sender = c.ids("sender")[0];
+    c.start(sender, &common(&["--listen", sender_in]));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let mut replay = Command::new(bin())
+        .args(["replay", feed.to_str().unwrap(), "--to", sender_in, "--and", feed.to_str().unwrap()])
+        .args(["--and-to", snap_feed])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Seconds into the feed (~6 s at the generator's 6,700 msg/s), the late receiver joins.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let (sock, to) = delivery_socket();
+    let late_got = collect(sock, stop.clone());
+    c.start(late, &common(&["--deliver", &to, "--snapshot", snap_addr]));
+    assert!(replay.wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(2_000));
+    c.stop_all();
+    term(&mut server);
+    stop.store(true, Ordering::Relaxed);
+
+    let (early_books, first, end) = app_books(&early_got.join().unwrap());
+    assert_eq!((first, end - 1), (1, messages), "the early receiver delivers the whole session");
+    assert_eq!(early_books.diff(&want), None);
+    let (late_books, first, end) = app_books(&late_got.join().unwrap());
+    let s = c.stats(late);
+    let join = &s["counters"]["join"];
+    eprintln!("late receiver: line {first}..{end}, join {join}");
+    assert_eq!(join["joined"], true, "{join}");
+    let at = join["joined_at_sequence"].as_u64().unwrap();
+    assert!(at > 1_000, "the late receiver joined at {at}: not late");
+    assert_eq!(first, at - join["snapshot_messages"].as_u64().unwrap(), "the snapshot is numbered up to the join");
+    assert_eq!(end - 1, messages, "and the live line runs to the feed's end");
+    assert_eq!(late_books.diff(&want), None, "the late receiver's books are the whole feed's");
+    let report = std::fs::read_to_string(&snap_err).unwrap();
+    assert!(report.contains("\"snapshots_sent\": 1"), "{report}");
+}
+
+#[test]
+fn the_snapshot_server_shrugs_off_misbehaving_clients_and_refuses_stale_books() {
+    let dir = common::tmp();
+    let err = dir.path().join("server.txt");
+    let (listen, feed) = ("127.0.0.1:9728", "127.0.0.1:9729");
+    let mut server = spawn(
+        &["snapshot-server", "--listen", listen, "--feed", feed, "--per-address-max", "2", "--connects-per-s", "50"],
+        &err,
+    );
+    let t0 = Instant::now();
+    let connect = || loop {
+        match TcpStream::connect(listen) {
+            Ok(s) => return s,
+            Err(_) if t0.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("no snapshot server: {e}"),
+        }
+    };
+    // Two idle connections hold this address's share; a third is refused (closed at once).
+    let idle = [connect(), connect()];
+    let mut third = connect();
+    third.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(third.read(&mut [0u8; 16]).unwrap_or(0), 0, "a third connection from one address is closed");
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(100));
+    // Garbage is answered by closing.
+    let mut g = connect();
+    g.write_all(&[0, 0, 0xff, 0xff]).unwrap();
+    g.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(g.read(&mut [0u8; 16]).unwrap_or(0), 0);
+    // No feed yet: a login is answered with Login Rejected 'S' (session not available).
+    let mut l = connect();
+    let mut login = Vec::new();
+    fairfeed_feed::snapshot::push_frame(
+        &mut login,
+        fairfeed_wire::soupbintcp::PacketRepr::LoginRequest {
+            username: fairfeed_wire::Alpha::from_str_padded(""),
+            password: fairfeed_wire::Alpha::from_str_padded(""),
+            session: fairfeed_wire::Alpha([b' '; 10]),
+            sequence: 1,
+        },
+    );
+    l.write_all(&login).unwrap();
+    l.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    let n = l.read(&mut buf).unwrap();
+    assert_eq!(&buf[..n], &[0, 2, b'J', b'S']);
+    // A feed joined mid-session is never served.
+    let mut pkt = [0u8; 20];
+    pkt[..10].copy_from_slice(b"LATE000001");
+    pkt[17] = 50;
+    UdpSocket::bind("127.0.0.1:0").unwrap().send_to(&pkt, feed).unwrap();
+    term(&mut server);
+    let report = std::fs::read_to_string(&err).unwrap();
+    assert!(report.contains("\"per_address\": 1"), "{report}");
+    assert!(report.contains("\"garbage\": 1"), "{report}");
+    assert!(report.contains("\"not_serving\": 1"), "{report}");
+    assert!(report.contains("not at 1: the books lack what came before"), "{report}");
+}
