@@ -1022,7 +1022,17 @@ fn every_file_input_refuses_bad_files_in_one_line() {
     fairfeed(&["plan", "--receivers", "2", "--fanout", "2", "--loopback-port", "9380", "--out", ot]);
     let commands: Vec<Vec<&str>> = vec![
         vec!["receiver", "--topology", ot, "--id", "0", "--snapshot", "127.0.0.1:9", "--snapshot-password-file", "{F}"],
-        vec!["snapshot-server", "--listen", "127.0.0.1:0", "--feed", "127.0.0.1:0", "--user", "u", "--password-file", "{F}"],
+        vec![
+            "snapshot-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--feed",
+            "127.0.0.1:0",
+            "--user",
+            "u",
+            "--password-file",
+            "{F}",
+        ],
         vec!["sender", "--topology", st, "--id", "4", "--shard-map", "{F}"],
         vec!["receiver", "--topology", st, "--id", "0", "--shard-map", "{F}"],
         vec!["receiver", "--topology", st, "--id", "0", "--shard-map", m, "--symbols", "{F}"],

@@ -547,9 +547,24 @@ fn node_processes_explain_bad_configurations() {
     );
     fails_with(&["receiver", "--topology", st, "--id", "0", "--retransmit", "127.0.0.1:9"], "retransmission");
     // A snapshot ends at the feed's sequence numbers, which one tree keeps and several do not.
-    fails_with(&["receiver", "--topology", st, "--id", "0", "--snapshot", "127.0.0.1:9"], "--snapshot needs a topology of one tree");
     fails_with(
-        &["receiver", "--topology", topo, "--id", "0", "--snapshot", "127.0.0.1:9", "--retransmit", "127.0.0.1:9", "--retransmit-from", "1"],
+        &["receiver", "--topology", st, "--id", "0", "--snapshot", "127.0.0.1:9"],
+        "--snapshot needs a topology of one tree",
+    );
+    fails_with(
+        &[
+            "receiver",
+            "--topology",
+            topo,
+            "--id",
+            "0",
+            "--snapshot",
+            "127.0.0.1:9",
+            "--retransmit",
+            "127.0.0.1:9",
+            "--retransmit-from",
+            "1",
+        ],
         "cannot be used with",
     );
 }
