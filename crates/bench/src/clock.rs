@@ -224,6 +224,7 @@ fn spawn_nodes(
                 linger_ns: 0,
                 retransmit_listen: None,
                 listen: None,
+                snapshot: None,
             }),
             Role::Proxy => Job::Proxy,
             Role::Receiver => Job::Receiver(ReceiverJob::default()),

@@ -535,6 +535,17 @@ pub struct SenderArgs {
     /// Serve MoldUDP64 retransmission requests from a journal of the feed here.
     #[arg(long, value_parser = crate::fmt::listen_addr)]
     retransmit_listen: Option<SocketAddr>,
+    /// Serve GLIMPSE-style snapshots of the books of what it sends here
+    /// (SoupBinTCP, as `fairfeed snapshot-server`), for receivers that join
+    /// late with `--snapshot ADDR`.
+    #[arg(long, value_name = "ADDR", value_parser = crate::fmt::listen_addr)]
+    snapshot_listen: Option<SocketAddr>,
+    /// With --snapshot-listen: the username logins must give (default: any).
+    #[arg(long, requires_all = ["snapshot_listen", "snapshot_password_file"], value_parser = crate::fmt::soup_user)]
+    snapshot_user: Option<String>,
+    /// With --snapshot-user: a file whose first line is the password.
+    #[arg(long, value_name = "FILE", requires = "snapshot_user")]
+    snapshot_password_file: Option<PathBuf>,
     /// Deadline rule: aim the controller at this P(F), 0.5..=0.99999 (default: the paper's rule, OWD_G + margin).
     #[arg(long, value_parser = crate::fmt::target_pf)]
     target_pf: Option<f64>,
@@ -741,10 +752,15 @@ fn refuse_on_several_trees(c: &Common, topology: &Topology, job: &Job) -> anyhow
         Job::Receiver(r) => r.retransmit.is_some(),
         Job::Proxy => false,
     };
-    if sharded && matches!(job, Job::Receiver(r) if r.snapshot.is_some()) {
+    let snapshots = match job {
+        Job::Sender(s) => s.snapshot.is_some(),
+        Job::Receiver(r) => r.snapshot.is_some(),
+        Job::Proxy => false,
+    };
+    if sharded && snapshots {
         anyhow::bail!(
             "{}: a topology of {} trees delivers one merged session numbered by the receiver, not the feed's \
-             sequence numbers a snapshot ends at; --snapshot needs a topology of one tree (plan with --trees 1)",
+             sequence numbers a snapshot ends at; --snapshot and --snapshot-listen need a topology of one tree (plan with --trees 1)",
             c.topology.display(),
             topology.trees.len()
         );
@@ -914,6 +930,16 @@ fn feed(a: &SenderArgs) -> anyhow::Result<Vec<Vec<u8>>> {
     Ok(g.map(|p| p.payload).take(packets).collect())
 }
 
+/// The sender's snapshot service (`--snapshot-listen`), with its login if given.
+fn snapshot_service(a: &SenderArgs) -> anyhow::Result<Option<fairfeed_net::snapshot::ServiceConfig>> {
+    let Some(listen) = a.snapshot_listen else { return Ok(None) };
+    let mut c = fairfeed_net::snapshot::ServiceConfig::new(listen);
+    if let (Some(u), Some(p)) = (&a.snapshot_user, &a.snapshot_password_file) {
+        c.credentials.user_pass = Some((u.clone(), crate::fmt::soup_password_file(p)?));
+    }
+    Ok(Some(c))
+}
+
 pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
     let payloads = if a.listen.is_some() { Vec::new() } else { feed(&a)? };
     anyhow::ensure!(a.listen.is_some() || !payloads.is_empty(), "nothing to send");
@@ -928,6 +954,7 @@ pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
         linger_ns: a.linger_ms * 1_000_000,
         retransmit_listen: a.retransmit_listen,
         listen: a.listen,
+        snapshot: snapshot_service(&a)?,
     });
     let mut cfg = config(&a.common, rule, job)?;
     if let Some(p) = &a.shard_map {

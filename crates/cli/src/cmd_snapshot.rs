@@ -10,7 +10,7 @@ use fairfeed_feed::snapshot::serve::{
 };
 use fairfeed_feed::snapshot::{GAP_WAIT_DEFAULT_NS, GAP_WAIT_MAX_NS};
 use fairfeed_net::publish::JsonSlot;
-use fairfeed_net::snapshot::{run_server, ServerConfig, FEEDS_MAX};
+use fairfeed_net::snapshot::{run_server, ServerConfig, ServiceConfig, FEEDS_MAX};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -63,13 +63,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let cfg = ServerConfig {
         feeds: a.feed.clone(),
-        listen: a.listen,
-        credentials,
-        gap_wait_ns: a.gap_wait_ms * 1_000_000,
-        orders_max: a.orders_max as usize,
-        connections_max: a.connections_max as usize,
-        per_address_max: a.per_address_max as usize,
-        connects_per_s_max: a.connects_per_s as u32,
+        service: ServiceConfig {
+            listen: a.listen,
+            credentials,
+            gap_wait_ns: a.gap_wait_ms * 1_000_000,
+            orders_max: a.orders_max as usize,
+            connections_max: a.connections_max as usize,
+            per_address_max: a.per_address_max as usize,
+            connects_per_s_max: a.connects_per_s as u32,
+        },
     };
     let slot = a.metrics.map(|_| JsonSlot::default());
     let _metrics = match (a.metrics, slot.clone()) {

@@ -364,3 +364,32 @@ fn exchange_arb_retransmit_server_and_bridge_serve_metrics_promtool_accepts() {
     }
     dashboard_finds_its_metrics(&prefixes, &bodies);
 }
+
+#[test]
+fn the_snapshot_server_serves_metrics_promtool_accepts() {
+    if !have_tool("promtool", &["--version"]) {
+        return;
+    }
+    let d = tmp();
+    let pcap = d.path().join("feed.pcap");
+    fairfeed(&["gen", "--seed", "5", "--messages", "20000", "--symbols", "20", "--out", pcap.to_str().unwrap()]);
+    let sf = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (sl, sm) = (free_tcp(), free_tcp());
+    let mut snap = Command::new(bin())
+        .args(["snapshot-server", "--listen", &sl.to_string(), "--feed", &sf.to_string()])
+        .args(["--metrics", &sm.to_string()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    fairfeed(&["replay", pcap.to_str().unwrap(), "--to", &sf.to_string(), "--rate", "20000"]);
+    let body = scrape_until(sm, "fairfeed_snapshot_feed_messages_total 20000");
+    assert!(body.contains("fairfeed_snapshot_feed_messages_total 20000"), "{body}");
+    assert!(body.contains("fairfeed_snapshot_serving 1"), "{body}");
+    assert!(body.contains("# TYPE fairfeed_snapshot_open_orders gauge"), "{body}");
+    let (ok, said) = promtool(&body);
+    assert!(ok, "promtool check metrics: {said}\n{body}");
+    let _ = Command::new("kill").args(["-TERM", &snap.id().to_string()]).status();
+    let status = wait_for(&mut snap, Duration::from_secs(20));
+    assert!(status.is_some_and(|s| s.success()), "the snapshot server exits cleanly on SIGTERM: {status:?}");
+}

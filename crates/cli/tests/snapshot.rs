@@ -152,6 +152,53 @@ fn a_receiver_started_mid_feed_delivers_the_whole_feeds_books() {
     assert!(report.contains("\"snapshots_sent\": 1"), "{report}");
 }
 
+/// The same join against the sender's own snapshot service (`sender
+/// --snapshot-listen`): the books of exactly what went down the tree, its
+/// generated feed here, no second copy of the feed needed.
+#[test]
+fn a_late_receiver_joins_from_the_senders_own_snapshots() {
+    let mut c = Cluster::plan(2, 2, 1, &["--loopback-port".into(), "9730".into()]);
+    let snap = "127.0.0.1:9738";
+    let stop = Arc::new(AtomicBool::new(false));
+    let [early, late] = c.ids("receiver")[..] else { panic!("two receivers") };
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["--link", "cloud", "--seconds", "30"].iter().map(|s| s.to_string()).collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let (sock, to) = delivery_socket();
+    let early_got = collect(sock, stop.clone());
+    c.start(early, &args(&["--deliver", &to]));
+    for id in c.ids("proxy") {
+        c.start(id, &args(&[]));
+    }
+    let sender = c.ids("sender")[0];
+    let feed = ["--rate", "1500", "--feed-seconds", "6", "--start-delay-ms", "700", "--linger-ms", "1500"];
+    let mut sa: Vec<String> = feed.iter().map(|s| s.to_string()).collect();
+    sa.extend(["--link".into(), "cloud".into(), "--snapshot-listen".into(), snap.into()]);
+    c.start(sender, &sa);
+    std::thread::sleep(Duration::from_millis(3_000));
+    let (sock, to) = delivery_socket();
+    let late_got = collect(sock, stop.clone());
+    c.start(late, &args(&["--deliver", &to, "--snapshot", snap]));
+    c.wait(sender, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    c.stop_all();
+    stop.store(true, Ordering::Relaxed);
+    let (want, first, end) = app_books(&early_got.join().unwrap());
+    assert_eq!(first, 1);
+    let (got, first, late_end) = app_books(&late_got.join().unwrap());
+    let join = &c.stats(late)["counters"]["join"];
+    eprintln!("late receiver: line {first}..{late_end}, join {join}");
+    assert_eq!(join["joined"], true, "{join}");
+    assert!(join["joined_at_sequence"].as_u64().unwrap() > 1_000, "{join}");
+    assert_eq!(late_end, end, "both lines end at the feed's end");
+    assert_eq!(got.diff(&want), None, "the late receiver's books are the early one's");
+    let served = &c.stats(sender)["counters"]["snapshot"];
+    assert_eq!(served["snapshots_sent"], 1, "{served}");
+    assert_eq!(served["serving"], true, "{served}");
+}
+
 #[test]
 fn the_snapshot_server_shrugs_off_misbehaving_clients_and_refuses_stale_books() {
     let dir = common::tmp();

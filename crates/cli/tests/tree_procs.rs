@@ -549,7 +549,12 @@ fn node_processes_explain_bad_configurations() {
     // A snapshot ends at the feed's sequence numbers, which one tree keeps and several do not.
     fails_with(
         &["receiver", "--topology", st, "--id", "0", "--snapshot", "127.0.0.1:9"],
-        "--snapshot needs a topology of one tree",
+        "need a topology of one tree",
+    );
+    let sender = sharded.ids("sender")[0].to_string();
+    fails_with(
+        &["sender", "--topology", st, "--id", &sender, "--snapshot-listen", "127.0.0.1:0"],
+        "need a topology of one tree",
     );
     fails_with(
         &[

@@ -45,6 +45,12 @@ fn epoll() -> std::io::Result<Epoll> {
 pub struct ServerConfig {
     /// UDP addresses the feed arrives at (MoldUDP64; an A and a B line may both).
     pub feeds: Vec<SocketAddr>,
+    pub service: ServiceConfig,
+}
+
+/// What the snapshot service is told, wherever it runs.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
     /// TCP address logins arrive at.
     pub listen: SocketAddr,
     pub credentials: Credentials,
@@ -53,6 +59,22 @@ pub struct ServerConfig {
     pub connections_max: usize,
     pub per_address_max: usize,
     pub connects_per_s_max: u32,
+}
+
+impl ServiceConfig {
+    /// A service on `listen` with the default limits, any login accepted.
+    pub fn new(listen: SocketAddr) -> Self {
+        use fairfeed_feed::snapshot::serve as d;
+        Self {
+            listen,
+            credentials: Credentials::default(),
+            gap_wait_ns: fairfeed_feed::snapshot::GAP_WAIT_DEFAULT_NS,
+            orders_max: fairfeed_feed::book::ORDERS_DEFAULT_MAX,
+            connections_max: d::CONNECTIONS_DEFAULT_MAX,
+            per_address_max: d::PER_ADDRESS_DEFAULT_MAX,
+            connects_per_s_max: d::CONNECTS_PER_S_DEFAULT_MAX,
+        }
+    }
 }
 
 /// What the server did, for `--metrics` and its final report.
@@ -87,9 +109,12 @@ struct Conn {
     watching_out: bool,
 }
 
-/// Follows a feed and serves snapshots of it.
-pub struct SnapshotServerAgent {
-    feeds: Vec<UdpSocket>,
+/// Serves snapshots of the books of a feed it is handed packet by packet:
+/// the listener, the connections and the follower, without feed sockets of
+/// its own — inside a [`SnapshotServerAgent`] that reads the feed from UDP,
+/// or inside a sender's feed agent, handed each packet it sends down the
+/// tree (`fairfeed sender --snapshot-listen`).
+pub struct SnapshotService {
     listener: TcpListener,
     poll: Epoll,
     conns: Vec<Option<Conn>>,
@@ -97,30 +122,16 @@ pub struct SnapshotServerAgent {
     admission: Admission,
     credentials: Credentials,
     report: ServerReport,
-    slot: Option<JsonSlot>,
-    next_publish: u64,
-    until: u64,
     buf: Vec<u8>,
     events: Vec<EpollEvent>,
 }
 
-impl SnapshotServerAgent {
-    /// Binds the feed sockets and the listener; serves until `until` (wall ns).
-    pub fn new(cfg: &ServerConfig, slot: Option<JsonSlot>, until: u64) -> std::io::Result<Self> {
-        assert!(!cfg.feeds.is_empty() && cfg.feeds.len() <= FEEDS_MAX, "1..={FEEDS_MAX} feeds");
-        let feeds = cfg
-            .feeds
-            .iter()
-            .map(|a| {
-                let s = fairfeed_io::socket::bind_udp(*a, FEED_RECV_BUFFER)?;
-                s.set_nonblocking(true)?;
-                Ok(s)
-            })
-            .collect::<std::io::Result<Vec<_>>>()?;
+impl SnapshotService {
+    /// Binds the listener.
+    pub fn new(cfg: &ServiceConfig) -> std::io::Result<Self> {
         let listener = TcpListener::bind(cfg.listen)?;
         listener.set_nonblocking(true)?;
         Ok(Self {
-            feeds,
             listener,
             poll: epoll()?,
             conns: Vec::new(),
@@ -128,9 +139,6 @@ impl SnapshotServerAgent {
             admission: Admission::new(cfg.connections_max, cfg.per_address_max, cfg.connects_per_s_max),
             credentials: cfg.credentials.clone(),
             report: ServerReport::default(),
-            slot,
-            next_publish: 0,
-            until,
             buf: vec![0u8; READ_CHUNK],
             events: vec![EpollEvent::empty(); EVENTS_MAX],
         })
@@ -139,11 +147,6 @@ impl SnapshotServerAgent {
     /// The address logins go to (with its port when 0 was asked for).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
-    }
-
-    /// The feed sockets' addresses.
-    pub fn feed_addrs(&self) -> std::io::Result<Vec<SocketAddr>> {
-        self.feeds.iter().map(UdpSocket::local_addr).collect()
     }
 
     /// What it did so far.
@@ -157,28 +160,29 @@ impl SnapshotServerAgent {
         r.feed = *self.follower.stats();
         r.books = *self.follower.book_stats();
         r.open = self.admission.open();
-        r.feed_socket_drops = self.feeds.iter().filter_map(fairfeed_io::socket::udp_drops).sum();
         r
     }
 
-    fn read_feeds(&mut self, now: u64) -> usize {
-        let mut n = 0;
-        for s in &self.feeds {
-            for _ in 0..FEED_READS_MAX {
-                match s.recv(&mut self.buf) {
-                    Ok(k) => {
-                        self.follower.on_packet(now, &self.buf[..k]);
-                        n += 1;
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(_) => {
-                        self.report.feed_read_errors += 1;
-                        break;
-                    }
-                }
-            }
-        }
-        n
+    /// One datagram of the feed, at `now` (wall ns).
+    pub fn take_packet(&mut self, now: u64, p: &[u8]) {
+        self.follower.on_packet(now, p);
+    }
+
+    /// Accepts, reads, writes and times out; returns the work done.
+    pub fn service(&mut self, now: u64) -> usize {
+        self.follower.on_tick(now);
+        self.accept(now) + self.service_conns(now)
+    }
+
+    /// When [`Self::service`] next has something due (`u64::MAX`: nothing).
+    pub fn next_due(&self) -> u64 {
+        let conns = self.conns.iter().flatten().map(|c| c.core.next_due()).min().unwrap_or(u64::MAX);
+        self.follower.next_due().min(conns)
+    }
+
+    /// The listener and the connections' `epoll` set.
+    pub fn fds(&self) -> [BorrowedFd<'_>; 2] {
+        [self.listener.as_fd(), self.poll.0.as_fd()]
     }
 
     fn accept(&mut self, now: u64) -> usize {
@@ -291,12 +295,75 @@ impl SnapshotServerAgent {
     }
 }
 
+/// Follows a feed from UDP sockets and serves snapshots of it.
+pub struct SnapshotServerAgent {
+    feeds: Vec<UdpSocket>,
+    service: SnapshotService,
+    slot: Option<JsonSlot>,
+    next_publish: u64,
+    until: u64,
+    buf: Vec<u8>,
+}
+
+impl SnapshotServerAgent {
+    /// Binds the feed sockets and the listener; serves until `until` (wall ns).
+    pub fn new(cfg: &ServerConfig, slot: Option<JsonSlot>, until: u64) -> std::io::Result<Self> {
+        assert!(!cfg.feeds.is_empty() && cfg.feeds.len() <= FEEDS_MAX, "1..={FEEDS_MAX} feeds");
+        let feeds = cfg
+            .feeds
+            .iter()
+            .map(|a| {
+                let s = fairfeed_io::socket::bind_udp(*a, FEED_RECV_BUFFER)?;
+                s.set_nonblocking(true)?;
+                Ok(s)
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let service = SnapshotService::new(&cfg.service)?;
+        Ok(Self { feeds, service, slot, next_publish: 0, until, buf: vec![0u8; READ_CHUNK] })
+    }
+
+    /// The address logins go to.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.service.local_addr()
+    }
+
+    /// The feed sockets' addresses.
+    pub fn feed_addrs(&self) -> std::io::Result<Vec<SocketAddr>> {
+        self.feeds.iter().map(UdpSocket::local_addr).collect()
+    }
+
+    /// What it did so far.
+    pub fn report(&self) -> ServerReport {
+        let mut r = self.service.report();
+        r.feed_socket_drops = self.feeds.iter().filter_map(fairfeed_io::socket::udp_drops).sum();
+        r
+    }
+
+    fn read_feeds(&mut self, now: u64) -> usize {
+        let mut n = 0;
+        for s in &self.feeds {
+            for _ in 0..FEED_READS_MAX {
+                match s.recv(&mut self.buf) {
+                    Ok(k) => {
+                        self.service.take_packet(now, &self.buf[..k]);
+                        n += 1;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(_) => {
+                        self.service.report.feed_read_errors += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        n
+    }
+}
+
 impl Agent for SnapshotServerAgent {
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
         let mut work = self.read_feeds(now);
-        self.follower.on_tick(now);
-        work += self.accept(now);
-        work += self.service_conns(now);
+        work += self.service.service(now);
         if now >= self.next_publish {
             self.next_publish = now + PUBLISH_INTERVAL.as_nanos() as u64;
             if let Some(slot) = &self.slot {
@@ -307,15 +374,13 @@ impl Agent for SnapshotServerAgent {
     }
 
     fn next_due(&self) -> u64 {
-        let conns = self.conns.iter().flatten().map(|c| c.core.next_due()).min().unwrap_or(u64::MAX);
         let publish = if self.slot.is_some() { self.next_publish } else { u64::MAX };
-        self.follower.next_due().min(conns).min(publish).min(self.until)
+        self.service.next_due().min(publish).min(self.until)
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds: Vec<BorrowedFd<'_>> = self.feeds.iter().map(AsFd::as_fd).collect();
-        fds.push(self.listener.as_fd());
-        fds.push(self.poll.0.as_fd());
+        fds.extend(self.service.fds());
         fds
     }
 

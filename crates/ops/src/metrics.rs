@@ -68,6 +68,10 @@ pub const GAUGE_LEAVES: &[&str] = &[
     "achieved_rate",
     "elapsed_s",
     "count",
+    "open",
+    "open_orders",
+    "next_sequence",
+    "joined_at_sequence",
 ];
 
 /// Words that make any leaf a level: summary statistics of a distribution.

@@ -450,6 +450,7 @@ fn node_config(
             linger_ns: shared.drain_ns,
             retransmit_listen: None,
             listen: None,
+            snapshot: None,
         }),
         Role::Proxy => Job::Proxy,
         Role::Receiver => Job::Receiver(ReceiverJob::default()),

@@ -179,6 +179,9 @@ pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)
     if let Some(c) = a.control.as_ref().and_then(ControlAgent::addr) {
         tracing::info!(node = cfg.id, control = %c, "{who}: answering `fairfeed stat` at {c}");
     }
+    if let Some(l) = a.feed.as_ref().and_then(FeedAgent::snapshot_addr) {
+        tracing::info!(node = cfg.id, snapshot = %l, "{who}: serving snapshots of what it sends at {l}");
+    }
     if let Some(l) = a.feed.as_ref().and_then(FeedAgent::listen_addr) {
         tracing::info!(node = cfg.id, listen = %l, "{who}: taking the live feed (MoldUDP64) at {l}");
     }

@@ -18,6 +18,7 @@ use super::control::{Life, Poster};
 use super::mailbox::Outgoing;
 use super::{wall_ns, AgentError, SenderJob, TimeBase};
 use crate::arb::live::bind_udp;
+use crate::snapshot::SnapshotService;
 
 /// Packets handed to the node in one turn at most (the rest next turn).
 const TURN_PACKETS_MAX: usize = 64;
@@ -85,6 +86,10 @@ pub struct FeedAgent {
     life: Arc<Life>,
     poster: Option<Poster>,
     scratch: Vec<u8>,
+    /// Snapshots of the books of what it sends (`--snapshot-listen`).
+    snapshot: Option<SnapshotService>,
+    /// Wall clock of the turn (the snapshot service's timers run on it).
+    wall: u64,
 }
 
 impl FeedAgent {
@@ -123,6 +128,13 @@ impl FeedAgent {
                 journal_restarts: 0,
             }),
         };
+        let snapshot = match &job.snapshot {
+            None => None,
+            Some(c) => Some(
+                SnapshotService::new(c)
+                    .map_err(|e| AgentError::Io(format!("binding the snapshot service to {}", c.listen), e))?,
+            ),
+        };
         let local = skew.local(time.at(now));
         Ok(FeedAgent {
             job: job.clone(),
@@ -139,7 +151,14 @@ impl FeedAgent {
             life,
             poster,
             scratch: vec![0u8; 2048],
+            snapshot,
+            wall: now,
         })
+    }
+
+    /// Where snapshots are served, if they are.
+    pub fn snapshot_addr(&self) -> Option<std::net::SocketAddr> {
+        self.snapshot.as_ref().and_then(|s| s.local_addr().ok())
     }
 
     /// Where a live feed is taken from.
@@ -170,6 +189,9 @@ impl FeedAgent {
             }
             if let Some(j) = &mut self.journal {
                 j.append(p);
+            }
+            if let Some(s) = &mut self.snapshot {
+                s.take_packet(self.wall, p);
             }
             self.next += 1;
             self.last_sent_ns = local;
@@ -232,6 +254,9 @@ impl FeedAgent {
             if let Some(j) = &mut self.journal {
                 j.append(p);
             }
+            if let Some(s) = &mut self.snapshot {
+                s.take_packet(self.wall, p);
+            }
             self.next += 1;
             self.last_sent_ns = local;
             if !l.backlog.is_empty() {
@@ -285,16 +310,23 @@ impl FeedAgent {
             c["journal_evicted"] = j.server.journal().evicted().into();
             c["retransmit_server"] = serde_json::to_value(j.server.stats()).unwrap_or_default();
         }
+        if let Some(s) = &self.snapshot {
+            c["snapshot"] = serde_json::to_value(s.report()).unwrap_or_default();
+        }
         c
     }
 }
 
 impl Agent for FeedAgent {
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
+        self.wall = now;
         let local = self.local_at(now);
         let mut work = if self.live.is_some() { self.take_live(local) } else { self.hand_over(local) };
         if turn == Turn::All {
             work += self.serve(local);
+        }
+        if let Some(s) = &mut self.snapshot {
+            work += s.service(now);
         }
         if !self.out.is_closed() && self.all_handed() && local.saturating_sub(self.last_sent_ns) >= self.job.linger_ns {
             // Sent, and lingered for the last reports and retransmissions.
@@ -309,7 +341,8 @@ impl Agent for FeedAgent {
     }
 
     fn next_due(&self) -> u64 {
-        let poster = self.poster.as_ref().map_or(u64::MAX, Poster::next_ns);
+        let snapshot = self.snapshot.as_ref().map_or(u64::MAX, SnapshotService::next_due);
+        let poster = self.poster.as_ref().map_or(u64::MAX, Poster::next_ns).min(snapshot);
         if let Some(l) = &self.live {
             // Woken by its socket; a backlog is retried at once.
             return if l.backlog.is_empty() { poster } else { 0 };
@@ -320,12 +353,13 @@ impl Agent for FeedAgent {
             self.t0 + self.next as u64 * self.gap_ns
         };
         let due = if self.out.is_closed() { u64::MAX } else { self.wall_at_local(l) };
-        due.min(self.poster.as_ref().map_or(u64::MAX, Poster::next_ns))
+        due.min(poster)
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds: Vec<BorrowedFd<'_>> = self.journal.iter().map(|j| j.sock.as_fd()).collect();
         fds.extend(self.live.iter().map(|l| l.sock.as_fd()));
+        fds.extend(self.snapshot.iter().flat_map(SnapshotService::fds));
         fds.extend(self.poster.iter().map(Poster::fd));
         fds
     }

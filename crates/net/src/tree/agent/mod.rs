@@ -146,6 +146,9 @@ pub struct SenderJob {
     /// (an arbitrator's output, an exchange's line) go down the tree as they
     /// come, until the node is stopped.
     pub listen: Option<SocketAddr>,
+    /// Serve GLIMPSE-style snapshots of the books of what it sends, for
+    /// receivers that join late (`--snapshot` at the receiver).
+    pub snapshot: Option<crate::snapshot::ServiceConfig>,
 }
 
 /// Where a receiver's released messages go.
