@@ -197,6 +197,7 @@ fn a_late_receiver_joins_from_the_senders_own_snapshots() {
     let served = &c.stats(sender)["counters"]["snapshot"];
     assert_eq!(served["snapshots_sent"], 1, "{served}");
     assert_eq!(served["serving"], true, "{served}");
+    assert_eq!(served["copies_dropped"], 0, "{served}");
 }
 
 #[test]

@@ -18,14 +18,16 @@ use fairfeed_tree::node::Released;
 
 use super::control::{Board, ControlAgent, Life, Part, Poster, PARTS};
 use super::delivery::DeliveryAgent;
-use super::feed::FeedAgent;
+use super::feed::{FeedAgent, SnapshotFeed};
 use super::mailbox::mailbox;
 use super::node::{Links, PARK_MAX_NS};
 use super::releases::ReleaseLog;
-use super::{wall_ns, AgentConfig, AgentError, AgentReport, Job, NodeAgent, ReleaseAt, Threading};
+use super::snapshots::{SnapshotAgent, SNAPSHOT_MAILBOX_CAPACITY};
+use super::{wall_ns, AgentConfig, AgentError, AgentReport, Job, NodeAgent, ReleaseAt, SenderJob, Threading};
 use super::{RING_CAPACITY, SPIN_AHEAD_NS};
 use crate::arb::live::bind_udp;
 use crate::idle::IdleStrategy;
+use crate::publish::JsonSlot;
 use crate::tuning::report;
 
 /// Messages waiting between a feed and its node, or a node and its delivery, at most.
@@ -37,6 +39,8 @@ pub struct NodeAgents<'c> {
     pub feed: Option<FeedAgent>,
     pub delivery: Option<DeliveryAgent>,
     pub control: Option<ControlAgent>,
+    /// A sender's snapshot service (`--snapshot-listen`).
+    pub snapshot: Option<SnapshotAgent>,
     pub life: Arc<Life>,
 }
 
@@ -79,12 +83,21 @@ impl<'c> NodeAgents<'c> {
         };
         let [node_poster, feed_poster, delivery_poster] = posters;
         let clock = (cfg.clock.skew, cfg.time);
-        let (feed, feed_in) = match &cfg.job {
+        let (mut feed, feed_in) = match &cfg.job {
             Job::Sender(j) => {
                 let (tx, rx) = mailbox(MAILBOX_CAPACITY).map_err(io("making the feed's mailbox"))?;
                 (Some(FeedAgent::new(j, now, tx, clock, life.clone(), feed_poster)?), Some(rx))
             }
             _ => (None, None),
+        };
+        let snapshot = match &cfg.job {
+            Job::Sender(SenderJob { snapshot: Some(c), .. }) => {
+                let (tx, rx) = mailbox(SNAPSHOT_MAILBOX_CAPACITY).map_err(io("making the snapshot agent's mailbox"))?;
+                let slot = JsonSlot::default();
+                feed = feed.map(|f| f.with_snapshot(SnapshotFeed::new(tx, slot.clone())));
+                Some(SnapshotAgent::new(c, rx, life.clone(), slot)?)
+            }
+            _ => None,
         };
         let (delivery, delivery_out) = match &cfg.job {
             Job::Receiver(j) if delivers => {
@@ -110,7 +123,7 @@ impl<'c> NodeAgents<'c> {
                 .with_extra(cfg.extra.clone())
                 .with_releases(releases)
         });
-        Ok(NodeAgents { node, feed, delivery, control, life })
+        Ok(NodeAgents { node, feed, delivery, control, snapshot, life })
     }
 
     /// Every agent, for a runner that drives them all on one thread.
@@ -124,6 +137,9 @@ impl<'c> NodeAgents<'c> {
         }
         if let Some(c) = &mut self.control {
             v.push(c);
+        }
+        if let Some(s) = &mut self.snapshot {
+            v.push(s);
         }
         v
     }
@@ -179,7 +195,7 @@ pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)
     if let Some(c) = a.control.as_ref().and_then(ControlAgent::addr) {
         tracing::info!(node = cfg.id, control = %c, "{who}: answering `fairfeed stat` at {c}");
     }
-    if let Some(l) = a.feed.as_ref().and_then(FeedAgent::snapshot_addr) {
+    if let Some(l) = a.snapshot.as_ref().and_then(SnapshotAgent::addr) {
         tracing::info!(node = cfg.id, snapshot = %l, "{who}: serving snapshots of what it sends at {l}");
     }
     if let Some(l) = a.feed.as_ref().and_then(FeedAgent::listen_addr) {
@@ -189,6 +205,14 @@ pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)
         Some(c) => Some(
             spawn("fairfeed-ctl", alone(cfg, IdleStrategy::Park), move || c, |c, _| c)
                 .map_err(io("starting the control thread"))?,
+        ),
+        None => None,
+    };
+    // Building a snapshot takes milliseconds: never on the feed's or the node's thread.
+    let snapshot = match a.snapshot.take() {
+        Some(s) => Some(
+            spawn("fairfeed-snap", alone(cfg, IdleStrategy::Park), move || s, |s, _| s)
+                .map_err(io("starting the snapshot thread"))?,
         ),
         None => None,
     };
@@ -212,6 +236,10 @@ pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)
     // Whatever still runs elsewhere stops now (and hands its agent back).
     a.life.finish();
     a.control = control.and_then(|t| t.join().ok());
+    a.snapshot = snapshot.and_then(|t| t.join().ok());
+    if let Some(s) = &a.snapshot {
+        s.publish_now();
+    }
     a.feed = a.feed.or(feed.and_then(|t| t.join().ok()));
     a.delivery = a.delivery.or(delivery.and_then(|t| t.join().ok()));
     result?;

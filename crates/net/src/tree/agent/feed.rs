@@ -18,7 +18,7 @@ use super::control::{Life, Poster};
 use super::mailbox::Outgoing;
 use super::{wall_ns, AgentError, SenderJob, TimeBase};
 use crate::arb::live::bind_udp;
-use crate::snapshot::SnapshotService;
+use crate::publish::JsonSlot;
 
 /// Packets handed to the node in one turn at most (the rest next turn).
 const TURN_PACKETS_MAX: usize = 64;
@@ -86,10 +86,29 @@ pub struct FeedAgent {
     life: Arc<Life>,
     poster: Option<Poster>,
     scratch: Vec<u8>,
-    /// Snapshots of the books of what it sends (`--snapshot-listen`).
-    snapshot: Option<SnapshotService>,
-    /// Wall clock of the turn (the snapshot service's timers run on it).
-    wall: u64,
+    /// Copies of what it sends, for the snapshot agent (`--snapshot-listen`).
+    snapshot: Option<SnapshotFeed>,
+}
+
+/// The copies a sender hands its snapshot agent.
+pub struct SnapshotFeed {
+    pub out: Outgoing<Vec<u8>>,
+    /// The agent's last report.
+    pub report: JsonSlot,
+    /// Copies dropped with its mailbox full (its books then see a gap).
+    dropped: u64,
+}
+
+impl SnapshotFeed {
+    pub fn new(out: Outgoing<Vec<u8>>, report: JsonSlot) -> Self {
+        Self { out, report, dropped: 0 }
+    }
+
+    fn copy(&mut self, p: &[u8]) {
+        if self.out.push(p.to_vec()).is_err() {
+            self.dropped += 1;
+        }
+    }
 }
 
 impl FeedAgent {
@@ -128,13 +147,6 @@ impl FeedAgent {
                 journal_restarts: 0,
             }),
         };
-        let snapshot = match &job.snapshot {
-            None => None,
-            Some(c) => Some(
-                SnapshotService::new(c)
-                    .map_err(|e| AgentError::Io(format!("binding the snapshot service to {}", c.listen), e))?,
-            ),
-        };
         let local = skew.local(time.at(now));
         Ok(FeedAgent {
             job: job.clone(),
@@ -151,14 +163,14 @@ impl FeedAgent {
             life,
             poster,
             scratch: vec![0u8; 2048],
-            snapshot,
-            wall: now,
+            snapshot: None,
         })
     }
 
-    /// Where snapshots are served, if they are.
-    pub fn snapshot_addr(&self) -> Option<std::net::SocketAddr> {
-        self.snapshot.as_ref().and_then(|s| s.local_addr().ok())
+    /// Hands a copy of every packet it sends to a snapshot agent.
+    pub fn with_snapshot(mut self, f: SnapshotFeed) -> Self {
+        self.snapshot = Some(f);
+        self
     }
 
     /// Where a live feed is taken from.
@@ -191,7 +203,7 @@ impl FeedAgent {
                 j.append(p);
             }
             if let Some(s) = &mut self.snapshot {
-                s.take_packet(self.wall, p);
+                s.copy(p);
             }
             self.next += 1;
             self.last_sent_ns = local;
@@ -255,7 +267,7 @@ impl FeedAgent {
                 j.append(p);
             }
             if let Some(s) = &mut self.snapshot {
-                s.take_packet(self.wall, p);
+                s.copy(p);
             }
             self.next += 1;
             self.last_sent_ns = local;
@@ -311,7 +323,9 @@ impl FeedAgent {
             c["retransmit_server"] = serde_json::to_value(j.server.stats()).unwrap_or_default();
         }
         if let Some(s) = &self.snapshot {
-            c["snapshot"] = serde_json::to_value(s.report()).unwrap_or_default();
+            let r = s.report.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            c["snapshot"] = r.unwrap_or_default();
+            c["snapshot"]["copies_dropped"] = s.dropped.into();
         }
         c
     }
@@ -319,14 +333,15 @@ impl FeedAgent {
 
 impl Agent for FeedAgent {
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
-        self.wall = now;
         let local = self.local_at(now);
         let mut work = if self.live.is_some() { self.take_live(local) } else { self.hand_over(local) };
         if turn == Turn::All {
             work += self.serve(local);
         }
-        if let Some(s) = &mut self.snapshot {
-            work += s.service(now);
+        if let Some(s) = &self.snapshot {
+            if work > 0 {
+                s.out.wake();
+            }
         }
         if !self.out.is_closed() && self.all_handed() && local.saturating_sub(self.last_sent_ns) >= self.job.linger_ns {
             // Sent, and lingered for the last reports and retransmissions.
@@ -341,8 +356,7 @@ impl Agent for FeedAgent {
     }
 
     fn next_due(&self) -> u64 {
-        let snapshot = self.snapshot.as_ref().map_or(u64::MAX, SnapshotService::next_due);
-        let poster = self.poster.as_ref().map_or(u64::MAX, Poster::next_ns).min(snapshot);
+        let poster = self.poster.as_ref().map_or(u64::MAX, Poster::next_ns);
         if let Some(l) = &self.live {
             // Woken by its socket; a backlog is retried at once.
             return if l.backlog.is_empty() { poster } else { 0 };
@@ -359,7 +373,6 @@ impl Agent for FeedAgent {
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds: Vec<BorrowedFd<'_>> = self.journal.iter().map(|j| j.sock.as_fd()).collect();
         fds.extend(self.live.iter().map(|l| l.sock.as_fd()));
-        fds.extend(self.snapshot.iter().flat_map(SnapshotService::fds));
         fds.extend(self.poster.iter().map(Poster::fd));
         fds
     }

@@ -40,6 +40,7 @@ pub mod keys;
 mod mailbox;
 mod node;
 mod releases;
+mod snapshots;
 
 pub use compose::{run_agent, NodeAgents, MAILBOX_CAPACITY};
 pub use control::{Board, ControlAgent, ControlStats, Life, ANSWER_WAIT_NS, PENDING_MAX};
@@ -49,6 +50,7 @@ pub use feed::FeedAgent;
 pub use mailbox::{mailbox, Incoming, Outgoing};
 pub use node::{AgentError, Links, NodeAgent};
 pub use releases::{parse_page, Release, ReleaseLog, RELEASES_PER_ANSWER, RELEASE_LOG_MAX};
+pub use snapshots::{SnapshotAgent, SNAPSHOT_MAILBOX_CAPACITY};
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
