@@ -98,16 +98,17 @@ pub struct Arbitrator {
 
 impl Arbitrator {
     /// A new arbitrator; checks the configuration.
-    pub fn new(cfg: Config, spec: SeqSpec) -> Result<Self, String> {
+    pub fn new(cfg: Config, spec: SeqSpec) -> Result<Self, crate::spec::ConfigError> {
+        use crate::spec::ConfigError;
         spec.validate()?;
         if cfg.lines == 0 || cfg.lines > LINES_MAX {
-            return Err(format!("lines must be 1..={LINES_MAX}, got {}", cfg.lines));
+            return Err(ConfigError::Lines { max: LINES_MAX, got: cfg.lines });
         }
         if cfg.retransmit.is_some() && spec.session.is_none() {
-            return Err(format!("retransmission needs a protocol with a session field; {} has none", spec.name));
+            return Err(ConfigError::NoSession(spec.name.clone()));
         }
         if cfg.buffer_packets_max == 0 || cfg.buffer_bytes_max == 0 {
-            return Err("buffer limits must be positive".into());
+            return Err(ConfigError::Buffers);
         }
         let (next_ll, next_hr) = match cfg.start {
             Start::First => (None, None),

@@ -122,6 +122,21 @@ impl PacketInfo {
     }
 }
 
+/// Why an arbitrator's configuration or protocol description is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name} field must be 1..=8 bytes inside the {header_len}-byte header")]
+    FieldOutside { name: &'static str, header_len: usize },
+    #[error("session field must lie inside the header")]
+    SessionOutside,
+    #[error("lines must be 1..={max}, got {got}")]
+    Lines { max: usize, got: usize },
+    #[error("retransmission needs a protocol with a session field; {0} has none")]
+    NoSession(String),
+    #[error("buffer limits must be positive")]
+    Buffers,
+}
+
 impl SeqSpec {
     /// MoldUDP64 (NASDAQ ITCH 5.0): session 0..10, u64 sequence at 10, u16 count at 18.
     pub fn moldudp64() -> Self {
@@ -166,19 +181,19 @@ impl SeqSpec {
     }
 
     /// Checks the fields lie inside the header and have sane widths.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let mut fields = vec![("seq", self.seq)];
         if let Count::Field(c) = self.count {
             fields.push(("count", c));
         }
         for (name, f) in fields {
             if !(1..=8).contains(&f.width) || f.end() > self.header_len {
-                return Err(format!("{name} field must be 1..=8 bytes inside the {}-byte header", self.header_len));
+                return Err(ConfigError::FieldOutside { name, header_len: self.header_len });
             }
         }
         if let Some(s) = &self.session {
             if s.end > self.header_len || s.is_empty() {
-                return Err("session field must lie inside the header".into());
+                return Err(ConfigError::SessionOutside);
             }
         }
         Ok(())

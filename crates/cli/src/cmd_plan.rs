@@ -212,5 +212,5 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 fn parse_address(s: &str) -> Result<(u32, fairfeed_tree::addr::HostPort), String> {
     let (id, addr) = s.split_once('=').ok_or("expected ID=HOST:PORT")?;
     let id = id.trim().parse().map_err(|e| format!("node id {id:?}: {e}"))?;
-    Ok((id, fairfeed_tree::addr::HostPort::parse(addr, false)?))
+    Ok((id, fairfeed_tree::addr::HostPort::parse(addr, false).map_err(|e| e.to_string())?))
 }

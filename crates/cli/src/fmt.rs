@@ -291,7 +291,7 @@ pub fn check_out_dir(dir: &std::path::Path) -> anyhow::Result<()> {
 /// first, as the loopback examples use); `any_port`: port 0 allowed.
 fn resolve(s: &str, any_port: bool) -> Result<std::net::SocketAddr, String> {
     use std::net::ToSocketAddrs;
-    let hp = fairfeed_tree::addr::HostPort::parse(s, any_port)?;
+    let hp = fairfeed_tree::addr::HostPort::parse(s, any_port).map_err(|e| e.to_string())?;
     if let Some(a) = hp.literal() {
         return Ok(a);
     }

@@ -229,7 +229,7 @@ impl Default for SyncConfig {
 
 impl SyncConfig {
     /// Checks the settings; the error names the bad one.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSyncConfig> {
         let checks = [
             (self.interval_ns > 0, "interval_ns must be > 0"),
             (self.startup_interval_ns > 0, "startup_interval_ns must be > 0"),
@@ -252,11 +252,23 @@ impl SyncConfig {
             ),
         ];
         match checks.iter().find(|c| !c.0) {
-            Some((_, why)) => Err((*why).to_string()),
+            Some((_, why)) => Err(InvalidSyncConfig(why)),
             None => Ok(()),
         }
     }
 }
+
+/// A clock synchronization setting that cannot work, named with the rule it breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidSyncConfig(pub &'static str);
+
+impl core::fmt::Display for InvalidSyncConfig {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for InvalidSyncConfig {}
 
 /// Why a probe was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

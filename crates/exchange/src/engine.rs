@@ -48,6 +48,16 @@ pub struct Limits {
     pub price_max: Price,
 }
 
+/// A configuration value an exchange cannot run with: the key and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigError {
+    /// The configuration key at fault (e.g. `limits.orders`).
+    pub key: &'static str,
+    /// What is wrong with it, in words (what the CLI prints).
+    pub message: String,
+}
+
 impl Limits {
     /// Levels per side at most.
     pub const LEVELS_MAX: usize = 1 << 20;
@@ -55,19 +65,26 @@ impl Limits {
     pub const SYMBOLS_MAX: usize = 65_535;
 
     /// Checks every bound is one an engine can be built with.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let orders_max = NIL as usize - 1;
+        let bad = |key, message| Err(ConfigError { key, message });
         if !(1..=orders_max).contains(&self.orders) {
-            return Err(format!("limits.orders must be 1..={orders_max}, got {}", self.orders));
+            return bad("limits.orders", format!("limits.orders must be 1..={orders_max}, got {}", self.orders));
         }
         if !(1..=Self::LEVELS_MAX).contains(&self.levels) {
-            return Err(format!("limits.levels must be 1..={}, got {}", Self::LEVELS_MAX, self.levels));
+            return bad(
+                "limits.levels",
+                format!("limits.levels must be 1..={}, got {}", Self::LEVELS_MAX, self.levels),
+            );
         }
         if !(1..=Self::SYMBOLS_MAX).contains(&self.symbols) {
-            return Err(format!("limits.symbols must be 1..={}, got {}", Self::SYMBOLS_MAX, self.symbols));
+            return bad(
+                "limits.symbols",
+                format!("limits.symbols must be 1..={}, got {}", Self::SYMBOLS_MAX, self.symbols),
+            );
         }
         if self.qty_max == 0 || self.price_max == 0 {
-            return Err("limits.qty_max and limits.price_max must be at least 1".into());
+            return bad("limits.qty_max", "limits.qty_max and limits.price_max must be at least 1".into());
         }
         Ok(())
     }

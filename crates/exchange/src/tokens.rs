@@ -333,24 +333,27 @@ impl<V, const N: usize> TokenIndex<V, N> {
 
     /// Checks the logs' invariants (tests).
     #[doc(hidden)]
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), InvariantBroken> {
         let mut live = self.others.len();
         for (client, log) in self.logs.iter().enumerate() {
             let mut prev: Option<u32> = None;
             for (k, c) in log.chunks.iter().enumerate() {
                 let n = c.vals.iter().filter(|v| v.is_some()).count();
                 if c.keys.first() != Some(&c.first) || c.keys.last() != Some(&c.last) {
-                    return Err(format!("client {client} chunk {k}: first or last key out of date"));
+                    return Err(InvariantBroken(format!("client {client} chunk {k}: first or last key out of date")));
                 }
                 if c.keys.is_empty() || c.keys.len() != c.vals.len() || n != c.live || n == 0 || c.keys.len() > N {
-                    return Err(format!("client {client} chunk {k}: bad sizes or live count"));
+                    return Err(InvariantBroken(format!("client {client} chunk {k}: bad sizes or live count")));
                 }
                 if k + 1 < log.chunks.len() && n * SPARSE <= c.keys.len() && c.keys.len() > n {
-                    return Err(format!("client {client} chunk {k}: {n} live of {} and not the last", c.keys.len()));
+                    return Err(InvariantBroken(format!(
+                        "client {client} chunk {k}: {n} live of {} and not the last",
+                        c.keys.len()
+                    )));
                 }
                 for &key in &c.keys {
                     if prev.is_some_and(|p| key <= p) || log.last.is_none_or(|l| key > l) {
-                        return Err(format!("client {client} chunk {k}: key {key} out of order"));
+                        return Err(InvariantBroken(format!("client {client} chunk {k}: key {key} out of order")));
                     }
                     prev = Some(key);
                 }
@@ -358,7 +361,7 @@ impl<V, const N: usize> TokenIndex<V, N> {
             }
         }
         if live != self.len {
-            return Err(format!("len {} but {live} live", self.len));
+            return Err(InvariantBroken(format!("len {} but {live} live", self.len)));
         }
         Ok(())
     }
@@ -379,3 +382,8 @@ mod tests {
         }
     }
 }
+
+/// An invariant of the token index that does not hold (its tests' check).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvariantBroken(pub String);

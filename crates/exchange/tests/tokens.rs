@@ -64,7 +64,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
         prop_assert_eq!(ix.len(), model.len());
-        ix.check().map_err(TestCaseError::fail)?;
+        ix.check().map_err(|e| TestCaseError::fail(e.to_string()))?;
         // Memory: every chunk but a client's last is over a quarter live (or
         // compacted), so slots ≤ 4 × live + one chunk per client.
         let (chunks, slots) = ix.footprint();

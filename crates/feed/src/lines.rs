@@ -36,14 +36,22 @@ pub struct LineReport {
 
 impl Impairment {
     /// Checks every fraction lies in [0, 1].
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), NotAFraction> {
         for (name, v) in [("loss", self.loss), ("dup", self.dup), ("reorder", self.reorder)] {
             if !(0.0..=1.0).contains(&v) {
-                return Err(format!("{name} must be a fraction in [0, 1], got {v}"));
+                return Err(NotAFraction { name, value: v });
             }
         }
         Ok(())
     }
+}
+
+/// An impairment share outside [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("{name} must be a fraction in [0, 1], got {value}")]
+pub struct NotAFraction {
+    pub name: &'static str,
+    pub value: f64,
 }
 
 /// Applies `imp` to `clean`, returning the line's packets in arrival order.

@@ -30,10 +30,22 @@ pub struct Applied {
     pub detail: String,
 }
 
-fn applied(setting: String, r: Result<(), String>) -> Applied {
+/// Why a setting did not take.
+#[derive(Debug, thiserror::Error)]
+pub enum TuningError {
+    /// The kernel refused it (no privilege, no such CPU, …).
+    #[error("{0}")]
+    Os(#[from] std::io::Error),
+    #[error("{0}")]
+    Nix(#[from] nix::Error),
+    #[error("SCHED_FIFO priority must be 1..=99")]
+    Priority,
+}
+
+fn applied(setting: String, r: Result<(), TuningError>) -> Applied {
     match r {
         Ok(()) => Applied { setting, ok: true, detail: "done".into() },
-        Err(e) => Applied { setting, ok: false, detail: e },
+        Err(e) => Applied { setting, ok: false, detail: e.to_string() },
     }
 }
 
@@ -43,7 +55,7 @@ impl Tuning {
         let mut out = Vec::new();
         if self.mlock {
             use nix::sys::mman::{mlockall, MlockAllFlags};
-            let r = mlockall(MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE).map_err(|e| e.to_string());
+            let r = mlockall(MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE).map_err(TuningError::from);
             out.push(applied("mlockall".into(), r));
         }
         out
@@ -53,10 +65,10 @@ impl Tuning {
     pub fn apply_thread(&self, index: usize) -> Vec<Applied> {
         let mut out = Vec::new();
         if let Some(&cpu) = self.pin.get(index) {
-            let r = (|| {
+            let r = (|| -> Result<(), TuningError> {
                 let mut set = nix::sched::CpuSet::new();
-                set.set(cpu).map_err(|e| e.to_string())?;
-                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(|e| e.to_string())
+                set.set(cpu)?;
+                Ok(nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?)
             })();
             out.push(applied(format!("thread {index}: pin to cpu {cpu}"), r));
         }
@@ -97,7 +109,7 @@ pub fn report(who: &str, applied: &[Applied]) {
 mod sys {
     use std::os::fd::RawFd;
 
-    pub fn busy_poll(fd: RawFd, us: u32) -> Result<(), String> {
+    pub fn busy_poll(fd: RawFd, us: u32) -> Result<(), super::TuningError> {
         let v: libc::c_int = us.min(i32::MAX as u32) as libc::c_int;
         // SAFETY: `fd` is an open socket owned by the caller for the call's
         // duration; the option value is a c_int on the stack, its size passed.
@@ -113,13 +125,13 @@ mod sys {
         if r == 0 {
             Ok(())
         } else {
-            Err(std::io::Error::last_os_error().to_string())
+            Err(std::io::Error::last_os_error().into())
         }
     }
 
-    pub fn sched_fifo(priority: i32) -> Result<(), String> {
+    pub fn sched_fifo(priority: i32) -> Result<(), super::TuningError> {
         if !(1..=99).contains(&priority) {
-            return Err("SCHED_FIFO priority must be 1..=99".into());
+            return Err(super::TuningError::Priority);
         }
         let p = libc::sched_param { sched_priority: priority };
         // SAFETY: pid 0 is the calling thread; `p` is a valid sched_param.
@@ -127,7 +139,7 @@ mod sys {
         if r == 0 {
             Ok(())
         } else {
-            Err(std::io::Error::last_os_error().to_string())
+            Err(std::io::Error::last_os_error().into())
         }
     }
 }

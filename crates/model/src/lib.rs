@@ -119,17 +119,32 @@ impl Default for HostClass {
 /// Classes a model may have at most (members are kept as a bit mask per node).
 pub const CLASSES_MAX: usize = 16;
 
+/// Why a model file or a model's value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// Not TOML, or not the model's keys (the line and what is wrong there).
+    #[error("{0}")]
+    Toml(String),
+    #[error("no [link], [clock] or [[class]] section; for the built-in model give no model file")]
+    Empty,
+    #[error("{0} classes; at most {CLASSES_MAX}")]
+    TooManyClasses(usize),
+    /// A value out of its range, named with its section and key.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl HostClass {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ModelError> {
         let finite = [self.share, self.extra_us, self.body_scale, self.from_s, self.until_s, self.ramp_s]
             .iter()
             .all(|v| v.is_finite() && *v >= 0.0);
         if !finite || self.share > 1.0 || self.body_scale > 1_000.0 || self.until_s < self.from_s {
-            return Err(format!(
+            return Err(ModelError::Invalid(format!(
                 "class {:?}: share in [0, 1], extra_us, ramp_s, from_s ≤ until_s finite and not negative, \
                  body_scale in [0, 1000]",
                 self.name
-            ));
+            )));
         }
         Ok(())
     }
@@ -262,7 +277,7 @@ impl LinkModel {
     };
 
     /// Checks the parameters make sense; the error names the first field that does not.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ModelError> {
         let finite = |v: f64| v.is_finite();
         let share = |v: f64| (0.0..=1.0).contains(&v);
         let below_one = |v: f64| (0.0..1.0).contains(&v);
@@ -290,10 +305,13 @@ impl LinkModel {
             ("loss_burst_probability", self.loss_burst_probability, below_one(self.loss_burst_probability), "in 0..1"),
         ];
         if let Some((name, v, _, want)) = checks.iter().find(|c| !c.2) {
-            return Err(format!("[link] {name} = {v} is out of range (must be {want})"));
+            return Err(ModelError::Invalid(format!("[link] {name} = {v} is out of range (must be {want})")));
         }
         if self.loss_burst_len > 1_000_000 {
-            return Err(format!("[link] loss_burst_len = {} is out of range (at most 1000000)", self.loss_burst_len));
+            return Err(ModelError::Invalid(format!(
+                "[link] loss_burst_len = {} is out of range (at most 1000000)",
+                self.loss_burst_len
+            )));
         }
         Ok(())
     }
@@ -390,24 +408,26 @@ impl ClockModel {
         step_announced: true,
     };
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ModelError> {
         let vals = [self.offset_us, self.drift_ppm, self.timestamp_noise_ns, self.step_at_s];
         if vals.iter().any(|v| !v.is_finite() || *v < 0.0)
             || !self.step_us.is_finite()
             || !(0.0..=1.0).contains(&self.step_share)
         {
-            return Err("clock: offset_us, drift_ppm, timestamp_noise_ns and step_at_s must be finite and not \
+            return Err(ModelError::Invalid(
+                "clock: offset_us, drift_ppm, timestamp_noise_ns and step_at_s must be finite and not \
                         negative, step_us finite (either sign); step_share in [0, 1]"
-                .into());
-        }
-        if self.offset_us > CLOCK_OFFSET_MAX_US || self.step_us.abs() > CLOCK_OFFSET_MAX_US {
-            return Err(format!(
-                "clock: offset_us {} and step_us {} must be at most {CLOCK_OFFSET_MAX_US} (10 s)",
-                self.offset_us, self.step_us
+                    .into(),
             ));
         }
+        if self.offset_us > CLOCK_OFFSET_MAX_US || self.step_us.abs() > CLOCK_OFFSET_MAX_US {
+            return Err(ModelError::Invalid(format!(
+                "clock: offset_us {} and step_us {} must be at most {CLOCK_OFFSET_MAX_US} (10 s)",
+                self.offset_us, self.step_us
+            )));
+        }
         if self.drift_ppm > 1_000.0 {
-            return Err(format!("clock: drift_ppm {} is above 1000", self.drift_ppm));
+            return Err(ModelError::Invalid(format!("clock: drift_ppm {} is above 1000", self.drift_ppm)));
         }
         Ok(())
     }
@@ -530,17 +550,17 @@ pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
 }
 
 impl ModelFile {
-    pub fn from_toml(s: &str) -> Result<Self, String> {
-        let table: toml::Table = toml::from_str(s).map_err(|e| toml_error_line(s, &e))?;
+    pub fn from_toml(s: &str) -> Result<Self, ModelError> {
+        let table: toml::Table = toml::from_str(s).map_err(|e| ModelError::Toml(toml_error_line(s, &e)))?;
         if table.is_empty() {
             // An empty file (or only comments) is almost surely the wrong file.
-            return Err("no [link], [clock] or [[class]] section; for the built-in model give no model file".into());
+            return Err(ModelError::Empty);
         }
-        let m: ModelFile = toml::from_str(s).map_err(|e| toml_error_line(s, &e))?;
+        let m: ModelFile = toml::from_str(s).map_err(|e| ModelError::Toml(toml_error_line(s, &e)))?;
         m.link.validate()?;
         m.clock.validate()?;
         if m.classes.len() > CLASSES_MAX {
-            return Err(format!("{} classes; at most {CLASSES_MAX}", m.classes.len()));
+            return Err(ModelError::TooManyClasses(m.classes.len()));
         }
         for c in &m.classes {
             c.validate()?;
@@ -866,8 +886,8 @@ mod tests {
         // It once printed the whole struct with Debug (issue 17).
         assert!(LinkModel::CLOUD.validate().is_ok());
         let e = LinkModel { spike_probability: 2.0, ..LinkModel::CLOUD }.validate().unwrap_err();
-        assert_eq!(e, "[link] spike_probability = 2 is out of range (must be in 0..=1)");
-        let e = LinkModel { median_us: f64::NAN, ..LinkModel::CLOUD }.validate().unwrap_err();
+        assert_eq!(e.to_string(), "[link] spike_probability = 2 is out of range (must be in 0..=1)");
+        let e = LinkModel { median_us: f64::NAN, ..LinkModel::CLOUD }.validate().unwrap_err().to_string();
         assert!(e.starts_with("[link] median_us = NaN"), "{e}");
         assert!(!e.contains("LinkModel {"));
     }

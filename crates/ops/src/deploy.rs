@@ -11,6 +11,24 @@ use fairfeed_tree::addr::HostPort;
 use fairfeed_tree::plan::{Node, Role, Topology};
 use serde_json::json;
 
+/// Why deployment files cannot be written for a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    #[error(
+        "nodes {0:?} have no HOST:PORT address; give every node one (--address ID=HOST:PORT, or --loopback-port PORT for one host)"
+    )]
+    NoAddress(Vec<u32>),
+    #[error(
+        "the topology is {toml} bytes of TOML, {compressed} gzipped and base64-encoded: over Kubernetes' \
+         {CONFIGMAP_MAX_BYTES} byte ConfigMap limit even compressed; plan fewer nodes per tree"
+    )]
+    TooLarge { toml: usize, compressed: usize },
+    #[error("gzipping the topology: {0}")]
+    Gzip(std::io::Error),
+    #[error("{0}")]
+    Yaml(String),
+}
+
 /// The platforms files can be emitted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Platform {
@@ -69,7 +87,7 @@ fn role_name(r: Role) -> &'static str {
 /// The nodes to deploy, each once with its address: over several trees the
 /// sender and each receiver are one process for all of them, a proxy one
 /// process in its tree.
-fn nodes(t: &Topology) -> Result<Vec<(&Node, HostPort)>, String> {
+fn nodes(t: &Topology) -> Result<Vec<(&Node, HostPort)>, DeployError> {
     let mut out = Vec::new();
     let mut missing = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -80,9 +98,7 @@ fn nodes(t: &Topology) -> Result<Vec<(&Node, HostPort)>, String> {
         }
     }
     if !missing.is_empty() {
-        return Err(format!(
-            "nodes {missing:?} have no HOST:PORT address; give every node one (--address ID=HOST:PORT, or --loopback-port PORT for one host)"
-        ));
+        return Err(DeployError::NoAddress(missing));
     }
     Ok(out)
 }
@@ -148,7 +164,7 @@ pub fn emit(
     topology_toml: &str,
     platform: Platform,
     o: &DeployOptions,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, DeployError> {
     let nodes = nodes(t)?;
     let mut files = vec![("topology.toml".to_string(), topology_toml.to_string())];
     match platform {
@@ -210,7 +226,7 @@ fn unit(n: &Node, addr: &HostPort, o: &DeployOptions) -> String {
     )
 }
 
-fn compose(nodes: &[(&Node, HostPort)], o: &DeployOptions) -> Result<String, String> {
+fn compose(nodes: &[(&Node, HostPort)], o: &DeployOptions) -> Result<String, DeployError> {
     let mut services = serde_json::Map::new();
     for (n, addr) in nodes {
         services.insert(
@@ -259,7 +275,7 @@ const CONFIGMAP_SLACK_BYTES: usize = 16 << 10;
 /// fits, gzipped (`binaryData`, base64) when the text would not — a
 /// 10,000-receiver topology is ≈ 2 MB of TOML, ≈ 10 % of that gzipped;
 /// nodes read either. Too large even gzipped: an error that says so.
-fn config_map(topology_toml: &str, o: &DeployOptions) -> Result<(serde_json::Value, &'static str), String> {
+fn config_map(topology_toml: &str, o: &DeployOptions) -> Result<(serde_json::Value, &'static str), DeployError> {
     use base64::Engine;
     use std::io::Write;
     let meta = json!({"name": "fairfeed-topology", "namespace": o.namespace});
@@ -269,17 +285,11 @@ fn config_map(topology_toml: &str, o: &DeployOptions) -> Result<(serde_json::Val
         return Ok((m, "topology.toml"));
     }
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    gz.write_all(topology_toml.as_bytes()).map_err(|e| format!("gzipping the topology: {e}"))?;
-    let gz = gz.finish().map_err(|e| format!("gzipping the topology: {e}"))?;
+    gz.write_all(topology_toml.as_bytes()).map_err(DeployError::Gzip)?;
+    let gz = gz.finish().map_err(DeployError::Gzip)?;
     let b64 = base64::engine::general_purpose::STANDARD.encode(&gz);
     if b64.len() > room {
-        return Err(format!(
-            "the topology is {} bytes of TOML, {} gzipped and base64-encoded: over Kubernetes' {} byte ConfigMap \
-             limit even compressed; plan fewer nodes per tree",
-            topology_toml.len(),
-            b64.len(),
-            CONFIGMAP_MAX_BYTES
-        ));
+        return Err(DeployError::TooLarge { toml: topology_toml.len(), compressed: b64.len() });
     }
     let m = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "binaryData": {"topology.toml.gz": b64}});
     Ok((m, "topology.toml.gz"))
@@ -348,13 +358,13 @@ fn deployment(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> serde_
     })
 }
 
-fn yaml(docs: &[serde_json::Value]) -> Result<String, String> {
+fn yaml(docs: &[serde_json::Value]) -> Result<String, DeployError> {
     let mut out = String::new();
     for (i, d) in docs.iter().enumerate() {
         if i > 0 {
             out.push_str("---\n");
         }
-        out.push_str(&serde_yaml_ng::to_string(d).map_err(|e| e.to_string())?);
+        out.push_str(&serde_yaml_ng::to_string(d).map_err(|e| DeployError::Yaml(e.to_string()))?);
     }
     Ok(out)
 }
@@ -504,7 +514,8 @@ mod tests {
     #[test]
     fn nodes_without_addresses_are_refused() {
         let e = emit(&topo(false), "x", Platform::Kubernetes, &DeployOptions::default()).unwrap_err();
-        assert!(e.contains("no HOST:PORT address"), "{e}");
+        assert!(matches!(&e, DeployError::NoAddress(ids) if !ids.is_empty()), "{e}");
+        assert!(e.to_string().contains("no HOST:PORT address"), "{e}");
     }
 
     #[test]

@@ -15,28 +15,41 @@ pub struct HostPort {
 /// Longest DNS name (RFC 1035: 253 characters in text form).
 pub const NAME_MAX: usize = 253;
 
+/// Why a text is not a `HOST:PORT` address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddrError {
+    #[error("{0:?} is not HOST:PORT (e.g. 10.0.0.7:9100, [::1]:9100 or node-7.tree:9100)")]
+    NotHostPort(String),
+    #[error("{text:?}: port {port:?} is not a number in 0..=65535")]
+    BadPort { text: String, port: String },
+    #[error("{text:?}: {host:?} is neither an IP address nor a host name")]
+    BadHost { text: String, host: String },
+    #[error("{0:?}: port 0 is not an address anyone can send to (it binds a random port)")]
+    PortZero(String),
+}
+
 impl HostPort {
     /// Parses `host:port`; the port must be 1..=65535 unless `any_port`
     /// (a listening address may ask for an ephemeral port with 0).
-    pub fn parse(s: &str, any_port: bool) -> Result<HostPort, String> {
+    pub fn parse(s: &str, any_port: bool) -> Result<HostPort, AddrError> {
         let s = s.trim();
         if let Ok(a) = s.parse::<SocketAddr>() {
             return Self::checked(a.ip().to_string(), a.port(), s, any_port);
         }
         let Some((host, port)) = s.rsplit_once(':') else {
-            return Err(format!("{s:?} is not HOST:PORT (e.g. 10.0.0.7:9100, [::1]:9100 or node-7.tree:9100)"));
+            return Err(AddrError::NotHostPort(s.to_string()));
         };
-        let port: u16 = port.parse().map_err(|_| format!("{s:?}: port {port:?} is not a number in 0..=65535"))?;
+        let port: u16 = port.parse().map_err(|_| AddrError::BadPort { text: s.to_string(), port: port.to_string() })?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.parse::<IpAddr>().is_err() && !is_dns_name(host) {
-            return Err(format!("{s:?}: {host:?} is neither an IP address nor a host name"));
+            return Err(AddrError::BadHost { text: s.to_string(), host: host.to_string() });
         }
         Self::checked(host.to_string(), port, s, any_port)
     }
 
-    fn checked(host: String, port: u16, s: &str, any_port: bool) -> Result<HostPort, String> {
+    fn checked(host: String, port: u16, s: &str, any_port: bool) -> Result<HostPort, AddrError> {
         if port == 0 && !any_port {
-            return Err(format!("{s:?}: port 0 is not an address anyone can send to (it binds a random port)"));
+            return Err(AddrError::PortZero(s.to_string()));
         }
         Ok(HostPort { host, port })
     }
@@ -84,7 +97,7 @@ mod tests {
         for bad in ["", "9100", "host:", "host:99999", "-bad:1", "a..b:1", "under_score:1", "x y:1", "127.0.0.1:-1"] {
             assert!(p(bad).is_err(), "{bad:?}");
         }
-        assert!(p("127.0.0.1:0").unwrap_err().contains("port 0"));
+        assert!(p("127.0.0.1:0").unwrap_err().to_string().contains("port 0"));
         assert_eq!(HostPort::parse("127.0.0.1:0", true).unwrap().port, 0);
     }
 }

@@ -7,6 +7,19 @@
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
+/// Why a target's next-hop MAC address is not known.
+#[derive(Debug, thiserror::Error)]
+pub enum NeighError {
+    #[error("no route to {0}")]
+    NoRoute(std::net::Ipv4Addr),
+    #[error("{target} is reached through {dev}, not {iface}")]
+    OtherInterface { target: std::net::Ipv4Addr, dev: String, iface: String },
+    #[error("{0}")]
+    Socket(std::io::Error),
+    #[error("no neighbour entry for {hops} on {iface}")]
+    Unresolved { hops: String, iface: String },
+}
+
 /// How long [`next_hop_macs`] waits for the kernel to resolve a neighbour.
 pub const RESOLVE_WAIT: Duration = Duration::from_secs(2);
 /// UDP discard port: the empty datagram that makes the kernel ask (ARP) goes here.
@@ -80,16 +93,16 @@ fn neighbour_in(text: &str, ip: Ipv4Addr, iface: &str) -> Option<[u8; 6]> {
 /// ones it does not know (an empty datagram to the target's discard port)
 /// and waits up to [`RESOLVE_WAIT`]. Errors name a target routed by another
 /// interface or left unresolved.
-pub fn next_hop_macs(iface: &str, targets: &[SocketAddrV4]) -> Result<Vec<[u8; 6]>, String> {
+pub fn next_hop_macs(iface: &str, targets: &[SocketAddrV4]) -> Result<Vec<[u8; 6]>, NeighError> {
     let mut hops = Vec::with_capacity(targets.len());
     for t in targets {
-        let (dev, hop) = route(*t.ip()).ok_or_else(|| format!("no route to {}", t.ip()))?;
+        let (dev, hop) = route(*t.ip()).ok_or(NeighError::NoRoute(*t.ip()))?;
         if dev != iface {
-            return Err(format!("{} is reached through {dev}, not {iface}", t.ip()));
+            return Err(NeighError::OtherInterface { target: *t.ip(), dev, iface: iface.to_string() });
         }
         hops.push(hop);
     }
-    let probe = UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+    let probe = UdpSocket::bind("0.0.0.0:0").map_err(NeighError::Socket)?;
     let until = Instant::now() + RESOLVE_WAIT;
     loop {
         let macs: Vec<Option<[u8; 6]>> = hops.iter().map(|&h| neighbour(h, iface)).collect();
@@ -99,7 +112,7 @@ pub fn next_hop_macs(iface: &str, targets: &[SocketAddrV4]) -> Result<Vec<[u8; 6
         if Instant::now() >= until {
             let missing: Vec<String> =
                 hops.iter().zip(&macs).filter(|(_, m)| m.is_none()).map(|(h, _)| h.to_string()).collect();
-            return Err(format!("no neighbour entry for {} on {iface}", missing.join(", ")));
+            return Err(NeighError::Unresolved { hops: missing.join(", "), iface: iface.to_string() });
         }
         for (t, m) in targets.iter().zip(&macs) {
             if m.is_none() {

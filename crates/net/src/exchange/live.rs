@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig, JOURNAL_BYTES_DEFAULT};
 
 use crate::idle::{IdleStrategy, Idler};
+use fairfeed_exchange::engine::ConfigError;
 use fairfeed_exchange::engine::{Command, Engine, EngineStats, Event, Limits};
 use fairfeed_exchange::gateway::{Close, Conn, Gateway, GatewayConfig, GatewayStats};
 use fairfeed_exchange::itch_out::ItchWriter;
@@ -192,55 +193,80 @@ impl ExchangeConfig {
 
     /// Checks the configuration before anything starts (a bad one used to
     /// panic an engine thread while the gateway went on accepting orders).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &'static str, message: String| Err(ConfigError { key, message });
         self.limits.validate()?;
         if !(1..=Self::ENGINES_MAX).contains(&self.engines) {
-            return Err(format!("engines must be 1..={}, got {}", Self::ENGINES_MAX, self.engines));
+            return bad("engines", format!("engines must be 1..={}, got {}", Self::ENGINES_MAX, self.engines));
         }
         let g = &self.gateway;
         if g.symbols.is_empty() || g.symbols.len() > self.limits.symbols {
-            return Err(format!(
-                "gateway.symbols: 1..={} symbols (limits.symbols), got {}",
-                self.limits.symbols,
-                g.symbols.len()
-            ));
+            return bad(
+                "gateway.symbols",
+                format!(
+                    "gateway.symbols: 1..={} symbols (limits.symbols), got {}",
+                    self.limits.symbols,
+                    g.symbols.len()
+                ),
+            );
         }
         let mut seen = std::collections::HashSet::new();
         for s in &g.symbols {
             if s.is_empty() || s.len() > 8 || !s.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!("gateway.symbols: {s:?} is not 1–8 printable ASCII characters (ITCH stock)"));
+                return bad(
+                    "gateway.symbols",
+                    format!("gateway.symbols: {s:?} is not 1–8 printable ASCII characters (ITCH stock)"),
+                );
             }
             if !seen.insert(s) {
-                return Err(format!("gateway.symbols: {s:?} appears twice"));
+                return bad("gateway.symbols", format!("gateway.symbols: {s:?} appears twice"));
             }
         }
         for (u, p) in &g.users {
             if u.is_empty() || u.len() > 6 || p.len() > 10 || !u.is_ascii() || !p.is_ascii() {
-                return Err(format!("gateway.users: {u:?} — usernames are 1–6 ASCII characters, passwords up to 10"));
+                return bad(
+                    "gateway.users",
+                    format!("gateway.users: {u:?} — usernames are 1–6 ASCII characters, passwords up to 10"),
+                );
             }
         }
         for (what, s) in [("gateway.session", &g.session), ("itch_session", &self.itch_session)] {
             if s.is_empty() || s.len() > 10 || !s.is_ascii() {
-                return Err(format!("{what}: {s:?} is not 1–10 ASCII characters"));
+                return bad(what, format!("{what}: {s:?} is not 1–10 ASCII characters"));
             }
         }
         if self.sequencing_window_ns > 1_000_000_000 {
-            return Err(format!("sequencing_window_ns must be at most 1 s, got {}", self.sequencing_window_ns));
+            return bad(
+                "sequencing_window_ns",
+                format!("sequencing_window_ns must be at most 1 s, got {}", self.sequencing_window_ns),
+            );
         }
         if !(4_096..=1 << 30).contains(&self.out_buffer_max_bytes) {
-            return Err(format!("out_buffer_max_bytes must be 4096..=1073741824, got {}", self.out_buffer_max_bytes));
+            return bad(
+                "out_buffer_max_bytes",
+                format!("out_buffer_max_bytes must be 4096..=1073741824, got {}", self.out_buffer_max_bytes),
+            );
         }
         if !(1_000_000..=60_000_000_000).contains(&self.itch_heartbeat_ns) {
-            return Err(format!("itch_heartbeat_ns must be 1 ms..=60 s, got {}", self.itch_heartbeat_ns));
+            return bad(
+                "itch_heartbeat_ns",
+                format!("itch_heartbeat_ns must be 1 ms..=60 s, got {}", self.itch_heartbeat_ns),
+            );
         }
         if !(1 << 16..=1 << 36).contains(&self.itch_journal_max_bytes) {
-            return Err(format!(
-                "itch_journal_max_bytes must be 65536..=68719476736 (64 KiB..=64 GiB), got {}",
-                self.itch_journal_max_bytes
-            ));
+            return bad(
+                "itch_journal_max_bytes",
+                format!(
+                    "itch_journal_max_bytes must be 65536..=68719476736 (64 KiB..=64 GiB), got {}",
+                    self.itch_journal_max_bytes
+                ),
+            );
         }
         if g.login_timeout_ns == 0 || g.login_timeout_ns > 600_000_000_000 {
-            return Err(format!("gateway.login_timeout_ns must be in (0, 600 s], got {}", g.login_timeout_ns));
+            return bad(
+                "gateway.login_timeout_ns",
+                format!("gateway.login_timeout_ns must be in (0, 600 s], got {}", g.login_timeout_ns),
+            );
         }
         Ok(())
     }

@@ -98,7 +98,7 @@ pub fn control_addresses(topo: &Topology) -> Result<Vec<(u32, Role, SocketAddr)>
     for n in topo.trees.iter().flat_map(|t| &t.nodes).filter(|n| seen.insert(n.id)) {
         let Some(c) = &n.control else { return Err(FleetError::NoControl(n.id)) };
         let bad = |e: String| FleetError::BadControl(n.id, c.clone(), e);
-        let hp = fairfeed_tree::addr::HostPort::parse(c, false).map_err(bad)?;
+        let hp = fairfeed_tree::addr::HostPort::parse(c, false).map_err(|e| bad(e.to_string()))?;
         let a = fairfeed_io::resolve::resolve(&hp.host, hp.port).map_err(|e| bad(e.to_string()))?;
         out.push((n.id, n.role, a));
     }

@@ -139,7 +139,7 @@ impl DeliveryAgent {
                     }),
                     ..ArbConfig::default()
                 };
-                let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(AgentError::Config)?;
+                let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(|e| AgentError::Config(e.to_string()))?;
                 let c = RetransmitClient::new(server).map_err(io("binding the retransmission socket"))?;
                 Some((arb, c))
             }
