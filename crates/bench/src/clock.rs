@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use fairfeed_io::tuning::Tuning;
 use fairfeed_net::arb::live::IdleStrategy;
+use fairfeed_net::tree::agent::AgentError;
 use fairfeed_net::tree::agent::{run_agent, wall_ns, AgentConfig, ClockOpts, Job, ReceiverJob, SenderJob, Threading};
 
 /// Nodes a run may start at most (threads on this host).
@@ -100,11 +101,11 @@ fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
 }
 
 /// A tree of about `nodes` nodes (fan-out 4, one proxy layer, hedging 1), with loopback addresses.
-fn topology(nodes: usize) -> Result<Topology, String> {
+fn topology(nodes: usize) -> Result<Topology, ClockBenchError> {
     let mut receivers = nodes.saturating_sub(2).max(1);
     loop {
         let t = plan(&PlanRequest { receivers, fanout: Some(4), depth: Some(2), hedge: 1, cost_model: None, trees: 1 })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ClockBenchError::Plan(e.to_string()))?;
         if t.trees[0].nodes.len() <= nodes || receivers == 1 {
             return Ok(t);
         }
@@ -113,13 +114,13 @@ fn topology(nodes: usize) -> Result<Topology, String> {
 }
 
 /// Runs the benchmark; `progress` is told the seconds elapsed.
-pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result<ClockBenchReport, String> {
+pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result<ClockBenchReport, ClockBenchError> {
     if !(3..=NODES_MAX).contains(&c.nodes) {
-        return Err(format!("nodes must be 3..={NODES_MAX}"));
+        return Err(ClockBenchError::Nodes(c.nodes));
     }
     let mut topo = topology(c.nodes)?;
     let n = topo.trees[0].nodes.len();
-    let ports = free_ports(2 * n).map_err(|e| e.to_string())?;
+    let ports = free_ports(2 * n)?;
     let mut max_id = 0;
     for (i, node) in topo.trees[0].nodes.iter_mut().enumerate() {
         node.addr = Some(format!("127.0.0.1:{}", ports[i]));
@@ -139,8 +140,8 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
     let total_s = c.warmup_s + c.seconds;
     let stop = Arc::new(AtomicBool::new(false));
     let (handles, controls) = spawn_nodes(c, &topo, &ports, &skews, total_s, &stop)?;
-    let asker = UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    asker.set_read_timeout(Some(Duration::from_millis(200))).map_err(|e| e.to_string())?;
+    let asker = UdpSocket::bind("127.0.0.1:0")?;
+    asker.set_read_timeout(Some(Duration::from_millis(200)))?;
     let start = wall_ns();
     let mut errors = Vec::new();
     let (mut synced, mut asked) = (0usize, 0usize);
@@ -176,8 +177,8 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
     for h in handles {
         match h.join() {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err("a node thread panicked".into()),
+            Ok(Err(e)) => return Err(ClockBenchError::Node(e)),
+            Err(_) => return Err(ClockBenchError::Panicked),
         }
     }
     let mut r = summarize(c, n, errors, (synced, asked), (&first, &last));
@@ -199,7 +200,23 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
     Ok(r)
 }
 
-type Spawned = (Vec<thread::JoinHandle<Result<(), String>>>, Vec<(u32, SocketAddr)>);
+type Spawned = (Vec<thread::JoinHandle<Result<(), AgentError>>>, Vec<(u32, SocketAddr)>);
+
+/// Why the clock benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ClockBenchError {
+    #[error("nodes must be 3..={NODES_MAX}")]
+    Nodes(usize),
+    #[error("{0}")]
+    Plan(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A node agent failed (its own error, as the node reports it).
+    #[error("{0}")]
+    Node(AgentError),
+    #[error("a node thread panicked")]
+    Panicked,
+}
 
 /// Starts one agent thread per node of `topo`; returns them and their control addresses.
 fn spawn_nodes(
@@ -209,12 +226,12 @@ fn spawn_nodes(
     skews: &[Skew],
     total_s: f64,
     stop: &Arc<AtomicBool>,
-) -> Result<Spawned, String> {
+) -> Result<Spawned, ClockBenchError> {
     let n = topo.trees[0].nodes.len();
     let mut handles = Vec::new();
     let mut controls: Vec<(u32, SocketAddr)> = Vec::new();
     for (i, node) in topo.trees[0].nodes.clone().into_iter().enumerate() {
-        let control: SocketAddr = format!("127.0.0.1:{}", ports[n + i]).parse().map_err(|e| format!("{e}"))?;
+        let control = SocketAddr::from(([127, 0, 0, 1], ports[n + i]));
         controls.push((node.id, control));
         let job = match node.role {
             Role::Sender => Job::Sender(SenderJob {
@@ -265,8 +282,7 @@ fn spawn_nodes(
         };
         let h = thread::Builder::new()
             .name(format!("node-{}", node.id))
-            .spawn(move || run_agent(&cfg, |_, _| {}).map(|_| ()).map_err(|e| e.to_string()))
-            .map_err(|e| e.to_string())?;
+            .spawn(move || run_agent(&cfg, |_, _| {}).map(|_| ()))?;
         handles.push(h);
     }
     Ok((handles, controls))

@@ -182,11 +182,11 @@ fn receive(
     veth: &Link,
     auth: Auth,
     xdp: bool,
-    ready: mpsc::Sender<Result<Mode, String>>,
+    ready: mpsc::Sender<std::io::Result<Mode>>,
     done: Arc<AtomicBool>,
 ) -> Receiver {
     let fail = |e: String| {
-        let _ = ready.send(Err(e));
+        let _ = ready.send(Err(std::io::Error::other(e)));
         Receiver { path: UserPath::default(), cpu_ns: 0, user_ns: 0, sys_ns: 0, xdp: DedupCounters::default() }
     };
     if let Err(e) = netns::enter(&veth.ns[1]) {
@@ -301,8 +301,7 @@ fn round(veth: &Link, params: (u64, u64, usize, usize), xdp: bool, first: u64) -
     };
     let mode = rx
         .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| std::io::Error::other("the receiver did not start"))?
-        .map_err(std::io::Error::other)?;
+        .map_err(|_| std::io::Error::other("the receiver did not start"))??;
     let t0 = Instant::now();
     let sent = thread::scope(|s| s.spawn(|| send(veth, &auth, params, first)).join());
     done.store(true, Ordering::Release);
