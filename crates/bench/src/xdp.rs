@@ -299,9 +299,8 @@ fn round(veth: &Link, params: (u64, u64, usize, usize), xdp: bool, first: u64) -
         let (link, auth, done) = (veth.clone(), auth.clone(), done.clone());
         thread::spawn(move || receive(&link, auth, xdp, tx, done))
     };
-    let mode = rx
-        .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| std::io::Error::other("the receiver did not start"))??;
+    let mode =
+        rx.recv_timeout(Duration::from_secs(10)).map_err(|_| std::io::Error::other("the receiver did not start"))??;
     let t0 = Instant::now();
     let sent = thread::scope(|s| s.spawn(|| send(veth, &auth, params, first)).join());
     done.store(true, Ordering::Release);

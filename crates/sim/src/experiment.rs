@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::engine::{run, ClockResult, RunResult, SimConfig, SimSync};
 use crate::model::{ClockModel, LinkModel, ModelFile};
+use crate::SimError;
 
 /// One row of the fairness experiment (Jasper's table 3 and figure 11): the
 /// scheme and its tree, and the run's measures flattened beside them.
@@ -120,11 +121,10 @@ fn row(
 /// direct unicast; CloudEx (direct unicast + hold-and-release); a tree; a tree
 /// with hedging; Jasper (tree + hedging + hold-and-release, the paper's rule);
 /// and Jasper with our deadline controller. `progress` is told each scheme.
-pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec<FairnessRow>, String> {
+pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec<FairnessRow>, SimError> {
     let n = c.receivers;
     let direct =
-        plan(&PlanRequest { receivers: n, fanout: Some(n), depth: Some(1), hedge: 0, cost_model: None, trees: 1 })
-            .map_err(|e| e.to_string())?;
+        plan(&PlanRequest { receivers: n, fanout: Some(n), depth: Some(1), hedge: 0, cost_model: None, trees: 1 })?;
     let tree0 = heuristic_trees(n, 0, c.trees)?;
     let treeh = heuristic_trees(n, c.hedge, c.trees)?;
     let base = sim_base(c, NodeConfig::default(), DeadlineRule::Paper { margin_ns: 0 });
@@ -195,7 +195,7 @@ fn rss_now_and_peak() -> (u64, u64) {
 /// the messages, schemes spread over the threads; memory as the pilot's
 /// peak plus [`crate::engine::BYTES_PER_MESSAGE`] for each further message,
 /// for the runs at once, and the results kept.
-pub fn fairness_estimate(c: &FairnessConfig, pilot: u64) -> Result<Estimate, String> {
+pub fn fairness_estimate(c: &FairnessConfig, pilot: u64) -> Result<Estimate, SimError> {
     let pilot = pilot.clamp(10, c.messages.max(10));
     let treeh = heuristic_tree(c.receivers, c.hedge)?;
     let base = sim_base(c, NodeConfig::default(), DeadlineRule::Quantile { target_pf: c.target_pf });
@@ -267,14 +267,13 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync, mut do
 }
 
 /// The paper's heuristic tree (F = 10, D = ⌈log10 N⌉) with hedging factor `hedge`.
-fn heuristic_tree(receivers: usize, hedge: usize) -> Result<fairfeed_tree::plan::Topology, String> {
+fn heuristic_tree(receivers: usize, hedge: usize) -> Result<fairfeed_tree::plan::Topology, SimError> {
     heuristic_trees(receivers, hedge, 1)
 }
 
 /// `trees` such trees over the same receivers.
-fn heuristic_trees(receivers: usize, hedge: usize, trees: usize) -> Result<fairfeed_tree::plan::Topology, String> {
-    plan(&PlanRequest { receivers, fanout: None, depth: None, hedge, cost_model: None, trees })
-        .map_err(|e| e.to_string())
+fn heuristic_trees(receivers: usize, hedge: usize, trees: usize) -> Result<fairfeed_tree::plan::Topology, SimError> {
+    Ok(plan(&PlanRequest { receivers, fanout: None, depth: None, hedge, cost_model: None, trees })?)
 }
 
 /// Messages simulated for a scheme whose busiest node is overloaded.
@@ -403,7 +402,7 @@ pub struct ClockSummary {
 /// NTP-class raw clocks on every node, fairfeed's synchronization on, the
 /// feed (Jasper + controller) running after the warm-up: how close each
 /// node's synchronized clock stays to the reference.
-pub fn clock(c: &ClockConfig) -> Result<ClockSummary, String> {
+pub fn clock(c: &ClockConfig) -> Result<ClockSummary, SimError> {
     let topo = heuristic_tree(c.receivers, c.hedge)?;
     let messages = ((c.seconds * c.rate_per_s) as u64).max(1);
     let cfg = SimConfig {
@@ -464,13 +463,12 @@ pub struct ShapeRow {
 }
 
 /// Median OML of plain trees (no hedging, no holding) for each ⟨D, F⟩.
-pub fn table1(c: &FairnessConfig, shapes: &[(usize, usize, usize)]) -> Result<Vec<ShapeRow>, String> {
+pub fn table1(c: &FairnessConfig, shapes: &[(usize, usize, usize)]) -> Result<Vec<ShapeRow>, SimError> {
     let node = NodeConfig { hold_and_release: false, ..NodeConfig::default() };
     let mut rows = Vec::new();
     for &(n, d, f) in shapes {
         let topo =
-            plan(&PlanRequest { receivers: n, fanout: Some(f), depth: Some(d), hedge: 0, cost_model: None, trees: 1 })
-                .map_err(|e| e.to_string())?;
+            plan(&PlanRequest { receivers: n, fanout: Some(f), depth: Some(d), hedge: 0, cost_model: None, trees: 1 })?;
         let l = load(&topo, c);
         let messages = if l > 1.0 { c.messages.min(OVERLOADED_MESSAGES_MAX) } else { c.messages };
         let cfg = SimConfig {
@@ -509,14 +507,14 @@ pub struct CrashRow {
 }
 
 /// Crashes the first layer-0 proxy halfway through, for each hedging factor.
-pub fn crash(c: &FairnessConfig, hedges: &[usize]) -> Result<Vec<CrashRow>, String> {
+pub fn crash(c: &FairnessConfig, hedges: &[usize]) -> Result<Vec<CrashRow>, SimError> {
     let mut rows = Vec::new();
     for &h in hedges {
         let topo = heuristic_tree(c.receivers, h)?;
         let Some(victim) =
             topo.trees[0].nodes.iter().find(|n| n.layer == 0 && n.role == fairfeed_tree::plan::Role::Proxy)
         else {
-            return Err(format!("a tree for {} receivers has no proxy to crash", c.receivers));
+            return Err(SimError::NoProxy(c.receivers));
         };
         let at_ns = (c.messages as f64 / 2.0 / c.rate_per_s * 1e9) as u64;
         let cfg = SimConfig {
@@ -809,7 +807,7 @@ pub fn hedging(
     c: &FairnessConfig,
     hedges: &[usize],
     mut progress: impl FnMut(usize),
-) -> Result<Vec<HedgingRow>, String> {
+) -> Result<Vec<HedgingRow>, SimError> {
     let node = NodeConfig { hold_and_release: false, ..NodeConfig::default() };
     let mut rows = Vec::new();
     for &h in hedges {
@@ -952,14 +950,13 @@ pub struct TradingRow {
 /// split evenly ([`race_shares`]). Profit share = share of opportunities won. Schemes: direct
 /// unicast, a tree, a tree with hedging, Jasper (tree + hedging +
 /// hold-and-release), Jasper with the deadline controller.
-pub fn trading(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec<TradingRow>, String> {
+pub fn trading(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Vec<TradingRow>, SimError> {
     let n = c.receivers;
     if n < 4 {
-        return Err("trading needs at least 4 receivers".into());
+        return Err(SimError::TooFewTraders(n));
     }
     let direct =
-        plan(&PlanRequest { receivers: n, fanout: Some(n), depth: Some(1), hedge: 0, cost_model: None, trees: 1 })
-            .map_err(|e| e.to_string())?;
+        plan(&PlanRequest { receivers: n, fanout: Some(n), depth: Some(1), hedge: 0, cost_model: None, trees: 1 })?;
     let tree0 = heuristic_tree(n, 0)?;
     let treeh = heuristic_tree(n, c.hedge)?;
     let ids = &treeh.receiver_ids;
@@ -1061,7 +1058,7 @@ pub const LOAD_MAX: f64 = 0.8;
 /// otherwise the largest fan-out (≥ 2, depth ⌈log_F N⌉) whose busiest node's
 /// load is at most [`LOAD_MAX`] — a sender copying 30 times per message
 /// cannot send 20,000 messages per second at 2.7 µs a copy.
-pub fn feasible_tree(c: &FairnessConfig, rate: f64) -> Result<fairfeed_tree::plan::Topology, String> {
+pub fn feasible_tree(c: &FairnessConfig, rate: f64) -> Result<fairfeed_tree::plan::Topology, SimError> {
     let c = FairnessConfig { rate_per_s: rate, ..c.clone() };
     let paper = heuristic_tree(c.receivers, c.hedge)?;
     if load(&paper, &c) <= LOAD_MAX {
@@ -1092,7 +1089,7 @@ pub fn feasible_tree(c: &FairnessConfig, rate: f64) -> Result<fairfeed_tree::pla
 pub fn calibration(
     c: &CalibrationConfig,
     mut progress: impl FnMut(usize, usize),
-) -> Result<Vec<CalibrationRow>, String> {
+) -> Result<Vec<CalibrationRow>, SimError> {
     let topos = c.rates.iter().map(|&r| feasible_tree(&c.base, r)).collect::<Result<Vec<_>, _>>()?;
     let topo_of = |rate: f64| &topos[c.rates.iter().position(|&r| r == rate).unwrap_or(0)];
     let mut jobs: Vec<(&str, f64, Option<f64>)> = Vec::new();
@@ -1248,7 +1245,7 @@ pub struct RegimeRow {
 
 /// Regime changes mid-run under each deadline rule: a share of receivers
 /// turns slow, a share recovers, a layer-0 proxy crashes (hedges take over).
-pub fn regime(c: &RegimeConfig, mut progress: impl FnMut(usize, usize)) -> Result<Vec<RegimeRow>, String> {
+pub fn regime(c: &RegimeConfig, mut progress: impl FnMut(usize, usize)) -> Result<Vec<RegimeRow>, SimError> {
     let topo = heuristic_tree(c.base.receivers, c.base.hedge)?;
     let messages = ((c.seconds * c.base.rate_per_s) as u64).clamp(1, crate::engine::MESSAGES_MAX);
     let change_ns = (c.change_s * 1e9) as u64;

@@ -15,3 +15,15 @@ pub use fairfeed_model as model;
 pub mod montecarlo;
 pub mod plot;
 pub mod queue;
+
+/// Why an experiment cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// No tree can be planned for what was asked.
+    #[error("{0}")]
+    Plan(#[from] fairfeed_tree::plan::PlanError),
+    #[error("a tree for {0} receivers has no proxy to crash")]
+    NoProxy(usize),
+    #[error("trading needs at least 4 receivers")]
+    TooFewTraders(usize),
+}

@@ -4,6 +4,17 @@
 
 use std::path::Path;
 
+/// Why a plot could not be drawn or written (plotters' error, in words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PlotError(pub String);
+
+impl PlotError {
+    fn new(e: impl std::fmt::Display) -> Self {
+        Self(e.to_string())
+    }
+}
+
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -20,9 +31,9 @@ fn fonts() {
 fn canvas(
     path: &Path,
     size: (u32, u32),
-    draw: impl Fn(DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String>,
-    draw_png: impl Fn(DrawingArea<BitMapBackend<'_>, Shift>) -> Result<(), String>,
-) -> Result<(), String> {
+    draw: impl Fn(DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), PlotError>,
+    draw_png: impl Fn(DrawingArea<BitMapBackend<'_>, Shift>) -> Result<(), PlotError>,
+) -> Result<(), PlotError> {
     fonts();
     if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("png")) {
         draw_png(BitMapBackend::new(path, size).into_drawing_area())
@@ -53,15 +64,15 @@ fn linear_chart<'a, DB: DrawingBackend>(
     title: &str,
     x: std::ops::Range<f64>,
     y: std::ops::Range<f64>,
-) -> Result<LinearChart<'a, DB>, String> {
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+) -> Result<LinearChart<'a, DB>, PlotError> {
+    root.fill(&WHITE).map_err(PlotError::new)?;
     ChartBuilder::on(root)
         .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(x, y)
-        .map_err(|e| e.to_string())
+        .map_err(PlotError::new)
 }
 
 /// Draws the series legend at `pos` and writes the file.
@@ -69,15 +80,15 @@ fn legend_and_present<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTra
     chart: &mut ChartContext<'a, DB, CT>,
     root: &DrawingArea<DB, Shift>,
     pos: SeriesLabelPosition,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .position(pos)
         .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())
+        .map_err(PlotError::new)?;
+    root.present().map_err(PlotError::new)
 }
 
 /// Draws the empirical CDFs of `series` (name, values) into an SVG or PNG file.
@@ -89,7 +100,7 @@ pub fn cdf_svg(
     x_label: &str,
     series: &[(String, Vec<f64>)],
     clip: f64,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     canvas(path, (900, 560), |a| cdf_on(a, title, x_label, series, clip), |a| cdf_on(a, title, x_label, series, clip))
 }
 
@@ -114,26 +125,26 @@ fn cdf_chart<DB: DrawingBackend, X>(
     (title, x_label): (&str, &str),
     x: X,
     curves: Vec<(String, Vec<(f64, f64)>)>,
-) -> Result<(), String>
+) -> Result<(), PlotError>
 where
     X: AsRangedCoord<Value = f64>,
     X::CoordDescType: ValueFormatter<f64>,
 {
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    root.fill(&WHITE).map_err(PlotError::new)?;
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
         .build_cartesian_2d(x, 0.0..1.0)
-        .map_err(|e| e.to_string())?;
+        .map_err(PlotError::new)?;
     chart
         .configure_mesh()
         .x_desc(x_label)
         .y_desc("CDF")
         .x_label_formatter(&|v| tick_label(*v))
         .draw()
-        .map_err(|e| e.to_string())?;
+        .map_err(PlotError::new)?;
     for (k, (name, pts)) in curves.into_iter().enumerate() {
         if pts.is_empty() {
             continue;
@@ -141,7 +152,7 @@ where
         let c = COLOURS[k % COLOURS.len()];
         chart
             .draw_series(LineSeries::new(pts, c.stroke_width(2)))
-            .map_err(|e| e.to_string())?
+            .map_err(PlotError::new)?
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
@@ -154,10 +165,10 @@ fn cdf_on<DB: DrawingBackend>(
     x_label: &str,
     series: &[(String, Vec<f64>)],
     clip: f64,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let mut all: Vec<f64> = series.iter().flat_map(|(_, v)| v.iter().copied()).filter(|x| x.is_finite()).collect();
     if all.is_empty() {
-        return Err("nothing to plot".into());
+        return Err(PlotError("nothing to plot".into()));
     }
     all.sort_by(f64::total_cmp);
     let lo = all[0].min(0.0);
@@ -174,7 +185,7 @@ pub fn cdf_log_svg(
     x_label: &str,
     series: &[(String, Vec<f64>)],
     floor: f64,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     assert!(floor > 0.0, "a log axis needs a positive floor");
     canvas(
         path,
@@ -189,12 +200,12 @@ fn cdf_log_on<DB: DrawingBackend>(
     labels: (&str, &str),
     series: &[(String, Vec<f64>)],
     floor: f64,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let curves = cdf_points(series, |x| x.max(floor));
     let xs = curves.iter().flat_map(|(_, p)| p.iter().map(|q| q.0));
     let (lo, hi) = xs.fold((f64::INFINITY, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
     if !lo.is_finite() {
-        return Err("nothing to plot".into());
+        return Err(PlotError("nothing to plot".into()));
     }
     // At least a factor of 4 across, so a narrow range still reads as a log axis.
     let (lo, hi) = (lo * 0.8, hi.max(lo * 4.0) * 1.25);
@@ -251,7 +262,7 @@ pub fn lines_svg(
     y_label: &str,
     series: &[(String, Vec<(f64, f64)>)],
     clip: f64,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let labels = (title, x_label, y_label);
     canvas(path, (900, 480), |a| lines_on(a, labels, series, clip), |a| lines_on(a, labels, series, clip))
 }
@@ -261,22 +272,22 @@ fn lines_on<DB: DrawingBackend>(
     (title, x_label, y_label): (&str, &str, &str),
     series: &[(String, Vec<(f64, f64)>)],
     clip: f64,
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let mut ys: Vec<f64> = series.iter().flat_map(|(_, v)| v.iter().map(|p| p.1)).filter(|y| y.is_finite()).collect();
     if ys.is_empty() {
-        return Err("nothing to plot".into());
+        return Err(PlotError("nothing to plot".into()));
     }
     ys.sort_by(f64::total_cmp);
     let y_hi = ys[((clip * ys.len() as f64) as usize).min(ys.len() - 1)] * 1.05;
     let x_hi = series.iter().flat_map(|(_, v)| v.iter().map(|p| p.0)).fold(1.0f64, f64::max);
     let mut chart = linear_chart(&root, title, 0.0..x_hi, 0.0..y_hi.max(1e-9))?;
-    chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw().map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw().map_err(PlotError::new)?;
     for (k, (name, pts)) in series.iter().enumerate() {
         let step = (pts.len() / 3000).max(1);
         let c = COLOURS[k % COLOURS.len()];
         chart
             .draw_series(LineSeries::new(pts.iter().step_by(step).map(|&(x, y)| (x, y.min(y_hi))), c.stroke_width(1)))
-            .map_err(|e| e.to_string())?
+            .map_err(PlotError::new)?
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
@@ -292,7 +303,7 @@ pub fn bars_svg(
     y_label: &str,
     categories: &[String],
     series: &[(String, Vec<f64>)],
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let labels = (title, y_label);
     // Wide enough that the longest category label fits under its group.
     let longest = categories.iter().map(|c| c.chars().count()).max().unwrap_or(0) as u32;
@@ -305,10 +316,10 @@ fn bars_on<DB: DrawingBackend>(
     (title, y_label): (&str, &str),
     categories: &[String],
     series: &[(String, Vec<f64>)],
-) -> Result<(), String> {
+) -> Result<(), PlotError> {
     let y_hi = series.iter().flat_map(|(_, v)| v.iter().copied()).filter(|y| y.is_finite()).fold(0.0f64, f64::max);
     if categories.is_empty() || series.is_empty() {
-        return Err("nothing to plot".into());
+        return Err(PlotError("nothing to plot".into()));
     }
     let (n, k) = (categories.len(), series.len());
     let mut chart = linear_chart(&root, title, 0.0..n as f64, 0.0..(y_hi * 1.1).max(1e-9))?;
@@ -328,7 +339,7 @@ fn bars_on<DB: DrawingBackend>(
         })
         .y_desc(y_label)
         .draw()
-        .map_err(|e| e.to_string())?;
+        .map_err(PlotError::new)?;
     let width = 0.8 / k as f64;
     for (s, (name, values)) in series.iter().enumerate() {
         let c = COLOURS[s % COLOURS.len()];
@@ -338,7 +349,7 @@ fn bars_on<DB: DrawingBackend>(
         });
         chart
             .draw_series(bars)
-            .map_err(|e| e.to_string())?
+            .map_err(PlotError::new)?
             .label(name.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
     }
