@@ -4,6 +4,7 @@
 //! subscribers each subscribed to everything (as seed 001's clients were),
 //! timing every publication from the bridge's ingress tag to its arrival.
 
+use crate::BridgeError;
 use std::time::{Duration, Instant};
 
 use fairfeed_feed::gen::{GenConfig, Generator};
@@ -138,7 +139,7 @@ fn baseline(
     pubs_per_s: f64,
     subjects: usize,
     payload: usize,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, BridgeError> {
     let mut child = std::process::Command::new(bin)
         .args(["-url", url, "-subscribers", &cfg.subscribers.to_string()])
         .args(["-rate", &format!("{pubs_per_s:.3}"), "-seconds", &cfg.seconds.to_string()])
@@ -146,29 +147,32 @@ fn baseline(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| format!("starting the baseline {}: {e}", bin.display()))?;
+        .map_err(|e| BridgeError::Bench(format!("starting the baseline {}: {e}", bin.display())))?;
     let limit = Duration::from_secs_f64(cfg.seconds * 3.0 + 60.0);
     let t0 = Instant::now();
-    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+    while child.try_wait().map_err(|e| BridgeError::Bench(e.to_string()))?.is_none() {
         if t0.elapsed() > limit {
             let _ = child.kill();
-            return Err(format!("the baseline did not finish within {:.0} s", limit.as_secs_f64()));
+            return Err(BridgeError::Bench(format!("the baseline did not finish within {:.0} s", limit.as_secs_f64())));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| BridgeError::Bench(e.to_string()))?;
     if !out.status.success() {
-        return Err(format!("the baseline failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(BridgeError::Bench(format!(
+            "the baseline failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("the baseline's report: {e}"))?;
+        serde_json::from_slice(&out.stdout).map_err(|e| BridgeError::Bench(format!("the baseline's report: {e}")))?;
     if !v["p50_ms"].is_number() {
-        return Err(format!("the baseline's report has no p50_ms: {v}"));
+        return Err(BridgeError::Bench(format!("the baseline's report has no p50_ms: {v}")));
     }
     Ok(v)
 }
 
-fn feed(rate_pps: f64, seconds: f64, seed: u64) -> Result<Vec<Vec<u8>>, String> {
+fn feed(rate_pps: f64, seconds: f64, seed: u64) -> Result<Vec<Vec<u8>>, BridgeError> {
     let packets = (rate_pps * seconds).ceil() as usize;
     let g = Generator::new(GenConfig {
         seed,
@@ -176,7 +180,7 @@ fn feed(rate_pps: f64, seconds: f64, seed: u64) -> Result<Vec<Vec<u8>>, String> 
         symbols: 500,
         ..GenConfig::default()
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| BridgeError::Bench(e.to_string()))?;
     Ok(g.map(|p| p.payload).filter(|p| p.len() > 20).take(packets).collect())
 }
 
@@ -228,7 +232,7 @@ fn summary(all: &Histogram<u64>) -> LatencyMs {
 }
 
 /// A subscriber's task: its report and latency histogram.
-type SubscriberTask = tokio::task::JoinHandle<Result<(SubscribeReport, Histogram<u64>), String>>;
+type SubscriberTask = tokio::task::JoinHandle<Result<(SubscribeReport, Histogram<u64>), BridgeError>>;
 
 /// Subscriber tasks, each subscribed to everything under `prefix` and ready,
 /// on a runtime of their own (threads named [`crate::cpu::SUBSCRIBER_THREAD`]).
@@ -236,7 +240,7 @@ fn subscribers(
     url: &str,
     prefix: &str,
     cfg: &BenchConfig,
-) -> Result<(tokio::runtime::Runtime, Vec<SubscriberTask>), String> {
+) -> Result<(tokio::runtime::Runtime, Vec<SubscriberTask>), BridgeError> {
     let rt = crate::cpu::named_runtime(2, crate::cpu::SUBSCRIBER_THREAD)?;
     let sub_cfg = SubscribeConfig {
         url: url.to_string(),
@@ -268,28 +272,31 @@ fn subscribers(
 }
 
 /// Runs one row.
-pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, String> {
+pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, BridgeError> {
     if cfg.subscribers == 0 || cfg.subscribers > SUBSCRIBERS_MAX {
-        return Err(format!("subscribers must be 1..={SUBSCRIBERS_MAX}"));
+        return Err(BridgeError::Bench(format!("subscribers must be 1..={SUBSCRIBERS_MAX}")));
     }
     if !(cfg.rate_pps > 0.0 && cfg.seconds > 0.0) {
-        return Err("rate and seconds must be positive".into());
+        return Err(BridgeError::Bench("rate and seconds must be positive".into()));
     }
     // Before the bridge's run, not after it: a wrong path costs no run.
     if let Some(b) = cfg.baseline.as_ref().filter(|b| !b.is_file()) {
-        return Err(format!("the baseline {} is not a file (build it with scripts/natsbase.sh)", b.display()));
+        return Err(BridgeError::Bench(format!(
+            "the baseline {} is not a file (build it with scripts/natsbase.sh)",
+            b.display()
+        )));
     }
     if cfg.rate_pps * cfg.seconds > PACKETS_MAX as f64 {
-        return Err(format!(
+        return Err(BridgeError::Bench(format!(
             "--rate × --seconds is {:.0} packets; the bench holds its feed in memory and takes at most {PACKETS_MAX}",
             cfg.rate_pps * cfg.seconds
-        ));
+        )));
     }
     let _server;
     let url = match &cfg.nats {
         Some(u) => u.clone(),
         None => {
-            let s = LocalServer::start(0, None).map_err(|e| e.to_string())?;
+            let s = LocalServer::start(0, None).map_err(|e| BridgeError::Bench(e.to_string()))?;
             let u = s.url.clone();
             _server = s;
             u
@@ -307,7 +314,7 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
     let mut per = Vec::new();
     let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("valid bounds");
     for t in tasks {
-        let (r, h) = rt.block_on(t).map_err(|e| e.to_string())??;
+        let (r, h) = rt.block_on(t).map_err(|e| BridgeError::Bench(e.to_string()))??;
         let _ = all.add(&h);
         per.push(r);
     }

@@ -12,7 +12,7 @@
 //! bridge). [`consume`] subscribes and drives it.
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), String> {
+//! # async fn run() -> Result<(), fairfeed_bridge::BridgeError> {
 //! use fairfeed_bridge::consume::{consume, Event};
 //! use fairfeed_bridge::subscribe::{SubscribeConfig, StopWhen};
 //! let cfg = SubscribeConfig {
@@ -33,6 +33,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::BridgeError;
 use std::collections::HashMap;
 
 use fairfeed_wire::itch::Message;
@@ -172,7 +173,7 @@ impl Decoder {
 pub async fn consume(
     cfg: &SubscribeConfig,
     mut each: impl FnMut(Event<'_>),
-) -> Result<(SubscribeReport, DecodeStats), String> {
+) -> Result<(SubscribeReport, DecodeStats), BridgeError> {
     let mut d = Decoder::default();
     let (r, _) = subscribe(cfg, None, |m, _| d.handle(m.subject.as_str(), &m.payload, &mut each)).await?;
     Ok((r, d.stats))

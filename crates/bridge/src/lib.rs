@@ -17,3 +17,27 @@ pub mod security;
 pub mod server;
 pub mod subscribe;
 pub mod tag;
+
+/// Why the bridge, a subscriber or the benchmark could not do its work; each
+/// variant carries the message the command line prints.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BridgeError {
+    /// Flags or values that do not fit together.
+    #[error("{0}")]
+    Config(String),
+    /// A secret file (password, token, nkey, credentials) that cannot be read.
+    #[error("{0}")]
+    Secret(String),
+    /// No connection to the broker (with the diagnosis when there is one).
+    #[error("{0}")]
+    Connect(String),
+    /// The broker refused or failed an operation (subscribe, stream, consumer).
+    #[error("{0}")]
+    Nats(String),
+    /// A runtime thread pool could not be started.
+    #[error("{0}")]
+    Runtime(String),
+    /// The benchmark's feed or its baseline failed.
+    #[error("{0}")]
+    Bench(String),
+}

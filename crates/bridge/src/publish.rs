@@ -10,6 +10,7 @@
 //! the latency tag), written by the router. No NATS headers, but
 //! `Nats-Msg-Id` for JetStream's deduplication.
 
+use crate::BridgeError;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,9 +157,13 @@ fn message_id(p: &Publication) -> HeaderMap {
 
 /// The servers of `url`: one URL, or several separated by commas (the nodes
 /// of a cluster; the client also learns the others from the server it reaches).
-pub fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, String> {
+pub fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, BridgeError> {
     url.split(',')
-        .map(|u| u.trim().parse::<async_nats::ServerAddr>().map_err(|e| format!("`{u}` is not a NATS URL: {e}")))
+        .map(|u| {
+            u.trim()
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|e| BridgeError::Connect(format!("`{u}` is not a NATS URL: {e}")))
+        })
         .collect()
 }
 
@@ -167,7 +172,7 @@ async fn connect(
     security: &crate::security::Security,
     shared: Arc<Shared>,
     last: crate::security::LastError,
-) -> Result<async_nats::Client, String> {
+) -> Result<async_nats::Client, BridgeError> {
     let o = async_nats::ConnectOptions::new()
         // The router makes every subject from a checked prefix and sanitized
         // tokens (`Bridge::start`, `route::token`): the client's own check of
@@ -185,7 +190,12 @@ async fn connect(
                 }
             }
         });
-    security.apply(o).await?.connect(servers(url)?).await.map_err(|e| format!("connecting to {url}: {e}"))
+    security
+        .apply(o)
+        .await?
+        .connect(servers(url)?)
+        .await
+        .map_err(|e| BridgeError::Connect(format!("connecting to {url}: {e}")))
 }
 
 /// Batches taken from the queue at once: everything waiting is handed to the
@@ -208,7 +218,7 @@ async fn publish_core(client: async_nats::Client, mut rx: mpsc::Receiver<Batch>,
     let _ = client.flush().await;
 }
 
-type Ack = std::pin::Pin<Box<dyn std::future::Future<Output = (Item, u32, Result<bool, String>)> + Send>>;
+type Ack = std::pin::Pin<Box<dyn std::future::Future<Output = (Item, u32, Result<bool, BridgeError>)> + Send>>;
 
 /// Sends one publication to JetStream — in the caller's order: the send is
 /// awaited here, one after another — and returns the wait for its
@@ -219,11 +229,11 @@ async fn send_js(js: &jetstream::Context, item: Item, attempt: u32) -> Ack {
         Ok(ack) => Box::pin(async move {
             let r = match ack.await {
                 Ok(a) => Ok(a.duplicate),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(BridgeError::Nats(e.to_string())),
             };
             (item, attempt, r)
         }),
-        Err(e) => Box::pin(std::future::ready((item, attempt, Err(e.to_string())))),
+        Err(e) => Box::pin(std::future::ready((item, attempt, Err(BridgeError::Nats(e.to_string()))))),
     }
 }
 
@@ -292,14 +302,14 @@ async fn publish_js(js: jetstream::Context, mut rx: mpsc::Receiver<Batch>, s: Ar
 impl Bridge {
     /// Connects (retrying until the broker answers), creates the JetStream
     /// stream if asked, and starts the publisher.
-    pub fn start(route: RouteConfig, cfg: PublishConfig) -> Result<Bridge, String> {
+    pub fn start(route: RouteConfig, cfg: PublishConfig) -> Result<Bridge, BridgeError> {
         assert!(cfg.buffer > 0 && cfg.in_flight_max > 0, "queue and in-flight limits must be positive");
         assert!((1..=5).contains(&cfg.replicas), "JetStream keeps 1 to 5 replicas");
         if !valid_prefix(&route.prefix) {
-            return Err(format!(
+            return Err(BridgeError::Config(format!(
                 "subject prefix {:?}: dot-separated tokens of printable ASCII without '*', '>' or spaces",
                 route.prefix
-            ));
+            )));
         }
         let rt = crate::cpu::named_runtime(1, crate::cpu::PUBLISHER_THREAD)?;
         let shared = Arc::new(Shared::default());
@@ -311,8 +321,8 @@ impl Bridge {
             let last = crate::security::LastError::default();
             let attempt = tokio::time::timeout(Duration::from_secs(10), async {
                 let c = connect(&cfg.url, &cfg.security, shared.clone(), last.clone()).await?;
-                c.flush().await.map_err(|e| format!("first round trip to {}: {e}", cfg.url))?;
-                Ok::<_, String>(c)
+                c.flush().await.map_err(|e| BridgeError::Connect(format!("first round trip to {}: {e}", cfg.url)))?;
+                Ok::<_, BridgeError>(c)
             })
             .await;
             let client = match attempt {
@@ -320,11 +330,11 @@ impl Bridge {
                 Err(_) => {
                     let why = crate::security::diagnose(&cfg.url, &cfg.security).await;
                     let why = why.map_or_else(|| last.suffix(), |w| format!(" (last error: {w})"));
-                    return Err(format!("no NATS connection to {} within 10 s{why}", cfg.url));
+                    return Err(BridgeError::Connect(format!("no NATS connection to {} within 10 s{why}", cfg.url)));
                 }
             };
             let s = shared.clone();
-            Ok::<_, String>(match &cfg.jetstream {
+            Ok::<_, BridgeError>(match &cfg.jetstream {
                 None => tokio::spawn(publish_core(client, rx, s)),
                 Some(name) => {
                     let js = jetstream::new(client);
@@ -337,7 +347,7 @@ impl Bridge {
                         ..Default::default()
                     })
                     .await
-                    .map_err(|e| format!("creating JetStream stream {name}: {e}"))?;
+                    .map_err(|e| BridgeError::Connect(format!("creating JetStream stream {name}: {e}")))?;
                     tokio::spawn(publish_js(js, rx, s, cfg.in_flight_max))
                 }
             })

@@ -4,6 +4,7 @@
 //! TLS, TLS required). Secrets come from files, never from the command line
 //! (where `ps` shows them).
 
+use crate::BridgeError;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -30,11 +31,12 @@ pub struct Security {
     pub require_tls: bool,
 }
 
-fn read_secret(what: &str, p: &PathBuf) -> Result<String, String> {
-    let s = std::fs::read_to_string(p).map_err(|e| format!("reading the {what} file {}: {e}", p.display()))?;
+fn read_secret(what: &str, p: &PathBuf) -> Result<String, BridgeError> {
+    let s = std::fs::read_to_string(p)
+        .map_err(|e| BridgeError::Secret(format!("reading the {what} file {}: {e}", p.display())))?;
     let s = s.trim().to_string();
     if s.is_empty() {
-        return Err(format!("the {what} file {} is empty", p.display()));
+        return Err(BridgeError::Secret(format!("the {what} file {} is empty", p.display())));
     }
     Ok(s)
 }
@@ -42,17 +44,19 @@ fn read_secret(what: &str, p: &PathBuf) -> Result<String, String> {
 impl Security {
     /// Checks that the settings go together: one way to authenticate at
     /// most, a password with its user, a key with its certificate.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), BridgeError> {
         let ways =
             [self.user.is_some(), self.token_file.is_some(), self.nkey_file.is_some(), self.creds_file.is_some()];
         if ways.iter().filter(|&&w| w).count() > 1 {
-            return Err("give one of --nats-user, --nats-token-file, --nats-nkey-file, --nats-creds".into());
+            return Err(BridgeError::Config(
+                "give one of --nats-user, --nats-token-file, --nats-nkey-file, --nats-creds".into(),
+            ));
         }
         if self.user.is_some() != self.password_file.is_some() {
-            return Err("--nats-user and --nats-password-file go together".into());
+            return Err(BridgeError::Config("--nats-user and --nats-password-file go together".into()));
         }
         if self.cert.is_some() != self.key.is_some() {
-            return Err("--nats-cert and --nats-key go together".into());
+            return Err(BridgeError::Config("--nats-cert and --nats-key go together".into()));
         }
         Ok(())
     }
@@ -63,7 +67,7 @@ impl Security {
     }
 
     /// `o` with these settings (reading the secret files now).
-    pub async fn apply(&self, mut o: ConnectOptions) -> Result<ConnectOptions, String> {
+    pub async fn apply(&self, mut o: ConnectOptions) -> Result<ConnectOptions, BridgeError> {
         self.validate()?;
         if let (Some(user), Some(p)) = (&self.user, &self.password_file) {
             o = o.user_and_password(user.clone(), read_secret("password", p)?);
@@ -74,17 +78,18 @@ impl Security {
         if let Some(p) = &self.nkey_file {
             let seed = read_secret("nkey seed", p)?;
             // A seed that is not one would fail at every connection attempt, silently.
-            nkeys::KeyPair::from_seed(&seed).map_err(|e| format!("{}: not an nkey seed: {e}", p.display()))?;
+            nkeys::KeyPair::from_seed(&seed)
+                .map_err(|e| BridgeError::Config(format!("{}: not an nkey seed: {e}", p.display())))?;
             o = o.nkey(seed);
         }
         if let Some(p) = &self.creds_file {
             o = o
                 .credentials_file(p)
                 .await
-                .map_err(|e| format!("reading the credentials file {}: {e}", p.display()))?;
+                .map_err(|e| BridgeError::Config(format!("reading the credentials file {}: {e}", p.display())))?;
         }
         for p in [&self.ca, &self.cert, &self.key].into_iter().flatten() {
-            std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            std::fs::metadata(p).map_err(|e| BridgeError::Config(format!("{}: {e}", p.display())))?;
         }
         if let Some(ca) = &self.ca {
             o = o.add_root_certificates(ca.clone());
@@ -131,11 +136,11 @@ impl LastError {
 pub async fn diagnose(url: &str, security: &Security) -> Option<String> {
     let o = match security.apply(ConnectOptions::new()).await {
         Ok(o) => o,
-        Err(e) => return Some(e),
+        Err(e) => return Some(e.to_string()),
     };
     let servers = match crate::publish::servers(url) {
         Ok(s) => s,
-        Err(e) => return Some(e),
+        Err(e) => return Some(e.to_string()),
     };
     let attempt = tokio::time::timeout(std::time::Duration::from_secs(3), o.connect(servers)).await;
     match attempt {

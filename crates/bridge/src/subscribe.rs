@@ -6,6 +6,7 @@
 //! (`<prefix>.<session>.control.gap`, see `route`), which it also listens
 //! for when its subject does not cover them.
 
+use crate::BridgeError;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -246,7 +247,7 @@ pub async fn subscribe(
     cfg: &SubscribeConfig,
     ready: Option<tokio::sync::oneshot::Sender<()>>,
     mut each: impl FnMut(&async_nats::Message, Option<u64>),
-) -> Result<(SubscribeReport, Histogram<u64>), String> {
+) -> Result<(SubscribeReport, Histogram<u64>), BridgeError> {
     let last = crate::security::LastError::default();
     let l = last.clone();
     let o =
@@ -260,7 +261,7 @@ pub async fn subscribe(
         .await?
         .connect(crate::publish::servers(&cfg.url)?)
         .await
-        .map_err(|e| format!("connecting to {}: {e}", cfg.url))?;
+        .map_err(|e| BridgeError::Connect(format!("connecting to {}: {e}", cfg.url)))?;
     // The client retries in the background (the server may start just after
     // us), but a server that never answers must not keep us waiting for ever.
     let limit = cfg.stop.after.unwrap_or(CONNECT_WAIT_MAX).min(CONNECT_WAIT_MAX);
@@ -271,12 +272,12 @@ pub async fn subscribe(
     };
     if tokio::time::timeout(limit, connected).await.is_err() {
         let why = crate::security::diagnose(&cfg.url, &cfg.security).await;
-        return Err(format!(
+        return Err(BridgeError::Connect(format!(
             "no NATS connection to {} within {:.1} s{}",
             cfg.url,
             limit.as_secs_f64(),
             why.map_or_else(|| last.suffix(), |w| format!(" (last error: {w})"))
-        ));
+        )));
     }
     let mut t = Tally::default();
     let started = Instant::now();
@@ -314,13 +315,13 @@ pub async fn subscribe(
     }
     match &cfg.jetstream {
         None => {
-            let sub = client.subscribe(cfg.subject.clone()).await.map_err(|e| e.to_string())?;
+            let sub = client.subscribe(cfg.subject.clone()).await.map_err(|e| BridgeError::Nats(e.to_string()))?;
             let extra = match cfg.gaps.as_deref().filter(|g| !overlap(&cfg.subject, g)) {
-                Some(g) => Some(client.subscribe(g.to_string()).await.map_err(|e| e.to_string())?),
+                Some(g) => Some(client.subscribe(g.to_string()).await.map_err(|e| BridgeError::Nats(e.to_string()))?),
                 None => None,
             };
             let mut sub = futures::stream::select(sub, futures::stream::iter(extra).flatten());
-            client.flush().await.map_err(|e| e.to_string())?;
+            client.flush().await.map_err(|e| BridgeError::Nats(e.to_string()))?;
             if let Some(r) = ready {
                 let _ = r.send(());
             }
@@ -328,7 +329,7 @@ pub async fn subscribe(
         }
         Some(name) => {
             let js = jetstream::new(client.clone());
-            let stream = js.get_stream(name).await.map_err(|e| format!("stream {name}: {e}"))?;
+            let stream = js.get_stream(name).await.map_err(|e| BridgeError::Nats(format!("stream {name}: {e}")))?;
             let consumer = stream
                 .create_consumer(jetstream::consumer::pull::OrderedConfig {
                     filter_subject: cfg.subject.clone(),
@@ -336,8 +337,8 @@ pub async fn subscribe(
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| format!("consumer on {name}: {e}"))?;
-            let mut msgs = consumer.messages().await.map_err(|e| e.to_string())?;
+                .map_err(|e| BridgeError::Nats(format!("consumer on {name}: {e}")))?;
+            let mut msgs = consumer.messages().await.map_err(|e| BridgeError::Nats(e.to_string()))?;
             if let Some(r) = ready {
                 let _ = r.send(());
             }

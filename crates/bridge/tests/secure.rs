@@ -155,6 +155,8 @@ fn wrong_missing_or_untrusted_are_refused_with_the_reason() {
                     pc.security = sec;
                     let err =
                         Bridge::start(RouteConfig::default(), pc).err().unwrap_or_else(|| panic!("{what}: connected"));
+                    assert!(matches!(err, fairfeed_bridge::BridgeError::Connect(_)), "{what}: {err:?}");
+                    let err = err.to_string();
                     eprintln!("{what}: {err}");
                     assert!(t0.elapsed() < Duration::from_secs(15), "{what}: {:?}", t0.elapsed());
                     assert!(err.contains("no NATS connection") && err.contains("last error"), "{what}: {err}");
@@ -171,11 +173,13 @@ fn wrong_missing_or_untrusted_are_refused_with_the_reason() {
     std::fs::write(&bad_seed, "not-a-seed").unwrap();
     let mut pc = PublishConfig::new(&url);
     pc.security = Security { nkey_file: Some(bad_seed), ..Security::default() };
-    let err = Bridge::start(RouteConfig::default(), pc).err().unwrap();
+    let err = Bridge::start(RouteConfig::default(), pc).err().unwrap().to_string();
     assert!(err.contains("not an nkey seed"), "{err}");
     let mut pc = PublishConfig::new(&url);
     pc.security =
         Security { user: Some("bridge".into()), password_file: Some(dir.join("absent")), ..Security::default() };
     let err = Bridge::start(RouteConfig::default(), pc).err().unwrap();
+    assert!(matches!(err, fairfeed_bridge::BridgeError::Secret(_)), "{err:?}");
+    let err = err.to_string();
     assert!(err.contains("password file") && err.contains("absent"), "{err}");
 }
