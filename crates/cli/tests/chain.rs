@@ -73,21 +73,6 @@ fn journal(server: SocketAddr, upto: u64) -> Vec<Vec<u8>> {
     out
 }
 
-/// What an application at a receiver's `--deliver` read, until `stop`.
-fn application(sock: UdpSocket, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
-    std::thread::spawn(move || {
-        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let mut buf = [0u8; 2048];
-        let mut got = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            if let Ok(n) = sock.recv(&mut buf) {
-                got.push(buf[..n].to_vec());
-            }
-        }
-        got
-    })
-}
-
 fn wait_tcp(addr: &str) {
     let t = Instant::now();
     while TcpStream::connect(addr).is_err() {
@@ -113,7 +98,7 @@ fn the_exchange_reaches_every_application_through_arbitrator_and_tree_message_fo
         let sock = fairfeed_net::arb::live::bind_udp("127.0.7.2:0".parse().unwrap(), 8 << 20).unwrap();
         sock.set_nonblocking(false).unwrap();
         let deliver = sock.local_addr().unwrap().to_string();
-        apps.push((id, application(sock, stop.clone())));
+        apps.push((id, common::collect_datagrams(sock, stop.clone())));
         let control = format!("127.0.7.3:{}", 9620 + id);
         let a: Vec<String> =
             ["--link", "cloud", "--deliver", &deliver, "--control", &control].iter().map(|s| s.to_string()).collect();

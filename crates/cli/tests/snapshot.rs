@@ -21,21 +21,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Every datagram arriving at `sock` until `stop`.
-fn collect(sock: UdpSocket, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
-    std::thread::spawn(move || {
-        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let mut buf = [0u8; 2048];
-        let mut got = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            if let Ok(n) = sock.recv(&mut buf) {
-                got.push(buf[..n].to_vec());
-            }
-        }
-        got
-    })
-}
-
 fn delivery_socket() -> (UdpSocket, String) {
     let s = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
     s.set_nonblocking(false).unwrap();
@@ -110,7 +95,7 @@ fn a_receiver_started_mid_feed_delivers_the_whole_feeds_books() {
         v
     };
     let (sock, to) = delivery_socket();
-    let early_got = collect(sock, stop.clone());
+    let early_got = common::collect_datagrams(sock, stop.clone());
     c.start(early, &common(&["--deliver", &to]));
     for id in c.ids("proxy") {
         c.start(id, &common(&[]));
@@ -127,7 +112,7 @@ fn a_receiver_started_mid_feed_delivers_the_whole_feeds_books() {
     // Seconds into the feed (~6 s at the generator's 6,700 msg/s), the late receiver joins.
     std::thread::sleep(Duration::from_millis(2_500));
     let (sock, to) = delivery_socket();
-    let late_got = collect(sock, stop.clone());
+    let late_got = common::collect_datagrams(sock, stop.clone());
     c.start(late, &common(&["--deliver", &to, "--snapshot", snap_addr]));
     assert!(replay.wait().unwrap().success());
     std::thread::sleep(Duration::from_millis(2_000));
@@ -167,7 +152,7 @@ fn a_late_receiver_joins_from_the_senders_own_snapshots() {
         v
     };
     let (sock, to) = delivery_socket();
-    let early_got = collect(sock, stop.clone());
+    let early_got = common::collect_datagrams(sock, stop.clone());
     c.start(early, &args(&["--deliver", &to]));
     for id in c.ids("proxy") {
         c.start(id, &args(&[]));
@@ -179,7 +164,7 @@ fn a_late_receiver_joins_from_the_senders_own_snapshots() {
     c.start(sender, &sa);
     std::thread::sleep(Duration::from_millis(3_000));
     let (sock, to) = delivery_socket();
-    let late_got = collect(sock, stop.clone());
+    let late_got = common::collect_datagrams(sock, stop.clone());
     c.start(late, &args(&["--deliver", &to, "--snapshot", snap]));
     c.wait(sender, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(500));

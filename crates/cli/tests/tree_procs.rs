@@ -104,21 +104,6 @@ fn collect(sock: UdpSocket, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(V
     })
 }
 
-/// What one delivery socket received, until `stop`: every datagram's bytes.
-fn collect_bytes(sock: UdpSocket, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
-    std::thread::spawn(move || {
-        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let mut buf = [0u8; 2048];
-        let mut got = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            if let Ok(len) = sock.recv(&mut buf) {
-                got.push(buf[..len].to_vec());
-            }
-        }
-        got
-    })
-}
-
 /// Starts every receiver delivering to a socket of its own (what each
 /// received collected until `stop`) with `extra(id)` flags, and every proxy,
 /// each with a control address on `port`; returns when all answer `stat`.
@@ -133,7 +118,7 @@ fn start_delivering(
         let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
         sock.set_nonblocking(false).unwrap();
         let deliver = sock.local_addr().unwrap().to_string();
-        collectors.push((id, collect_bytes(sock, stop.clone())));
+        collectors.push((id, common::collect_datagrams(sock, stop.clone())));
         let mut a = common_args();
         a.extend(["--deliver".into(), deliver, "--control".into(), ready_addr(id, port)]);
         a.extend(extra(id));

@@ -32,8 +32,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use fairfeed_wire::itch::{AddOrderMpidRepr, AddOrderRepr, Message};
-use fairfeed_wire::{Alpha, Price4, Timestamp48};
+use fairfeed_wire::itch::{AddOrderRepr, Message};
+use fairfeed_wire::{Alpha, Price4, Stock, Timestamp48};
 
 /// Entries of the priority log below which it is never compacted.
 const QUEUE_COMPACT_MIN: usize = 1_024;
@@ -96,6 +96,26 @@ struct Order {
     stock: [u8; 8],
     price: u32,
     attribution: Option<[u8; 4]>,
+}
+
+impl Order {
+    /// An order as an add message `m` gives it: (side, shares, stock, price), attribution.
+    fn new(
+        m: &Message<'_>,
+        (side, shares, stock, price): (u8, u32, Stock, Price4),
+        attribution: Option<[u8; 4]>,
+    ) -> Self {
+        Order {
+            locate: m.stock_locate(),
+            tracking: m.tracking_number(),
+            timestamp: m.timestamp(),
+            side,
+            shares,
+            stock: stock.0,
+            price: price.0,
+            attribution,
+        }
+    }
 }
 
 /// Where a state message sits in a snapshot: market-wide state first, then
@@ -216,32 +236,13 @@ impl Books {
     fn apply_inner(&mut self, b: &[u8]) -> Result<(), BookError> {
         let m = Message::parse(b)?;
         match m {
-            Message::AddOrder(a) => self.add(
-                a.order_ref(),
-                Order {
-                    locate: m.stock_locate(),
-                    tracking: m.tracking_number(),
-                    timestamp: m.timestamp(),
-                    side: a.side(),
-                    shares: a.shares(),
-                    stock: a.stock().0,
-                    price: a.price().0,
-                    attribution: None,
-                },
-            ),
-            Message::AddOrderMpid(a) => self.add(
-                a.order_ref(),
-                Order {
-                    locate: m.stock_locate(),
-                    tracking: m.tracking_number(),
-                    timestamp: m.timestamp(),
-                    side: a.side(),
-                    shares: a.shares(),
-                    stock: a.stock().0,
-                    price: a.price().0,
-                    attribution: Some(a.attribution().0),
-                },
-            ),
+            Message::AddOrder(a) => {
+                self.add(a.order_ref(), Order::new(&m, (a.side(), a.shares(), a.stock(), a.price()), None))
+            }
+            Message::AddOrderMpid(a) => {
+                let o = Order::new(&m, (a.side(), a.shares(), a.stock(), a.price()), Some(a.attribution().0));
+                self.add(a.order_ref(), o)
+            }
             Message::OrderExecuted(e) => {
                 self.take('E', e.order_ref(), e.executed_shares())?;
                 self.stats.executions += 1;
@@ -437,34 +438,26 @@ impl Books {
     }
 }
 
-/// Writes an open order as the `A` (or `F`) message that adds it now.
+/// Writes an open order as the `A` (or `F`) message that adds it now. An
+/// `F` is an `A` with its type byte changed and the attribution appended
+/// (ITCH 5.0 lays the two out alike up to the price).
 fn emit_add(order_ref: u64, o: &Order, buf: &mut [u8]) -> usize {
-    let n = match o.attribution {
-        None => AddOrderRepr {
-            stock_locate: o.locate,
-            tracking_number: o.tracking,
-            timestamp: Timestamp48(o.timestamp),
-            order_ref,
-            side: o.side,
-            shares: o.shares,
-            stock: Alpha(o.stock),
-            price: Price4(o.price),
-        }
-        .emit(buf),
-        Some(a) => AddOrderMpidRepr {
-            stock_locate: o.locate,
-            tracking_number: o.tracking,
-            timestamp: Timestamp48(o.timestamp),
-            order_ref,
-            side: o.side,
-            shares: o.shares,
-            stock: Alpha(o.stock),
-            price: Price4(o.price),
-            attribution: Alpha(a),
-        }
-        .emit(buf),
+    let add = AddOrderRepr {
+        stock_locate: o.locate,
+        tracking_number: o.tracking,
+        timestamp: Timestamp48(o.timestamp),
+        order_ref,
+        side: o.side,
+        shares: o.shares,
+        stock: Alpha(o.stock),
+        price: Price4(o.price),
     };
-    n.expect("an add order fits the longest ITCH message")
+    let n = add.emit(buf).expect("an add order fits the longest ITCH message");
+    let Some(attribution) = o.attribution else { return n };
+    buf[0] = b'F';
+    buf[n..n + 4].copy_from_slice(&attribution);
+    debug_assert!(matches!(Message::parse(&buf[..n + 4]), Ok(Message::AddOrderMpid(_))));
+    n + 4
 }
 
 #[cfg(test)]
@@ -607,6 +600,28 @@ mod tests {
         }
         let got: Vec<u64> = b.queues(1, b'B')[0].1.iter().map(|o| o.0).collect();
         assert_eq!(got, want);
+        assert_eq!(rebuilt(&b).diff(&b), None);
+    }
+
+    #[test]
+    fn an_attributed_order_comes_back_as_an_f_with_its_mpid() {
+        use fairfeed_wire::itch::AddOrderMpidRepr;
+        let mut b = Books::new();
+        b.apply(&bytes(AddOrderMpidRepr {
+            stock_locate: 3,
+            order_ref: 77,
+            side: b'S',
+            shares: 250,
+            stock: Stock::from_str_padded("MSFT"),
+            price: Price4(3_400_000),
+            attribution: Alpha(*b"GSCO"),
+            ..Default::default()
+        }))
+        .unwrap();
+        let mut got = Vec::new();
+        b.snapshot(&mut |m| got.push(m.to_vec()));
+        let Message::AddOrderMpid(f) = Message::parse(&got[0]).unwrap() else { panic!("{:?}", got[0]) };
+        assert_eq!((f.order_ref(), f.shares(), f.attribution().0), (77, 250, *b"GSCO"));
         assert_eq!(rebuilt(&b).diff(&b), None);
     }
 }

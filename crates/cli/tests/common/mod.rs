@@ -87,3 +87,22 @@ pub fn small_tree_with(dir: &Path, port: u16, extra: &[&str]) -> PathBuf {
     fairfeed(&args);
     topo
 }
+
+/// Every datagram arriving at `sock` until `stop` (what an application
+/// listening there would read).
+pub fn collect_datagrams(
+    sock: std::net::UdpSocket,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
+    std::thread::spawn(move || {
+        sock.set_read_timeout(Some(std::time::Duration::from_millis(50))).unwrap();
+        let mut buf = [0u8; 2048];
+        let mut got = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(n) = sock.recv(&mut buf) {
+                got.push(buf[..n].to_vec());
+            }
+        }
+        got
+    })
+}
