@@ -236,6 +236,8 @@ fn the_snapshot_server_shrugs_off_misbehaving_clients_and_refuses_stale_books() 
     pkt[..10].copy_from_slice(b"LATE000001");
     pkt[17] = 50;
     UdpSocket::bind("127.0.0.1:0").unwrap().send_to(&pkt, feed).unwrap();
+    // Let the server read it (it wakes on the datagram) before it is stopped.
+    std::thread::sleep(Duration::from_millis(500));
     term(&mut server);
     let report = std::fs::read_to_string(&err).unwrap();
     assert!(report.contains("\"per_address\": 1"), "{report}");

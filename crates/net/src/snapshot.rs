@@ -233,7 +233,7 @@ impl SnapshotService {
         let follower = &mut self.follower;
         loop {
             match c.stream.read(&mut self.buf) {
-                Ok(0) => return Some(c.core.finished().cloned().unwrap_or(Close::Logout)),
+                Ok(0) => return Some(c.core.on_peer_closed()),
                 Ok(k) => {
                     if let Err(why) =
                         c.core.on_bytes(now, &self.buf[..k], &self.credentials, &mut || follower.snapshot())
@@ -245,7 +245,7 @@ impl SnapshotService {
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return None,
-                Err(_) => return Some(Close::Logout),
+                Err(_) => return Some(c.core.on_peer_closed()),
             }
         }
     }
@@ -260,7 +260,7 @@ impl SnapshotService {
                     c.core.wrote(k, now);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(_) => return Some(Close::Logout),
+                Err(_) => return Some(c.core.on_peer_closed()),
             }
         }
         let want_out = !c.core.unsent().is_empty();

@@ -340,8 +340,9 @@ impl Joiner {
     fn try_join(&mut self, now: u64, out: &mut impl FnMut(&[u8])) {
         let State::Ready { session, next, .. } = &self.state else { return };
         let (session, next) = (*session, *next);
-        let Some(first) = self.held.iter().map(|p| Packet::new_unchecked(&p[..])).find(|p| p.message_count() > 0)
-        else {
+        // Any packet of the line places it: a data packet by its first message,
+        // a heartbeat or the end of the session by the number it announces next.
+        let Some(first) = self.held.iter().find_map(|p| Packet::new_checked(&p[..]).ok()) else {
             return;
         };
         if first.session() != session {

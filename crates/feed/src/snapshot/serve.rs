@@ -231,6 +231,18 @@ impl ServerConn {
         }
     }
 
+    /// Why the connection ended when the client closed it (or the socket
+    /// failed): a client that read the whole snapshot up to End of Snapshot
+    /// and left without waiting for End of Session got what it came for.
+    pub fn on_peer_closed(&self) -> Close {
+        const END_OF_SESSION_FRAME: usize = 3;
+        match (&self.closing, self.unsent().len()) {
+            (Some(c), 0) => c.clone(),
+            (Some(Close::Done), n) if n <= END_OF_SESSION_FRAME => Close::Done,
+            _ => Close::Logout,
+        }
+    }
+
     /// The connection's end, once decided and everything is written.
     pub fn finished(&self) -> Option<&Close> {
         self.closing.as_ref().filter(|_| self.unsent().is_empty())

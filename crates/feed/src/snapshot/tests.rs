@@ -62,12 +62,15 @@ fn fetch(j: &mut Joiner, f: &mut Follower, now: u64, chunk: usize, app: &mut App
     let login = j.login(now);
     let mut conn = ServerConn::new(now);
     conn.on_bytes(now, &login, &Credentials::default(), &mut || f.snapshot()).unwrap();
+    // The joiner stops reading at End of Snapshot; what follows (End of
+    // Session) is still written, as a kernel would take it.
+    let mut reading = true;
     while !conn.unsent().is_empty() {
         let n = conn.unsent().len().min(chunk);
         let bytes = conn.unsent()[..n].to_vec();
         conn.wrote(n, now);
-        if j.on_stream(now, &bytes, &mut |p| app.take(p)) == Stream::Finished {
-            break;
+        if reading && j.on_stream(now, &bytes, &mut |p| app.take(p)) == Stream::Finished {
+            reading = false;
         }
     }
     conn.finished().cloned()
@@ -249,6 +252,13 @@ fn misbehaving_clients_are_closed_with_a_reason() {
     c.wrote(4, 0);
     assert_eq!(c.finished(), Some(&Close::NotAuthorized));
 
+    // A client that reads up to End of Snapshot and leaves got its snapshot.
+    let mut c = ServerConn::new(0);
+    c.on_bytes(0, &login_bytes("firm1", "secret"), &creds, &mut snap).unwrap();
+    assert_eq!(c.on_peer_closed(), Close::Logout, "it left before the snapshot");
+    let n = c.unsent().len() - 3;
+    c.wrote(n, 0);
+    assert_eq!(c.on_peer_closed(), Close::Done);
     // The right one gets the snapshot; one that stops reading is cut off.
     let mut c = ServerConn::new(0);
     let login = login_bytes("firm1", "secret");
