@@ -349,37 +349,64 @@ proptest! {
         unqueued in 0.05f64..0.3,
         noise in 0.0f64..1_000.0,
     ) {
-        let mut w = World::new(n, 2, seed, 1e9, 500.0);
-        w.noise_ns = noise;
-        w.unqueued = unqueued;
-        let mut rng = ChaCha12Rng::seed_from_u64(seed ^ 0xA5);
-        let edges: Vec<(u32, Vec<u32>)> = w.nodes.iter().map(|c| (c.id, c.peer_ids().collect())).collect();
-        for (a, peers) in edges {
-            for b in peers {
-                if rng.gen_bool(asym_share) {
-                    w.asym.push((a, b, asym_us * 1_000));
-                }
-            }
-        }
-        let (mut inside, mut total, mut lying) = (0u32, 0u32, Vec::new());
-        for k in 0..10u64 {
-            let t = 15_000_000_000 + k * 500_000_000;
-            w.run(t);
-            let e = w.errors(t);
-            for (i, node) in w.nodes.iter().enumerate().skip(1) {
-                let local = w.clocks[i].local(t);
-                let (err, bound) = (e[i - 1].abs(), node.bound_ns(local));
-                total += 1;
-                inside += u32::from(err <= bound as f64);
-                if err > 1_000.0 && node.within_limit(local) {
-                    lying.push((i, t, err, bound));
-                }
-            }
-        }
-        let coverage = f64::from(inside) / f64::from(total);
-        prop_assert!(coverage >= 0.99, "bound covers {coverage:.4} of samples; asym {:?}", w.asym);
-        prop_assert!(lying.is_empty(), "µs off within the limit: {lying:?}; asym {:?}", w.asym);
+        let (coverage, lying, asym) = asymmetric_case(seed, n, asym_share, asym_us, unqueued, noise);
+        prop_assert!(coverage >= 0.99, "bound covers {coverage:.4} of samples; asym {asym:?}");
+        prop_assert!(lying.is_empty(), "µs off within the limit: {lying:?}; asym {asym:?}");
     }
+}
+
+/// What one random asymmetric graph gives: bound coverage, the samples
+/// microseconds off while within the limit, the asymmetric links.
+type Lying = Vec<(usize, u64, f64, u64)>;
+fn asymmetric_case(
+    seed: u64,
+    n: usize,
+    asym_share: f64,
+    asym_us: u64,
+    unqueued: f64,
+    noise: f64,
+) -> (f64, Lying, Vec<(u32, u32, u64)>) {
+    let mut w = World::new(n, 2, seed, 1e9, 500.0);
+    w.noise_ns = noise;
+    w.unqueued = unqueued;
+    let mut rng = ChaCha12Rng::seed_from_u64(seed ^ 0xA5);
+    let edges: Vec<(u32, Vec<u32>)> = w.nodes.iter().map(|c| (c.id, c.peer_ids().collect())).collect();
+    for (a, peers) in edges {
+        for b in peers {
+            if rng.gen_bool(asym_share) {
+                w.asym.push((a, b, asym_us * 1_000));
+            }
+        }
+    }
+    let (mut inside, mut total, mut lying) = (0u32, 0u32, Vec::new());
+    for k in 0..10u64 {
+        let t = 15_000_000_000 + k * 500_000_000;
+        w.run(t);
+        let e = w.errors(t);
+        for (i, node) in w.nodes.iter().enumerate().skip(1) {
+            let local = w.clocks[i].local(t);
+            let (err, bound) = (e[i - 1].abs(), node.bound_ns(local));
+            total += 1;
+            inside += u32::from(err <= bound as f64);
+            if err > 1_000.0 && node.within_limit(local) {
+                lying.push((i, t, err, bound));
+            }
+        }
+    }
+    let coverage = f64::from(inside) / f64::from(total);
+    (coverage, lying, w.asym)
+}
+
+/// A counterexample the property above found (2026-11-28): 3 of 13 nodes'
+/// links 7 µs asymmetric, 5 % of packets unqueued, no stamp noise — the
+/// bound covered 98.3 % of samples, not 99 %. Left for issue 40 (bounds
+/// that hold under asymmetry); run it with `--ignored`.
+#[test]
+#[ignore = "issue 40: bounds under-cover on this asymmetric graph (98.3 % < 99 %)"]
+fn bounds_cover_the_truth_on_the_asymmetric_graph_of_seed_400() {
+    let (coverage, lying, asym) = asymmetric_case(400, 13, 0.023840116668502793, 7, 0.05, 0.0);
+    assert!(coverage >= 0.99, "bound covers {coverage:.4} of samples; asym {asym:?}");
+    assert!(lying.is_empty(), "µs off within the limit: {lying:?}");
 }
 
 /// Prints the figures in docs/RESULTS.md ("Clock synchronization core"):
