@@ -903,7 +903,9 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
          | converged (s) | {} |\n| bound covers the true error | {:.1} % |\n\
          | probe share of packets during the feed (mean node / worst receiver / worst proxy / sender) | {:.3} % / {:.3} % / {:.3} % / {:.3} % |\n\
          | probes sent per node per s | {:.1} |\n| pure pairs | {:.1} % |\n\
-         | asymmetric links in the probe graph / flaggings | {} / {} |\n| clock steps detected | {} |\n\
+         | asymmetric links in the probe graph / flaggings | {} / {} |\n\
+         | nodes contested at the end / updates bounded by an unsettled dispute's hull | {} / {} |\n\
+         | clock steps detected | {} |\n\
          | releases while over the bound limit (share of all releases) | {} ({:.4} %) |\n\
          | feed: P(F@1µs) (target) / DWS p99 µs / late share / OML p50 µs / lost | {:.4} ({}) / {:.2} / {:.5} / {:.1} / {} |\n\
          | feed: P(F@5µs) / P(F@10µs) | {:.4} / {:.4} |\n\
@@ -938,6 +940,8 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         k.pure_fraction * 100.0,
         k.asymmetric_links,
         k.asymmetric_flagged,
+        k.contested_nodes,
+        k.unresolved_disputes,
         k.steps_detected,
         k.unsynced_releases,
         k.unsynced_share * 100.0,
@@ -958,17 +962,22 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         stall_note(r.timer_stalls),
     );
     write_json(out, &r, &md)?;
+    clock_series(&r.series, out)
+}
+
+/// `error.csv` and `error.svg`: the sync error over time.
+fn clock_series(series: &[fairfeed_sim::engine::ClockSample], out: &std::path::Path) -> anyhow::Result<()> {
     let mut csv = String::from("time_s,p50_ns,p99_ns,max_ns,worst_node,over_limit,outside_bound\n");
-    for x in &r.series {
+    for x in series {
         csv.push_str(&format!(
             "{:.3},{:.1},{:.1},{:.1},{},{},{}\n",
             x.time_s, x.p50_ns, x.p99_ns, x.max_ns, x.worst_node, x.over_limit, x.outside_bound
         ));
     }
     std::fs::write(out.join("error.csv"), csv)?;
-    let p50: Vec<(f64, f64)> = r.series.iter().map(|x| (x.time_s, x.p50_ns.max(1.0))).collect();
-    let p99: Vec<(f64, f64)> = r.series.iter().map(|x| (x.time_s, x.p99_ns.max(1.0))).collect();
-    let max: Vec<(f64, f64)> = r.series.iter().map(|x| (x.time_s, x.max_ns.max(1.0))).collect();
+    let p50: Vec<(f64, f64)> = series.iter().map(|x| (x.time_s, x.p50_ns.max(1.0))).collect();
+    let p99: Vec<(f64, f64)> = series.iter().map(|x| (x.time_s, x.p99_ns.max(1.0))).collect();
+    let max: Vec<(f64, f64)> = series.iter().map(|x| (x.time_s, x.max_ns.max(1.0))).collect();
     let path = out.join("error.svg");
     match lines_svg(
         &path,

@@ -27,7 +27,7 @@ fn splitmix(state: &mut u64) -> u64 {
 
 /// Peers of its own level each child of the reference probes (each
 /// picks the next ones in a ring, so most have twice as many).
-pub const SIBLING_PEERS: usize = 1;
+pub const SIBLING_PEERS: usize = 2;
 
 /// Every node's peers: parents, the reference's children's siblings (see
 /// [`SIBLING_PEERS`]), `random` random others, made symmetric.

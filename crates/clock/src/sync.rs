@@ -44,10 +44,21 @@
 //!   do not derive from us, `PROBE_ANCHORED` clear, vote too at
 //!   [`VOTE_WITNESS`]) is flagged and left out until it agrees again.
 //!   When that outvotes every anchor, at least [`PROMOTE_MIN`] agreeing peers
-//!   of the node's own level anchor it instead, one level further down. An
-//!   edge to the reference itself is flagged only when at least two other
-//!   edges agree against it (a child of the reference outvoted by the
-//!   siblings it probes, `graph::SIBLING_PEERS`): it is what anchors the graph.
+//!   of the node's own level anchor it instead, one level further down.
+//! - **Disputes.** An anchor — an edge to a peer nearer the reference, the
+//!   reference's own above all (a child of the reference probes
+//!   `graph::SIBLING_PEERS` siblings each way) — is set aside only on
+//!   [`OVERRULE_VOTES`] of peers that agree with each other and are not
+//!   themselves *contested*. A node is contested (it says so in its probes,
+//!   `PROBE_CONTESTED`) when one of its anchors stands out from its votes,
+//!   or when it derives from a contested peer: such a node may be the side
+//!   that is wrong, and its word cannot overturn another's anchor (two
+//!   children of the reference asymmetric the same way used to outvote the
+//!   good sibling between them, and the whole graph followed them). A
+//!   dispute no vote can settle — an anchor that stands out and stays, or
+//!   two peers that stand out and agree with each other — makes the bound
+//!   the hull of every candidate that does not derive from us: the node
+//!   says it does not know which side is right, rather than picking one.
 //! - **Bound.** `bound_ns` is built from what the node observes, not from
 //!   constants tuned on one model. Each edge's own bound comes from how
 //!   sharply its two floors are pinned: the lowest sample of a direction may
@@ -63,11 +74,14 @@
 //!   (`inconsistent_updates`). Plus the common slope's error and, between
 //!   updates, [`DRIFT_UNCERTAINTY`] per ns ([`DRIFT_MAX`] while no edge has a
 //!   slope yet). `hard_bound_ns` needs no symmetry assumption: half the
-//!   minimum round trip, summed along the best path to the reference.
+//!   minimum round trip, summed along the best path to the reference; the
+//!   bound is never wider than it (plus the distance to that path's
+//!   candidate).
 //! - **Clock steps.** A pair far below an edge's fit (a step) or both probes
 //!   far above it (a jump the other way) resets that edge; until a pair from
 //!   another peer sits on its fit, the node's bound is unknown (`suspect`).
-//!   Jumps on the edges to [`OWN_STEP_PEERS`] peers at once, or a step the
+//!   Jumps on the edges to [`OWN_STEP_PEERS`] peers at once (and to more
+//!   than half the peers heard from), or a step the
 //!   host announces ([`ClockSync::clock_stepped`]), are the node's own: every
 //!   edge restarts and it is unsynchronized until they refit.
 //!
@@ -75,7 +89,7 @@
 //! malformed, or with absurd timestamps — are refused and counted, and never
 //! move the estimate.
 
-use fairfeed_wire::overlay::{ProbeRepr, PROBE_ANCHORED, PROBE_FLAGS, PROBE_SYNCED};
+use fairfeed_wire::overlay::{ProbeRepr, PROBE_ANCHORED, PROBE_CONTESTED, PROBE_FLAGS, PROBE_SYNCED};
 
 use crate::envelope::{delta_with_slope, floor_spread, joint_fit, Envelope, Offer};
 
@@ -101,8 +115,9 @@ pub const ECHO_QUEUE: usize = 4;
 /// Our recent probe send stamps remembered per peer, to check echoes.
 pub const SENT_RING: usize = 128;
 /// Jumps (a pair far off the fit, either way) on the edges to this many
-/// distinct peers within [`OWN_STEP_WINDOW_NS`] mean our own clock jumped
-/// (a peer's jump shows on its edge alone) ...
+/// distinct peers — and on more than half the peers heard from — within
+/// [`OWN_STEP_WINDOW_NS`] mean our own clock jumped (a peer's jump shows on
+/// its edge alone) ...
 pub const OWN_STEP_PEERS: usize = 2;
 /// ... within this long.
 pub const OWN_STEP_WINDOW_NS: u64 = 1_000_000_000;
@@ -112,6 +127,11 @@ pub const OWN_STEP_WINDOW_NS: u64 = 1_000_000_000;
 pub const VOTE_WITNESS: f64 = 0.5;
 /// A peer of a node's own level counts this much of an anchor in the asymmetry vote.
 pub const VOTE_SAME_LEVEL: f64 = 0.75;
+/// Votes (an anchor 1, a peer of the node's level [`VOTE_SAME_LEVEL`], a
+/// witness [`VOTE_WITNESS`]) of uncontested peers that agree with each other
+/// needed to set aside an anchor (an edge to a peer nearer the reference)
+/// that disagrees with them: two other anchors, or three of its level.
+pub const OVERRULE_VOTES: f64 = 2.0;
 /// Agreeing peers of a node's own level needed to outvote all its anchors.
 pub const PROMOTE_MIN: usize = 2;
 /// Edge slopes beyond this many robust standard deviations from the median
@@ -132,7 +152,7 @@ pub const ASYM_MIN_NS: f64 = 400.0;
 pub const FLOOR_K: usize = 8;
 /// ... the lowest sample taken to sit at most `FLOOR_C` times that sample's
 /// height above it over the true floor (see [`crate::envelope::floor_spread`]).
-pub const FLOOR_C: f64 = 4.0;
+pub const FLOOR_C: f64 = 5.0;
 /// A node whose bound is over its limit but within this many times it still
 /// measures delays for the deadline (see [`ClockSync::usable`]).
 pub const USABLE_FACTOR: u64 = 10;
@@ -352,6 +372,11 @@ pub struct SyncStats {
     /// Edges flagged as asymmetric now, and flaggings so far.
     pub asymmetric_edges: u64,
     pub asymmetric_flagged: u64,
+    /// Our estimate is contested now (an anchor disagrees with our other
+    /// peers, or we derive from a contested peer; see the module docs).
+    pub contested: bool,
+    /// Updates whose bound took the hull of a dispute no vote could settle.
+    pub unresolved_disputes: u64,
     /// Updates in which peers of the node's own level outvoted all its anchors
     /// and anchored it instead (its only upstream edges were asymmetric).
     pub promotions: u64,
@@ -391,6 +416,8 @@ struct Advert {
     bound_ns: f64,
     hard_ns: f64,
     synced: bool,
+    /// Its estimate is contested (see [`PROBE_CONTESTED`]).
+    contested: bool,
     level: u16,
     /// Our raw time when we heard it.
     at: u64,
@@ -474,6 +501,7 @@ impl Peer {
             bound_ns: finite(p.bound_ns),
             hard_ns: finite(p.hard_bound_ns),
             synced: p.flags & PROBE_SYNCED != 0,
+            contested: p.flags & PROBE_CONTESTED != 0,
             level: p.level,
             at: now,
         });
@@ -516,6 +544,15 @@ impl Peer {
     }
 }
 
+/// What the asymmetry vote says of our anchors (see `flag_asymmetric`).
+#[derive(Debug, Clone, Copy, Default)]
+struct Dispute {
+    /// An anchor stands out from the votes: our estimate is contested.
+    disputed: bool,
+    /// ... and it is still in use: only the hull of the candidates is sure.
+    unresolved: bool,
+}
+
 /// One candidate estimate from one peer.
 struct Candidate {
     peer: usize,
@@ -528,8 +565,8 @@ struct Candidate {
     /// How far `theta` may be from the truth: the peer's own bound plus the edge's.
     bound: f64,
     hard: f64,
-    /// The peer is the reference: its edge is flagged only against two agreeing others.
-    reference: bool,
+    /// The peer says its estimate is contested: it cannot help set aside an anchor.
+    contested: bool,
 }
 
 /// One node's clock synchronization.
@@ -568,6 +605,8 @@ pub struct ClockSync {
     suspect: bool,
     /// Probe hops from the reference (`u16::MAX` while unsynchronized).
     level: u16,
+    /// Our estimate is contested (see [`PROBE_CONTESTED`]): said in our probes.
+    contested: bool,
     /// `SyncMode::Off` on a host whose clock daemon publishes its error
     /// estimate: that bound, ns (`u64::MAX`: the daemon is unsynchronized).
     host_bound: Option<u64>,
@@ -603,6 +642,7 @@ impl ClockSync {
             synced: reference,
             synced_since: None,
             level: if reference { 0 } else { u16::MAX },
+            contested: false,
             jumps: std::collections::VecDeque::new(),
             drift_unc: DRIFT_UNCERTAINTY,
             suspect: false,
@@ -864,7 +904,9 @@ impl ClockSync {
         let probe = ProbeRepr {
             target: peer.id,
             index,
-            flags: if self.synced { PROBE_SYNCED } else { 0 } | if peer.source { PROBE_ANCHORED } else { 0 },
+            flags: if self.synced { PROBE_SYNCED } else { 0 }
+                | if peer.source { PROBE_ANCHORED } else { 0 }
+                | if self.contested { PROBE_CONTESTED } else { 0 },
             level: self.level,
             pair,
             tx_ns: now,
@@ -1000,8 +1042,8 @@ impl ClockSync {
     /// A jump on the edge to `peer` (its edge reset). One edge alone: that
     /// peer's clock, and the
     /// estimate is recomputed at once without it. Edges to
-    /// [`OWN_STEP_PEERS`] peers within [`OWN_STEP_WINDOW_NS`] (or our only
-    /// peer): our own clock jumped — every edge restarts, and until they
+    /// [`OWN_STEP_PEERS`] peers, and to more than half those heard from,
+    /// within [`OWN_STEP_WINDOW_NS`] (or our only peer): our own clock jumped — every edge restarts, and until they
     /// have refitted we are unsynchronized, the bound unknown. Waiting for
     /// the next round instead left a stepped node releasing 1 ms off under a
     /// 100-ns bound for 400 ms in the simulator.
@@ -1015,7 +1057,17 @@ impl ClockSync {
             return;
         }
         self.suspect = true;
-        if self.jumps.len() >= OWN_STEP_PEERS.min(self.peers.len()) {
+        // Our own jump shows on every edge; another node's on its edge
+        // alone. When a share of the nodes steps at once, two of our peers
+        // may be among them: more than half the peers we hear from must
+        // show it (a level-1 node probing four siblings took two of them
+        // stepping for its own step, and restarted for nothing).
+        let heard = self
+            .peers
+            .iter()
+            .filter(|p| p.advert.is_some_and(|a| now.saturating_sub(a.at) <= OWN_STEP_WINDOW_NS))
+            .count();
+        if self.jumps.len() >= OWN_STEP_PEERS.max(heard / 2 + 1).min(self.peers.len()) {
             self.own_step(now);
         }
         self.update(now);
@@ -1090,7 +1142,7 @@ impl ClockSync {
         self.drift_unc = if slope_err.is_nan() { DRIFT_MAX } else { DRIFT_UNCERTAINTY };
         let slope_err = if slope_err.is_nan() { 0.0 } else { slope_err };
         let settled = self.synced_since.is_some_and(|s| now.saturating_sub(s) >= FLAG_AFTER_NS);
-        self.flag_asymmetric(&mut cands, &witnesses, level, settled);
+        let dispute = self.flag_asymmetric(&cands, &witnesses, level, settled);
         let level = self.anchor_level(&cands, level);
         // Same-level peers count at a lower weight: each is anchored upstream
         // by its own paths, so they correct one poor upstream edge without
@@ -1116,25 +1168,62 @@ impl ClockSync {
         for c in &used {
             self.peers[c.peer].source = true;
         }
+        // Contested: an anchor of ours disagrees with our other peers. (Not
+        // passed down to the nodes that derive from us: at N = 1,000 with a
+        // twentieth of the links asymmetric that tainted four nodes in five,
+        // and nothing could be corrected any more.)
+        self.contested = dispute.disputed;
         let w: f64 = used.iter().map(|c| c.weight).sum();
         let theta = used.iter().map(|c| c.weight * c.theta).sum::<f64>() / w;
         let rms = (used.iter().map(|c| c.weight * (c.theta - theta).powi(2)).sum::<f64>() / w).sqrt();
-        let best_hard = used.iter().map(|c| c.hard).fold(f64::INFINITY, f64::min);
         for c in &cands {
             self.peers[c.peer].residual_ns = theta - c.theta;
         }
         self.offset_ns = theta;
         self.drift = slope.clamp(-DRIFT_MAX, DRIFT_MAX);
         self.at = now;
-        let (spread, consistent) = combined_bound(&used, theta);
-        self.stats.inconsistent_updates += u64::from(!consistent);
-        self.bound_ns = BOUND_FLOOR_NS + spread.max(BOUND_K * rms) + BOUND_K * slope_err;
-        self.hard_ns = best_hard;
+        let (bound, hard) = self.bound_of(&cands, &used, theta, (BOUND_K * rms, BOUND_K * slope_err), dispute);
+        self.bound_ns = bound;
+        self.hard_ns = hard;
         self.last_rms = rms;
         self.synced = true;
         self.synced_since.get_or_insert(now);
         let n = used.len();
         self.refresh_stats(now, n, rms);
+    }
+
+    /// Our bound (and our symmetry-free bound) for the estimate `theta` from
+    /// the `used` candidates; `(residuals, slope)`: what the residuals and
+    /// the common slope's error ask for.
+    fn bound_of(
+        &mut self,
+        cands: &[Candidate],
+        used: &[&Candidate],
+        theta: f64,
+        (residuals, slope): (f64, f64),
+        dispute: Dispute,
+    ) -> (f64, f64) {
+        // An unresolved dispute: the truth may lie with any of them — but
+        // for those whose estimates take ours in (peers of our own level
+        // using us at half weight): their bounds hold ours, and a hull over
+        // them fed each other's bounds back round the loop (6.9 ms bounds).
+        self.stats.unresolved_disputes += u64::from(dispute.unresolved);
+        let disputed: Vec<&Candidate> = if dispute.unresolved {
+            cands.iter().filter(|c| !self.peers[c.peer].derives_from_us).collect()
+        } else {
+            Vec::new()
+        };
+        let (spread, consistent) = combined_bound(used, theta, &disputed);
+        self.stats.inconsistent_updates += u64::from(!consistent);
+        // Never wider than what needs no symmetry at all: half the minimum
+        // round trip along a path to the reference, plus how far our
+        // estimate is from that path's candidate — what we advertise as our
+        // hard bound, so it holds by induction (the path's bound alone
+        // does not: the estimate is a mean over several paths). Hulls over
+        // loops of peers of one level once fed each other's bounds to
+        // milliseconds.
+        let hard = used.iter().map(|c| (c.theta - theta).abs() + c.hard).fold(f64::INFINITY, f64::min);
+        ((BOUND_FLOOR_NS + spread.max(residuals) + slope).min(hard), hard)
     }
 
     /// The level we take: one below our nearest anchors, or — when every
@@ -1261,7 +1350,7 @@ impl ClockSync {
                 // The peer's bound as of its send time, grown since by the drift's uncertainty.
                 bound: a.bound_ns + DRIFT_UNCERTAINTY * (now.saturating_sub(a.at) as f64 + half_rtt) + edge_bound,
                 hard: a.hard_ns + half_rtt,
-                reference: a.bound_ns == 0.0,
+                contested: a.contested,
             });
         }
         out
@@ -1269,14 +1358,10 @@ impl ClockSync {
 
     /// Flags edges whose candidate stands out from the others (robustly:
     /// distance from the weighted median beyond [`ASYM_K`] weighted MADs),
-    /// and clears flags on edges that agree again.
-    fn flag_asymmetric(&mut self, cands: &mut [Candidate], witnesses: &[Candidate], level: u16, settled: bool) {
-        if cands.len() + witnesses.len() < 3 || !settled {
-            for c in cands.iter() {
-                self.peers[c.peer].asymmetric = false;
-            }
-            return;
-        }
+    /// and clears flags on edges that agree again. Returns whether an anchor
+    /// stands out from all the votes (our estimate is contested) and whether
+    /// one that does is still in use (the dispute is unresolved).
+    fn flag_asymmetric(&mut self, cands: &[Candidate], witnesses: &[Candidate], level: u16, settled: bool) -> Dispute {
         // Not by the candidates' weights: those measure each edge's noise,
         // not the risk that its minimum delays differ — one precise anchor
         // must not outvote several peers that agree with each other. By
@@ -1291,24 +1376,75 @@ impl ClockSync {
         // anchor and the paths through other subtrees together (a proxy in
         // the simulator sat 5 µs off under a 137-ns bound that way).
         let vote = |c: &Candidate| if c.level < level { 1.0 } else { VOTE_SAME_LEVEL };
-        let votes: Vec<(f64, f64)> =
-            cands.iter().map(|c| (c.theta, vote(c))).chain(witnesses.iter().map(|c| (c.theta, VOTE_WITNESS))).collect();
-        let (med, mad) = median_and_mad(&votes);
-        let thr = (ASYM_K * mad).max(ASYM_MIN_NS);
-        // An edge to the reference itself is flagged only when at least two
-        // other edges agree with each other against it (a child of the
-        // reference and its siblings): otherwise nothing would be left.
-        let agreeing = cands.iter().chain(witnesses).filter(|c| !c.reference && (c.theta - med).abs() <= thr).count();
-        for c in cands.iter() {
-            let d = (c.theta - med).abs();
-            let p = &mut self.peers[c.peer];
-            if !p.asymmetric && d > thr && (!c.reference || agreeing >= 2) {
-                p.asymmetric = true;
-                self.stats.asymmetric_flagged += 1;
-            } else if p.asymmetric && d < thr / 2.0 {
-                p.asymmetric = false;
+        let votes = |judge: &dyn Fn(&Candidate) -> bool| -> Vec<(f64, f64)> {
+            cands
+                .iter()
+                .filter(|c| judge(c))
+                .map(|c| (c.theta, vote(c)))
+                .chain(witnesses.iter().filter(|c| judge(c)).map(|c| (c.theta, VOTE_WITNESS)))
+                .collect()
+        };
+        // Disputed: an anchor stands out from every vote, contested or not —
+        // by more than its own bound and [`ASYM_MIN_NS`], not by the votes'
+        // spread (votes microseconds apart widen a MAD threshold until
+        // nothing stands out).
+        let all = votes(&|_| true);
+        let med = weighted_median(all.clone());
+        let far = |c: &Candidate| (c.theta - med).abs() > ASYM_MIN_NS + c.bound;
+        let disputed = all.len() >= 3 && cands.iter().any(|c| c.level < level && far(c));
+        // Only peers whose own estimates are not contested judge: two
+        // children of the reference whose edges to it are asymmetric the
+        // same way agree with each other, and each used to outvote the good
+        // anchor of the sibling between them (and the whole graph followed
+        // them 2.5 µs off under 100-ns bounds). An anchor of ours judges
+        // even when contested: it is what our level stands on.
+        let judges = votes(&|c: &Candidate| c.level < level || !c.contested);
+        if judges.len() < 3 || !settled {
+            for c in cands.iter() {
+                self.peers[c.peer].asymmetric = false;
+            }
+        } else {
+            let (med, mad) = median_and_mad(&judges);
+            let thr = (ASYM_K * mad).max(ASYM_MIN_NS);
+            // An anchor — an edge to a peer nearer the reference, the
+            // reference's own above all — is set aside only when at least
+            // [`OVERRULE_VOTES`] of uncontested peers agree with each other
+            // against it. Fewer, and it stays: the dispute is unresolved and
+            // the bound takes the hull (two children of the reference
+            // asymmetric the same way outvoted the good sibling between them
+            // 2 to 1, and once it had followed them no node saw a dispute).
+            let agreeing: f64 = cands
+                .iter()
+                .map(|c| (c, vote(c)))
+                .chain(witnesses.iter().map(|c| (c, VOTE_WITNESS)))
+                .filter(|(c, _)| !c.contested && (c.theta - med).abs() <= thr)
+                .map(|(_, v)| v)
+                .sum();
+            for c in cands.iter() {
+                let d = (c.theta - med).abs();
+                let p = &mut self.peers[c.peer];
+                if !p.asymmetric && d > thr && (c.level >= level || agreeing >= OVERRULE_VOTES) {
+                    p.asymmetric = true;
+                    self.stats.asymmetric_flagged += 1;
+                } else if p.asymmetric && d < thr / 2.0 {
+                    p.asymmetric = false;
+                }
             }
         }
+        // Unresolved: an anchor that stands out is still in use, or two or
+        // more peers that stand out agree with each other. One edge standing
+        // alone is an asymmetric link; several saying the same thing may be
+        // the side that is right (three of a node's inbound links 7 µs slow
+        // made its good siblings look wrong, and it sat 3.5 µs off under a
+        // 190-ns bound).
+        let out: Vec<&Candidate> = cands.iter().chain(witnesses).filter(|c| far(c)).collect();
+        let agree = out
+            .iter()
+            .enumerate()
+            .any(|(i, a)| out[i + 1..].iter().any(|b| (a.theta - b.theta).abs() <= ASYM_MIN_NS + a.bound.max(b.bound)));
+        let unresolved = all.len() >= 3
+            && (agree || disputed && cands.iter().any(|c| c.level < level && far(c) && !self.peers[c.peer].asymmetric));
+        Dispute { disputed, unresolved }
     }
 
     fn refresh_stats(&mut self, now: u64, used: usize, rms: f64) {
@@ -1328,6 +1464,7 @@ impl ClockSync {
         s.peers_used = used as u64;
         s.synced = self.synced;
         s.asymmetric_edges = asymmetric;
+        s.contested = self.contested;
     }
 
     /// Each peer's id, last residual (ns) and whether its edge is flagged asymmetric.
@@ -1344,13 +1481,13 @@ impl ClockSync {
 /// upstream paths). Intervals with no common point mean one of them does
 /// not (an asymmetric edge no vote has caught): then only the hull of them
 /// all is sure to hold it, and the bound says so.
-fn combined_bound(used: &[&Candidate], theta: f64) -> (f64, bool) {
+fn combined_bound(used: &[&Candidate], theta: f64, disputed: &[&Candidate]) -> (f64, bool) {
     let w: f64 = used.iter().map(|c| c.weight).sum();
     let linear = used.iter().map(|c| c.weight * c.bound).sum::<f64>() / w;
     let lo = used.iter().map(|c| c.theta - c.bound).fold(f64::NEG_INFINITY, f64::max);
     let hi = used.iter().map(|c| c.theta + c.bound).fold(f64::INFINITY, f64::min);
-    if lo > hi {
-        (used.iter().map(|c| (c.theta - theta).abs() + c.bound).fold(0.0, f64::max), false)
+    if lo > hi || !disputed.is_empty() {
+        (used.iter().chain(disputed).map(|c| (c.theta - theta).abs() + c.bound).fold(0.0, f64::max), false)
     } else {
         (linear, true)
     }

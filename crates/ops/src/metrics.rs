@@ -40,6 +40,7 @@ pub const GAUGE_LEAVES: &[&str] = &[
     "over_limit",
     "last_update_ns",
     "asymmetric_edges",
+    "contested",
     "offset_now_ns",
     "bound_now_ns",
     "injected_offset_ns",

@@ -133,6 +133,11 @@ pub struct ClockResult {
     pub bound_coverage: f64,
     pub asymmetric_links: u64,
     pub asymmetric_flagged: u64,
+    /// Nodes whose estimate was contested at the end (an anchor disputed by
+    /// their other peers, or derived from a contested peer), and updates
+    /// whose bound took the hull of a dispute no vote could settle.
+    pub contested_nodes: u64,
+    pub unresolved_disputes: u64,
     pub steps_detected: u64,
     /// Releases made while the receiver's bound was above its limit (left out of fairness).
     pub unsynced_releases: u64,
@@ -884,6 +889,8 @@ impl Samples {
             pure += sync.stats.pure_pairs;
             sent += c[0];
             r.asymmetric_flagged += sync.stats.asymmetric_flagged;
+            r.contested_nodes += u64::from(sync.stats.contested);
+            r.unresolved_disputes += sync.stats.unresolved_disputes;
             r.steps_detected += sync.stats.steps;
             if let Some(Node::Receiver(rx)) = &n.node {
                 r.unsynced_releases += rx.stats.clock_unsynced_releases;

@@ -332,8 +332,13 @@ pub const PROBE_SYNCED: u8 = 0x01;
 /// one of the prober's sources), so the target must not count the prober as
 /// an independent witness of its own edges.
 pub const PROBE_ANCHORED: u8 = 0x02;
+/// Probe flag: the prober's estimate is contested — one of its anchors (a
+/// peer nearer the reference) disagrees with its other peers, or it derives
+/// from a peer that is contested — so its word must not set aside another
+/// node's anchor (it may itself be the side that is wrong).
+pub const PROBE_CONTESTED: u8 = 0x04;
 /// Every probe flag defined.
-pub const PROBE_FLAGS: u8 = PROBE_SYNCED | PROBE_ANCHORED;
+pub const PROBE_FLAGS: u8 = PROBE_SYNCED | PROBE_ANCHORED | PROBE_CONTESTED;
 
 /// A clock-synchronization probe (payload of a [`Kind::Probe`] packet).
 ///
