@@ -50,9 +50,10 @@
 //!   `graph::SIBLING_PEERS` siblings each way) — is set aside only on
 //!   [`OVERRULE_VOTES`] of peers that agree with each other and are not
 //!   themselves *contested*. A node is contested (it says so in its probes,
-//!   `PROBE_CONTESTED`) when one of its anchors stands out from its votes,
-//!   or when it derives from a contested peer: such a node may be the side
-//!   that is wrong, and its word cannot overturn another's anchor (two
+//!   `PROBE_CONTESTED`) when one of its anchors stands out from its votes
+//!   (by more than that candidate's bound and [`ASYM_MIN_NS`]): such a node
+//!   may be the side that is wrong, and its word cannot overturn another's
+//!   anchor (two
 //!   children of the reference asymmetric the same way used to outvote the
 //!   good sibling between them, and the whole graph followed them). A
 //!   dispute no vote can settle — an anchor that stands out and stays, or
@@ -373,7 +374,7 @@ pub struct SyncStats {
     pub asymmetric_edges: u64,
     pub asymmetric_flagged: u64,
     /// Our estimate is contested now (an anchor disagrees with our other
-    /// peers, or we derive from a contested peer; see the module docs).
+    /// peers; see the module docs).
     pub contested: bool,
     /// Updates whose bound took the hull of a dispute no vote could settle.
     pub unresolved_disputes: u64,

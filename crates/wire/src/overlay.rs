@@ -333,9 +333,9 @@ pub const PROBE_SYNCED: u8 = 0x01;
 /// an independent witness of its own edges.
 pub const PROBE_ANCHORED: u8 = 0x02;
 /// Probe flag: the prober's estimate is contested — one of its anchors (a
-/// peer nearer the reference) disagrees with its other peers, or it derives
-/// from a peer that is contested — so its word must not set aside another
-/// node's anchor (it may itself be the side that is wrong).
+/// peer nearer the reference) disagrees with its other peers — so its word
+/// must not set aside another node's anchor (it may itself be the side that
+/// is wrong).
 pub const PROBE_CONTESTED: u8 = 0x04;
 /// Every probe flag defined.
 pub const PROBE_FLAGS: u8 = PROBE_SYNCED | PROBE_ANCHORED | PROBE_CONTESTED;
