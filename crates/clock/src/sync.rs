@@ -53,9 +53,9 @@
 //!   `PROBE_CONTESTED`) when one of its anchors stands out from its votes
 //!   (by more than that candidate's bound and [`ASYM_MIN_NS`]): such a node
 //!   may be the side that is wrong, and its word cannot overturn another's
-//!   anchor (two
-//!   children of the reference asymmetric the same way used to outvote the
-//!   good sibling between them, and the whole graph followed them). A
+//!   anchor (two children of the reference asymmetric the same way used to
+//!   outvote the good sibling between them, and the whole graph followed
+//!   them). A
 //!   dispute no vote can settle — an anchor that stands out and stays, or
 //!   two peers that stand out and agree with each other — makes the bound
 //!   the hull of every candidate that does not derive from us: the node
@@ -546,7 +546,7 @@ impl Peer {
 }
 
 /// What the asymmetry vote says of our anchors (see `flag_asymmetric`).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Dispute {
     /// An anchor stands out from the votes: our estimate is contested.
     disputed: bool,
@@ -1044,8 +1044,9 @@ impl ClockSync {
     /// peer's clock, and the
     /// estimate is recomputed at once without it. Edges to
     /// [`OWN_STEP_PEERS`] peers, and to more than half those heard from,
-    /// within [`OWN_STEP_WINDOW_NS`] (or our only peer): our own clock jumped — every edge restarts, and until they
-    /// have refitted we are unsynchronized, the bound unknown. Waiting for
+    /// within [`OWN_STEP_WINDOW_NS`] (or our only peer): our own clock
+    /// jumped — every edge restarts, and until they have refitted we are
+    /// unsynchronized, the bound unknown. Waiting for
     /// the next round instead left a stepped node releasing 1 ms off under a
     /// 100-ns bound for 400 ms in the simulator.
     fn jumped(&mut self, now: u64, peer: u32) {
@@ -1414,13 +1415,8 @@ impl ClockSync {
             // the bound takes the hull (two children of the reference
             // asymmetric the same way outvoted the good sibling between them
             // 2 to 1, and once it had followed them no node saw a dispute).
-            let agreeing: f64 = cands
-                .iter()
-                .map(|c| (c, vote(c)))
-                .chain(witnesses.iter().map(|c| (c, VOTE_WITNESS)))
-                .filter(|(c, _)| !c.contested && (c.theta - med).abs() <= thr)
-                .map(|(_, v)| v)
-                .sum();
+            let agreeing: f64 =
+                votes(&|c: &Candidate| !c.contested).iter().filter(|v| (v.0 - med).abs() <= thr).map(|v| v.1).sum();
             for c in cands.iter() {
                 let d = (c.theta - med).abs();
                 let p = &mut self.peers[c.peer];
