@@ -251,6 +251,8 @@ pub enum Experiment {
         /// A link/clock model file (TOML; see docs/models/); default: the calibrated cloud model.
         #[arg(long)]
         latency_model: Option<PathBuf>,
+        #[command(flatten)]
+        untrusted: UntrustedArgs,
     },
     /// Monte Carlo of Jasper's hedging recursion (§5.2, figure 5): latency to a
     /// receiver for depths 1–4 and hedging factors 0–3, uniform hop delays.
@@ -404,21 +406,7 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             let c = FairnessConfig { receivers, seed, messages, rate_per_s: rate, model, ..FairnessConfig::default() };
             crash_cmd(&c, &out)
         }
-        Sim::Experiment(Experiment::Trading { receivers, hedge, seed, out, messages, rate, latency_model }) => {
-            let model = model_or_default(latency_model.as_deref())?;
-            trading_cmd(
-                FairnessConfig {
-                    receivers,
-                    hedge,
-                    seed,
-                    messages,
-                    rate_per_s: rate,
-                    model,
-                    ..FairnessConfig::default()
-                },
-                &out,
-            )
-        }
+        Sim::Experiment(e @ Experiment::Trading { .. }) => trading_entry(e),
         Sim::Experiment(Experiment::HedgingMc { seed, out, iterations, fanout, lo_us, hi_us }) => {
             hedging_mc(seed, &out, iterations, fanout, lo_us, hi_us)
         }
@@ -481,6 +469,20 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             }
             clock_cmd(&c, &out)
         }
+    }
+}
+
+/// `sim experiment trading`: seed 000's table of schemes, or (with any of
+/// issue 44's flags) one deployment model and ordering.
+fn trading_entry(e: Experiment) -> anyhow::Result<()> {
+    let Experiment::Trading { receivers, hedge, seed, out, messages, rate, latency_model, untrusted } = e else {
+        anyhow::bail!("internal: trading_entry takes the trading experiment");
+    };
+    let model = model_or_default(latency_model.as_deref())?;
+    let c = FairnessConfig { receivers, hedge, seed, messages, rate_per_s: rate, model, ..FairnessConfig::default() };
+    match untrusted.setup() {
+        Some(s) => trading_models_cmd(&c, &s, &out),
+        None => trading_cmd(c, &out),
     }
 }
 
@@ -1123,6 +1125,95 @@ fn trading_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
         (0..4).map(|k| (format!("P{}", k + 1), rows.iter().map(|r| r.shares[k] * 100.0).collect())).collect();
     bars(out, "shares.svg", &format!("Share of profit per trader, N = {receivers}"), "share %", &cats, &series);
     Ok(())
+}
+
+/// Issue 44's flags of `sim experiment trading`: any of them runs one
+/// deployment model and ordering (summary.json: a `TradingSummary`) instead
+/// of seed 000's table of schemes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct UntrustedArgs {
+    /// Jasper's deployment model: 1 the firm beside the receiver, 2 behind a
+    /// gateway one hop away, 3 in an enclave behind a VM channel (default 1).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
+    model: Option<u8>,
+    /// The exchange's ordering of orders (default fifo).
+    #[arg(long, value_enum)]
+    ordering: Option<OrderingArg>,
+    /// Batch auction interval, µs (1..=1,000,000), with --ordering batch.
+    #[arg(long, default_value_t = 1_000.0, value_parser = batch_us)]
+    batch_us: f64,
+    /// Trader 1 runs its own receiver and releases this much early, µs (0..=1,000; model 1 only).
+    #[arg(long, value_parser = cheat_us)]
+    cheat_us: Option<f64>,
+    /// Trader 4's order path is this much slower and jittery, µs (0..=10,000).
+    #[arg(long, value_parser = slow_path_us)]
+    slow_path_us: Option<f64>,
+    /// Model 3: release early by this quantile of the channel's measured
+    /// delay and hold in the enclave to the deadline (0.5..=0.999999; default: median, no hold).
+    #[arg(long, value_parser = hold_q)]
+    enclave_hold_q: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OrderingArg {
+    Fifo,
+    Dbo,
+    Batch,
+}
+
+fn batch_us(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 1.0, 1e6, "µs")
+}
+fn cheat_us(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.0, 1e3, "µs")
+}
+fn slow_path_us(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.0, 1e4, "µs")
+}
+fn hold_q(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.5, 0.999_999, "(a quantile)")
+}
+
+impl UntrustedArgs {
+    /// The setup, if any of the flags was given.
+    fn setup(&self) -> Option<fairfeed_sim::trading::TradingSetup> {
+        use fairfeed_sim::trading::{DeployModel, OrderingChoice, TradingSetup};
+        let any = self.model.is_some()
+            || self.ordering.is_some()
+            || self.cheat_us.is_some()
+            || self.slow_path_us.is_some()
+            || self.enclave_hold_q.is_some();
+        let d = TradingSetup::default();
+        any.then(|| TradingSetup {
+            model: match self.model {
+                Some(2) => DeployModel::Gateway,
+                Some(3) => DeployModel::Enclave,
+                _ => DeployModel::Colocated,
+            },
+            ordering: match self.ordering {
+                None | Some(OrderingArg::Fifo) => OrderingChoice::Fifo,
+                Some(OrderingArg::Dbo) => OrderingChoice::Dbo,
+                Some(OrderingArg::Batch) => OrderingChoice::Batch { interval_us: self.batch_us },
+            },
+            cheat_us: self.cheat_us.unwrap_or(0.0),
+            slow_path_us: self.slow_path_us.unwrap_or(d.slow_path_us),
+            enclave_hold_q: self.enclave_hold_q,
+        })
+    }
+}
+
+fn trading_models_cmd(
+    c: &FairnessConfig,
+    s: &fairfeed_sim::trading::TradingSetup,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    let pb = crate::fmt::progress(2, "simulating");
+    let r = fairfeed_sim::trading::trading_models(c, s, |m| {
+        pb.set_message(m.to_string());
+        pb.inc(1);
+    })?;
+    pb.finish_and_clear();
+    write_json(out, &r, &fairfeed_sim::trading::markdown(&r))
 }
 
 /// A share and its 95 % interval, in per cent.

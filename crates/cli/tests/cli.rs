@@ -678,6 +678,12 @@ fn sim_experiments_refuse_bad_numbers_at_parse_time() {
         ("regime", &["--slow-share", "2"][..]),
         ("regime", &["--target-pf", "NaN"][..]),
         ("regime", &["--seconds", "0"][..]),
+        ("trading", &["--model", "4"][..]),
+        ("trading", &["--ordering", "random"][..]),
+        ("trading", &["--cheat-us", "-1"][..]),
+        ("trading", &["--batch-us", "0"][..]),
+        ("trading", &["--slow-path-us", "NaN"][..]),
+        ("trading", &["--enclave-hold-q", "1"][..]),
     ] {
         let o = Command::new(bin())
             .args(["sim", "experiment", exp, "--out", out.to_str().unwrap()])
@@ -1273,4 +1279,39 @@ fn zero_for_any_numeric_flag_is_refused_at_parse_time_or_runs_without_panic() {
     }
     assert!(accepted > 10, "only {accepted} zeros accepted: is the matrix running?");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn trading_with_untrusted_receivers_writes_the_interface_summary() {
+    // Issue 44's interface: per-firm profit shares, P(F) at the point of
+    // release to the firms, OML, and for a cheater when it was flagged.
+    let d = tmp();
+    let out = d.path().join("t");
+    let o = Command::new(bin())
+        .args(["sim", "experiment", "trading", "--receivers", "20", "--messages", "2000", "--model", "1"])
+        .args(["--ordering", "dbo", "--cheat-us", "5", "--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let firms = s["firms"].as_array().unwrap();
+    assert_eq!(firms.len(), 4);
+    let total: f64 = firms.iter().map(|f| f["profit_share"].as_f64().unwrap()).sum();
+    assert!((total - 1.0).abs() < 1e-6, "{total}");
+    for k in ["pf_1us", "pf_5us", "oml_p50_us"] {
+        assert!(s[k].as_f64().is_some(), "{k}");
+    }
+    let flagged = s["cheater_flagged_after_orders"].as_u64().expect("the cheater is flagged");
+    assert!(flagged <= 1_000, "{flagged}");
+    assert_eq!(s["false_flags"], 0);
+    assert!(std::fs::read_to_string(out.join("summary.md")).unwrap().contains("(cheats)"));
+    // A cheat needs the firm's own receiver: models 2 and 3 refuse it in one line.
+    let o = Command::new(bin())
+        .args(["sim", "experiment", "trading", "--receivers", "20", "--model", "3", "--cheat-us", "5"])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("--cheat-us needs --model 1") && err.lines().count() == 1, "{err}");
 }

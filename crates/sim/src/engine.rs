@@ -173,6 +173,13 @@ pub struct TrackedRelease {
     pub true_ns: u64,
     /// The receiver's clock at the release (what a trader there would stamp).
     pub local_ns: u64,
+    /// The message's release deadline as the sender stamped it (its clock:
+    /// the reference the receivers are synchronized to), ns.
+    pub deadline_ns: u64,
+    /// True time the sender sent the message.
+    pub sent_ns: u64,
+    /// How long the receiver held it (its clock): it arrived this long before `true_ns`.
+    pub held_ns: u64,
     pub late: bool,
 }
 
@@ -497,7 +504,7 @@ impl Transmit for Tx<'_> {
     }
 }
 
-fn percentile(sorted: &[u64], q: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[u64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -1164,6 +1171,9 @@ fn drain(r: &mut Node, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: OwdLog,
                 sequence: m.sequence,
                 true_ns: t,
                 local_ns: local,
+                deadline_ns: m.deadline_ns,
+                sent_ns: msgs.get(m.sequence as usize).map_or(0, |a| a.send_ns),
+                held_ns: local.saturating_sub(m.arrival_ns),
                 late: m.late,
             });
         }

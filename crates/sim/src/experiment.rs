@@ -267,7 +267,7 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync, mut do
 }
 
 /// The paper's heuristic tree (F = 10, D = ⌈log10 N⌉) with hedging factor `hedge`.
-fn heuristic_tree(receivers: usize, hedge: usize) -> Result<fairfeed_tree::plan::Topology, SimError> {
+pub(crate) fn heuristic_tree(receivers: usize, hedge: usize) -> Result<fairfeed_tree::plan::Topology, SimError> {
     heuristic_trees(receivers, hedge, 1)
 }
 
@@ -279,7 +279,7 @@ fn heuristic_trees(receivers: usize, hedge: usize, trees: usize) -> Result<fairf
 /// Messages simulated for a scheme whose busiest node is overloaded.
 pub const OVERLOADED_MESSAGES_MAX: u64 = 1_000;
 
-fn sim_base(c: &FairnessConfig, node: NodeConfig, rule: DeadlineRule) -> SimConfig {
+pub(crate) fn sim_base(c: &FairnessConfig, node: NodeConfig, rule: DeadlineRule) -> SimConfig {
     SimConfig {
         seed: c.seed,
         messages: c.messages,

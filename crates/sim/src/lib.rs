@@ -5,7 +5,8 @@
 //! randomness (same seed and configuration, same result bit for bit), link
 //! models with per-copy serialization at each sender, receivers' clock error,
 //! loss and a crashing node ([`engine`]; the models are `fairfeed-model`, re-exported as [`model`]); and the experiments built
-//! on it ([`experiment`]).
+//! on it ([`experiment`]; the trading experiment with untrusted receivers,
+//! the exchange's orderings and a cheater in [`trading`]).
 
 pub mod dups;
 pub mod engine;
@@ -15,6 +16,7 @@ pub use fairfeed_model as model;
 pub mod montecarlo;
 pub mod plot;
 pub mod queue;
+pub mod trading;
 
 /// Why an experiment cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -26,4 +28,6 @@ pub enum SimError {
     NoProxy(usize),
     #[error("trading needs at least 4 receivers")]
     TooFewTraders(usize),
+    #[error("--cheat-us needs --model 1: in models 2 and 3 the exchange controls the release, so a firm cannot release early")]
+    CheatNeedsOwnReceiver,
 }
