@@ -344,6 +344,7 @@ fn load(
                 ioc: cross,
                 hidden: false,
                 stamp,
+                clock: None,
                 min_qty: 0,
             };
             client::enter_order(&order, &mut c.out);

@@ -204,6 +204,7 @@ fn slow_reader(addr: SocketAddr, user: &(String, String), symbol: &str, sw: &Swi
                 ioc: false,
                 hidden: false,
                 stamp: None,
+                clock: None,
                 min_qty: 0,
             };
             client::enter_order(&o, &mut out);

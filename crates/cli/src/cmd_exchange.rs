@@ -332,6 +332,11 @@ const CONFIG_HELP: &[(&str, &str)] = &[
     ("itch_session", "the MoldUDP64 session name, 1-10 ASCII characters"),
     ("sequencing_window_ns", "hold orders this long and hand them to engines in client-timestamp order; 0 = off; at most 1 s"),
     (
+        "ordering",
+        "fifo (default: arrival order, or client-timestamp order with sequencing_window_ns), dbo (delivery-based ordering: by the (data sequence, response time) clock each order carries in OUCH appendage tag 0xF1, each order held at most dbo_bound_ns; orders without one rank at their firm's last clock) or batch (frequent batch auctions: refused here, the live engine has no call auction yet; `fairfeed sim experiment trading --ordering batch` models it)",
+    ),
+    ("dbo_bound_ns", "with ordering = \"dbo\": the longest an order waits for better-ranked ones, 1 us..=1 s; set it to the spread of the firms' order-path delays (orders that arrive after it are released at once and counted late)"),
+    (
         "out_buffer_max_bytes",
         "bytes queued for one client at most; a client that stops reading is closed at this limit (counted slow_reader_closes); 4096..=1 GiB, default 4 MiB",
     ),

@@ -129,6 +129,21 @@ struct OrderArgs {
     /// The order's token (UserRefNum; default: the next free one, from an OUCH Account Query).
     #[arg(long)]
     token: Option<u32>,
+    /// A DBO delivery clock, `SEQ:NS` (OUCH appendage tag 0xF1): the last
+    /// market-data sequence number delivered and the response time since it,
+    /// ns (may be negative). What a release point stamps; for testing an
+    /// exchange configured `ordering = "dbo"`.
+    #[arg(long, value_parser = delivery_clock, allow_hyphen_values = true)]
+    delivery_clock: Option<fairfeed_exchange::ordering::DeliveryClock>,
+}
+
+/// `SEQ:NS`, e.g. `1042:2500`.
+fn delivery_clock(s: &str) -> Result<fairfeed_exchange::ordering::DeliveryClock, String> {
+    let bad = || format!("{s:?} is not SEQ:NS (a data sequence number and a response time in ns, e.g. 1042:2500)");
+    let (a, b) = s.split_once(':').ok_or_else(bad)?;
+    let data_seq = a.parse::<u64>().map_err(|_| bad())?;
+    let response_ns = b.parse::<i64>().map_err(|_| bad())?;
+    Ok(fairfeed_exchange::ordering::DeliveryClock { data_seq, response_ns })
 }
 
 fn username(s: &str) -> Result<String, String> {
@@ -422,6 +437,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 ioc: o.ioc,
                 hidden: o.hidden,
                 stamp: None,
+                clock: o.delivery_clock,
                 min_qty: o.min_qty.unwrap_or(0),
             };
             client::enter_order(&order, &mut b);
@@ -530,6 +546,7 @@ fn run_flow(a: &Args, f: &FlowArgs) -> anyhow::Result<()> {
             ioc: false,
             hidden: false,
             stamp: None,
+            clock: None,
             min_qty: 0,
         };
         client::enter_order(&order, &mut b);

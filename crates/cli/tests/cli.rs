@@ -876,6 +876,11 @@ fn bad_exchange_configs_are_refused_before_anything_starts() {
         ("\"NVDA\"]", "\"SIXTEENCHARSYMBL\"]", "SIXTEENCHARSYMBL"),
         ("session = \"FFSESSION1\"", "session = \"SEVENTEENCHARNAME\"", "gateway.session"),
         ("[[\"FF0001\", \"secret\"]]", "[[\"TOOLONGUSER\", \"secret\"]]", "gateway.users"),
+        // Issue 44's orderings: dbo needs its bound, batch is not in the live engine.
+        ("ordering = \"fifo\"", "ordering = \"dbo\"", "dbo_bound_ns"),
+        ("ordering = \"fifo\"", "ordering = \"batch\"", "call auctions"),
+        ("ordering = \"fifo\"", "ordering = \"random\"", "unknown variant `random`"),
+        ("dbo_bound_ns = 0", "dbo_bound_ns = 5000", "dbo_bound_ns"),
     ] {
         let p = d.path().join("x.toml");
         std::fs::write(&p, base.replace(from, to)).unwrap();

@@ -75,7 +75,18 @@ fn soup(p: PacketRepr<'_>) -> Vec<u8> {
 fn enter(token: u32, side: u8, qty: u32, price: i64) -> Vec<u8> {
     let mut b = Vec::new();
     client::enter_order(
-        &client::Order { token, side, qty, symbol: "AAPL", price, ioc: false, hidden: false, stamp: None, min_qty: 0 },
+        &client::Order {
+            token,
+            side,
+            qty,
+            symbol: "AAPL",
+            price,
+            ioc: false,
+            hidden: false,
+            stamp: None,
+            clock: None,
+            min_qty: 0,
+        },
         &mut b,
     );
     b
@@ -338,9 +349,11 @@ fn tshark_checks(cap: &std::path::Path, port: u16, itch_port: u16, itch_packets:
 }
 
 /// Which of two clients gets the one fill when the farther client's order is
-/// stamped 10 ms earlier but arrives 50 ms later, under a sequencing window.
-fn race(window_ns: u64) -> (u32, u32) {
-    use fairfeed_net::exchange::live::{Exchange, ExchangeConfig};
+/// stamped 10 ms earlier (and answered data 5 after 2 µs against the near
+/// client's 3 µs) but arrives 50 ms later, under a sequencing window or DBO.
+fn race(window_ns: u64, dbo_bound_ns: u64) -> (u32, u32) {
+    use fairfeed_exchange::ordering::DeliveryClock;
+    use fairfeed_net::exchange::live::{Exchange, ExchangeConfig, OrderingKind};
     let cfg = ExchangeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         gateway: fairfeed_exchange::gateway::GatewayConfig {
@@ -350,8 +363,11 @@ fn race(window_ns: u64) -> (u32, u32) {
         },
         limits: fairfeed_exchange::engine::Limits { symbols: 1, orders: 1_000, ..Default::default() },
         sequencing_window_ns: window_ns,
+        ordering: if dbo_bound_ns > 0 { OrderingKind::Dbo } else { OrderingKind::Fifo },
+        dbo_bound_ns,
         ..ExchangeConfig::default()
     };
+    cfg.validate().unwrap();
     let x = Exchange::start(cfg).unwrap();
     let connect = |u: &str, p: &str| {
         let mut s = TcpStream::connect(x.addr).unwrap();
@@ -361,7 +377,7 @@ fn race(window_ns: u64) -> (u32, u32) {
         s
     };
     let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    let order = |token, side, stamp| {
+    let order = |token, side, stamp, response_ns| {
         let mut b = Vec::new();
         client::enter_order(
             &client::Order {
@@ -373,6 +389,7 @@ fn race(window_ns: u64) -> (u32, u32) {
                 ioc: false,
                 hidden: false,
                 stamp: Some(stamp),
+                clock: Some(DeliveryClock { data_seq: 5, response_ns }),
                 min_qty: 0,
             },
             &mut b,
@@ -380,14 +397,14 @@ fn race(window_ns: u64) -> (u32, u32) {
         b
     };
     let mut mm = connect("MM", "m");
-    mm.write_all(&order(1, b'S', now())).unwrap();
+    mm.write_all(&order(1, b'S', now(), 0)).unwrap();
     assert_eq!(read_messages(&mut mm, 1).len(), 1, "the resting offer is accepted");
     let (mut near, mut far) = (connect("NEAR", "n"), connect("FAR", "f"));
     std::thread::sleep(Duration::from_millis(100));
     let t = now();
-    near.write_all(&order(7, b'B', t)).unwrap();
+    near.write_all(&order(7, b'B', t, 3_000)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    far.write_all(&order(9, b'B', t - 10_000_000)).unwrap();
+    far.write_all(&order(9, b'B', t - 10_000_000, 2_000)).unwrap();
     let filled = |s: &mut TcpStream| -> u32 {
         read_messages_for(s, 2, Duration::from_secs(1))
             .iter()
@@ -404,9 +421,31 @@ fn race(window_ns: u64) -> (u32, u32) {
 
 #[test]
 fn a_sequencing_window_lets_an_earlier_stamp_from_farther_away_win() {
-    assert_eq!(race(0), (100, 0), "off: arrival order, the near client fills");
-    let on = race(300_000_000);
+    assert_eq!(race(0, 0), (100, 0), "off: arrival order, the near client fills");
+    let on = race(300_000_000, 0);
     assert_eq!(on, (0, 100), "a 300 ms window: the earlier stamp fills although it arrived 50 ms later");
+}
+
+#[test]
+fn the_ordering_settings_are_checked() {
+    use fairfeed_net::exchange::live::{ExchangeConfig, OrderingKind};
+    let dbo = |bound| ExchangeConfig { ordering: OrderingKind::Dbo, dbo_bound_ns: bound, ..ExchangeConfig::default() };
+    assert!(dbo(1_000).validate().is_ok());
+    assert!(dbo(1_000_000_000).validate().is_ok());
+    for bad in [0, 999, 1_000_000_001] {
+        assert!(dbo(bad).validate().unwrap_err().to_string().contains("dbo_bound_ns"), "{bad}");
+    }
+    let both = ExchangeConfig { sequencing_window_ns: 10, ..dbo(5_000) };
+    assert!(both.validate().unwrap_err().to_string().contains("exclude each other"));
+}
+
+#[test]
+fn dbo_lets_the_faster_response_win_although_it_arrived_later() {
+    // The market maker's offer (data 5, response 0) goes first; then the far
+    // client's 2-µs response beats the near client's 3-µs one.
+    assert_eq!(race(0, 300_000_000), (0, 100), "dbo: ranked by (data 5, response)");
+    // A bound shorter than the far client's extra 50 ms: arrival order again.
+    assert_eq!(race(0, 1_000_000), (100, 0), "dbo with a 1-ms bound: the near order had gone");
 }
 
 /// A TCP connection to `port` from loopback address `from` (another client,
@@ -764,6 +803,14 @@ fn orders_by_hand_trade_cancel_replace_and_say_why_when_refused() {
     let kinds: Vec<String> =
         out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["type"].to_string()).collect();
     assert!(kinds.iter().filter(|k| k.contains("accepted")).count() == 4, "{kinds:?}");
+    // A DBO delivery clock rides in the appendage (a fifo exchange accepts and ignores it).
+    let (rc, out, _) = order(port, &["buy", "MSFT", "10", "@", "100", "--ioc", "--delivery-clock", "7:-250"]);
+    assert_eq!(rc, Some(0), "{out}");
+    for bad in ["7", "x:1", "7:1.5", "-1:0"] {
+        let (rc, _, err) = order(port, &["buy", "MSFT", "10", "@", "100", "--delivery-clock", bad]);
+        assert_eq!(rc, Some(2), "{bad}: {err}");
+        assert!(err.contains("SEQ:NS"), "{err}");
+    }
     let _ = ex.kill();
     let _ = ex.wait();
     let (rc, _, err) = order(port, &["buy", "AAPL", "1", "@", "1"]);

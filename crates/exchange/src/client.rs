@@ -41,6 +41,8 @@ pub struct Order<'a> {
     pub hidden: bool,
     /// The sender's timestamp for inbound sequencing (appendage tag 0xF0).
     pub stamp: Option<u64>,
+    /// The release point's delivery clock for DBO ordering (appendage tag 0xF1).
+    pub clock: Option<crate::ordering::DeliveryClock>,
     /// Minimum quantity (OUCH option 3; 0: none; IOC orders only).
     pub min_qty: u32,
 }
@@ -58,6 +60,10 @@ pub fn enter_order(o: &Order<'_>, out: &mut Vec<u8>) {
     let mut n = 0;
     if let Some(ts) = o.stamp {
         let t = crate::sequencer::timestamp_appendage(ts);
+        let _ = fairfeed_wire::ouch::push_option(&mut app, &mut n, t[1], &t[2..]);
+    }
+    if let Some(c) = o.clock {
+        let t = crate::sequencer::delivery_clock_appendage(c);
         let _ = fairfeed_wire::ouch::push_option(&mut app, &mut n, t[1], &t[2..]);
     }
     if o.min_qty > 0 {

@@ -29,6 +29,7 @@ use fairfeed_wire::soupbintcp::{split_packet, PacketRepr, REJECT_NOT_AUTHORIZED,
 use fairfeed_wire::{Alpha, Stock};
 
 use crate::engine::{CancelReason, Command, Event, NewOrder, Reject, Side, Tif};
+use crate::sequencer::OrderStamps;
 use crate::tokens::TokenIndex;
 
 /// Bytes a connection may have buffered unparsed (a packet is at most 64 KiB).
@@ -334,7 +335,7 @@ impl Gateway {
         conn: &mut Conn,
         now_ns: u64,
         bytes: &[u8],
-        cmds: &mut impl FnMut(Command, Option<u64>),
+        cmds: &mut impl FnMut(Command, OrderStamps),
         out: &mut Vec<u8>,
     ) -> Result<(), Close> {
         conn.last_rx_ns = now_ns;
@@ -398,7 +399,7 @@ impl Gateway {
         conn: &mut Conn,
         now_ns: u64,
         p: PacketRepr<'_>,
-        cmds: &mut impl FnMut(Command, Option<u64>),
+        cmds: &mut impl FnMut(Command, OrderStamps),
         out: &mut Vec<u8>,
     ) -> Result<(), Close> {
         match (conn.user, p) {
@@ -458,7 +459,7 @@ impl Gateway {
         client: u32,
         now_ns: u64,
         m: &[u8],
-        cmds: &mut impl FnMut(Command, Option<u64>),
+        cmds: &mut impl FnMut(Command, OrderStamps),
         out: &mut Vec<u8>,
     ) {
         self.stats.orders_in += 1;
@@ -490,7 +491,7 @@ impl Gateway {
                     self.sequence(client, m, Some(out));
                     return;
                 }
-                cmds(Command::Cancel { client, token, leave: c.quantity() }, None);
+                cmds(Command::Cancel { client, token, leave: c.quantity() }, OrderStamps::default());
                 Ok(())
             }
             Ok(inbound::Message::ReplaceOrder(r)) => self.replace_order(client, &r, cmds),
@@ -533,7 +534,7 @@ impl Gateway {
         &mut self,
         client: u32,
         o: &inbound::EnterOrder,
-        cmds: &mut impl FnMut(Command, Option<u64>),
+        cmds: &mut impl FnMut(Command, OrderStamps),
     ) -> Result<(), (u32, u16, Alpha<14>)> {
         let (token, cl) = (o.user_ref_num(), o.cl_ord_id());
         let side = match o.side() {
@@ -573,7 +574,7 @@ impl Gateway {
         // Display `N`: a non-displayed order (kept off the ITCH feed).
         let hidden = o.display() == b'N';
         let new = NewOrder { client, token, symbol, side, price, qty: o.quantity(), tif, market, hidden, min_qty };
-        cmds(Command::New(new), crate::sequencer::client_timestamp(o.tail()));
+        cmds(Command::New(new), crate::sequencer::stamps(o.tail()));
         Ok(())
     }
 
@@ -583,7 +584,7 @@ impl Gateway {
         &mut self,
         client: u32,
         r: &inbound::ReplaceOrder,
-        cmds: &mut impl FnMut(Command, Option<u64>),
+        cmds: &mut impl FnMut(Command, OrderStamps),
     ) -> Result<(), (u32, u16, Alpha<14>)> {
         let (token, cl) = (r.user_ref_num(), r.cl_ord_id());
         // A replacement keeps the original's minimum (capped at its
@@ -606,7 +607,7 @@ impl Gateway {
         }
         let price = u32::try_from(r.price().0).unwrap_or(u32::MAX);
         let cmd = Command::Replace { client, token: r.orig_user_ref_num(), new_token: token, price, qty: r.quantity() };
-        cmds(cmd, crate::sequencer::client_timestamp(r.tail()));
+        cmds(cmd, crate::sequencer::stamps(r.tail()));
         Ok(())
     }
 

@@ -34,6 +34,58 @@ pub fn client_timestamp(appendage: &[u8]) -> Option<u64> {
     None
 }
 
+/// OUCH 5.0 appendage tag carrying a DBO delivery clock
+/// ([`crate::ordering::DeliveryClock`]): the data sequence number (u64) and
+/// the response time in ns (i64), big-endian, 16 bytes. Private, like
+/// [`TAG_CLIENT_TIMESTAMP`]; the release point (or the firm's gateway)
+/// appends it.
+pub const TAG_DELIVERY_CLOCK: u8 = 0xF1;
+
+/// What an order's appendage says about when it was sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OrderStamps {
+    /// [`TAG_CLIENT_TIMESTAMP`].
+    pub client_ns: Option<u64>,
+    /// [`TAG_DELIVERY_CLOCK`].
+    pub clock: Option<crate::ordering::DeliveryClock>,
+}
+
+/// Both stamps of an appendage; a malformed option ends the reading (what
+/// came before it stands).
+pub fn stamps(appendage: &[u8]) -> OrderStamps {
+    let mut st = OrderStamps::default();
+    for o in fairfeed_wire::ouch::options(appendage) {
+        let Ok((tag, value)) = o else { break };
+        match tag {
+            TAG_CLIENT_TIMESTAMP => {
+                if let Ok(v) = <[u8; 8]>::try_from(value) {
+                    st.client_ns.get_or_insert(u64::from_be_bytes(v));
+                }
+            }
+            TAG_DELIVERY_CLOCK if value.len() == 16 => {
+                let (a, b) = value.split_at(8);
+                let (Ok(a), Ok(b)) = (<[u8; 8]>::try_from(a), <[u8; 8]>::try_from(b)) else { continue };
+                st.clock.get_or_insert(crate::ordering::DeliveryClock {
+                    data_seq: u64::from_be_bytes(a),
+                    response_ns: i64::from_be_bytes(b),
+                });
+            }
+            _ => {}
+        }
+    }
+    st
+}
+
+/// The appendage bytes carrying a delivery clock.
+pub fn delivery_clock_appendage(c: crate::ordering::DeliveryClock) -> [u8; 18] {
+    let mut a = [0u8; 18];
+    a[0] = 17;
+    a[1] = TAG_DELIVERY_CLOCK;
+    a[2..10].copy_from_slice(&c.data_seq.to_be_bytes());
+    a[10..].copy_from_slice(&c.response_ns.to_be_bytes());
+    a
+}
+
 /// The appendage bytes carrying `ts`.
 pub fn timestamp_appendage(ts: u64) -> [u8; 10] {
     let mut a = [0u8; 10];
@@ -206,6 +258,20 @@ mod tests {
         // Stamps in the future are clamped to the arrival.
         s.push(order(3), Some(u64::MAX), 2_000);
         assert_eq!(s.next_due(), Some(2_010));
+    }
+
+    #[test]
+    fn delivery_clocks_parse_beside_timestamps_and_bad_ones_are_ignored() {
+        use crate::ordering::DeliveryClock;
+        let c = DeliveryClock { data_seq: 42, response_ns: -1_500 };
+        let mut a = delivery_clock_appendage(c).to_vec();
+        a.extend_from_slice(&timestamp_appendage(7));
+        assert_eq!(stamps(&a), OrderStamps { client_ns: Some(7), clock: Some(c) });
+        assert_eq!(stamps(&a[..10]).clock, None, "cut short");
+        let mut short = delivery_clock_appendage(c);
+        short[0] = 9; // a 8-byte value: not a clock
+        assert_eq!(stamps(&short[..10]).clock, None);
+        assert_eq!(stamps(&[]), OrderStamps::default());
     }
 
     #[test]

@@ -33,7 +33,18 @@ fn login(user: &str, pw: &str, seq: u64) -> Vec<u8> {
 fn enter(token: u32, side: u8, qty: u32, symbol: &str, price: i64) -> Vec<u8> {
     let mut b = Vec::new();
     client::enter_order(
-        &client::Order { token, side, qty, symbol, price, ioc: false, hidden: false, stamp: None, min_qty: 0 },
+        &client::Order {
+            token,
+            side,
+            qty,
+            symbol,
+            price,
+            ioc: false,
+            hidden: false,
+            stamp: None,
+            clock: None,
+            min_qty: 0,
+        },
         &mut b,
     );
     b
@@ -655,7 +666,7 @@ proptest::proptest! {
                     let symbol = if token % 2 == 0 { "AAPL" } else { "MSFT" };
                     let o = client::Order {
                         token, side: if buy { b'B' } else { b'S' }, qty: qty * 100, symbol,
-                        price: 1_000_000 + tick * 100, ioc, hidden: false, stamp: None, min_qty: 0,
+                        price: 1_000_000 + tick * 100, ioc, hidden: false, stamp: None, clock: None, min_qty: 0,
                     };
                     client::enter_order(&o, &mut bytes);
                 }

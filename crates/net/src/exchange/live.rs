@@ -40,7 +40,8 @@ use fairfeed_exchange::engine::ConfigError;
 use fairfeed_exchange::engine::{Command, Engine, EngineStats, Event, Limits};
 use fairfeed_exchange::gateway::{Close, Conn, Gateway, GatewayConfig, GatewayStats};
 use fairfeed_exchange::itch_out::ItchWriter;
-use fairfeed_exchange::sequencer::{Sequencer, SequencerStats};
+use fairfeed_exchange::ordering::{OrderingBuffer, OrderingMode, OrderingStats, ORDERING_FIRMS_MAX};
+use fairfeed_exchange::sequencer::{OrderStamps, Sequencer, SequencerStats};
 use fairfeed_io::clock::wall_ns;
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -84,6 +85,17 @@ pub struct ExchangeConfig {
     /// client-timestamp order (OUCH appendage tag 0xF0); 0 = arrival order (off).
     #[serde(default)]
     pub sequencing_window_ns: u64,
+    /// How orders are ordered before matching: `fifo` (arrival; with
+    /// `sequencing_window_ns`, client-timestamp order within the window),
+    /// `dbo` (by the delivery clock each order carries, OUCH appendage tag
+    /// 0xF1, each held at most `dbo_bound_ns`) or `batch` (frequent batch
+    /// auctions; not in the live engine yet — the simulator models it).
+    #[serde(default)]
+    pub ordering: OrderingKind,
+    /// DBO's hold bound: the spread of the firms' order-path delays (see
+    /// `fairfeed_exchange::ordering::hold_bound_ns`), 1 µs..=1 s.
+    #[serde(default)]
+    pub dbo_bound_ns: u64,
     /// Bytes queued for one client at most: a client that does not read what
     /// it is sent is closed at this limit (counted `slow_reader_closes`).
     #[serde(default = "out_buffer_default_max")]
@@ -105,6 +117,16 @@ pub struct ExchangeConfig {
     /// each), `backoff` (spin, then yield, then sleep in poll(2)) or `park`.
     #[serde(default)]
     pub idle: Idle,
+}
+
+/// The exchange config's `ordering`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderingKind {
+    #[default]
+    Fifo,
+    Dbo,
+    Batch,
 }
 
 /// How the exchange's threads wait for work.
@@ -241,6 +263,7 @@ impl ExchangeConfig {
                 format!("sequencing_window_ns must be at most 1 s, got {}", self.sequencing_window_ns),
             );
         }
+        self.validate_ordering()?;
         if !(4_096..=1 << 30).contains(&self.out_buffer_max_bytes) {
             return bad(
                 "out_buffer_max_bytes",
@@ -270,6 +293,43 @@ impl ExchangeConfig {
         }
         Ok(())
     }
+
+    /// `ordering` with the keys it needs.
+    fn validate_ordering(&self) -> Result<(), ConfigError> {
+        let bad = |key: &'static str, message: String| Err(ConfigError { key, message });
+        let g = &self.gateway;
+        match self.ordering {
+            OrderingKind::Fifo if self.dbo_bound_ns != 0 => {
+                return bad("dbo_bound_ns", "dbo_bound_ns is set but ordering is not \"dbo\"".into());
+            }
+            OrderingKind::Fifo => {}
+            OrderingKind::Dbo if self.sequencing_window_ns != 0 => {
+                return bad(
+                    "sequencing_window_ns",
+                    "sequencing_window_ns (client-timestamp order) and ordering = \"dbo\" exclude each other".into(),
+                );
+            }
+            OrderingKind::Dbo if !(1_000..=1_000_000_000).contains(&self.dbo_bound_ns) => {
+                return bad(
+                    "dbo_bound_ns",
+                    format!("ordering = \"dbo\" needs dbo_bound_ns in 1 µs..=1 s, got {}", self.dbo_bound_ns),
+                );
+            }
+            OrderingKind::Dbo if g.users.len() > ORDERING_FIRMS_MAX => {
+                return bad("ordering", format!("ordering = \"dbo\" tracks at most {ORDERING_FIRMS_MAX} users"));
+            }
+            OrderingKind::Dbo => {}
+            OrderingKind::Batch => {
+                return bad(
+                    "ordering",
+                    "ordering = \"batch\" needs call auctions in the matching engine, which the live exchange \
+                     does not run yet (`fairfeed sim experiment trading --ordering batch` models it)"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for ExchangeConfig {
@@ -284,6 +344,8 @@ impl Default for ExchangeConfig {
             retransmit_listen: None,
             itch_session: "FFEXCH0001".into(),
             sequencing_window_ns: 0,
+            ordering: OrderingKind::Fifo,
+            dbo_bound_ns: 0,
             out_buffer_max_bytes: OUT_BUFFER_DEFAULT_MAX,
             itch_heartbeat_ns: ITCH_HEARTBEAT_DEFAULT_NS,
             itch_journal_max_bytes: JOURNAL_BYTES_DEFAULT,
@@ -321,6 +383,8 @@ pub struct ExchangeReport {
     pub retransmit_answers: u64,
     pub ring_full: u64,
     pub sequencer: SequencerStats,
+    /// DBO's ordering buffer (zeros under fifo).
+    pub ordering: OrderingStats,
     pub steps: Vec<Step>,
 }
 
@@ -448,7 +512,7 @@ pub struct Exchange {
 }
 
 enum Part {
-    Gateway(GatewayStats, Box<[Histogram<u64>; 5]>, u64, SequencerStats),
+    Gateway(GatewayStats, Box<[Histogram<u64>; 5]>, u64, SequencerStats, OrderingStats),
     Engine(EngineStats),
     /// ITCH packets, messages, retransmission answers, heartbeats, journal evictions.
     Publisher(u64, u64, u64, u64, u64),
@@ -502,7 +566,13 @@ impl Exchange {
             gw: Gateway::new(cfg.gateway.clone()),
             matching,
             me,
-            seq: Sequencer::new(cfg.sequencing_window_ns),
+            order: match cfg.ordering {
+                OrderingKind::Dbo => Orderer::Dbo(Box::new(OrderingBuffer::new(
+                    OrderingMode::Dbo { bound_ns: cfg.dbo_bound_ns },
+                    cfg.gateway.users.len(),
+                ))),
+                _ => Orderer::Window(Sequencer::new(cfg.sequencing_window_ns)),
+            },
             engines: cfg.engines,
             out_max: cfg.out_buffer_max_bytes,
             idle: strategy,
@@ -512,6 +582,7 @@ impl Exchange {
             metrics,
             by_user: Vec::new(),
             listener_resume_ns: 0,
+            due: Vec::new(),
         };
         let name = if pipeline == Pipeline::Threaded { "gateway" } else { "exchange" };
         threads.push(thread::Builder::new().name(name.into()).spawn(move || gateway_loop(g))?);
@@ -533,13 +604,15 @@ impl Exchange {
             retransmit_answers: 0,
             ring_full: 0,
             sequencer: SequencerStats::default(),
+            ordering: OrderingStats::default(),
             steps: Vec::new(),
         };
         for part in self.threads.into_iter().filter_map(|t| t.join().ok()).flatten() {
             match part {
-                Part::Gateway(s, h, full, q) => {
+                Part::Gateway(s, h, full, q, o) => {
                     r.gateway = s;
                     r.sequencer = q;
+                    r.ordering = o;
                     r.ring_full = full;
                     let names = [
                         "t0→t1 gateway → engine",
@@ -935,7 +1008,7 @@ struct GatewayLoop {
     gw: Gateway,
     matching: Matching,
     me: GatewayWaker,
-    seq: Sequencer,
+    order: Orderer,
     engines: usize,
     /// Bytes queued for one client at most.
     out_max: usize,
@@ -950,6 +1023,64 @@ struct GatewayLoop {
     /// After a failed `accept`, when the listener is watched again (ns since
     /// `start`; 0: it is watched).
     listener_resume_ns: u64,
+    /// Commands the orderer released, reused.
+    due: Vec<Command>,
+}
+
+/// The order commands reach matching in (config `ordering`).
+enum Orderer {
+    /// FIFO; with a window, client-timestamp order within it (CloudEx).
+    Window(Sequencer),
+    /// DBO: by delivery clock, each order held at most the bound.
+    Dbo(Box<OrderingBuffer<Command>>),
+}
+
+impl Orderer {
+    /// A command arrived at `now`: returned if it goes to matching at once.
+    fn take(&mut self, c: Command, st: OrderStamps, now: u64) -> Option<Command> {
+        match self {
+            Orderer::Window(s) if s.window_ns() == 0 => Some(c),
+            Orderer::Window(s) => {
+                s.push(c, st.client_ns, now);
+                None
+            }
+            Orderer::Dbo(b) => {
+                let firm = match c {
+                    Command::New(o) => o.client,
+                    Command::Cancel { client, .. } | Command::Replace { client, .. } => client,
+                };
+                // The gateway's clients are its users, fewer than the buffer's firms (checked in the config).
+                let firm = u16::try_from(firm).unwrap_or(u16::MAX);
+                b.handle_order(now, firm, st.clock, c).err().map(|(c, _)| c)
+            }
+        }
+    }
+
+    /// Whether anything is held.
+    fn holds(&self) -> bool {
+        match self {
+            Orderer::Window(s) => !s.is_empty(),
+            Orderer::Dbo(b) => b.held() > 0,
+        }
+    }
+
+    /// What is due at `now`, into `out`.
+    fn due(&mut self, now: u64, out: &mut Vec<Command>) {
+        match self {
+            Orderer::Window(s) => out.extend(std::iter::from_fn(|| s.pop_due(now))),
+            Orderer::Dbo(b) => {
+                b.handle_timeout(now);
+                out.extend(std::iter::from_fn(|| b.poll_release()).map(|r| r.item));
+            }
+        }
+    }
+
+    fn stats(&self) -> (SequencerStats, OrderingStats) {
+        match self {
+            Orderer::Window(s) => (s.stats, OrderingStats::default()),
+            Orderer::Dbo(b) => (SequencerStats::default(), b.stats),
+        }
+    }
 }
 
 /// How long the listener is left alone after a failed `accept` (out of file
@@ -1111,7 +1242,9 @@ fn drop_closed(sessions: &mut [Option<Session>], now: u64) {
 fn publish_gateway(g: &GatewayLoop, latency: &Histogram<u64>, ring_full: u64, sessions: &[Option<Session>]) {
     let Some(m) = &g.metrics else { return };
     m.put(None, "gateway", serde_json::to_value(g.gw.stats).unwrap_or_default());
-    m.put(None, "sequencer", serde_json::to_value(g.seq.stats).unwrap_or_default());
+    let (q, o) = g.order.stats();
+    m.put(None, "sequencer", serde_json::to_value(q).unwrap_or_default());
+    m.put(None, "ordering", serde_json::to_value(o).unwrap_or_default());
     m.put(None, "ring_full", ring_full.into());
     m.put(None, "sessions", sessions.iter().flatten().count().into());
     if let Matching::Inline(x) = &g.matching {
@@ -1206,17 +1339,20 @@ fn gateway_loop(mut g: GatewayLoop) -> Vec<Part> {
     let mut hists: [Histogram<u64>; 5] = [hist(), hist(), hist(), hist(), hist()];
     let mut buf = vec![0u8; 65_536];
     let (mut ring_full, mut last_tick, mut next_publish, mut dirty) = (0u64, 0u64, 0u64, true);
-    let mut cmds: Vec<(Command, Option<u64>)> = Vec::new();
+    let mut cmds: Vec<(Command, OrderStamps)> = Vec::new();
     let mut outs: Vec<Out> = Vec::with_capacity(256);
     let mut idler = Idler::new(g.idle);
     while !g.stop.load(Ordering::Relaxed) {
         let mut busy = accept(&mut g, &mut sessions);
         busy |= read_sessions(&mut g, &mut sessions, &mut buf, &mut cmds, &mut ring_full);
-        if !g.seq.is_empty() {
+        if g.order.holds() {
             busy = true;
-            while let Some(c) = g.seq.pop_due(wall_ns()) {
+            let mut due = std::mem::take(&mut g.due);
+            g.order.due(wall_ns(), &mut due);
+            for c in due.drain(..) {
                 route(&mut g, c, &mut ring_full);
             }
+            g.due = due;
         }
         outs.clear();
         take_responses(&mut g, &mut outs);
@@ -1248,7 +1384,8 @@ fn gateway_loop(mut g: GatewayLoop) -> Vec<Part> {
             idler.idle(now, || gateway_sleep(&mut g));
         }
     }
-    let mut parts = vec![Part::Gateway(g.gw.stats, Box::new(hists), ring_full, g.seq.stats)];
+    let (q, o) = g.order.stats();
+    let mut parts = vec![Part::Gateway(g.gw.stats, Box::new(hists), ring_full, q, o)];
     if let Matching::Inline(m) = g.matching {
         let Inline { engines, publisher, .. } = *m;
         parts.extend(engines.into_iter().map(|e| Part::Engine(e.stats)));
@@ -1263,7 +1400,7 @@ fn read_sessions(
     g: &mut GatewayLoop,
     sessions: &mut [Option<Session>],
     buf: &mut [u8],
-    cmds: &mut Vec<(Command, Option<u64>)>,
+    cmds: &mut Vec<(Command, OrderStamps)>,
     ring_full: &mut u64,
 ) -> bool {
     let mut busy = false;
@@ -1290,11 +1427,9 @@ fn read_sessions(
                 busy = true;
                 cmds.clear();
                 let r = g.gw.on_bytes(&mut s.conn, wall_ns(), &buf[..n], &mut |c, ts| cmds.push((c, ts)), &mut s.out);
-                for &(c, ts) in cmds.iter() {
-                    if g.seq.window_ns() == 0 {
+                for &(c, st) in cmds.iter() {
+                    if let Some(c) = g.order.take(c, st, wall_ns()) {
                         route(g, c, ring_full);
-                    } else {
-                        g.seq.push(c, ts, wall_ns());
                     }
                 }
                 if r.is_err() {
