@@ -16,7 +16,7 @@
 //! - **Nothing crossed is left.** After clearing, the best unfilled buy is
 //!   below the best unfilled sell.
 //!
-//! Pure function, no allocation beyond its answer and one sort.
+//! Pure function: a few sorts (O(n log n)) and its answer.
 
 use crate::engine::{Price, Side};
 
@@ -47,22 +47,41 @@ fn is_market(o: &AuctionOrder) -> bool {
     matches!((o.side, o.limit), (Side::Buy, Price::MAX) | (Side::Sell, 0))
 }
 
+#[cfg(test)]
 fn demand(orders: &[AuctionOrder], p: Price) -> u64 {
     orders.iter().filter(|o| o.side == Side::Buy && o.limit >= p).map(|o| o.qty).sum()
 }
 
+#[cfg(test)]
 fn supply(orders: &[AuctionOrder], p: Price) -> u64 {
     orders.iter().filter(|o| o.side == Side::Sell && o.limit <= p).map(|o| o.qty).sum()
 }
 
 /// The clearing price and volume: candidates are the limit orders' prices.
+/// One sort and a sweep: demand at `p` is every buy at or above it, supply
+/// every sell at or below it.
 pub fn clearing_price(orders: &[AuctionOrder], reference: Option<Price>) -> Option<(Price, u64)> {
     let mut prices: Vec<Price> = orders.iter().filter(|o| !is_market(o)).map(|o| o.limit).collect();
     prices.sort_unstable();
     prices.dedup();
+    let mut buys: Vec<(Price, u64)> = orders.iter().filter(|o| o.side == Side::Buy).map(|o| (o.limit, o.qty)).collect();
+    let mut sells: Vec<(Price, u64)> =
+        orders.iter().filter(|o| o.side == Side::Sell).map(|o| (o.limit, o.qty)).collect();
+    buys.sort_unstable();
+    sells.sort_unstable();
+    // Sweeping prices upwards: demand loses the buys below p, supply gains the sells at or below p.
+    let (mut d, mut s): (u64, u64) = (buys.iter().map(|b| b.1).sum(), 0);
+    let (mut bi, mut si) = (0, 0);
     let mut best: Option<(Price, u64, u64, u64)> = None; // price, volume, imbalance, distance
     for p in prices {
-        let (d, s) = (demand(orders, p), supply(orders, p));
+        while bi < buys.len() && buys[bi].0 < p {
+            d -= buys[bi].1;
+            bi += 1;
+        }
+        while si < sells.len() && sells[si].0 <= p {
+            s += sells[si].1;
+            si += 1;
+        }
         let v = d.min(s);
         if v == 0 {
             continue;

@@ -179,6 +179,9 @@ pub struct OrderingBuffer<T> {
     /// Per firm: the latest clock it has shown (orders and heartbeats). Its
     /// next order ranks no earlier (clamped).
     progress: Vec<Option<DeliveryClock>>,
+    /// The least progress over all firms (None: some firm has shown none)
+    /// and the firm holding it: recomputed only when that firm moves.
+    everyone: Option<(DeliveryClock, usize)>,
     heap: BinaryHeap<Reverse<Held<T>>>,
     /// DBO: (arrival time, key) in arrival order, to find expired orders.
     arrivals: VecDeque<(u64, Key)>,
@@ -205,6 +208,7 @@ impl<T> OrderingBuffer<T> {
         OrderingBuffer {
             mode,
             progress: vec![None; firms],
+            everyone: None,
             heap: BinaryHeap::new(),
             arrivals: VecDeque::new(),
             expired_upto: None,
@@ -261,6 +265,7 @@ impl<T> OrderingBuffer<T> {
     pub fn handle_heartbeat(&mut self, now: u64, firm: u16, clock: DeliveryClock) {
         if let Some(p) = self.progress.get_mut(usize::from(firm)) {
             *p = Some(p.map_or(clock, |q| q.max(clock)));
+            self.moved(usize::from(firm));
             self.handle_timeout(now);
         }
     }
@@ -306,6 +311,7 @@ impl<T> OrderingBuffer<T> {
             c = last;
         }
         self.progress[f] = Some(c);
+        self.moved(f);
         let key = Key { clock: c, arrival: self.arrival_count };
         if self.released_upto.is_some_and(|r| key < r) {
             self.stats.late += 1;
@@ -332,11 +338,7 @@ impl<T> OrderingBuffer<T> {
         }
         // Every firm has shown a clock at or past this: nothing ranked
         // earlier can still come from any of them.
-        let everyone = self
-            .progress
-            .iter()
-            .try_fold(None::<DeliveryClock>, |m, p| p.map(|p| Some(m.map_or(p, |m: DeliveryClock| m.min(p)))));
-        let everyone = everyone.flatten();
+        let everyone = self.everyone.map(|e| e.0);
         while let Some(Reverse(top)) = self.heap.peek() {
             let cause = if self.expired_upto.is_some_and(|e| top.key <= e) {
                 ReleaseCause::Bound
@@ -358,6 +360,23 @@ impl<T> OrderingBuffer<T> {
         if self.heap.is_empty() {
             self.arrivals.clear();
         }
+    }
+
+    /// Firm `f`'s progress moved: the least over all firms is found again
+    /// if it was `f`'s (or not known yet).
+    fn moved(&mut self, f: usize) {
+        if self.everyone.is_some_and(|(_, at)| at != f) {
+            return;
+        }
+        self.everyone = None;
+        let mut least: Option<(DeliveryClock, usize)> = None;
+        for (i, p) in self.progress.iter().enumerate() {
+            let Some(p) = *p else { return };
+            if least.is_none_or(|(l, _)| p < l) {
+                least = Some((p, i));
+            }
+        }
+        self.everyone = least;
     }
 
     fn close_batch(&mut self, now: u64) {
