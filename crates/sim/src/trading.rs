@@ -779,6 +779,7 @@ mod tests {
         }
         assert!(dbo.order_hold_max_us <= dbo.dbo_bound_us.unwrap_or(0.0) + 1e-9);
         assert_eq!(fifo.order_hold_max_us, 0.0);
+        assert_eq!(crate::experiment::md_table_faults(&markdown(&dbo)), vec![]);
     }
 
     #[test]
