@@ -43,7 +43,8 @@ pub struct Args {
     #[arg(long)]
     out: PathBuf,
     /// Also write deployment files into --out (a directory): one systemd unit, Compose service or
-    /// Kubernetes Deployment per node, the topology, a Dockerfile and a README (every node needs an address).
+    /// Kubernetes Deployment per node, the topology, a Dockerfile and a README (systemd and Compose:
+    /// every node needs an address; Kubernetes names the nodes without one, a headless Service each).
     #[arg(long, value_enum)]
     emit: Option<EmitArg>,
     /// With --emit: each node serves Prometheus metrics on its own IP at this port.
@@ -157,6 +158,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if let Some((_, addr)) = a.address.iter().rev().find(|(id, _)| *id == n.id) {
             n.addr = Some(addr.to_string());
         }
+    }
+    if matches!(a.emit, Some(EmitArg::K8s)) {
+        // Kubernetes places the nodes given no address, by name.
+        fairfeed_ops::deploy::name_nodes(&mut topo, &fairfeed_ops::deploy::DeployOptions::default().namespace);
     }
     if let Some(port) = a.control_port {
         for n in topo.trees.iter_mut().flat_map(|t| &mut t.nodes) {

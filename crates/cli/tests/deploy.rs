@@ -5,7 +5,8 @@
 //! Compose (PyPI's `check-jsonschema` with the Compose specification's
 //! schema) and systemd (`systemd-analyze verify`, where systemd is
 //! installed); every node's id and metrics address in its file; a plan
-//! without addresses refused in one line.
+//! without addresses refused in one line for systemd and Compose, and placed
+//! by name (a headless Service per node) for Kubernetes.
 
 mod common;
 use common::*;
@@ -101,17 +102,65 @@ fn systemd_units_pass_systemd_analyze_verify() {
 }
 
 #[test]
-fn emit_refuses_nodes_without_addresses_in_one_line() {
+fn emit_refuses_nodes_without_addresses_in_one_line_where_nothing_places_them() {
+    // systemd units and Compose services run where the operator puts them: they need the addresses.
+    let d = tmp();
+    for what in ["systemd", "compose"] {
+        let out = d.path().join(what);
+        let o = Command::new(bin())
+            .args(["plan", "--receivers", "4", "--emit", what, "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("no HOST:PORT address") && err.trim().lines().count() == 1, "{err}");
+        assert!(!out.exists(), "nothing written");
+    }
+}
+
+#[test]
+fn kubernetes_needs_no_address_each_node_gets_a_headless_service() {
+    // Issue 43's interface: `plan --emit k8s` without --address; the manifests validate.
     let d = tmp();
     let out = d.path().join("k");
-    let o = Command::new(bin())
-        .args(["plan", "--receivers", "4", "--emit", "k8s", "--out", out.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("no HOST:PORT address") && err.trim().lines().count() == 1, "{err}");
-    assert!(!out.exists(), "nothing written");
+    fairfeed(&["plan", "--receivers", "6", "--hedge", "1", "--emit", "k8s", "--out", out.to_str().unwrap()]);
+    let topo = std::fs::read_to_string(out.join("topology.toml")).unwrap();
+    let services = std::fs::read_to_string(out.join("05-services.yaml")).unwrap();
+    let nodes = std::fs::read_to_string(out.join("10-nodes.yaml")).unwrap();
+    let n = nodes.matches("kind: Deployment").count();
+    assert!(n >= 7, "{n} nodes");
+    assert_eq!(services.matches("kind: Service").count(), n, "a Service per node");
+    assert_eq!(services.matches("clusterIP: None").count(), n, "headless: the name is the pod's IP");
+    assert_eq!(services.matches("publishNotReadyAddresses: true").count(), n);
+    assert_eq!(topo.matches(".fairfeed.svc.cluster.local:9100\"").count(), n, "{topo}");
+    assert!(!nodes.contains("nodeSelector") && nodes.matches("podAntiAffinity").count() == n, "one node per host");
+    assert!(nodes.contains("- 0.0.0.0:9400"), "metrics on the pod's interfaces");
+    let readme = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(readme.contains("No node needs an address") && !readme.contains("kubectl label"), "{readme}");
+    if have_tool("kubernetes-validate", &["--version"]) {
+        let files: Vec<String> = ["00-namespace.yaml", "01-topology.yaml", "05-services.yaml", "10-nodes.yaml"]
+            .iter()
+            .map(|f| out.join(f).to_str().unwrap().to_string())
+            .collect();
+        let mut args = vec!["-k", "1.30.0", "--strict"];
+        args.extend(files.iter().map(String::as_str));
+        check("kubernetes-validate", &args);
+    }
+    // Addresses given by hand still place those nodes on labelled hosts.
+    let out = d.path().join("mixed");
+    fairfeed(&[
+        "plan",
+        "--receivers",
+        "4",
+        "--address",
+        "0=10.0.0.1:9100",
+        "--emit",
+        "k8s",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let nodes = std::fs::read_to_string(out.join("10-nodes.yaml")).unwrap();
+    assert_eq!(nodes.matches("nodeSelector").count(), 1, "only node 0 is placed by hand");
 }
 
 #[test]

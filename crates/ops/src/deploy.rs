@@ -109,6 +109,9 @@ fn at_port(addr: &HostPort, port: u16) -> String {
 }
 
 fn args(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> Vec<String> {
+    // A node placed by name serves metrics on every interface of its pod (its
+    // name may not resolve yet when it starts); one placed by IP on that IP.
+    let metrics = if by_name(addr) { format!("0.0.0.0:{}", o.metrics_port) } else { at_port(addr, o.metrics_port) };
     let mut v: Vec<String> = vec![
         role_name(n.role).into(),
         "--topology".into(),
@@ -118,7 +121,7 @@ fn args(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> Vec<String> 
         "--key-file".into(),
         key.into(),
         "--metrics".into(),
-        at_port(addr, o.metrics_port),
+        metrics,
     ];
     // A control address the topology gives stays inside the host or pod
     // (loopback, same port): beyond it a node needs an operator key
@@ -158,6 +161,33 @@ fn name(n: &Node) -> String {
     format!("{}-{}", role_name(n.role), n.id)
 }
 
+/// The tree port of every node named by [`name_nodes`] (one node per host,
+/// so one port does for all).
+pub const K8S_TREE_PORT: u16 = 9100;
+
+/// Gives every node without an address a Kubernetes name: its own headless
+/// Service (`fairfeed-<role>-<id>.<namespace>.svc.cluster.local`, emitted
+/// beside its Deployment) at [`K8S_TREE_PORT`]. The Service's DNS record is
+/// the pod's IP — its host's, with host networking — wherever the pod is
+/// scheduled, and nodes resolve the topology's names again while they run,
+/// so a rescheduled pod is followed without a new plan. Returns how many
+/// nodes were named.
+pub fn name_nodes(t: &mut Topology, namespace: &str) -> usize {
+    let mut named = 0;
+    for n in t.trees.iter_mut().flat_map(|tr| &mut tr.nodes) {
+        if n.addr.is_none() {
+            n.addr = Some(format!("fairfeed-{}.{namespace}.svc.cluster.local:{K8S_TREE_PORT}", name(n)));
+            named += 1;
+        }
+    }
+    named
+}
+
+/// Whether the node's address is a name (placed by Kubernetes) rather than an IP (placed by hand).
+fn by_name(addr: &HostPort) -> bool {
+    addr.host.parse::<std::net::IpAddr>().is_err()
+}
+
 /// The files for `platform`: (relative path, contents), a README among them.
 pub fn emit(
     t: &Topology,
@@ -181,6 +211,11 @@ pub fn emit(
             files.push(("00-namespace.yaml".into(), yaml(&[namespace(o)])?));
             let (map, key) = config_map(topology_toml, o)?;
             files.push(("01-topology.yaml".into(), yaml(&[map])?));
+            let services: Vec<serde_json::Value> =
+                nodes.iter().filter(|(_, a)| by_name(a)).map(|(n, a)| service(n, a, o)).collect();
+            if !services.is_empty() {
+                files.push(("05-services.yaml".into(), yaml(&services)?));
+            }
             let docs: Vec<serde_json::Value> = nodes.iter().map(|(n, a)| deployment(n, a, key, o)).collect();
             files.push(("10-nodes.yaml".into(), yaml(&docs)?));
             files.push(("Dockerfile".into(), DOCKERFILE.into()));
@@ -295,6 +330,39 @@ fn config_map(topology_toml: &str, o: &DeployOptions) -> Result<(serde_json::Val
     Ok((m, "topology.toml.gz"))
 }
 
+/// The headless Service that gives a node placed by name its DNS record
+/// (the pod's IP, published before the pod is ready: peers need it to start).
+fn service(n: &Node, addr: &HostPort, o: &DeployOptions) -> serde_json::Value {
+    let app = format!("fairfeed-{}", name(n));
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": app, "namespace": o.namespace, "labels": {"app.kubernetes.io/name": "fairfeed"}},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": true,
+            "selector": {"app.kubernetes.io/instance": app},
+            "ports": [{"name": "tree", "port": addr.port, "protocol": "UDP"}],
+        },
+    })
+}
+
+/// Where a node's pod may run: on the Kubernetes node labelled for it
+/// (placed by IP), or on any host that runs no other fairfeed node (placed
+/// by name: one node per host, as the plan assumes).
+fn placement(n: &Node, addr: &HostPort) -> (&'static str, serde_json::Value) {
+    if !by_name(addr) {
+        return ("nodeSelector", json!({"fairfeed.io/node": n.id.to_string()}));
+    }
+    (
+        "affinity",
+        json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "fairfeed"}},
+            "topologyKey": "kubernetes.io/hostname",
+        }]}}),
+    )
+}
+
 fn deployment(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> serde_json::Value {
     let topology = format!("/etc/fairfeed/{key}");
     let mut args = args(n, addr, &format!("{KEY_DIR_K8S}/tree.key"), o);
@@ -303,7 +371,7 @@ fn deployment(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> serde_
     }
     let app = format!("fairfeed-{}", name(n));
     let labels = json!({"app.kubernetes.io/name": "fairfeed", "app.kubernetes.io/instance": app, "fairfeed.io/role": role_name(n.role)});
-    json!({
+    let mut d = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": app, "namespace": o.namespace, "labels": labels},
@@ -326,7 +394,6 @@ fn deployment(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> serde_
                     // on the Kubernetes node labelled for it (see README.md).
                     "hostNetwork": true,
                     "dnsPolicy": "ClusterFirstWithHostNet",
-                    "nodeSelector": {"fairfeed.io/node": n.id.to_string()},
                     "terminationGracePeriodSeconds": 10,
                     "containers": [{
                         "name": "fairfeed",
@@ -355,7 +422,10 @@ fn deployment(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> serde_
                 },
             },
         },
-    })
+    });
+    let (k, v) = placement(n, addr);
+    d["spec"]["template"]["spec"][k] = v;
+    d
 }
 
 fn yaml(docs: &[serde_json::Value]) -> Result<String, DeployError> {
@@ -405,6 +475,22 @@ fn readme(t: &Topology, nodes: &[(&Node, HostPort)], platform: Platform, o: &Dep
              host's network, so each node listens on its planned address. `cpuset` pins each to core 1; \
              change it per host."
             .to_string(),
+        Platform::Kubernetes if nodes.iter().all(|(_, a)| by_name(a)) => format!(
+            "Build and push the image (see `Dockerfile`; `image:` is `{image}`). No node needs an address: \
+             each has a headless Service (`05-services.yaml`) whose DNS name is in the topology, and its \
+             pod may run on any host that runs no other fairfeed node (one node per host):\n\n```sh\n\
+             kubectl apply -f 00-namespace.yaml -f 01-topology.yaml\n\
+             kubectl -n {ns} create secret generic fairfeed-tree-key --from-file=tree.key\n\
+             kubectl apply -f 05-services.yaml -f 10-nodes.yaml\n```\n\n\
+             A node resolves its peers' names when it starts and again every 10 s (and after failed sends), so \
+             a rescheduled pod is found at its new host; until every peer's pod has an IP a node cannot \
+             resolve it and exits, and Kubernetes restarts it (expect a few restarts while the tree comes up). \
+             Pods use the host network; requests equal to limits in whole CPUs put them in the Guaranteed \
+             QoS class, which the kubelet's static CPU manager pins to dedicated cores. Prometheus finds \
+             the metrics through the `prometheus.io/*` annotations.",
+            image = o.image,
+            ns = o.namespace
+        ),
         Platform::Kubernetes => format!(
             "Build and push the image (see `Dockerfile`; `image:` is `{image}`). Label each Kubernetes node with \
              the fairfeed node it runs — its IP must be the planned address:\n\n```sh\n\
