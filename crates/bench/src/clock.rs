@@ -263,6 +263,7 @@ fn spawn_nodes(
             control: Some(control),
             operator: None,
             max_seconds: Some(total_s + 1.0),
+            resolve_wait: std::time::Duration::ZERO,
             job,
             stop: Arc::clone(stop),
             clock: ClockOpts {

@@ -101,6 +101,7 @@ fn start_proxy(
         control: Some(control),
         operator: None,
         max_seconds: Some(600.0),
+        resolve_wait: std::time::Duration::ZERO,
         job: Job::Proxy,
         stop: stop.clone(),
         clock: fairfeed_net::tree::agent::ClockOpts::default(),

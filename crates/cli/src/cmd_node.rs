@@ -118,6 +118,12 @@ pub struct Common {
     /// Stop after this many seconds (default: a sender stops when its feed is sent; others run until signalled).
     #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
+    /// At start-up, wait up to this many seconds (0..=3,600) for the
+    /// topology's host names that do not resolve yet — on Kubernetes a peer's
+    /// Service has no record until its pod has an IP; 0: an unresolvable
+    /// name is an error at once.
+    #[arg(long, default_value_t = 0.0, value_parser = resolve_wait)]
+    resolve_wait_s: f64,
     /// Serve Prometheus metrics at http://ADDR/metrics (counters, gauges, latency histograms; updated twice a second).
     #[arg(long, value_parser = crate::fmt::listen_addr)]
     metrics: Option<SocketAddr>,
@@ -850,6 +856,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         control,
         operator: load_operator(c)?,
         max_seconds: c.seconds,
+        resolve_wait: std::time::Duration::from_secs_f64(c.resolve_wait_s),
         job,
         stop,
         clock: fairfeed_net::tree::agent::ClockOpts { host_bound: host_bound(c)?, ..clock_opts(c) },
@@ -1077,4 +1084,8 @@ pub fn run_stat(a: StatArgs) -> anyhow::Result<()> {
     // A closed pipe (`| head`) is not an error worth a panic.
     let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&v)?);
     Ok(())
+}
+
+fn resolve_wait(s: &str) -> Result<f64, String> {
+    crate::fmt::f64_in(s, 0.0, 3_600.0, "s")
 }

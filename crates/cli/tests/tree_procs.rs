@@ -505,6 +505,24 @@ fn node_processes_explain_bad_configurations() {
     let addr = c.node(c.ids("receiver")[0]).addr.clone();
     let _squatter = UdpSocket::bind(&addr).unwrap();
     fails_with(&["receiver", "--topology", topo, "--id", &receiver, "--seconds", "1"], "binding");
+    // A peer's name that does not resolve: an error at once, or after the wait asked for.
+    let text = std::fs::read_to_string(&c.topo).unwrap();
+    let parent = c.node(c.ids("receiver")[0]).parent.expect("a receiver has a parent");
+    let named = text.replacen(&c.node(parent).addr, "nosuchhost.invalid:9000", 1);
+    let named_path = c.path("named.toml");
+    std::fs::write(&named_path, named).unwrap();
+    let np = named_path.to_str().unwrap();
+    let t0 = std::time::Instant::now();
+    fails_with(
+        &["receiver", "--topology", np, "--id", &receiver, "--seconds", "1"],
+        "cannot resolve nosuchhost.invalid",
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "no wait asked for: {:?}", t0.elapsed());
+    let t0 = std::time::Instant::now();
+    let wait = ["receiver", "--topology", np, "--id", &receiver, "--resolve-wait-s", "1.5"];
+    fails_with(&wait, "cannot resolve nosuchhost.invalid");
+    assert!(t0.elapsed() >= Duration::from_millis(1_000), "it waited: {:?}", t0.elapsed());
+    fails_with(&["receiver", "--topology", np, "--id", &receiver, "--resolve-wait-s", "7200"], "3600");
     // A topology without addresses.
     let bare = Cluster::plan(4, 2, 1, &[]);
     fails_with(&["receiver", "--topology", bare.topo.to_str().unwrap(), "--id", "0"], "has no address");

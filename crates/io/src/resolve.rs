@@ -1,7 +1,10 @@
 //! Names to addresses while a node runs. A deployment addresses its nodes by
 //! name (a Kubernetes Service, a Compose service, DNS), and a name's address
 //! changes when a pod is rescheduled: a [`Resolver`] resolves every name at
-//! start-up (a name that does not resolve then is an error), then again on a
+//! start-up (a name that does not resolve then is an error — or, given a
+//! wait, is tried again every [`RESOLVE_RETRY`] until it does or the wait
+//! is over: a Kubernetes Service has no record until its pod has an IP, and
+//! a tree's pods start in any order), then again on a
 //! thread of its own every [`RESOLVE_INTERVAL`] and soon after a failed send
 //! (a hint from the owner) — never on the data path, which only compares a
 //! generation number each turn and copies the table when it moved.
@@ -15,6 +18,10 @@ use std::time::{Duration, Instant};
 pub const RESOLVE_INTERVAL: Duration = Duration::from_secs(10);
 /// After a failed send, names are resolved again within this long (at most once per it).
 pub const RESOLVE_AFTER_FAILURE: Duration = Duration::from_millis(500);
+/// While waiting at start-up, unresolved names are tried again this often.
+pub const RESOLVE_RETRY: Duration = Duration::from_millis(500);
+/// The longest start-up wait a caller may ask for.
+pub const RESOLVE_WAIT_MAX: Duration = Duration::from_secs(3_600);
 /// How often the resolver thread looks at its hints and whether to stop.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -72,16 +79,45 @@ impl Resolver {
 
     /// The same, names looked up by `lookup`.
     pub fn start_with(names: Vec<Option<(String, u16)>>, what: &str, lookup: Lookup) -> std::io::Result<Resolver> {
-        let mut table = Vec::with_capacity(names.len());
-        for (i, n) in names.iter().enumerate() {
-            table.push(match n {
-                None => None,
-                Some((h, p)) => {
-                    Some(lookup(h, *p).map_err(|e| {
-                        std::io::Error::new(e.kind(), format!("node {i}: cannot resolve {h}:{p} ({e})"))
-                    })?)
+        Self::start_waiting(names, what, lookup, Duration::ZERO, None)
+    }
+
+    /// The same, waiting up to `wait` (at most [`RESOLVE_WAIT_MAX`]) for
+    /// names that do not resolve yet; `stop` (set: give up now) is looked at
+    /// between tries. The error names the first name still unresolved.
+    pub fn start_waiting(
+        names: Vec<Option<(String, u16)>>,
+        what: &str,
+        lookup: Lookup,
+        wait: Duration,
+        stop: Option<&AtomicBool>,
+    ) -> std::io::Result<Resolver> {
+        let deadline = Instant::now() + wait.min(RESOLVE_WAIT_MAX);
+        let mut table: Vec<Option<SocketAddr>> = vec![None; names.len()];
+        let mut logged = false;
+        loop {
+            let mut first_error = None;
+            for (i, n) in names.iter().enumerate() {
+                let (Some((h, p)), None) = (n, table[i]) else { continue };
+                match lookup(h, *p) {
+                    Ok(a) => table[i] = Some(a),
+                    Err(e) if first_error.is_none() => {
+                        first_error =
+                            Some(std::io::Error::new(e.kind(), format!("node {i}: cannot resolve {h}:{p} ({e})")));
+                    }
+                    Err(_) => {}
                 }
-            });
+            }
+            let Some(e) = first_error else { break };
+            if Instant::now() + RESOLVE_RETRY > deadline || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                return Err(e);
+            }
+            if !logged {
+                logged = true;
+                let left = names.iter().zip(&table).filter(|(n, a)| n.is_some() && a.is_none()).count();
+                tracing::info!("{what}: {left} name(s) do not resolve yet ({e}); trying again every {RESOLVE_RETRY:?} for up to {wait:?}");
+            }
+            std::thread::sleep(RESOLVE_RETRY);
         }
         let any_name = names.iter().flatten().any(|(h, _)| h.parse::<std::net::IpAddr>().is_err());
         let shared = Arc::new(Shared {
@@ -210,6 +246,35 @@ mod tests {
         assert!(r.table()[0].unwrap().ip().is_loopback());
         let e = Resolver::start(vec![None, Some(("nosuchhost.invalid".into(), 9))], "test").err().unwrap();
         assert!(e.to_string().contains("node 1: cannot resolve nosuchhost.invalid:9"), "{e}");
+    }
+
+    /// A name that resolves only later (a pod not scheduled yet) is waited
+    /// for when asked; without a wait it is an error at once; a stop ends the wait.
+    #[test]
+    fn start_up_waits_for_names_that_come_later_when_asked() {
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = calls.clone();
+        let lookup: Lookup = Arc::new(move |h: &str, p: u16| {
+            if h == "late.example" && c.fetch_add(1, Ordering::Relaxed) < 2 {
+                return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "no record yet"));
+            }
+            Ok(SocketAddr::from(([127, 0, 0, 2], p)))
+        });
+        let names = || vec![Some(("early.example".to_string(), 1)), Some(("late.example".to_string(), 2))];
+        let e = Resolver::start_waiting(names(), "t", lookup.clone(), Duration::ZERO, None).err().unwrap();
+        assert!(e.to_string().contains("node 1: cannot resolve late.example:2"), "{e}");
+        let t0 = Instant::now();
+        let r = Resolver::start_waiting(names(), "t", lookup.clone(), Duration::from_secs(10), None).unwrap();
+        assert_eq!(r.table()[1], Some(SocketAddr::from(([127, 0, 0, 2], 2))));
+        assert!(t0.elapsed() < Duration::from_secs(5), "it waited only until the name resolved");
+        let never: Lookup = Arc::new(|_: &str, _: u16| Err(std::io::Error::new(std::io::ErrorKind::NotFound, "none")));
+        let stop = AtomicBool::new(true);
+        let t0 = Instant::now();
+        assert!(Resolver::start_waiting(names(), "t", never.clone(), Duration::from_secs(60), Some(&stop)).is_err());
+        assert!(t0.elapsed() < Duration::from_secs(2), "a stop ends the wait");
+        let t0 = Instant::now();
+        assert!(Resolver::start_waiting(names(), "t", never, Duration::from_millis(1_200), None).is_err());
+        assert!(t0.elapsed() < Duration::from_secs(3), "the wait is bounded");
     }
 
     /// A name that moves (a rescheduled pod) is seen soon after a failed send.

@@ -132,6 +132,10 @@ fn args(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> Vec<String> 
     {
         v.extend(["--control".into(), format!("127.0.0.1:{port}")]);
     }
+    if by_name(addr) {
+        // Its peers' names resolve once their pods have IPs: wait for them.
+        v.extend(["--resolve-wait-s".into(), K8S_RESOLVE_WAIT_S.to_string()]);
+    }
     v.extend(o.node_flags.iter().cloned());
     if let Some(iface) = &o.kernel_iface {
         let targets = n.children.len() + n.hedge_targets.len();
@@ -182,6 +186,9 @@ pub fn name_nodes(t: &mut Topology, namespace: &str) -> usize {
     }
     named
 }
+
+/// How long a node placed by name waits at start-up for its peers' names, s.
+pub const K8S_RESOLVE_WAIT_S: u32 = 600;
 
 /// Whether the node's address is a name (placed by Kubernetes) rather than an IP (placed by hand).
 fn by_name(addr: &HostPort) -> bool {
@@ -482,9 +489,9 @@ fn readme(t: &Topology, nodes: &[(&Node, HostPort)], platform: Platform, o: &Dep
              kubectl apply -f 00-namespace.yaml -f 01-topology.yaml\n\
              kubectl -n {ns} create secret generic fairfeed-tree-key --from-file=tree.key\n\
              kubectl apply -f 05-services.yaml -f 10-nodes.yaml\n```\n\n\
-             A node resolves its peers' names when it starts and again every 10 s (and after failed sends), so \
-             a rescheduled pod is found at its new host; until every peer's pod has an IP a node cannot \
-             resolve it and exits, and Kubernetes restarts it (expect a few restarts while the tree comes up). \
+             A node waits at start-up (`--resolve-wait-s`, up to 10 min) until its peers' pods have IPs and \
+             their names resolve, then resolves them again every 10 s and after failed sends, so a \
+             rescheduled pod is found at its new host. \
              Pods use the host network; requests equal to limits in whole CPUs put them in the Guaranteed \
              QoS class, which the kubelet's static CPU manager pins to dedicated cores. Prometheus finds \
              the metrics through the `prometheus.io/*` annotations.",

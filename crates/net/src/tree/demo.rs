@@ -470,6 +470,7 @@ fn node_config(
         control: None,
         operator: None,
         max_seconds: None,
+        resolve_wait: std::time::Duration::ZERO,
         job,
         stop: shared.stop.clone(),
         clock: ClockOpts { skew: shared.skews[n.id as usize], ..ClockOpts::default() },

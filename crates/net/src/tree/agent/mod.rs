@@ -211,6 +211,9 @@ pub struct AgentConfig {
     /// one; a control address beyond loopback is refused without one).
     pub operator: Option<fairfeed_tree::operator::OperatorKey>,
     pub max_seconds: Option<f64>,
+    /// At start-up, wait this long for the topology's names that do not
+    /// resolve yet (peers' pods not scheduled yet); zero: an error at once.
+    pub resolve_wait: std::time::Duration,
     pub job: Job,
     /// Set from outside (a signal handler) to stop the node.
     pub stop: Arc<AtomicBool>,

@@ -222,7 +222,9 @@ fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode, Re
     for n in all() {
         names[n.id as usize] = parse_addr(n)?;
     }
-    let resolver = Resolver::start(names, &format!("node {}", cfg.id))
+    let lookup: fairfeed_io::resolve::Lookup = std::sync::Arc::new(fairfeed_io::resolve::resolve);
+    let what = format!("node {}", cfg.id);
+    let resolver = Resolver::start_waiting(names, &what, lookup, cfg.resolve_wait, Some(&cfg.stop))
         .map_err(|e| AgentError::Io("resolving the topology's addresses".into(), e))?;
     let addrs = resolver.table();
     let mine = fairfeed_tree::plan::node_in_trees(topo, cfg.id);
