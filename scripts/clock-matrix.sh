@@ -14,12 +14,8 @@ out=${1:?usage: clock-matrix.sh DIR [RECEIVERS] [SECONDS] [JOBS]}
 n=${2:-1000}
 secs=${3:-1}
 jobs=${4:-1}
-root=$(cd "$(dirname "$0")/.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
-bin=${FAIRFEED:-$target/release/fairfeed}
-if [ ! -x "$bin" ]; then
-  (cd "$root" && cargo build --release -p fairfeed)
-fi
+# shellcheck source=scripts/fairfeed-bin.sh
+source "$(dirname "$0")/fairfeed-bin.sh"
 base=$root/docs/models/ntp-cloud-floor.toml
 mkdir -p "$out/models"
 

@@ -19,12 +19,8 @@ messages=${3:-20000}
 target_pf=${4:-0.999}
 trees=${TREES:-1 4 8 16}
 rates=${RATES:-5000 20000 50000 100000}
-root=$(cd "$(dirname "$0")/.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
-bin=${FAIRFEED:-$target/release/fairfeed}
-if [ ! -x "$bin" ]; then
-  (cd "$root" && cargo build --release -p fairfeed)
-fi
+# shellcheck source=scripts/fairfeed-bin.sh
+source "$(dirname "$0")/fairfeed-bin.sh"
 mkdir -p "$out"
 cells=0
 for k in $trees; do for r in $rates; do cells=$((cells + 1)); done; done

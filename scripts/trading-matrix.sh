@@ -16,12 +16,8 @@ out=${1:?usage: trading-matrix.sh DIR [RECEIVERS] [MESSAGES] [SEED]}
 n=${2:-100}
 messages=${3:-6250}
 seed=${4:-1}
-root=$(cd "$(dirname "$0")/.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
-bin=${FAIRFEED:-$target/release/fairfeed}
-if [ ! -x "$bin" ]; then
-  (cd "$root" && cargo build --release -p fairfeed)
-fi
+# shellcheck source=scripts/fairfeed-bin.sh
+source "$(dirname "$0")/fairfeed-bin.sh"
 mkdir -p "$out"
 
 # cell name, then the flags that make it.
