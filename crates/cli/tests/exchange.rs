@@ -74,21 +74,7 @@ fn soup(p: PacketRepr<'_>) -> Vec<u8> {
 
 fn enter(token: u32, side: u8, qty: u32, price: i64) -> Vec<u8> {
     let mut b = Vec::new();
-    client::enter_order(
-        &client::Order {
-            token,
-            side,
-            qty,
-            symbol: "AAPL",
-            price,
-            ioc: false,
-            hidden: false,
-            stamp: None,
-            clock: None,
-            min_qty: 0,
-        },
-        &mut b,
-    );
+    client::enter_order(&client::Order { token, side, qty, symbol: "AAPL", price, ..Default::default() }, &mut b);
     b
 }
 

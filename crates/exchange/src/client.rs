@@ -27,7 +27,7 @@ pub fn login(user: &str, password: &str, sequence: u64, out: &mut Vec<u8>) {
 }
 
 /// What an Enter Order says.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Order<'a> {
     pub token: u32,
     /// `B` or `S`.

@@ -32,21 +32,7 @@ fn login(user: &str, pw: &str, seq: u64) -> Vec<u8> {
 
 fn enter(token: u32, side: u8, qty: u32, symbol: &str, price: i64) -> Vec<u8> {
     let mut b = Vec::new();
-    client::enter_order(
-        &client::Order {
-            token,
-            side,
-            qty,
-            symbol,
-            price,
-            ioc: false,
-            hidden: false,
-            stamp: None,
-            clock: None,
-            min_qty: 0,
-        },
-        &mut b,
-    );
+    client::enter_order(&client::Order { token, side, qty, symbol, price, ..Default::default() }, &mut b);
     b
 }
 
