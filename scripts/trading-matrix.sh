@@ -8,7 +8,8 @@
 #
 #   scripts/trading-matrix.sh DIR [RECEIVERS] [MESSAGES] [SEED]
 #
-# Defaults: 100 receivers, 6,250 messages (1,250 warm-up), seed 1.
+# Defaults: 100 receivers, 6,250 messages (1,250 warm-up), seed 1. Receivers ×
+# messages at most 10,000,000 (every release is kept).
 # CELLS=m1-fifo,m2-dbo,... runs only those cells. Uses
 # $CARGO_TARGET_DIR/release/fairfeed (built if absent) or $FAIRFEED if set.
 set -euo pipefail
@@ -29,7 +30,7 @@ for m in 1 2 3; do
 done
 for o in fifo dbo batch; do
   cells+=("m1-$o-cheat5|--model 1 --ordering $o --cheat-us 5")
-  cells+=("m3-$o-hold|--model 3 --ordering $o --enclave-hold-q 0.99999")
+  cells+=("m3-$o-hold|--model 3 --ordering $o --enclave-hold-q 0.999999")
 done
 cells+=("m1-batch-100us|--model 1 --ordering batch --batch-us 100")
 cells+=("m1-fifo-equal-paths|--model 1 --ordering fifo --slow-path-us 0")

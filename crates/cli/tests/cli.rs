@@ -1319,4 +1319,13 @@ fn trading_with_untrusted_receivers_writes_the_interface_summary() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("--cheat-us needs --model 1") && err.lines().count() == 1, "{err}");
+    // More releases than the simulator keeps: refused, not measured in part.
+    let o = Command::new(bin())
+        .args(["sim", "experiment", "trading", "--receivers", "2000", "--messages", "6000", "--model", "1"])
+        .args(["--out", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("over the 10000000 releases") && err.lines().count() == 1, "{err}");
 }

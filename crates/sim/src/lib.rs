@@ -30,4 +30,6 @@ pub enum SimError {
     TooFewTraders(usize),
     #[error("--cheat-us needs --model 1: in models 2 and 3 the exchange controls the release, so a firm cannot release early")]
     CheatNeedsOwnReceiver,
+    #[error("{receivers} receivers × {messages} messages is over the {max} releases the simulator keeps; ask for fewer messages")]
+    TooManyTracked { receivers: usize, messages: u64, max: usize },
 }
