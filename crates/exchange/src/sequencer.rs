@@ -23,15 +23,7 @@ pub const TAG_CLIENT_TIMESTAMP: u8 = 0xF0;
 /// The client timestamp in an OUCH 5.0 appendage, if present and well
 /// formed (and the options before it are).
 pub fn client_timestamp(appendage: &[u8]) -> Option<u64> {
-    for o in fairfeed_wire::ouch::options(appendage) {
-        let (tag, value) = o.ok()?;
-        if tag == TAG_CLIENT_TIMESTAMP {
-            if let Ok(v) = <[u8; 8]>::try_from(value) {
-                return Some(u64::from_be_bytes(v));
-            }
-        }
-    }
-    None
+    stamps(appendage).client_ns
 }
 
 /// OUCH 5.0 appendage tag carrying a DBO delivery clock

@@ -894,21 +894,36 @@ impl RaceShares {
 /// The profit shares of `races`: per race, each trader's order timestamp
 /// (`None`: it sent none); the exchange takes the earliest (seed 000 appendix C).
 pub fn race_shares(races: impl IntoIterator<Item = [Option<u64>; 4]>) -> RaceShares {
-    let (mut sum, mut sum_sq, mut wins) = ([0.0f64; 4], [0.0f64; 4], [0u64; 4]);
-    let (mut n, mut ties) = (0u64, 0u64);
-    for s in races {
-        let Some(best) = s.iter().flatten().min().copied() else { continue };
+    let (mut wins, mut ties) = ([0u64; 4], 0u64);
+    let credits = races.into_iter().filter_map(|s| {
+        let best = s.iter().flatten().min().copied()?;
         let at: Vec<usize> = (0..4).filter(|&k| s[k] == Some(best)).collect();
-        n += 1;
         if at.len() > 1 {
             ties += 1;
         } else {
             wins[at[0]] += 1;
         }
-        let credit = 1.0 / at.len() as f64;
+        let mut c = [0.0; 4];
         for &k in &at {
-            sum[k] += credit;
-            sum_sq[k] += credit * credit;
+            c[k] = 1.0 / at.len() as f64;
+        }
+        Some(c)
+    });
+    let r = credit_shares(credits);
+    RaceShares { wins, ties, ..r }
+}
+
+/// Profit shares from each opportunity's credit per trader (what each got
+/// of it; the four sum to 1), with their 95 % intervals (normal
+/// approximation: 1.96 standard errors of the per-opportunity credit).
+/// `wins` and `ties` are left at zero.
+pub fn credit_shares(credits: impl IntoIterator<Item = [f64; 4]>) -> RaceShares {
+    let (mut sum, mut sum_sq, mut n) = ([0.0f64; 4], [0.0f64; 4], 0u64);
+    for c in credits {
+        n += 1;
+        for k in 0..4 {
+            sum[k] += c[k];
+            sum_sq[k] += c[k] * c[k];
         }
     }
     let nf = n.max(1) as f64;
@@ -918,7 +933,7 @@ pub fn race_shares(races: impl IntoIterator<Item = [Option<u64>; 4]>) -> RaceSha
         let var = (sum_sq[k] / nf - shares[k] * shares[k]).max(0.0);
         ci95[k] = 1.96 * (var / nf).sqrt();
     }
-    RaceShares { shares, ci95, wins, races: n, ties }
+    RaceShares { shares, ci95, wins: [0; 4], races: n, ties: 0 }
 }
 
 /// One scheme of the trading-fairness experiment (seed 000 §9.4, table 2).

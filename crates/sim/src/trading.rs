@@ -53,7 +53,7 @@ use rand_distr::{Distribution, LogNormal};
 use serde::Serialize;
 
 use crate::engine::{percentile, run, SimConfig, TrackedRelease};
-use crate::experiment::{heuristic_tree, sim_base, FairnessConfig, RaceShares};
+use crate::experiment::{credit_shares, heuristic_tree, sim_base, FairnessConfig, RaceShares};
 use crate::model::LOCAL_EPOCH_NS;
 use crate::SimError;
 
@@ -599,25 +599,6 @@ fn batch_credits(
         .collect()
 }
 
-/// Profit shares and their 95 % intervals from per-opportunity credits.
-fn shares(credits: &[[f64; 4]]) -> RaceShares {
-    let (mut sum, mut sq, mut n) = ([0.0f64; 4], [0.0f64; 4], 0u64);
-    for c in credits.iter().filter(|c| !c[0].is_nan()) {
-        n += 1;
-        for k in 0..4 {
-            sum[k] += c[k];
-            sq[k] += c[k] * c[k];
-        }
-    }
-    let nf = n.max(1) as f64;
-    let shares = sum.map(|x| x / nf);
-    let mut ci95 = [0.0; 4];
-    for k in 0..4 {
-        ci95[k] = 1.96 * ((sq[k] / nf - shares[k] * shares[k]).max(0.0) / nf).sqrt();
-    }
-    RaceShares { shares, ci95, wins: [0; 4], races: n, ties: 0 }
-}
-
 fn window_stats(w: &[(u64, u64, u32)], complete: u32, warmup: u64) -> (f64, f64, f64, f64) {
     let mut spans: Vec<u64> =
         w.iter().skip(warmup as usize + 1).filter(|x| x.2 == complete && complete > 0).map(|x| x.1 - x.0).collect();
@@ -697,7 +678,7 @@ fn summarize(
     oml.sort_unstable();
     let mut holds = ex.holds.clone();
     holds.sort_unstable();
-    let sh = shares(&ex.credits);
+    let sh = credit_shares(ex.credits.iter().copied().filter(|c| !c[0].is_nan()));
     let firms = firm_rows(traders, &sh, ex, paths, sent, cheating);
     TradingSummary {
         receivers: n,
