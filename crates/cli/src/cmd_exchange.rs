@@ -333,8 +333,9 @@ const CONFIG_HELP: &[(&str, &str)] = &[
     ("sequencing_window_ns", "hold orders this long and hand them to engines in client-timestamp order; 0 = off; at most 1 s"),
     (
         "ordering",
-        "fifo (default: arrival order, or client-timestamp order with sequencing_window_ns), dbo (delivery-based ordering: by the (data sequence, response time) clock each order carries in OUCH appendage tag 0xF1, each order held at most dbo_bound_ns; orders without one rank at their firm's last clock) or batch (frequent batch auctions: refused here, the live engine has no call auction yet; `fairfeed sim experiment trading --ordering batch` models it)",
+        "fifo (default: arrival order, or client-timestamp order with sequencing_window_ns), dbo (delivery-based ordering: by the (data sequence, response time) clock each order carries in OUCH appendage tag 0xF1, each order held at most dbo_bound_ns; orders without one rank at their firm's last clock) or batch (frequent batch auctions: every order of a batch_us interval is cleared together, one uniform-price call auction per symbol against the book; within a batch arrival time does not matter, and at the marginal price the batch's orders share pro rata; a minimum quantity is refused; ITCH shows each displayed resting order's fill as C Order Executed With Price and the auction as one Q Cross Trade, type I)",
     ),
+    ("batch_us", "with ordering = \"batch\": the batch interval, 1..=1,000,000 us; batches end at its multiples on the wall clock"),
     ("dbo_bound_ns", "with ordering = \"dbo\": the longest an order waits for better-ranked ones, 1 us..=1 s; set it to the spread of the firms' order-path delays (orders that arrive after it are released at once and counted late)"),
     (
         "out_buffer_max_bytes",

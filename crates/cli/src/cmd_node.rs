@@ -618,6 +618,13 @@ pub struct ReceiverArgs {
     /// With --snapshot: a file holding the password (its first line).
     #[arg(long, value_name = "FILE", requires = "snapshot")]
     snapshot_password_file: Option<PathBuf>,
+    /// TEST MODE — cheat: release every message this many µs before its
+    /// deadline (0..=1,000), as a firm running its own receiver could; it
+    /// exists only to test the exchange's cheat detector (issue 44). Logged
+    /// loudly at start; the release log still shows the sender's deadlines.
+    #[arg(long, default_value_t = 0, value_name = "US",
+          value_parser = clap::value_parser!(u64).range(0..=fairfeed_tree::node::RELEASE_LEAD_MAX_NS / 1_000))]
+    cheat_us: u64,
 }
 
 /// The shard map in `p` for a topology of `trees` trees; one line names a bad entry.
@@ -1006,6 +1013,15 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     });
     let mut cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
     cfg.node.order = ReleaseOrder::Sequence { gap_wait_ns: a.gap_wait_us * 1_000 };
+    cfg.node.release_lead_ns = a.cheat_us * 1_000;
+    if a.cheat_us > 0 {
+        tracing::warn!(
+            "receiver {}: --cheat-us {}: TEST MODE, releasing every message {} µs before its deadline",
+            a.common.id,
+            a.cheat_us,
+            a.cheat_us
+        );
+    }
     if let Some(p) = &a.shard_map {
         cfg.shards.map = load_shard_map(p, cfg.topology.trees.len())?;
     }

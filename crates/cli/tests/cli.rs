@@ -876,9 +876,10 @@ fn bad_exchange_configs_are_refused_before_anything_starts() {
         ("\"NVDA\"]", "\"SIXTEENCHARSYMBL\"]", "SIXTEENCHARSYMBL"),
         ("session = \"FFSESSION1\"", "session = \"SEVENTEENCHARNAME\"", "gateway.session"),
         ("[[\"FF0001\", \"secret\"]]", "[[\"TOOLONGUSER\", \"secret\"]]", "gateway.users"),
-        // Issue 44's orderings: dbo needs its bound, batch is not in the live engine.
+        // Issue 44's orderings: dbo needs its bound, batch its interval.
         ("ordering = \"fifo\"", "ordering = \"dbo\"", "dbo_bound_ns"),
-        ("ordering = \"fifo\"", "ordering = \"batch\"", "call auctions"),
+        ("ordering = \"fifo\"", "ordering = \"batch\"", "batch_us"),
+        ("batch_us = 0", "batch_us = 100", "batch_us is set"),
         ("ordering = \"fifo\"", "ordering = \"random\"", "unknown variant `random`"),
         ("dbo_bound_ns = 0", "dbo_bound_ns = 5000", "dbo_bound_ns"),
     ] {

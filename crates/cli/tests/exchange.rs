@@ -423,6 +423,13 @@ fn the_ordering_settings_are_checked() {
     }
     let both = ExchangeConfig { sequencing_window_ns: 10, ..dbo(5_000) };
     assert!(both.validate().unwrap_err().to_string().contains("exclude each other"));
+    let batch = |us| ExchangeConfig { ordering: OrderingKind::Batch, batch_us: us, ..ExchangeConfig::default() };
+    assert!(batch(1).validate().is_ok() && batch(1_000_000).validate().is_ok());
+    for bad in [0, 1_000_001] {
+        assert!(batch(bad).validate().unwrap_err().to_string().contains("batch_us"), "{bad}");
+    }
+    let stray = ExchangeConfig { batch_us: 100, ..ExchangeConfig::default() };
+    assert!(stray.validate().unwrap_err().to_string().contains("batch_us is set but ordering is \"fifo\""));
 }
 
 #[test]
@@ -432,6 +439,108 @@ fn dbo_lets_the_faster_response_win_although_it_arrived_later() {
     assert_eq!(race(0, 300_000_000), (0, 100), "dbo: ranked by (data 5, response)");
     // A bound shorter than the far client's extra 50 ms: arrival order again.
     assert_eq!(race(0, 1_000_000), (100, 0), "dbo with a 1-ms bound: the near order had gone");
+}
+
+/// Goal (issue 44): the live exchange runs frequent batch auctions — two
+/// firms that lift one resting offer in the same batch share it equally,
+/// whichever arrived first, at one price; the ITCH line shows the auction
+/// (the resting order's fill as `C`, then one `Q` Cross Trade). Method: a
+/// market maker rests 100 shares on each of two symbols; just after a
+/// batch boundary two firms each bid 100 on both, 20 ms apart; each firm's
+/// fills and the ITCH line are read. Run on both pipelines, with two
+/// engines (the symbols on different shards).
+fn batch_race(pipeline: fairfeed_net::exchange::live::Pipeline) {
+    use fairfeed_net::exchange::live::{Exchange, ExchangeConfig, OrderingKind};
+    use fairfeed_wire::itch::Message;
+    use fairfeed_wire::moldudp64::Packet;
+    const BATCH_US: u64 = 200_000;
+    let itch = UdpSocket::bind("127.0.0.1:0").unwrap();
+    itch.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let cfg = ExchangeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        gateway: fairfeed_exchange::gateway::GatewayConfig {
+            users: vec![("MM".into(), "m".into()), ("NEAR".into(), "n".into()), ("FAR".into(), "f".into())],
+            symbols: vec!["AAPL".into(), "MSFT".into()],
+            ..Default::default()
+        },
+        limits: fairfeed_exchange::engine::Limits { symbols: 2, orders: 1_000, ..Default::default() },
+        engines: 2,
+        itch_a: Some(itch.local_addr().unwrap()),
+        ordering: OrderingKind::Batch,
+        batch_us: BATCH_US,
+        pipeline,
+        ..ExchangeConfig::default()
+    };
+    cfg.validate().unwrap();
+    let x = Exchange::start(cfg).unwrap();
+    let connect = |u: &str, p: &str| {
+        let mut s = TcpStream::connect(x.addr).unwrap();
+        let mut b = Vec::new();
+        client::login(u, p, 0, &mut b);
+        s.write_all(&b).unwrap();
+        s
+    };
+    let orders = |first: u32, side| {
+        let mut b = Vec::new();
+        for (k, symbol) in ["AAPL", "MSFT"].into_iter().enumerate() {
+            let o = client::Order {
+                token: first + k as u32,
+                side,
+                qty: 100,
+                symbol,
+                price: 1_000_000,
+                ..Default::default()
+            };
+            client::enter_order(&o, &mut b);
+        }
+        b
+    };
+    let mut mm = connect("MM", "m");
+    mm.write_all(&orders(1, b'S')).unwrap();
+    assert_eq!(read_messages(&mut mm, 2).len(), 2, "the two offers accepted at their batch's end");
+    let (mut near, mut far) = (connect("NEAR", "n"), connect("FAR", "f"));
+    // Just after a batch boundary, so that both bids fall in one batch.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let interval = BATCH_US * 1_000;
+    std::thread::sleep(Duration::from_nanos(interval - now % interval + 20_000_000));
+    near.write_all(&orders(7, b'B')).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    far.write_all(&orders(9, b'B')).unwrap();
+    let fills = |s: &mut TcpStream| -> Vec<(u32, i64)> {
+        read_messages_for(s, 4, Duration::from_secs(3))
+            .iter()
+            .filter_map(|m| match outbound::Message::parse(m) {
+                Ok(outbound::Message::OrderExecuted(e)) => Some((e.quantity(), e.price().0)),
+                _ => None,
+            })
+            .collect()
+    };
+    let (n, f) = (fills(&mut near), fills(&mut far));
+    let _ = x.finish();
+    assert_eq!(n, vec![(50, 1_000_000), (50, 1_000_000)], "near: half of each offer, at the one price");
+    assert_eq!(f, n, "far, 20 ms later in the same batch: the same");
+    let (mut crosses, mut with_price) = (Vec::new(), 0);
+    let mut buf = [0u8; 2048];
+    while let Ok(len) = itch.recv(&mut buf) {
+        let Ok(p) = Packet::new_checked(&buf[..len]) else { continue };
+        for m in p.messages().flatten() {
+            match Message::parse(m) {
+                Ok(Message::CrossTrade(q)) => crosses.push((q.stock_locate(), q.shares(), q.cross_type())),
+                Ok(Message::OrderExecutedWithPrice(c)) => with_price += u64::from(c.executed_shares()),
+                _ => {}
+            }
+        }
+    }
+    crosses.sort_unstable();
+    assert_eq!(crosses, vec![(1, 100, b'I'), (2, 100, b'I')], "one intraday cross per symbol on the feed");
+    assert_eq!(with_price, 200, "the offers' fills, at the clearing price");
+}
+
+#[test]
+fn a_batch_auction_shares_a_stale_offer_between_the_firms_in_it() {
+    use fairfeed_net::exchange::live::Pipeline;
+    batch_race(Pipeline::RunToCompletion);
+    batch_race(Pipeline::Threaded);
 }
 
 /// A TCP connection to `port` from loopback address `from` (another client,

@@ -1,5 +1,6 @@
 //! The matching core's throughput on one thread: a mixed flow of limit orders
-//! around a moving mid, cancels and IOCs over 16 symbols.
+//! around a moving mid, cancels and IOCs over 16 symbols — continuous, and
+//! cleared as frequent batch auctions.
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fairfeed_exchange::engine::{Command, Engine, Limits, NewOrder, Side, Tif};
 use rand::{Rng, SeedableRng};
@@ -50,6 +51,19 @@ fn bench(c: &mut Criterion) {
             let mut n = 0u64;
             for c in &cmds {
                 e.handle(*c, &mut |_| n += 1);
+            }
+            n
+        })
+    });
+    // The same flow as frequent batch auctions of 100 commands (ordering
+    // `batch`): one call auction per symbol per batch instead of matching
+    // each order on arrival — the cost of the third fairness definition.
+    g.bench_function("mixed_flow_1M_batches_of_100", |b| {
+        b.iter(|| {
+            let mut e = Engine::new(Limits { symbols: 16, ..Limits::default() }, 0, 1);
+            let mut n = 0u64;
+            for batch in cmds.chunks(100) {
+                e.handle_batch(batch, &mut |_| n += 1);
             }
             n
         })

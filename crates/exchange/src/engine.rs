@@ -20,6 +20,8 @@
 
 use crate::tokens::TokenIndex;
 
+mod batch;
+
 /// Price in ITCH's 4 implied decimals ($1.00 = 10,000).
 pub type Price = u32;
 /// Shares.
@@ -239,6 +241,21 @@ pub enum Event {
         taker_side: Side,
         /// The resting order is not displayed (ITCH Trade instead of Order Executed).
         maker_hidden: bool,
+        /// Part of a batch's call auction ([`Engine::handle_batch`]): at the
+        /// batch's one clearing `price`, which may differ from the resting
+        /// order's own (ITCH Order Executed With Price, non-printable: the
+        /// volume prints once in the [`Event::Cross`] that follows). When
+        /// neither side rested, the "maker" is the batch's sell order and
+        /// `maker_hidden` is set (nothing of it is on the feed's book).
+        auction: bool,
+    },
+    /// A batch's call auction cleared `qty` shares of `symbol` at `price`
+    /// (ITCH Cross Trade, type `I`); its executions came just before it.
+    Cross {
+        symbol: u16,
+        match_num: u64,
+        price: Price,
+        qty: u64,
     },
     /// Shares of an order left the book or were never booked (ITCH Cancel
     /// when `left > 0`, Delete when `left == 0` and the order was booked).
@@ -343,6 +360,10 @@ pub struct EngineStats {
     /// Price levels at which an incoming order passed by resting orders whose
     /// minimum its remaining shares did not meet.
     pub min_qty_passed: u64,
+    /// Batches cleared ([`Engine::handle_batch`]) and the call auctions in
+    /// them that traded (one per symbol with a clearing price).
+    pub batches: u64,
+    pub auctions: u64,
 }
 
 /// The books of one engine (one shard of the symbols).
@@ -355,6 +376,9 @@ pub struct Engine {
     next_ref: u64,
     ref_stride: u64,
     next_match: u64,
+    /// Per symbol: the last call auction's price (0: none yet), the next
+    /// auction's reference among equally good prices.
+    auction_ref: Vec<Price>,
     pub stats: EngineStats,
 }
 
@@ -374,6 +398,7 @@ fn crosses(side: Side, limit: Price, resting: Price) -> bool {
 }
 
 /// An incoming order while it matches.
+#[derive(Debug, Clone, Copy)]
 struct Taker {
     ref_num: u64,
     client: u32,
@@ -410,6 +435,7 @@ impl Engine {
             next_ref: shard + 1,
             ref_stride: shards,
             next_match: shard + 1,
+            auction_ref: vec![0; limits.symbols + 1],
             stats: EngineStats::default(),
         }
     }
@@ -724,6 +750,7 @@ impl Engine {
             taker_token: t.token,
             taker_side: t.side,
             maker_hidden: m.hidden,
+            auction: false,
         });
         if left > 0 {
             return false;

@@ -821,7 +821,7 @@ impl Gateway {
                     send(self, client, m);
                 }
             }
-            Event::Booked { .. } => {}
+            Event::Booked { .. } | Event::Cross { .. } => {}
         }
     }
 

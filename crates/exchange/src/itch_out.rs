@@ -6,14 +6,17 @@
 //! resting order executed → `E` Order Executed (the incoming side of a trade
 //! is not shown, as on NASDAQ); shares canceled from a resting order → `X`
 //! Order Cancel, or `D` Order Delete when none are left; a resting order
-//! replaced in place → `U` Order Replace. Accepted, rejected and
+//! replaced in place → `U` Order Replace; a batch's call auction (ordering
+//! `batch`) → `C` Order Executed With Price (non-printable) per fill of a
+//! displayed resting order, then one `Q` Cross Trade (type `I`) with its
+//! price and volume. Accepted, rejected and
 //! immediate-or-cancel remainders never touched the book and publish nothing.
 //! The day is framed by `S` System Events (O, S, Q at the open; M, E, C at the
 //! close) and a `R` Stock Directory message per symbol.
 
 use fairfeed_wire::itch::{
-    AddOrderRepr, MessageRepr, OrderCancelRepr, OrderDeleteRepr, OrderExecutedRepr, OrderReplaceRepr,
-    StockDirectoryRepr, SystemEventRepr, TradeRepr, MESSAGE_LEN_MAX,
+    AddOrderRepr, CrossTradeRepr, MessageRepr, OrderCancelRepr, OrderDeleteRepr, OrderExecutedRepr,
+    OrderExecutedWithPriceRepr, OrderReplaceRepr, StockDirectoryRepr, SystemEventRepr, TradeRepr, MESSAGE_LEN_MAX,
 };
 use fairfeed_wire::moldudp64::{PacketBuilder, PacketRepr, Session, COUNT_END_OF_SESSION, PACKET_LEN_DEFAULT_MAX};
 use fairfeed_wire::{Alpha, Price4, Stock, Timestamp48};
@@ -197,6 +200,38 @@ impl ItchWriter {
         hb
     }
 
+    /// A call auction's messages: a displayed resting order's fill as Order
+    /// Executed With Price (non-printable, at the clearing price); the other
+    /// fills show only in the Cross Trade that closes the auction.
+    fn auction(&self, ts: Timestamp48, ev: &Event) -> Option<MessageRepr> {
+        Some(match *ev {
+            Event::Executed { maker_hidden: true, .. } => return None,
+            Event::Executed { symbol, match_num, qty, price, maker_ref, .. } => {
+                MessageRepr::OrderExecutedWithPrice(OrderExecutedWithPriceRepr {
+                    stock_locate: symbol,
+                    tracking_number: 0,
+                    timestamp: ts,
+                    order_ref: maker_ref,
+                    executed_shares: qty,
+                    match_number: match_num,
+                    printable: b'N',
+                    execution_price: Price4(price),
+                })
+            }
+            Event::Cross { symbol, match_num, price, qty } => MessageRepr::CrossTrade(CrossTradeRepr {
+                stock_locate: symbol,
+                tracking_number: 0,
+                timestamp: ts,
+                shares: qty,
+                stock: self.stock(symbol),
+                cross_price: Price4(price),
+                match_number: match_num,
+                cross_type: b'I',
+            }),
+            _ => return None,
+        })
+    }
+
     /// Adds the messages `ev` calls for.
     pub fn on_event(&mut self, now_ns: u64, ev: &Event) {
         let ts = Self::ts(now_ns);
@@ -215,6 +250,9 @@ impl ItchWriter {
                 stock: self.stock(symbol),
                 price: Price4(price),
             }),
+            Event::Executed { auction: true, .. } | Event::Cross { .. } => {
+                return self.auction(ts, ev).into_iter().for_each(|m| self.push(m))
+            }
             // Its executions are anonymous Trade messages (order reference 0,
             // as NASDAQ sends them), the side being the resting order's.
             Event::Executed { symbol, match_num, qty, price, taker_side, maker_hidden: true, .. } => {

@@ -18,6 +18,7 @@
 
 pub mod addr;
 pub mod auth;
+pub mod deadlines;
 pub mod dedup;
 pub mod ingress;
 pub mod merge;

@@ -112,7 +112,17 @@ pub struct NodeConfig {
     /// The order a receiver releases in.
     #[serde(default)]
     pub order: ReleaseOrder,
+    /// A receiver releases this long before each deadline — a **cheat**,
+    /// for testing only (`fairfeed receiver --cheat-us`): what a firm that
+    /// runs its own receiver could do, and what the exchange's cheat
+    /// detector (`fairfeed_exchange::cheat`) must catch. 0 for every honest
+    /// node. Releases still report the deadline the sender set.
+    #[serde(default)]
+    pub release_lead_ns: u64,
 }
+
+/// The largest release lead a (cheating, test-mode) receiver takes, ns.
+pub const RELEASE_LEAD_MAX_NS: u64 = 1_000_000;
 
 /// The order a receiver releases messages in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -151,6 +161,7 @@ impl Default for NodeConfig {
             owd_quantile: 0.95,
             hold_and_release: true,
             order: ReleaseOrder::Deadline,
+            release_lead_ns: 0,
         }
     }
 }
@@ -750,9 +761,12 @@ struct Hold {
     /// What the held set is ordered by: the deadline, or (in sequence
     /// order) the sequence.
     key: u64,
+    /// When it falls due: the deadline (less a cheat's lead), or its arrival when not holding.
     deadline_ns: u64,
     sequence: u64,
     arrival_ns: u64,
+    /// The deadline the sender set (what the release reports).
+    stated_deadline_ns: u64,
     send_ns: u64,
     flags: u8,
     payload: Payload,
@@ -896,12 +910,14 @@ impl Receiver {
         if self.sync.usable(raw) {
             self.tail.record(h.sequence, owd.max(0) as u64);
         }
-        let deadline_ns = if self.cfg.hold_and_release { h.deadline_ns } else { now };
+        let deadline_ns =
+            if self.cfg.hold_and_release { h.deadline_ns.saturating_sub(self.cfg.release_lead_ns) } else { now };
         let hold = Hold {
             key: deadline_ns,
             deadline_ns,
             sequence: h.sequence,
             arrival_ns: now,
+            stated_deadline_ns: if self.cfg.hold_and_release { h.deadline_ns } else { now },
             send_ns: h.send_ns,
             flags: h.flags,
             payload: Payload::from_slice(payload),
@@ -1019,7 +1035,7 @@ impl Receiver {
             flags: h.flags,
             sequence: h.sequence,
             payload: h.payload,
-            deadline_ns: h.deadline_ns,
+            deadline_ns: h.stated_deadline_ns,
             arrival_ns: h.arrival_ns,
             send_ns: h.send_ns,
             late,
@@ -1373,5 +1389,29 @@ mod tests {
         let mut s = Node::Sender(Box::new(sender));
         assert_eq!(s.handle_packet(2_300, &mut b, &mut fwd), Outcome::Refused(Refusal::Unexpected));
         assert_eq!((s.id(), proxy.id(), rx.id()), (9, 5, 1));
+    }
+
+    /// A cheating receiver (test mode) releases its lead before the
+    /// deadline and still reports the deadline the sender set; an honest one
+    /// holds to it.
+    #[test]
+    fn a_cheating_receiver_releases_its_lead_early() {
+        let cfg = NodeConfig { initial_owd_ns: 100_000, ..NodeConfig::default() };
+        let mut sender = Sender::new(9, vec![1, 2], cfg, DeadlineRule::Paper { margin_ns: 0 });
+        let mut out = Sent::default();
+        sender.handle_message(1_000_000, b"hello", &mut out);
+        let deadline = 1_000_000 + sender.deadline_offset_ns();
+        let mut honest = Receiver::new(1, 9, cfg);
+        let mut cheat = Receiver::new(2, 9, NodeConfig { release_lead_ns: 5_000, ..cfg });
+        for (rx, copy) in [(&mut honest, &out.0[0].1), (&mut cheat, &out.0[1].1)] {
+            rx.handle_packet(1_010_000, copy);
+        }
+        assert_eq!(cheat.next_timeout(), deadline - 5_000);
+        assert_eq!(honest.next_timeout(), deadline);
+        cheat.release_due(deadline - 5_000);
+        honest.release_due(deadline - 5_000);
+        assert!(honest.poll_release().is_none(), "the honest receiver holds to the deadline");
+        let r = cheat.poll_release().expect("the cheat has released");
+        assert_eq!((r.deadline_ns, r.due_ns, r.late), (deadline, deadline - 5_000, false));
     }
 }

@@ -160,6 +160,18 @@ impl OperatorKey {
         m
     }
 
+    /// A tag over `body` in `domain` (a message type of its own, e.g. the
+    /// sender's deadline records).
+    pub fn tag(&self, domain: &[u8], body: &[u8]) -> [u8; MAC_LEN] {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(&(domain.len() as u64).to_le_bytes());
+        h.update(domain);
+        h.update(body);
+        let mut m = [0u8; MAC_LEN];
+        m.copy_from_slice(&h.finalize().as_bytes()[..MAC_LEN]);
+        m
+    }
+
     fn reply_mac(&self, nonce: &[u8; NONCE_LEN], body: &[u8]) -> [u8; MAC_LEN] {
         let mut h = blake3::Hasher::new_keyed(&self.0);
         h.update(REPLY_PREFIX.as_bytes());

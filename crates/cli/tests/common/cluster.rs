@@ -168,6 +168,18 @@ impl Cluster {
             .collect()
     }
 
+    /// Receiver `id`'s release log: (sequence, the sender's deadline, release instant), ns.
+    pub fn release_rows(&self, id: u32) -> Vec<(u64, u64, u64)> {
+        let text = std::fs::read_to_string(self.path(&format!("log-{id}.csv"))).unwrap();
+        text.lines()
+            .skip(1)
+            .map(|l| {
+                let f: Vec<u64> = l.split(',').map(|x| x.parse().unwrap()).collect();
+                (f[0], f[2], f[4])
+            })
+            .collect()
+    }
+
     /// Rows of receiver `id` whose release came before their deadline.
     pub fn early_releases(&self, id: u32) -> usize {
         let text = std::fs::read_to_string(self.path(&format!("log-{id}.csv"))).unwrap();

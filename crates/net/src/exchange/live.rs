@@ -88,14 +88,19 @@ pub struct ExchangeConfig {
     /// How orders are ordered before matching: `fifo` (arrival; with
     /// `sequencing_window_ns`, client-timestamp order within the window),
     /// `dbo` (by the delivery clock each order carries, OUCH appendage tag
-    /// 0xF1, each held at most `dbo_bound_ns`) or `batch` (frequent batch
-    /// auctions; not in the live engine yet — the simulator models it).
+    /// 0xF1, each held at most `dbo_bound_ns`) or `batch` (a frequent batch
+    /// auction every `batch_us`: one uniform-price call auction per symbol,
+    /// `fairfeed_exchange::engine::Engine::handle_batch`).
     #[serde(default)]
     pub ordering: OrderingKind,
     /// DBO's hold bound: the spread of the firms' order-path delays (see
     /// `fairfeed_exchange::ordering::hold_bound_ns`), 1 µs..=1 s.
     #[serde(default)]
     pub dbo_bound_ns: u64,
+    /// Batch ordering's interval, µs (1..=1,000,000): batches end at the
+    /// multiples of it on the exchange's wall clock.
+    #[serde(default)]
+    pub batch_us: u64,
     /// Bytes queued for one client at most: a client that does not read what
     /// it is sent is closed at this limit (counted `slow_reader_closes`).
     #[serde(default = "out_buffer_default_max")]
@@ -297,40 +302,45 @@ impl ExchangeConfig {
     /// `ordering` with the keys it needs.
     fn validate_ordering(&self) -> Result<(), ConfigError> {
         let bad = |key: &'static str, message: String| Err(ConfigError { key, message });
-        let g = &self.gateway;
-        match self.ordering {
-            OrderingKind::Fifo if self.dbo_bound_ns != 0 => {
-                return bad("dbo_bound_ns", "dbo_bound_ns is set but ordering is not \"dbo\"".into());
-            }
-            OrderingKind::Fifo => {}
-            OrderingKind::Dbo if self.sequencing_window_ns != 0 => {
-                return bad(
-                    "sequencing_window_ns",
-                    "sequencing_window_ns (client-timestamp order) and ordering = \"dbo\" exclude each other".into(),
-                );
-            }
-            OrderingKind::Dbo if !(1_000..=1_000_000_000).contains(&self.dbo_bound_ns) => {
-                return bad(
-                    "dbo_bound_ns",
-                    format!("ordering = \"dbo\" needs dbo_bound_ns in 1 µs..=1 s, got {}", self.dbo_bound_ns),
-                );
-            }
-            OrderingKind::Dbo if g.users.len() > ORDERING_FIRMS_MAX => {
-                return bad("ordering", format!("ordering = \"dbo\" tracks at most {ORDERING_FIRMS_MAX} users"));
-            }
-            OrderingKind::Dbo => {}
-            OrderingKind::Batch => {
-                return bad(
-                    "ordering",
-                    "ordering = \"batch\" needs call auctions in the matching engine, which the live exchange \
-                     does not run yet (`fairfeed sim experiment trading --ordering batch` models it)"
-                        .into(),
-                );
-            }
+        let name = match self.ordering {
+            OrderingKind::Fifo => "fifo",
+            OrderingKind::Dbo => "dbo",
+            OrderingKind::Batch => "batch",
+        };
+        if self.dbo_bound_ns != 0 && self.ordering != OrderingKind::Dbo {
+            return bad("dbo_bound_ns", format!("dbo_bound_ns is set but ordering is \"{name}\", not \"dbo\""));
         }
-        Ok(())
+        if self.batch_us != 0 && self.ordering != OrderingKind::Batch {
+            return bad("batch_us", format!("batch_us is set but ordering is \"{name}\", not \"batch\""));
+        }
+        if self.ordering == OrderingKind::Fifo {
+            return Ok(());
+        }
+        if self.sequencing_window_ns != 0 {
+            return bad(
+                "sequencing_window_ns",
+                format!("sequencing_window_ns (client-timestamp order) and ordering = \"{name}\" exclude each other"),
+            );
+        }
+        if self.gateway.users.len() > ORDERING_FIRMS_MAX {
+            return bad("ordering", format!("ordering = \"{name}\" tracks at most {ORDERING_FIRMS_MAX} users"));
+        }
+        match self.ordering {
+            OrderingKind::Dbo if !(1_000..=1_000_000_000).contains(&self.dbo_bound_ns) => bad(
+                "dbo_bound_ns",
+                format!("ordering = \"dbo\" needs dbo_bound_ns in 1 µs..=1 s, got {}", self.dbo_bound_ns),
+            ),
+            OrderingKind::Batch if !(1..=BATCH_US_MAX).contains(&self.batch_us) => bad(
+                "batch_us",
+                format!("ordering = \"batch\" needs batch_us in 1..={BATCH_US_MAX} (µs), got {}", self.batch_us),
+            ),
+            _ => Ok(()),
+        }
     }
 }
+
+/// The longest batch interval the live exchange takes, µs (1 s).
+pub const BATCH_US_MAX: u64 = 1_000_000;
 
 impl Default for ExchangeConfig {
     fn default() -> Self {
@@ -346,6 +356,7 @@ impl Default for ExchangeConfig {
             sequencing_window_ns: 0,
             ordering: OrderingKind::Fifo,
             dbo_bound_ns: 0,
+            batch_us: 0,
             out_buffer_max_bytes: OUT_BUFFER_DEFAULT_MAX,
             itch_heartbeat_ns: ITCH_HEARTBEAT_DEFAULT_NS,
             itch_journal_max_bytes: JOURNAL_BYTES_DEFAULT,
@@ -391,6 +402,16 @@ pub struct ExchangeReport {
 struct Cmd {
     cmd: Command,
     t0: u64,
+    batch: InBatch,
+}
+
+/// Where a command stands in a batch (ordering `batch`): an engine gathers
+/// the parts and clears them in one call auction at the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InBatch {
+    No,
+    Part,
+    Last,
 }
 
 /// Wakes a parked consumer thread after a push (the thread parks only after
@@ -566,13 +587,7 @@ impl Exchange {
             gw: Gateway::new(cfg.gateway.clone()),
             matching,
             me,
-            order: match cfg.ordering {
-                OrderingKind::Dbo => Orderer::Dbo(Box::new(OrderingBuffer::new(
-                    OrderingMode::Dbo { bound_ns: cfg.dbo_bound_ns },
-                    cfg.gateway.users.len(),
-                ))),
-                _ => Orderer::Window(Sequencer::new(cfg.sequencing_window_ns)),
-            },
+            order: Orderer::new(&cfg),
             engines: cfg.engines,
             out_max: cfg.out_buffer_max_bytes,
             idle: strategy,
@@ -583,6 +598,7 @@ impl Exchange {
             by_user: Vec::new(),
             listener_resume_ns: 0,
             due: Vec::new(),
+            batch: Vec::new(),
         };
         let name = if pipeline == Pipeline::Threaded { "gateway" } else { "exchange" };
         threads.push(thread::Builder::new().name(name.into()).spawn(move || gateway_loop(g))?);
@@ -702,6 +718,8 @@ fn engine_loop(
     let EngineLoop { limits, shard, n, stop, start, asleep, pw, gwk, metrics, idle: strategy } = lp;
     let mut e = Engine::new(limits, shard as u64, n);
     let mut batch: Vec<Event> = Vec::with_capacity(64);
+    // The parts of the batch being gathered (ordering `batch`).
+    let mut in_batch: Vec<Command> = Vec::new();
     let mut idler = Idler::new(strategy);
     // Published at most every PUBLISH_NS while busy, and before parking
     // (a parked engine's counters do not change).
@@ -724,7 +742,18 @@ fn engine_loop(
         idler.busy();
         let t1 = ns(start);
         batch.clear();
-        e.handle(c.cmd, &mut |ev| batch.push(ev));
+        match c.batch {
+            InBatch::No => e.handle(c.cmd, &mut |ev| batch.push(ev)),
+            InBatch::Part => {
+                in_batch.push(c.cmd);
+                continue;
+            }
+            InBatch::Last => {
+                in_batch.push(c.cmd);
+                e.handle_batch(&in_batch, &mut |ev| batch.push(ev));
+                in_batch.clear();
+            }
+        }
         let t2 = ns(start);
         let k = batch.len();
         for (i, ev) in batch.iter().enumerate() {
@@ -1023,19 +1052,36 @@ struct GatewayLoop {
     /// After a failed `accept`, when the listener is watched again (ns since
     /// `start`; 0: it is watched).
     listener_resume_ns: u64,
-    /// Commands the orderer released, reused.
-    due: Vec<Command>,
+    /// Commands the orderer released (with their batch), reused.
+    due: Vec<(Command, Option<u64>)>,
+    /// One batch's commands for one engine, reused.
+    batch: Vec<Command>,
 }
 
 /// The order commands reach matching in (config `ordering`).
 enum Orderer {
     /// FIFO; with a window, client-timestamp order within it (CloudEx).
     Window(Sequencer),
-    /// DBO: by delivery clock, each order held at most the bound.
-    Dbo(Box<OrderingBuffer<Command>>),
+    /// DBO (by delivery clock, each order held at most the bound) or batch
+    /// (every order of one interval together, cleared in one call auction).
+    Buffer(Box<OrderingBuffer<Command>>),
 }
 
 impl Orderer {
+    fn new(cfg: &ExchangeConfig) -> Self {
+        let firms = cfg.gateway.users.len();
+        match cfg.ordering {
+            OrderingKind::Dbo => {
+                Orderer::Buffer(Box::new(OrderingBuffer::new(OrderingMode::Dbo { bound_ns: cfg.dbo_bound_ns }, firms)))
+            }
+            OrderingKind::Batch => Orderer::Buffer(Box::new(OrderingBuffer::new(
+                OrderingMode::Batch { interval_ns: cfg.batch_us * 1_000 },
+                firms,
+            ))),
+            OrderingKind::Fifo => Orderer::Window(Sequencer::new(cfg.sequencing_window_ns)),
+        }
+    }
+
     /// A command arrived at `now`: returned if it goes to matching at once.
     fn take(&mut self, c: Command, st: OrderStamps, now: u64) -> Option<Command> {
         match self {
@@ -1044,7 +1090,7 @@ impl Orderer {
                 s.push(c, st.client_ns, now);
                 None
             }
-            Orderer::Dbo(b) => {
+            Orderer::Buffer(b) => {
                 let firm = match c {
                     Command::New(o) => o.client,
                     Command::Cancel { client, .. } | Command::Replace { client, .. } => client,
@@ -1060,17 +1106,17 @@ impl Orderer {
     fn holds(&self) -> bool {
         match self {
             Orderer::Window(s) => !s.is_empty(),
-            Orderer::Dbo(b) => b.held() > 0,
+            Orderer::Buffer(b) => b.held() > 0,
         }
     }
 
-    /// What is due at `now`, into `out`.
-    fn due(&mut self, now: u64, out: &mut Vec<Command>) {
+    /// What is due at `now`, into `out`, each with its batch (batch ordering).
+    fn due(&mut self, now: u64, out: &mut Vec<(Command, Option<u64>)>) {
         match self {
-            Orderer::Window(s) => out.extend(std::iter::from_fn(|| s.pop_due(now))),
-            Orderer::Dbo(b) => {
+            Orderer::Window(s) => out.extend(std::iter::from_fn(|| s.pop_due(now)).map(|c| (c, None))),
+            Orderer::Buffer(b) => {
                 b.handle_timeout(now);
-                out.extend(std::iter::from_fn(|| b.poll_release()).map(|r| r.item));
+                out.extend(std::iter::from_fn(|| b.poll_release()).map(|r| (r.item, r.batch)));
             }
         }
     }
@@ -1078,7 +1124,7 @@ impl Orderer {
     fn stats(&self) -> (SequencerStats, OrderingStats) {
         match self {
             Orderer::Window(s) => (s.stats, OrderingStats::default()),
-            Orderer::Dbo(b) => (SequencerStats::default(), b.stats),
+            Orderer::Buffer(b) => (SequencerStats::default(), b.stats),
         }
     }
 }
@@ -1349,9 +1395,21 @@ fn gateway_loop(mut g: GatewayLoop) -> Vec<Part> {
             busy = true;
             let mut due = std::mem::take(&mut g.due);
             g.order.due(wall_ns(), &mut due);
-            for c in due.drain(..) {
-                route(&mut g, c, &mut ring_full);
+            let mut at = 0;
+            while at < due.len() {
+                match due[at].1 {
+                    None => {
+                        route(&mut g, due[at].0, InBatch::No, &mut ring_full);
+                        at += 1;
+                    }
+                    Some(b) => {
+                        let end = at + due[at..].iter().take_while(|d| d.1 == Some(b)).count();
+                        route_batch(&mut g, &due[at..end], &mut ring_full);
+                        at = end;
+                    }
+                }
             }
+            due.clear();
             g.due = due;
         }
         outs.clear();
@@ -1429,7 +1487,7 @@ fn read_sessions(
                 let r = g.gw.on_bytes(&mut s.conn, wall_ns(), &buf[..n], &mut |c, ts| cmds.push((c, ts)), &mut s.out);
                 for &(c, st) in cmds.iter() {
                     if let Some(c) = g.order.take(c, st, wall_ns()) {
-                        route(g, c, ring_full);
+                        route(g, c, InBatch::No, ring_full);
                     }
                 }
                 if r.is_err() {
@@ -1455,16 +1513,12 @@ fn read_sessions(
 
 /// Hands a command to the engine shard of its symbol: over its ring
 /// (waiting while it is full), or, run to completion, to the engine itself.
-fn route(g: &mut GatewayLoop, c: Command, ring_full: &mut u64) {
-    let sym = match c {
-        Command::New(o) => Some(o.symbol),
-        Command::Cancel { client, token, .. } | Command::Replace { client, token, .. } => g.gw.symbol_of(client, token),
-    };
-    let shard = sym.map_or(0, |s| usize::from(s.max(1) - 1) % g.engines);
+fn route(g: &mut GatewayLoop, c: Command, batch: InBatch, ring_full: &mut u64) {
+    let shard = shard_of(g, &c);
     let t0 = ns(g.start);
     match &mut g.matching {
         Matching::Threaded { cmd_tx, wakers, .. } => {
-            let mut item = Cmd { cmd: c, t0 };
+            let mut item = Cmd { cmd: c, t0, batch };
             loop {
                 match cmd_tx[shard].push(item) {
                     Ok(()) => break,
@@ -1481,13 +1535,42 @@ fn route(g: &mut GatewayLoop, c: Command, ring_full: &mut u64) {
         Matching::Inline(m) => {
             let Inline { engines, publisher, events, done } = &mut **m;
             events.clear();
-            engines[shard].handle(c, &mut |ev| events.push(ev));
+            match batch {
+                InBatch::No => engines[shard].handle(c, &mut |ev| events.push(ev)),
+                InBatch::Part => return g.batch.push(c),
+                InBatch::Last => {
+                    g.batch.push(c);
+                    engines[shard].handle_batch(&g.batch, &mut |ev| events.push(ev));
+                    g.batch.clear();
+                }
+            }
             let t2 = ns(g.start);
             let (now, k) = (wall_ns(), events.len());
             for (i, ev) in events.iter().enumerate() {
                 publisher.on_event(now, ev);
                 done.push(Out { ev: *ev, t0, t1: t0, t2, last: i + 1 == k });
             }
+        }
+    }
+}
+
+/// The engine shard of a command's symbol (a cancel or replace: of the order it names).
+fn shard_of(g: &GatewayLoop, c: &Command) -> usize {
+    let sym = match *c {
+        Command::New(o) => Some(o.symbol),
+        Command::Cancel { client, token, .. } | Command::Replace { client, token, .. } => g.gw.symbol_of(client, token),
+    };
+    sym.map_or(0, |s| usize::from(s.max(1) - 1) % g.engines)
+}
+
+/// Hands one batch to matching: each engine shard gets its part, the last
+/// command marked, and clears it in one call auction per symbol.
+fn route_batch(g: &mut GatewayLoop, batch: &[(Command, Option<u64>)], ring_full: &mut u64) {
+    for shard in 0..g.engines {
+        let mine: Vec<Command> = batch.iter().map(|b| b.0).filter(|c| shard_of(g, c) == shard).collect();
+        let k = mine.len();
+        for (i, c) in mine.into_iter().enumerate() {
+            route(g, c, if i + 1 == k { InBatch::Last } else { InBatch::Part }, ring_full);
         }
     }
 }
