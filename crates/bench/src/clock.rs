@@ -242,6 +242,7 @@ fn spawn_nodes(
                 retransmit_listen: None,
                 listen: None,
                 snapshot: None,
+                deadlines_to: None,
             }),
             Role::Proxy => Job::Proxy,
             Role::Receiver => Job::Receiver(ReceiverJob::default()),

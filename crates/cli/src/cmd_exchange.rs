@@ -35,8 +35,33 @@ pub struct Args {
 fn serve_metrics(addr: std::net::SocketAddr, m: Arc<ExchangeMetrics>) -> anyhow::Result<fairfeed_ops::Endpoint> {
     let ep = fairfeed_ops::serve_metrics(addr, move |e| {
         let j = m.json.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        for part in ["gateway", "sequencer", "publisher"] {
+        for part in ["gateway", "sequencer", "ordering", "publisher"] {
             e.json(&format!("fairfeed_exchange_{part}"), &j[part], &[], "the exchange (its report at exit, live)");
+        }
+        if !j["cheat"].is_null() {
+            e.json(
+                "fairfeed_exchange_cheat",
+                &j["cheat"]["stats"],
+                &[],
+                "the cheat watch (deadline records, orders judged)",
+            );
+            for u in j["cheat"]["users"].as_array().map_or(&[][..], |v| &v[..]) {
+                let user = u["user"].as_str().unwrap_or("");
+                let flagged = if u["flagged_after"].is_null() { 0.0 } else { 1.0 };
+                e.gauge(
+                    "fairfeed_exchange_cheat_flagged",
+                    "1: the user's orders came before its path allows",
+                    &[("user", user)],
+                    flagged,
+                );
+                let cusum = u["cusum_ns"].as_f64().unwrap_or(0.0);
+                e.gauge(
+                    "fairfeed_exchange_cheat_cusum_ns",
+                    "the cheat detector's sum of excess leads",
+                    &[("user", user)],
+                    cusum,
+                );
+            }
         }
         e.json(
             "fairfeed_exchange",
@@ -203,11 +228,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         crate::fmt::check_outputs(&[p], &[path])?;
     }
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let cfg: ExchangeConfig = toml::from_str(&text).map_err(|e| {
+    let mut cfg: ExchangeConfig = toml::from_str(&text).map_err(|e| {
         let line = fairfeed_sim::model::toml_error_line(&text, &e);
         anyhow::anyhow!("{}: not an exchange configuration: {line}", path.display())
     })?;
     cfg.validate().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    if let Some(k) = &cfg.operator_key_file {
+        // Relative to the configuration file.
+        let k = path.parent().map_or_else(|| k.clone(), |d| d.join(k));
+        cfg.operator_key =
+            Some(crate::fmt::operator_key(&k).with_context(|| format!("{}: operator_key_file", path.display()))?);
+    }
     let stop = crate::fmt::stop_on_signals()?;
     let itch = match (cfg.itch_a, cfg.itch_b) {
         (None, None) => "no ITCH feed".to_string(),
@@ -330,6 +361,8 @@ const CONFIG_HELP: &[(&str, &str)] = &[
     ("itch_b", "the B line: the same packets again"),
     ("retransmit_listen", "answer MoldUDP64 retransmission requests from the ITCH journal here"),
     ("itch_session", "the MoldUDP64 session name, 1-10 ASCII characters"),
+    ("deadlines_listen", "the cheat watch: take the sender's sealed deadline records here (fairfeed sender --deadlines-to) and judge every order carrying a DBO delivery clock (tag 0xF1) against the deadline of the data it answers, its stated response time and its session's TCP path floor; leave out for none; needs operator_key_file"),
+    ("operator_key_file", "the operator key (64 hex digits, relative to this file) the sender seals its deadline records under"),
     ("sequencing_window_ns", "hold orders this long and hand them to engines in client-timestamp order; 0 = off; at most 1 s"),
     (
         "ordering",

@@ -563,6 +563,11 @@ pub struct SenderArgs {
     /// own); symbols not named ride tree `stock locate % K`.
     #[arg(long, value_name = "FILE")]
     shard_map: Option<PathBuf>,
+    /// Tell the exchange each packet's deadline here (UDP: sealed deadline
+    /// records, for its cheat detector: exchange config `deadlines_listen`);
+    /// needs --operator-key-file (the records are sealed under it) and one tree.
+    #[arg(long, value_name = "ADDR", requires = "operator_key_file", value_parser = crate::fmt::dest_addr)]
+    deadlines_to: Option<SocketAddr>,
 }
 
 #[derive(clap::Args)]
@@ -969,6 +974,7 @@ pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
         retransmit_listen: a.retransmit_listen,
         listen: a.listen,
         snapshot: snapshot_service(&a)?,
+        deadlines_to: a.deadlines_to,
     });
     let mut cfg = config(&a.common, rule, job)?;
     if let Some(p) = &a.shard_map {

@@ -18,12 +18,20 @@
 //! What is emulated: the order path and the firms' 2-µs response (no OUCH
 //! session carries these orders); the releases, deadlines and the cheat are
 //! the node processes' own.
+//!
+//! The second test is the live chain: the same tree, the sender's sealed
+//! deadline records to a live exchange, firms answering their receivers'
+//! deliveries over OUCH sessions, and the exchange's own cheat watch.
 
 mod common;
 use common::cluster::Cluster;
 use fairfeed_exchange::cheat::{CheatDetector, CheatParams};
 use rand::{Rng, SeedableRng};
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::{TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The two cheats: by far more than the hold (it releases on arrival), and
 /// by the issue's 5 µs.
@@ -147,4 +155,140 @@ fn a_receiver_that_releases_early_is_flagged_and_honest_ones_are_not() {
             median[1] + 5.0
         );
     }
+}
+
+/// One firm: takes its receiver's deliveries and answers every fifth packet
+/// with an order stamped with its delivery clock (the packet's last
+/// message, the time since it arrived), until `stop`. Returns orders sent.
+fn firm(deliveries: UdpSocket, mut session: TcpStream, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    use fairfeed_exchange::client;
+    use fairfeed_exchange::ordering::DeliveryClock;
+    std::thread::spawn(move || {
+        deliveries.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        session.set_nonblocking(true).unwrap();
+        let (mut buf, mut sink, mut sent, mut packets) = ([0u8; 2048], [0u8; 65_536], 0u64, 0u64);
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(n) = deliveries.recv(&mut buf) else { continue };
+            let at = Instant::now();
+            let Ok(p) = fairfeed_wire::moldudp64::Packet::new_checked(&buf[..n]) else { continue };
+            let count = p.message_count();
+            if count == 0 || count == fairfeed_wire::moldudp64::COUNT_END_OF_SESSION {
+                continue;
+            }
+            packets += 1;
+            if packets % 5 != 0 {
+                continue;
+            }
+            let clock = DeliveryClock {
+                data_seq: p.sequence() + u64::from(count) - 1,
+                response_ns: at.elapsed().as_nanos() as i64,
+            };
+            let o = client::Order {
+                token: sent as u32 + 1,
+                side: b'B',
+                qty: 1,
+                symbol: "AAPL",
+                price: 10_000,
+                clock: Some(clock),
+                ..Default::default()
+            };
+            let mut b = Vec::new();
+            client::enter_order(&o, &mut b);
+            session.write_all(&b).unwrap();
+            sent += 1;
+            // What the exchange answers is read and dropped (its buffer must not fill).
+            while session.read(&mut sink).is_ok_and(|n| n > 0) {}
+        }
+        sent
+    })
+}
+
+/// Goal (issue 44): the live exchange's cheat watch flags a firm whose own
+/// receiver releases early, from orders over real OUCH sessions, and no
+/// honest firm. Method: the sender sends its deadline records to the
+/// exchange (`--deadlines-to`, sealed under the operator key); four
+/// receivers deliver to four firms (threads of this test), receiver 1
+/// cheating by 200 µs; each firm answers every fifth packet with an order
+/// stamped with its delivery clock over its own OUCH session; the exchange
+/// (`deadlines_listen`) measures each session's path from TCP's minimum
+/// round trip; a stranger sends garbage and records sealed under another
+/// key. Its report's `cheat` section must name the cheat only and count the
+/// stranger's datagrams refused.
+#[test]
+fn the_live_exchange_flags_the_firm_whose_receiver_releases_early() {
+    use fairfeed_net::exchange::live::{Exchange, ExchangeConfig};
+    let mut c = Cluster::plan(4, 4, 0, &["--loopback-port".into(), "9820".into()]);
+    let op_key = c.path("operator.hex");
+    std::fs::write(&op_key, "5a".repeat(32)).unwrap();
+    let users: Vec<(String, String)> = (1..=4).map(|k| (format!("FIRM{k}"), format!("pw{k}"))).collect();
+    let cfg = ExchangeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        gateway: fairfeed_exchange::gateway::GatewayConfig {
+            users: users.clone(),
+            symbols: vec!["AAPL".into()],
+            ..Default::default()
+        },
+        limits: fairfeed_exchange::engine::Limits { symbols: 1, orders: 100_000, ..Default::default() },
+        deadlines_listen: Some("127.0.0.1:0".parse().unwrap()),
+        operator_key: Some(fairfeed_tree::operator::OperatorKey::new([0x5a; 32])),
+        ..ExchangeConfig::default()
+    };
+    cfg.validate().unwrap();
+    let x = Exchange::start(cfg).unwrap();
+    let deadlines = x.deadlines_addr.expect("the watch's socket");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut firms = Vec::new();
+    let rx = c.ids("receiver");
+    for (k, &id) in rx.iter().enumerate() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut s = TcpStream::connect(x.addr).unwrap();
+        let mut b = Vec::new();
+        fairfeed_exchange::client::login(&users[k].0, &users[k].1, 0, &mut b);
+        s.write_all(&b).unwrap();
+        let mut a: Vec<String> = ["--link", "cloud", "--seconds", "30", "--control", &ready_addr(id + 10)]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(["--deliver".into(), sock.local_addr().unwrap().to_string()]);
+        if k == 0 {
+            a.extend(["--cheat-us".into(), "200".into()]);
+        }
+        c.start(id, &a);
+        firms.push(firm(sock, s, stop.clone()));
+    }
+    for &id in &rx {
+        common::fairfeed(&["stat", &ready_addr(id + 10), "--timeout-ms", "20000"]);
+    }
+    // A stranger's datagrams: garbage, and records sealed under another key
+    // that would move every deadline of the feed far into the past.
+    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    stranger.send_to(b"not deadline records", deadlines).unwrap();
+    let mut w = fairfeed_tree::deadlines::RecordWriter::new(fairfeed_tree::operator::OperatorKey::new([1; 32]));
+    w.push(fairfeed_tree::deadlines::Record { first: 1, messages: 60_000, deadline_ns: 0 });
+    stranger.send_to(&w.flush().unwrap(), deadlines).unwrap();
+    let sender = c.ids("sender")[0];
+    let args: Vec<String> = ["--rate", "1000", "--feed-seconds", "3", "--start-delay-ms", "500", "--linger-ms", "500"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--link".into(), "cloud".into(), "--deadlines-to".into(), deadlines.to_string()])
+        .chain(["--operator-key-file".into(), op_key.display().to_string()])
+        .collect();
+    c.start(sender, &args);
+    c.wait(sender, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let sent: Vec<u64> = firms.into_iter().map(|f| f.join().unwrap()).collect();
+    c.stop_all();
+    let r = x.finish();
+    let cheat = r.cheat.expect("the report has the cheat watch");
+    eprintln!("orders sent {sent:?}; cheat watch {cheat:#}");
+    let st = &cheat["stats"];
+    assert!(st["datagrams"].as_u64().unwrap() > 10, "deadline records arrived: {st}");
+    assert_eq!((st["refused_bad_tag"].as_u64(), st["refused_not_records"].as_u64()), (Some(1), Some(1)), "{st}");
+    assert!(st["orders_judged"].as_u64().unwrap() * 10 >= sent.iter().sum::<u64>() * 9, "{st} of {sent:?}");
+    assert_eq!(cheat["flagged"], serde_json::json!(["FIRM1"]), "only the cheat is flagged: {cheat}");
+    let after = cheat["users"][0]["flagged_after"].as_u64().unwrap();
+    assert!(after <= 1_000, "flagged after {after} orders");
+    let s = c.stats(sender);
+    assert_eq!(s["counters"]["deadline_records"]["send_errors"], 0, "{}", s["counters"]);
 }

@@ -50,6 +50,27 @@ fn drops_in(table: &str, inode: u64) -> Option<u64> {
     })
 }
 
+/// The kernel's minimum round-trip time of a TCP connection, ns (Linux
+/// `TCP_INFO.tcpi_min_rtt`, µs; None where the kernel gives none yet).
+#[allow(unsafe_code)]
+pub fn tcp_min_rtt_ns(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // struct tcp_info up to tcpi_min_rtt (offset 148, since Linux 4.10).
+    const MIN_RTT_AT: usize = 148;
+    let mut buf = [0u8; 256];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: `buf` is writable for `len` bytes and the kernel writes at most that many.
+    let rc = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, buf.as_mut_ptr().cast(), &mut len)
+    };
+    if rc != 0 || (len as usize) < MIN_RTT_AT + 4 {
+        return None;
+    }
+    let us = u32::from_ne_bytes(buf[MIN_RTT_AT..MIN_RTT_AT + 4].try_into().ok()?);
+    // The kernel's "no sample yet" is ~0U.
+    (us != 0 && us != u32::MAX).then(|| u64::from(us) * 1_000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -403,6 +403,8 @@ pub struct Sender {
     buf: Vec<u8>,
     pub(crate) auth: Option<Auth>,
     clock_bound_ns: u64,
+    /// The deadline the last message was sent with.
+    last_deadline_ns: u64,
     /// The tree's clock reference.
     pub sync: ClockSync,
     pub stats: SenderStats,
@@ -435,6 +437,7 @@ impl Sender {
             buf: Vec::with_capacity(2048),
             auth: None,
             clock_bound_ns: 0,
+            last_deadline_ns: 0,
             sync: ClockSync::off(id),
             stats: SenderStats::default(),
         }
@@ -472,6 +475,11 @@ impl Sender {
         (owd + margin).max(0) as u64 + self.clock_bound_ns
     }
 
+    /// The deadline the last message sent carries (0 before the first).
+    pub fn last_deadline_ns(&self) -> u64 {
+        self.last_deadline_ns
+    }
+
     /// Sends one market-data payload (a MoldUDP64 packet) down the tree;
     /// returns its overlay sequence number.
     pub fn handle_message(&mut self, now: u64, payload: &[u8], tx: &mut impl Transmit) -> u64 {
@@ -493,6 +501,7 @@ impl Sender {
             payload_len: payload.len().min(usize::from(u16::MAX)) as u16,
             ..HeaderRepr::default()
         };
+        self.last_deadline_ns = h.deadline_ns;
         self.buf.clear();
         self.buf.resize(overlay::HEADER_LEN, 0);
         let _ = h.emit(&mut self.buf);

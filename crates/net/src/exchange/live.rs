@@ -43,6 +43,8 @@ use fairfeed_exchange::itch_out::ItchWriter;
 use fairfeed_exchange::ordering::{OrderingBuffer, OrderingMode, OrderingStats, ORDERING_FIRMS_MAX};
 use fairfeed_exchange::sequencer::{OrderStamps, Sequencer, SequencerStats};
 use fairfeed_io::clock::wall_ns;
+
+use super::watch::{tcp_min_rtt_ns, CheatWatch};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -101,6 +103,17 @@ pub struct ExchangeConfig {
     /// multiples of it on the exchange's wall clock.
     #[serde(default)]
     pub batch_us: u64,
+    /// The cheat watch (`super::watch`): take the sender's sealed deadline
+    /// records here (`fairfeed sender --deadlines-to`) and judge every order
+    /// that carries a delivery clock against them. Needs `operator_key_file`.
+    #[serde(default)]
+    pub deadlines_listen: Option<SocketAddr>,
+    /// The operator key (64 hex digits) deadline records are sealed under.
+    #[serde(default)]
+    pub operator_key_file: Option<std::path::PathBuf>,
+    /// The key read from `operator_key_file` (by whoever starts the exchange).
+    #[serde(skip)]
+    pub operator_key: Option<fairfeed_tree::operator::OperatorKey>,
     /// Bytes queued for one client at most: a client that does not read what
     /// it is sent is closed at this limit (counted `slow_reader_closes`).
     #[serde(default = "out_buffer_default_max")]
@@ -269,6 +282,12 @@ impl ExchangeConfig {
             );
         }
         self.validate_ordering()?;
+        if self.deadlines_listen.is_some() && self.operator_key_file.is_none() && self.operator_key.is_none() {
+            return bad(
+                "deadlines_listen",
+                "deadlines_listen takes records sealed under the operator key: set operator_key_file".into(),
+            );
+        }
         if !(4_096..=1 << 30).contains(&self.out_buffer_max_bytes) {
             return bad(
                 "out_buffer_max_bytes",
@@ -357,6 +376,9 @@ impl Default for ExchangeConfig {
             ordering: OrderingKind::Fifo,
             dbo_bound_ns: 0,
             batch_us: 0,
+            deadlines_listen: None,
+            operator_key_file: None,
+            operator_key: None,
             out_buffer_max_bytes: OUT_BUFFER_DEFAULT_MAX,
             itch_heartbeat_ns: ITCH_HEARTBEAT_DEFAULT_NS,
             itch_journal_max_bytes: JOURNAL_BYTES_DEFAULT,
@@ -396,6 +418,10 @@ pub struct ExchangeReport {
     pub sequencer: SequencerStats,
     /// DBO's ordering buffer (zeros under fifo).
     pub ordering: OrderingStats,
+    /// The cheat watch (with `deadlines_listen`): its counters, the deadline
+    /// book and each user's watch (`flagged_after`: its orders when flagged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cheat: Option<serde_json::Value>,
     pub steps: Vec<Step>,
 }
 
@@ -526,14 +552,26 @@ pub struct Exchange {
     stop: Arc<AtomicBool>,
     threads: Vec<thread::JoinHandle<Vec<Part>>>,
     pub addr: SocketAddr,
+    /// Where the cheat watch takes deadline records (`deadlines_listen`, bound).
+    pub deadlines_addr: Option<SocketAddr>,
     /// The pipeline it runs (never `auto`).
     pub pipeline: Pipeline,
     /// How its threads wait (`idle` resolved).
     pub idle: IdleStrategy,
 }
 
+/// What the gateway thread reports at exit.
+struct GatewayPart {
+    stats: GatewayStats,
+    hists: [Histogram<u64>; 5],
+    ring_full: u64,
+    sequencer: SequencerStats,
+    ordering: OrderingStats,
+    cheat: Option<serde_json::Value>,
+}
+
 enum Part {
-    Gateway(GatewayStats, Box<[Histogram<u64>; 5]>, u64, SequencerStats, OrderingStats),
+    Gateway(Box<GatewayPart>),
     Engine(EngineStats),
     /// ITCH packets, messages, retransmission answers, heartbeats, journal evictions.
     Publisher(u64, u64, u64, u64, u64),
@@ -581,7 +619,10 @@ impl Exchange {
                 rd.watch(r, EP_RETRANS)?;
             }
         }
+        let watch = Watch::start(&cfg, &rd)?;
+        let deadlines_addr = watch.as_ref().map(|w| w.sock.local_addr()).transpose()?;
         let g = GatewayLoop {
+            watch,
             listener,
             rd,
             gw: Gateway::new(cfg.gateway.clone()),
@@ -602,7 +643,7 @@ impl Exchange {
         };
         let name = if pipeline == Pipeline::Threaded { "gateway" } else { "exchange" };
         threads.push(thread::Builder::new().name(name.into()).spawn(move || gateway_loop(g))?);
-        Ok(Exchange { stop, threads, addr, pipeline, idle: strategy })
+        Ok(Exchange { stop, threads, addr, deadlines_addr, pipeline, idle: strategy })
     }
 
     /// Stops every thread and reports.
@@ -621,15 +662,18 @@ impl Exchange {
             ring_full: 0,
             sequencer: SequencerStats::default(),
             ordering: OrderingStats::default(),
+            cheat: None,
             steps: Vec::new(),
         };
         for part in self.threads.into_iter().filter_map(|t| t.join().ok()).flatten() {
             match part {
-                Part::Gateway(s, h, full, q, o) => {
-                    r.gateway = s;
-                    r.sequencer = q;
-                    r.ordering = o;
-                    r.ring_full = full;
+                Part::Gateway(p) => {
+                    let GatewayPart { stats, hists: h, ring_full, sequencer, ordering, cheat } = *p;
+                    r.gateway = stats;
+                    r.sequencer = sequencer;
+                    r.ordering = ordering;
+                    r.cheat = cheat;
+                    r.ring_full = ring_full;
                     let names = [
                         "t0→t1 gateway → engine",
                         "t1→t2 matching",
@@ -971,6 +1015,7 @@ struct Inline {
 const EP_LISTENER: u64 = u64::MAX;
 const EP_WAKE: u64 = u64::MAX - 1;
 const EP_RETRANS: u64 = u64::MAX - 2;
+const EP_DEADLINES: u64 = u64::MAX - 3;
 /// Readiness events taken per look.
 const EP_EVENTS: usize = 512;
 
@@ -984,6 +1029,8 @@ struct Readiness {
     /// Slots with input (set by a look, cleared by the read).
     ready: Vec<bool>,
     listener: bool,
+    /// The deadline-records socket has input.
+    deadlines: bool,
 }
 
 impl Readiness {
@@ -994,6 +1041,7 @@ impl Readiness {
             events: vec![nix::sys::epoll::EpollEvent::empty(); EP_EVENTS],
             ready: Vec::new(),
             listener: true,
+            deadlines: false,
         })
     }
 
@@ -1018,6 +1066,7 @@ impl Readiness {
         for e in &self.events[..n] {
             match e.data() {
                 EP_LISTENER => self.listener = true,
+                EP_DEADLINES => self.deadlines = true,
                 EP_WAKE | EP_RETRANS => {}
                 i => {
                     let i = i as usize;
@@ -1052,10 +1101,67 @@ struct GatewayLoop {
     /// After a failed `accept`, when the listener is watched again (ns since
     /// `start`; 0: it is watched).
     listener_resume_ns: u64,
+    /// The cheat watch and its deadline-records socket (`deadlines_listen`).
+    watch: Option<Watch>,
     /// Commands the orderer released (with their batch), reused.
     due: Vec<(Command, Option<u64>)>,
     /// One batch's commands for one engine, reused.
     batch: Vec<Command>,
+}
+
+/// The live side of the cheat watch.
+struct Watch {
+    watch: Box<CheatWatch>,
+    sock: UdpSocket,
+    /// When the sessions' round trips were last read (ns since start).
+    last_rtt_ns: u64,
+}
+
+/// How often each session's TCP minimum round trip is read for the cheat watch.
+const WATCH_RTT_EVERY_NS: u64 = 100_000_000;
+/// Deadline datagrams read per pass at most (the rest wait for the next).
+const WATCH_READS_PER_PASS: usize = 256;
+
+impl Watch {
+    fn start(cfg: &ExchangeConfig, rd: &Readiness) -> std::io::Result<Option<Watch>> {
+        let Some(addr) = cfg.deadlines_listen else { return Ok(None) };
+        let key = cfg.operator_key.clone().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "deadlines_listen needs the operator key")
+        })?;
+        let sock = crate::arb::live::bind_udp(addr, 4 << 20)?;
+        rd.watch(&sock, EP_DEADLINES)?;
+        let users = cfg.gateway.users.iter().map(|u| u.0.clone()).collect();
+        Ok(Some(Watch { watch: Box::new(CheatWatch::new(key, users)), sock, last_rtt_ns: 0 }))
+    }
+
+    /// Takes the deadline records waiting (when the socket said so).
+    fn read(&mut self, ready: &mut bool, buf: &mut [u8]) -> bool {
+        if !std::mem::take(ready) {
+            return false;
+        }
+        for _ in 0..WATCH_READS_PER_PASS {
+            match self.sock.recv(buf) {
+                Ok(n) => self.watch.on_datagram(&buf[..n]),
+                Err(_) => return true,
+            }
+        }
+        // More may wait: look again next pass.
+        *ready = true;
+        true
+    }
+
+    /// Every logged-in session's TCP minimum round trip, now and then.
+    fn sample_paths(&mut self, sessions: &[Option<Session>], now: u64) {
+        if now < self.last_rtt_ns + WATCH_RTT_EVERY_NS {
+            return;
+        }
+        self.last_rtt_ns = now;
+        for s in sessions.iter().flatten().filter(|s| s.closing.is_none()) {
+            if let (Some(u), Some(rtt)) = (s.conn.user, tcp_min_rtt_ns(s.sock.as_fd())) {
+                self.watch.on_rtt(u as usize, rtt);
+            }
+        }
+    }
 }
 
 /// The order commands reach matching in (config `ordering`).
@@ -1291,6 +1397,9 @@ fn publish_gateway(g: &GatewayLoop, latency: &Histogram<u64>, ring_full: u64, se
     let (q, o) = g.order.stats();
     m.put(None, "sequencer", serde_json::to_value(q).unwrap_or_default());
     m.put(None, "ordering", serde_json::to_value(o).unwrap_or_default());
+    if let Some(w) = &g.watch {
+        m.put(None, "cheat", w.watch.report());
+    }
     m.put(None, "ring_full", ring_full.into());
     m.put(None, "sessions", sessions.iter().flatten().count().into());
     if let Matching::Inline(x) = &g.matching {
@@ -1425,6 +1534,9 @@ fn gateway_loop(mut g: GatewayLoop) -> Vec<Part> {
                 publish_gateway(&g, &hists[4], ring_full, &sessions);
             }
             tick(&mut g, &mut sessions, now);
+            if let Some(w) = &mut g.watch {
+                w.sample_paths(&sessions, now);
+            }
         }
         shed_slow_readers(&mut g, &mut sessions, now);
         flush_all(&mut sessions, now);
@@ -1443,7 +1555,15 @@ fn gateway_loop(mut g: GatewayLoop) -> Vec<Part> {
         }
     }
     let (q, o) = g.order.stats();
-    let mut parts = vec![Part::Gateway(g.gw.stats, Box::new(hists), ring_full, q, o)];
+    let cheat = g.watch.as_ref().map(|w| w.watch.report());
+    let mut parts = vec![Part::Gateway(Box::new(GatewayPart {
+        stats: g.gw.stats,
+        hists,
+        ring_full,
+        sequencer: q,
+        ordering: o,
+        cheat,
+    }))];
     if let Matching::Inline(m) = g.matching {
         let Inline { engines, publisher, .. } = *m;
         parts.extend(engines.into_iter().map(|e| Part::Engine(e.stats)));
@@ -1463,6 +1583,11 @@ fn read_sessions(
 ) -> bool {
     let mut busy = false;
     g.rd.look(0);
+    // Deadline records before orders: an order and the record of the data it
+    // answers that came in the same pass are judged with the record.
+    if let Some(w) = &mut g.watch {
+        busy |= w.read(&mut g.rd.deadlines, buf);
+    }
     for (i, slot) in sessions.iter_mut().enumerate() {
         if !g.rd.ready.get_mut(i).is_some_and(std::mem::take) {
             continue;
@@ -1486,6 +1611,9 @@ fn read_sessions(
                 cmds.clear();
                 let r = g.gw.on_bytes(&mut s.conn, wall_ns(), &buf[..n], &mut |c, ts| cmds.push((c, ts)), &mut s.out);
                 for &(c, st) in cmds.iter() {
+                    if let (Some(w), Command::New(o)) = (&mut g.watch, c) {
+                        w.watch.on_order(o.client as usize, st.clock, wall_ns());
+                    }
                     if let Some(c) = g.order.take(c, st, wall_ns()) {
                         route(g, c, InBatch::No, ring_full);
                     }

@@ -2,3 +2,4 @@
 //! sans-IO cores of `fairfeed-exchange` ([`live`], behind `fairfeed exchange`).
 
 pub mod live;
+pub mod watch;

@@ -451,6 +451,7 @@ fn node_config(
             retransmit_listen: None,
             listen: None,
             snapshot: None,
+            deadlines_to: None,
         }),
         Role::Proxy => Job::Proxy,
         Role::Receiver => Job::Receiver(ReceiverJob::default()),

@@ -151,6 +151,10 @@ pub struct SenderJob {
     /// Serve GLIMPSE-style snapshots of the books of what it sends, for
     /// receivers that join late (`--snapshot` at the receiver).
     pub snapshot: Option<crate::snapshot::ServiceConfig>,
+    /// Tell the exchange each packet's deadline here (sealed deadline
+    /// records, `fairfeed_tree::deadlines`, under the operator key), for its
+    /// cheat detector.
+    pub deadlines_to: Option<SocketAddr>,
 }
 
 /// Where a receiver's released messages go.

@@ -20,7 +20,9 @@ use super::delivery::Delivered;
 use super::egress::{Copy, Egress, EgressAgent, EgressHandle, TxCounters};
 use super::mailbox::{mailbox, Incoming, Outgoing};
 use super::releases::{Release, ReleaseLog};
-use super::{wall_ns, AgentConfig, AgentReport, Job, ReleaseAt, ReleaseRow, Threading, LOG_ROWS_MAX, RING_CAPACITY};
+use super::{
+    wall_ns, AgentConfig, AgentReport, Job, ReleaseAt, ReleaseRow, SenderJob, Threading, LOG_ROWS_MAX, RING_CAPACITY,
+};
 use super::{SOCKET_RECV_BUFFER, SPIN_AHEAD_NS};
 use crate::arb::live::bind_udp;
 use crate::idle::IdleStrategy;
@@ -186,6 +188,65 @@ pub struct NodeAgent<'c> {
     release_batch: Vec<Release>,
     /// The generation of the keyring last put in force (`cfg.keys`).
     key_generation: u64,
+    /// A sender's deadline records to the exchange.
+    deadlines: Option<DeadlineTap>,
+}
+
+/// A sender's deadline records on their way to the exchange (`SenderJob::deadlines_to`).
+struct DeadlineTap {
+    writer: fairfeed_tree::deadlines::RecordWriter,
+    to: SocketAddr,
+    records: u64,
+    datagrams: u64,
+    send_errors: u64,
+}
+
+impl DeadlineTap {
+    /// The deadline of the MoldUDP64 packet `p` (heartbeats and other bytes carry none).
+    fn note(&mut self, sock: &UdpSocket, p: &[u8], deadline_ns: u64) {
+        let Ok(pk) = fairfeed_wire::moldudp64::Packet::new_checked(p) else { return };
+        let messages = pk.message_count();
+        if messages == 0 || messages == fairfeed_wire::moldudp64::COUNT_END_OF_SESSION {
+            return;
+        }
+        self.records += 1;
+        let r = fairfeed_tree::deadlines::Record { first: pk.sequence(), messages, deadline_ns };
+        if let Some(d) = self.writer.push(r) {
+            self.send(sock, &d);
+        }
+    }
+
+    fn flush(&mut self, sock: &UdpSocket) {
+        if let Some(d) = self.writer.flush() {
+            self.send(sock, &d);
+        }
+    }
+
+    fn send(&mut self, sock: &UdpSocket, d: &[u8]) {
+        self.datagrams += 1;
+        self.send_errors += u64::from(sock.send_to(d, self.to).is_err());
+    }
+}
+
+/// The deadline tap a sender's job asks for: the operator key seals it, and
+/// it speaks for one tree's MoldUDP64 numbering.
+fn deadline_tap(cfg: &AgentConfig, live: &Node) -> Result<Option<DeadlineTap>, AgentError> {
+    let Job::Sender(SenderJob { deadlines_to: Some(to), .. }) = &cfg.job else { return Ok(None) };
+    let Some(key) = cfg.operator.clone() else {
+        return Err(AgentError::Config("deadline records are sealed under the operator key: give one".into()));
+    };
+    if !matches!(live, Node::Sender(_)) {
+        return Err(AgentError::Config(
+            "deadline records speak for one tree's sequence numbers: a sharded sender has several".into(),
+        ));
+    }
+    Ok(Some(DeadlineTap {
+        writer: fairfeed_tree::deadlines::RecordWriter::new(key),
+        to: *to,
+        records: 0,
+        datagrams: 0,
+        send_errors: 0,
+    }))
 }
 
 /// A node's resolver and what the node last took from it.
@@ -391,6 +452,7 @@ impl<'c> NodeAgent<'c> {
         tuning.extend(cfg.tuning.apply_thread(0));
         tuning.extend(cfg.tuning.apply_socket(&sock));
         let live = state_machine(cfg, &me)?;
+        let deadlines = deadline_tap(cfg, &live)?;
         let tx = Arc::new(TxCounters::default());
         let external =
             match (cfg.io, &cfg.external) {
@@ -455,6 +517,7 @@ impl<'c> NodeAgent<'c> {
             on_release: Box::new(on_release),
             releases,
             release_batch: Vec::new(),
+            deadlines,
         })
     }
 
@@ -521,9 +584,13 @@ impl NodeAgent<'_> {
             unknown: &mut self.unknown_destination,
             kernel: self.kernel.as_mut(),
         };
+        let (deadlines, sock) = (&mut self.deadlines, &self.sock);
         let n = match &mut self.live {
             Node::Sender(s) => feed.drain(|p| {
                 s.handle_message(now, &p, &mut tx);
+                if let Some(d) = deadlines.as_mut() {
+                    d.note(sock, &p, s.last_deadline_ns());
+                }
                 // As the simulator does: the deadline rule sees fresh reports at once.
                 s.update(now);
             }),
@@ -534,6 +601,9 @@ impl NodeAgent<'_> {
             }),
             _ => return 0,
         };
+        if let Some(d) = deadlines.as_mut() {
+            d.flush(sock);
+        }
         if !feed.arm() {
             // One came in meanwhile: next turn.
             return n + 1;
@@ -853,6 +923,10 @@ impl NodeAgent<'_> {
         }
         if let Some(k) = &self.cfg.keys {
             counters["keys"] = serde_json::to_value(k.stats()).unwrap_or_default();
+        }
+        if let Some(d) = &self.deadlines {
+            counters["deadline_records"] =
+                json!({ "records": d.records, "datagrams": d.datagrams, "send_errors": d.send_errors });
         }
         let mut node = match &self.live {
             Node::Sender(s) => serde_json::to_value(&s.stats),
