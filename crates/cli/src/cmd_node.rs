@@ -630,6 +630,16 @@ pub struct ReceiverArgs {
     #[arg(long, default_value_t = 0, value_name = "US",
           value_parser = clap::value_parser!(u64).range(0..=fairfeed_tree::node::RELEASE_LEAD_MAX_NS / 1_000))]
     cheat_us: u64,
+    /// Proxy the firm's OUCH session (it connects here instead of to the
+    /// exchange): every Enter Order leaves stamped with this receiver's
+    /// delivery clock — the last data message it released and the time since
+    /// (OUCH appendage 0xF1, for the exchange's DBO ordering and cheat
+    /// watch); the firm stamps nothing and cannot stamp for itself.
+    #[arg(long, value_name = "ADDR", requires = "exchange", value_parser = crate::fmt::listen_addr)]
+    order_proxy: Option<SocketAddr>,
+    /// With --order-proxy: the exchange's OUCH address.
+    #[arg(long, value_name = "ADDR", requires = "order_proxy", value_parser = crate::fmt::dest_addr)]
+    exchange: Option<SocketAddr>,
 }
 
 /// The shard map in `p` for a topology of `trees` trees; one line names a bad entry.
@@ -1034,8 +1044,35 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     if let Some(p) = &a.symbols {
         cfg.shards.symbols = Some(load_symbols(p)?);
     }
+    let cell = Arc::new(fairfeed_net::order_proxy::ClockCell::default());
+    let proxy = match (a.order_proxy, a.exchange) {
+        (Some(listen), Some(exchange)) => {
+            let p = fairfeed_net::order_proxy::OrderProxy::start(listen, exchange, cell.clone(), cfg.stop.clone())
+                .with_context(|| format!("--order-proxy {listen}"))?;
+            tracing::info!(
+                "receiver {}: stamping the orders of firms connected to {} for {exchange}",
+                a.common.id,
+                p.addr
+            );
+            let p = Arc::new(p);
+            let q = p.clone();
+            cfg.extra.push(ExtraCounters {
+                name: "order_proxy",
+                read: Arc::new(move || serde_json::to_value(q.stats()).unwrap_or_default()),
+            });
+            Some(p)
+        }
+        _ => None,
+    };
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
-    let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("receiver {}: {e}", a.common.id))?;
+    let stamps = proxy.is_some();
+    let r = run_agent(&cfg, |m, at| {
+        if stamps {
+            cell.delivered(&m.payload, at.wall_ns);
+        }
+    })
+    .map_err(|e| anyhow::anyhow!("receiver {}: {e}", a.common.id))?;
+    cfg.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Some(p) = &a.log {
         write_rows(p, &r.rows).with_context(|| format!("writing {}", p.display()))?;
     }

@@ -158,9 +158,15 @@ fn a_receiver_that_releases_early_is_flagged_and_honest_ones_are_not() {
 }
 
 /// One firm: takes its receiver's deliveries and answers every fifth packet
-/// with an order stamped with its delivery clock (the packet's last
-/// message, the time since it arrived), until `stop`. Returns orders sent.
-fn firm(deliveries: UdpSocket, mut session: TcpStream, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+/// with an order — stamped with its own delivery clock (the packet's last
+/// message, the time since it arrived) if `stamps` — until `stop`. Returns
+/// orders sent.
+fn firm(
+    deliveries: UdpSocket,
+    mut session: TcpStream,
+    stop: Arc<AtomicBool>,
+    stamps: bool,
+) -> std::thread::JoinHandle<u64> {
     use fairfeed_exchange::client;
     use fairfeed_exchange::ordering::DeliveryClock;
     std::thread::spawn(move || {
@@ -189,7 +195,7 @@ fn firm(deliveries: UdpSocket, mut session: TcpStream, stop: Arc<AtomicBool>) ->
                 qty: 1,
                 symbol: "AAPL",
                 price: 10_000,
-                clock: Some(clock),
+                clock: stamps.then_some(clock),
                 ..Default::default()
             };
             let mut b = Vec::new();
@@ -254,7 +260,7 @@ fn the_live_exchange_flags_the_firm_whose_receiver_releases_early() {
             a.extend(["--cheat-us".into(), "200".into()]);
         }
         c.start(id, &a);
-        firms.push(firm(sock, s, stop.clone()));
+        firms.push(firm(sock, s, stop.clone(), true));
     }
     for &id in &rx {
         common::fairfeed(&["stat", &ready_addr(id + 10), "--timeout-ms", "20000"]);
@@ -291,4 +297,88 @@ fn the_live_exchange_flags_the_firm_whose_receiver_releases_early() {
     assert!(after <= 1_000, "flagged after {after} orders");
     let s = c.stats(sender);
     assert_eq!(s["counters"]["deadline_records"]["send_errors"], 0, "{}", s["counters"]);
+}
+
+/// Goal (issue 44): DBO end to end without the firms stamping anything —
+/// the release point does. Method: two honest receivers, each with
+/// `--order-proxy` toward a live exchange ordering by DBO with the cheat
+/// watch on; each firm logs in and sends unstamped orders through its
+/// receiver's proxy. Every order must reach the exchange with a delivery
+/// clock (the ordering buffer counts none without), be judged by the watch
+/// against the sender's deadlines, and flag no one.
+#[test]
+fn the_release_point_stamps_the_orders_for_dbo() {
+    use fairfeed_net::exchange::live::{Exchange, ExchangeConfig, OrderingKind};
+    let mut c = Cluster::plan(2, 2, 0, &["--loopback-port".into(), "9830".into()]);
+    let op_key = c.path("operator.hex");
+    std::fs::write(&op_key, "6b".repeat(32)).unwrap();
+    let users: Vec<(String, String)> = (1..=2).map(|k| (format!("FIRM{k}"), format!("pw{k}"))).collect();
+    let cfg = ExchangeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        gateway: fairfeed_exchange::gateway::GatewayConfig {
+            users: users.clone(),
+            symbols: vec!["AAPL".into()],
+            ..Default::default()
+        },
+        limits: fairfeed_exchange::engine::Limits { symbols: 1, orders: 100_000, ..Default::default() },
+        ordering: OrderingKind::Dbo,
+        dbo_bound_ns: 1_000_000,
+        deadlines_listen: Some("127.0.0.1:0".parse().unwrap()),
+        operator_key: Some(fairfeed_tree::operator::OperatorKey::new([0x6b; 32])),
+        ..ExchangeConfig::default()
+    };
+    cfg.validate().unwrap();
+    let x = Exchange::start(cfg).unwrap();
+    let deadlines = x.deadlines_addr.unwrap();
+    let rx = c.ids("receiver");
+    let mut socks = Vec::new();
+    for (k, &id) in rx.iter().enumerate() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let a: Vec<String> = ["--link", "cloud", "--seconds", "30", "--control", &ready_addr(id + 20)]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--deliver".into(), sock.local_addr().unwrap().to_string()])
+            .chain(["--order-proxy".into(), format!("127.0.5.{}:9839", k + 1), "--exchange".into(), x.addr.to_string()])
+            .collect();
+        c.start(id, &a);
+        socks.push(sock);
+    }
+    for &id in &rx {
+        common::fairfeed(&["stat", &ready_addr(id + 20), "--timeout-ms", "20000"]);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut firms = Vec::new();
+    for (k, sock) in socks.into_iter().enumerate() {
+        let mut s = TcpStream::connect(format!("127.0.5.{}:9839", k + 1)).unwrap();
+        let mut b = Vec::new();
+        fairfeed_exchange::client::login(&users[k].0, &users[k].1, 0, &mut b);
+        s.write_all(&b).unwrap();
+        firms.push(firm(sock, s, stop.clone(), false));
+    }
+    let sender = c.ids("sender")[0];
+    let args: Vec<String> = ["--rate", "1000", "--feed-seconds", "2", "--start-delay-ms", "300", "--linger-ms", "500"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--link".into(), "cloud".into(), "--deadlines-to".into(), deadlines.to_string()])
+        .chain(["--operator-key-file".into(), op_key.display().to_string()])
+        .collect();
+    c.start(sender, &args);
+    c.wait(sender, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let sent: Vec<u64> = firms.into_iter().map(|f| f.join().unwrap()).collect();
+    c.stop_all();
+    let r = x.finish();
+    let total: u64 = sent.iter().sum();
+    assert!(total >= 600, "orders sent {sent:?}");
+    assert_eq!(r.ordering.received, total, "every order reached the DBO buffer: {:?}", r.ordering);
+    assert_eq!(r.ordering.no_clock, 0, "every order carried the release point's clock: {:?}", r.ordering);
+    let cheat = r.cheat.unwrap();
+    assert_eq!(cheat["stats"]["orders_unstamped"], 0, "{cheat}");
+    assert!(cheat["stats"]["orders_judged"].as_u64().unwrap() * 10 >= total * 9, "{cheat}");
+    assert_eq!(cheat["flagged"], serde_json::json!([]), "{cheat}");
+    for (k, &id) in rx.iter().enumerate() {
+        let p = &c.stats(id)["counters"]["order_proxy"];
+        assert_eq!(p["stamped"].as_u64(), Some(sent[k]), "receiver {id}'s proxy stamped its firm's orders: {p}");
+    }
 }

@@ -14,4 +14,5 @@ pub mod gateway;
 pub mod itch_out;
 pub mod ordering;
 pub mod sequencer;
+pub mod stamp;
 pub mod tokens;

@@ -16,6 +16,7 @@ pub mod arb;
 pub mod capture;
 pub mod exchange;
 pub mod operator;
+pub mod order_proxy;
 pub mod publish;
 pub mod replay;
 pub mod snapshot;

@@ -1,0 +1,205 @@
+//! The release point's order proxy (`fairfeed receiver --order-proxy`): the
+//! firm's program sends its OUCH session here instead of to the exchange,
+//! and every Enter Order leaves with the receiver's own delivery clock
+//! (`fairfeed_exchange::stamp::Stamper`) — DBO without the firm stamping,
+//! and without the firm being able to stamp for itself (issue 44).
+//!
+//! A thin shell: a listener thread; per firm connection, one thread
+//! carrying the firm's bytes through the stamper to the exchange and one
+//! carrying the exchange's answers back unchanged. At most
+//! [`PROXY_CONNECTIONS_MAX`] connections at once (more are refused and
+//! counted); each holds at most one SoupBinTCP packet of the firm's in the
+//! stamper and a fixed buffer each way; a stream that does not frame as
+//! SoupBinTCP is closed (counted).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::Duration;
+
+use fairfeed_exchange::ordering::DeliveryClock;
+use fairfeed_exchange::stamp::{StampStats, Stamper};
+use fairfeed_io::clock::wall_ns;
+
+/// Firm connections served at once.
+pub const PROXY_CONNECTIONS_MAX: usize = 8;
+/// How often the threads look at the stop flag.
+const POLL: Duration = Duration::from_millis(50);
+
+/// The release point's delivery clock: the last data message released and
+/// when (wall ns). Written by the release path, read by the proxy.
+#[derive(Debug, Default)]
+pub struct ClockCell(Mutex<Option<(u64, u64)>>);
+
+impl ClockCell {
+    /// MoldUDP64 packet `payload` was released at `wall_ns`: its last
+    /// message is now the last data delivered (other bytes change nothing).
+    pub fn delivered(&self, payload: &[u8], wall_ns: u64) {
+        let Ok(p) = fairfeed_wire::moldudp64::Packet::new_checked(payload) else { return };
+        let n = p.message_count();
+        if n == 0 || n == fairfeed_wire::moldudp64::COUNT_END_OF_SESSION {
+            return;
+        }
+        let last = p.sequence() + u64::from(n) - 1;
+        let mut c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // Sequence order: never backwards (a late retransmission fills a gap behind).
+        if c.is_none_or(|(seq, _)| last > seq) {
+            *c = Some((last, wall_ns));
+        }
+    }
+
+    /// The clock at `now_ns` (None: nothing delivered yet).
+    pub fn at(&self, now_ns: u64) -> Option<DeliveryClock> {
+        let c = *self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        c.map(|(data_seq, at)| DeliveryClock { data_seq, response_ns: now_ns as i64 - at as i64 })
+    }
+}
+
+/// What the proxy did.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct ProxyStats {
+    pub connections: u64,
+    /// Refused: all [`PROXY_CONNECTIONS_MAX`] taken, or the exchange unreachable.
+    pub refused_busy: u64,
+    pub refused_upstream: u64,
+    #[serde(flatten)]
+    pub stamp: StampStats,
+}
+
+/// A running proxy; stops with its `stop` flag.
+pub struct OrderProxy {
+    pub addr: SocketAddr,
+    stats: Arc<Mutex<ProxyStats>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl OrderProxy {
+    /// Listens on `listen`, forwarding to the exchange at `exchange`, stamping with `cell`.
+    pub fn start(
+        listen: SocketAddr,
+        exchange: SocketAddr,
+        cell: Arc<ClockCell>,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<OrderProxy> {
+        let l = TcpListener::bind(listen)?;
+        l.set_nonblocking(true)?;
+        let addr = l.local_addr()?;
+        let stats = Arc::new(Mutex::new(ProxyStats::default()));
+        let st = stats.clone();
+        let thread = thread::Builder::new()
+            .name("order-proxy".into())
+            .spawn(move || accept_loop(&l, exchange, &cell, &stop, &st))?;
+        Ok(OrderProxy { addr, stats, thread: Some(thread) })
+    }
+
+    pub fn stats(&self) -> ProxyStats {
+        *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for the listener thread (after the stop flag is set).
+    pub fn join(mut self) -> ProxyStats {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.stats()
+    }
+}
+
+fn accept_loop(
+    l: &TcpListener,
+    exchange: SocketAddr,
+    cell: &Arc<ClockCell>,
+    stop: &Arc<AtomicBool>,
+    st: &Arc<Mutex<ProxyStats>>,
+) {
+    let open = Arc::new(AtomicU64::new(0));
+    let mut pairs = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let Ok((firm, _)) = l.accept() else {
+            thread::sleep(POLL / 10);
+            continue;
+        };
+        let mut s = st.lock().unwrap_or_else(PoisonError::into_inner);
+        if open.load(Ordering::Relaxed) as usize >= PROXY_CONNECTIONS_MAX {
+            s.refused_busy += 1;
+            continue; // dropped: closed
+        }
+        let Ok(up) = TcpStream::connect_timeout(&exchange, Duration::from_secs(2)) else {
+            s.refused_upstream += 1;
+            continue;
+        };
+        s.connections += 1;
+        drop(s);
+        open.fetch_add(1, Ordering::Relaxed);
+        let _ = firm.set_nodelay(true);
+        let _ = up.set_nodelay(true);
+        pairs.push(serve(firm, up, cell.clone(), stop.clone(), st.clone(), open.clone()));
+    }
+    for p in pairs {
+        let _ = p.join();
+    }
+}
+
+/// One firm connection: its bytes stamped up, the exchange's answers down.
+fn serve(
+    firm: TcpStream,
+    up: TcpStream,
+    cell: Arc<ClockCell>,
+    stop: Arc<AtomicBool>,
+    st: Arc<Mutex<ProxyStats>>,
+    open: Arc<AtomicU64>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let (Ok(mut firm_w), Ok(mut up_r)) = (firm.try_clone(), up.try_clone()) else { return };
+        let _ = up_r.set_read_timeout(Some(POLL));
+        let down_stop = stop.clone();
+        let down = thread::spawn(move || {
+            let mut buf = [0u8; 16 * 1024];
+            while !down_stop.load(Ordering::Relaxed) {
+                match up_r.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) if firm_w.write_all(&buf[..n]).is_ok() => {}
+                    Ok(_) => break,
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = firm_w.shutdown(Shutdown::Both);
+        });
+        let (mut firm_r, mut up_w) = (firm, up);
+        let _ = firm_r.set_read_timeout(Some(POLL));
+        let (mut stamper, mut buf, mut out) = (Stamper::default(), [0u8; 16 * 1024], Vec::new());
+        while !stop.load(Ordering::Relaxed) {
+            match firm_r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    out.clear();
+                    let before = stamper.stats;
+                    let r = stamper.handle_bytes(&buf[..n], cell.at(wall_ns()), &mut out);
+                    add(&mut st.lock().unwrap_or_else(PoisonError::into_inner).stamp, stamper.stats, before);
+                    if up_w.write_all(&out).is_err() || r.is_err() {
+                        break;
+                    }
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => break,
+            }
+        }
+        let _ = up_w.shutdown(Shutdown::Both);
+        let _ = firm_r.shutdown(Shutdown::Both);
+        let _ = down.join();
+        open.fetch_sub(1, Ordering::Relaxed);
+    })
+}
+
+/// Adds what one read changed (`now − before`) to the shared counters.
+fn add(s: &mut StampStats, now: StampStats, before: StampStats) {
+    s.packets += now.packets - before.packets;
+    s.stamped += now.stamped - before.stamped;
+    s.replaced_own_clock += now.replaced_own_clock - before.replaced_own_clock;
+    s.before_any_data += now.before_any_data - before.before_any_data;
+    s.unreadable += now.unreadable - before.unreadable;
+    s.malformed += now.malformed - before.malformed;
+}
