@@ -203,3 +203,88 @@ fn add(s: &mut StampStats, now: StampStats, before: StampStats) {
     s.unreadable += now.unreadable - before.unreadable;
     s.malformed += now.malformed - before.malformed;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fairfeed_exchange::client;
+
+    /// A fake exchange: accepts and keeps every connection, echoing nothing;
+    /// what each sent is read into `got`.
+    fn exchange() -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = got.clone();
+        thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let g = g.clone();
+                thread::spawn(move || {
+                    let mut s = s;
+                    let mut b = [0u8; 4096];
+                    while let Ok(n) = s.read(&mut b) {
+                        if n == 0 {
+                            break;
+                        }
+                        g.lock().unwrap().extend_from_slice(&b[..n]);
+                    }
+                });
+            }
+        });
+        (addr, got)
+    }
+
+    fn closed(s: &mut TcpStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        matches!(s.read(&mut [0u8; 16]), Ok(0) | Err(_))
+    }
+
+    /// Orders come out stamped; a client that sends garbage is cut off and
+    /// counted; beyond the limit connections are refused; the others go on.
+    #[test]
+    fn stamps_orders_and_contains_misbehaving_clients() {
+        let (up, got) = exchange();
+        let cell = Arc::new(ClockCell::default());
+        let mut p = vec![0u8; 20];
+        p[10..18].copy_from_slice(&7u64.to_be_bytes());
+        p[18..20].copy_from_slice(&3u16.to_be_bytes());
+        p.extend_from_slice(&[0, 1, b'x', 0, 1, b'y', 0, 1, b'z']);
+        cell.delivered(&p, wall_ns());
+        let stop = Arc::new(AtomicBool::new(false));
+        let proxy = OrderProxy::start("127.0.0.1:0".parse().unwrap(), up, cell, stop.clone()).unwrap();
+        let mut good = TcpStream::connect(proxy.addr).unwrap();
+        let mut garbage = TcpStream::connect(proxy.addr).unwrap();
+        garbage.write_all(&[0, 0, 0xff, 0xff]).unwrap();
+        assert!(closed(&mut garbage), "a stream that is not SoupBinTCP is closed");
+        let mut others: Vec<TcpStream> =
+            (0..PROXY_CONNECTIONS_MAX - 1).map(|_| TcpStream::connect(proxy.addr).unwrap()).collect();
+        thread::sleep(Duration::from_millis(300));
+        let mut extra = TcpStream::connect(proxy.addr).unwrap();
+        assert!(closed(&mut extra), "one connection too many is refused");
+        let mut b = Vec::new();
+        client::enter_order(
+            &client::Order { token: 1, side: b'B', qty: 1, symbol: "AAPL", price: 1, ..Default::default() },
+            &mut b,
+        );
+        good.write_all(&b).unwrap();
+        thread::sleep(Duration::from_millis(300));
+        let bytes = got.lock().unwrap().clone();
+        let Ok(Some((fairfeed_wire::soupbintcp::PacketRepr::UnsequencedData(m), _))) =
+            fairfeed_wire::soupbintcp::split_packet(&bytes)
+        else {
+            panic!("the order reached the exchange: {bytes:?}")
+        };
+        let Ok(fairfeed_wire::ouch::inbound::Message::EnterOrder(o)) = fairfeed_wire::ouch::inbound::Message::parse(m)
+        else {
+            panic!("an Enter Order")
+        };
+        use fairfeed_wire::macros::Tail;
+        let clock = fairfeed_exchange::sequencer::stamps(o.to_repr().appendage.as_slice()).clock.unwrap();
+        assert_eq!(clock.data_seq, 9, "the last message of the packet released");
+        let s = proxy.stats();
+        assert_eq!((s.refused_busy, s.stamp.malformed, s.stamp.stamped), (1, 1, 1), "{s:?}");
+        stop.store(true, Ordering::Relaxed);
+        others.clear();
+        proxy.join();
+    }
+}
