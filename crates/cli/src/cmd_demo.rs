@@ -92,6 +92,19 @@ pub struct Args {
     /// The exchange's timestamp resolution in the trading experiment, ns (1..=1,000,000).
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     tick_ns: u64,
+    /// Jasper's deployment model for the firms' programs: 1 beside the
+    /// receivers, 2 behind gateways one hop from their own hosts, 3 in
+    /// enclaves behind a VM channel. For 2 and 3 the tree's real releases
+    /// go over a last hop drawn as `sim experiment trading` draws it (this
+    /// machine has no second host), and the report gives the fairness at
+    /// the firms' programs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    model: u8,
+    /// With --model 3: release early by this quantile of the channel's
+    /// measured delay and hold in the enclave (0.5..=0.999999; default: the
+    /// median, no hold).
+    #[arg(long, value_parser = crate::cmd_sim::hold_q)]
+    enclave_hold_q: Option<f64>,
     /// Serve a live dashboard of the running tree at http://ADDR/ while the demo runs (the page of
     /// `fairfeed dashboard`, fed from the demo's nodes; its times are emulated, see the report).
     #[arg(long, value_name = "ADDR", value_parser = crate::fmt::listen_addr)]
@@ -148,6 +161,10 @@ struct Run {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.enclave_hold_q.is_none() || a.model == 3,
+        "--enclave-hold-q is model 3's (the enclave's hold): give --model 3"
+    );
     crate::fmt::check_out_dir(&a.out)?;
     let (tree, direct) = topologies(&a)?;
     let dash = match a.dashboard {
@@ -201,7 +218,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             rule: DeadlineRule::Quantile { target_pf: a.target_pf },
             seed: a.seed,
             warmup_messages: ((messages as f64 * WARMUP_SHARE) as u64).max(WARMUP_MIN).min(messages / 2),
-            track: traders(&tree.receiver_ids).to_vec(),
+            // Models 2 and 3 follow every receiver's releases over its last hop.
+            track: if a.model > 1 { tree.receiver_ids.clone() } else { traders(&tree.receiver_ids).to_vec() },
             dilation: cal.dilation,
             publish: show("fair tree (hedging + hold-and-release)", &tree, cal.dilation),
             stop_if_behind_in_warmup: retry,
@@ -278,7 +296,7 @@ fn traders(ids: &[u32]) -> [u32; 4] {
 fn shares(r: &ClusterResult, ids: &[u32], tick: u64) -> fairfeed_sim::experiment::RaceShares {
     let t = traders(ids);
     let mut at: std::collections::BTreeMap<u64, [Option<u64>; 4]> = std::collections::BTreeMap::new();
-    for &(rx, seq, ns) in &r.tracked {
+    for &(rx, seq, ns, _) in &r.tracked {
         if seq <= r.warmup_messages {
             continue;
         }
@@ -389,7 +407,12 @@ fn report(a: &Args, r: &Run) -> anyhow::Result<()> {
         "tree_shares": j.shares, "tree_ci95": j.ci95, "tree_opportunities": j.races, "tree_ties": j.ties,
         "du_shares": d.shares, "du_ci95": d.ci95, "du_opportunities": d.races, "du_ties": d.ties,
     });
-    let v = summary(a, r, &trading)?;
+    let mut v = summary(a, r, &trading)?;
+    let hop = last_hop(a, r);
+    if let Some((f, sh)) = &hop {
+        v["last_hop"] = serde_json::to_value(f)?;
+        v["last_hop"]["shares"] = serde_json::json!({"shares": sh.shares, "ci95": sh.ci95, "opportunities": sh.races});
+    }
     std::fs::write(a.out.join("summary.json"), serde_json::to_string_pretty(&v)?)?;
     let md = crate::demo_report::markdown(
         &crate::demo_report::Facts {
@@ -411,12 +434,91 @@ fn report(a: &Args, r: &Run) -> anyhow::Result<()> {
         &r.du,
         &warnings(r),
     );
+    let md = match &hop {
+        Some((f, sh)) => md + &last_hop_md(f, sh),
+        None => md,
+    };
     std::fs::write(a.out.join("report.md"), &md)?;
     print!("{md}");
     plots(a, r);
     std::fs::write(a.out.join("report.html"), crate::demo_report::html(&md))?;
     eprintln!("demo: report in {} (and report.html)", a.out.join("report.md").display());
     Ok(())
+}
+
+/// Models 2 and 3: the tree's releases over each receiver's drawn last hop
+/// (`fairfeed_sim::trading::last_hop_figures`), and the four traders'
+/// shares at their programs.
+fn last_hop(
+    a: &Args,
+    r: &Run,
+) -> Option<(fairfeed_sim::trading::LastHopFigures, fairfeed_sim::experiment::RaceShares)> {
+    use fairfeed_sim::trading::DeployModel;
+    let model = match a.model {
+        2 => DeployModel::Gateway,
+        3 => DeployModel::Enclave,
+        _ => return None,
+    };
+    let ids = &r.tree.receiver_ids;
+    let index: HashMap<u32, usize> = ids.iter().enumerate().map(|(k, &id)| (id, k)).collect();
+    let releases: Vec<(usize, u64, u64)> =
+        r.jasper.tracked.iter().filter_map(|&(rx, seq, _, at)| index.get(&rx).map(|&k| (k, seq, at))).collect();
+    let f = fairfeed_sim::trading::last_hop_figures(
+        model,
+        a.enclave_hold_q,
+        ids.len(),
+        &releases,
+        r.jasper.warmup_messages,
+        a.seed,
+    );
+    let t = traders(ids);
+    let mut at: std::collections::BTreeMap<u64, [Option<u64>; 4]> = std::collections::BTreeMap::new();
+    for &(k, seq, ns) in &f.arrivals {
+        if seq <= r.jasper.warmup_messages {
+            continue;
+        }
+        if let Some(p) = t.iter().position(|&x| x == ids[k]) {
+            at.entry(seq).or_insert([None; 4])[p] = Some(ns / a.tick_ns.max(1));
+        }
+    }
+    let sh = fairfeed_sim::experiment::race_shares(at.into_values());
+    Some((f, sh))
+}
+
+/// The report's section on models 2 and 3.
+fn last_hop_md(f: &fairfeed_sim::trading::LastHopFigures, sh: &fairfeed_sim::experiment::RaceShares) -> String {
+    let what = if f.model == 2 {
+        "behind gateways: each receiver forwards to its firm's own host over one more hop (per host a propagation \
+         delay uniform in 10–40 µs plus queueing, lognormal with median 1 µs)"
+            .to_string()
+    } else {
+        format!(
+            "in enclaves: each receiver forwards over a VM → enclave channel (lognormal, median 30 µs, p90 50 µs){}",
+            f.enclave_hold_q.map_or(String::new(), |q| format!(
+                ", early by the channel's {q} quantile, and the enclave holds to the aim"
+            ))
+        )
+    };
+    let shares: Vec<String> = sh.shares.iter().map(|x| format!("{:.1} %", x * 100.0)).collect();
+    format!(
+        "\n## The firms' programs (model {})\n\nThe firms run {what}. Each release point forwards early by its hop's \
+         probed median, against a budget of {:.1} µs added to every release (the largest lead). The hop is **drawn**, \
+         as `fairfeed sim experiment trading` draws it — this machine has no second host — on the tree's real \
+         releases above.\n\n| at the firms' programs | value |\n|---|---|\n| messages every firm got | {} |\n\
+         | delivery window p50 / p99 | {:.2} / {:.2} µs |\n| P(F@1µs) / P(F@5µs) | {:.4} / {:.4} |\n\
+         | receiver release → program, p50 / p99 | {:.1} / {:.1} µs |\n| the four traders' shares (orders stamped with the true instant each program got the message) | {} (± {:.1} %) |\n",
+        f.model,
+        f.budget_us,
+        f.messages,
+        f.window_p50_us,
+        f.window_p99_us,
+        f.pf_1us,
+        f.pf_5us,
+        f.added_p50_us,
+        f.added_p99_us,
+        shares.join(" / "),
+        sh.ci95.iter().copied().fold(0.0, f64::max) * 100.0,
+    )
 }
 
 fn plots(a: &Args, r: &Run) {

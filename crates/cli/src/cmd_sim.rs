@@ -1170,7 +1170,7 @@ fn cheat_us(s: &str) -> Result<f64, String> {
 fn slow_path_us(s: &str) -> Result<f64, String> {
     crate::fmt::f64_in(s, 0.0, 1e4, "µs")
 }
-fn hold_q(s: &str) -> Result<f64, String> {
+pub(crate) fn hold_q(s: &str) -> Result<f64, String> {
     crate::fmt::f64_in(s, 0.5, 0.999_999, "(a quantile)")
 }
 

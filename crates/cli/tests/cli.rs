@@ -511,6 +511,47 @@ fn demo_refuses_a_bad_dilation_at_parse_time() {
     }
 }
 
+/// Goal (issue 44): `fairfeed demo --model 2|3` reports the fairness at
+/// the firms' programs behind gateways or in enclaves, on the tree's real
+/// releases with the last hop drawn. Method: two short demos; the summary's
+/// `last_hop` and the report's section; --enclave-hold-q without model 3 is
+/// refused in one line.
+#[test]
+fn demo_models_2_and_3_report_fairness_at_the_firms_programs() {
+    let d = tmp();
+    for (model, extra) in [("2", &[][..]), ("3", &["--enclave-hold-q", "0.999"][..])] {
+        let out = d.path().join(format!("demo{model}"));
+        let mut args =
+            vec!["demo", "--receivers", "8", "--seconds", "1", "--model", model, "--out", out.to_str().unwrap()];
+        args.extend(extra);
+        fairfeed(&args);
+        let s: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+        let h = &s["last_hop"];
+        assert_eq!(h["model"].as_u64(), model.parse().ok(), "{h}");
+        assert!(h["messages"].as_u64().unwrap() >= 500, "{h}");
+        let (p50, p99, budget) = (
+            h["window_p50_us"].as_f64().unwrap(),
+            h["window_p99_us"].as_f64().unwrap(),
+            h["budget_us"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p99 >= p50 && budget > 5.0, "{h}");
+        // The firms' programs get each message after the receivers release it, by about the budget.
+        assert!(h["added_p50_us"].as_f64().unwrap() > budget / 2.0, "{h}");
+        let sh: f64 = h["shares"]["shares"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).sum();
+        assert!((sh - 1.0).abs() < 1e-6, "{h}");
+        let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+        assert!(report.contains(&format!("The firms' programs (model {model})")), "{report}");
+        assert_eq!(fairfeed_sim::experiment::md_table_faults(&report), vec![], "{report}");
+    }
+    let o = Command::new(bin())
+        .args(["demo", "--model", "2", "--enclave-hold-q", "0.99", "--out", d.path().join("x").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("--model 3") && err.trim().lines().count() == 1, "{err}");
+}
+
 #[test]
 fn demo_runs_a_fair_tree_on_loopback() {
     let d = tmp();

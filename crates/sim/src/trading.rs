@@ -650,6 +650,86 @@ pub fn trading_models(
     Ok(summarize(c, s, &cfg, &traders, &a, &ex, &paths, &sent))
 }
 
+/// What Jasper's model 2 or 3 makes of releases made elsewhere — the
+/// demo's receivers on real sockets: each release point forwards to its
+/// firm's host (model 2) or enclave (model 3) early by its hop's probed
+/// median (model 3 with a hold: a high quantile, then the enclave holds to
+/// the aim), against a last-hop budget (the largest lead) added to the
+/// moment the firms should have each message — the same hops, probes and
+/// draws as [`trading_models`]'.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LastHopFigures {
+    pub model: u8,
+    pub enclave_hold_q: Option<f64>,
+    /// The budget added to every release (the largest lead), µs.
+    pub budget_us: f64,
+    /// Messages every firm got (after the warm-up).
+    pub messages: usize,
+    /// Delivery window at the firms' programs, µs, and P(F) at 1 and 5 µs.
+    pub window_p50_us: f64,
+    pub window_p99_us: f64,
+    pub pf_1us: f64,
+    pub pf_5us: f64,
+    /// Release at the receiver → the firm's program, p50 and p99, µs.
+    pub added_p50_us: f64,
+    pub added_p99_us: f64,
+    /// (receiver index, message, instant at the firm's program), per release.
+    #[serde(skip)]
+    pub arrivals: Vec<(usize, u64, u64)>,
+}
+
+/// [`LastHopFigures`] of `releases` — (receiver index in `0..n`, message,
+/// release instant ns) — made by `n` receivers; messages up to `warmup`
+/// left out of the figures.
+pub fn last_hop_figures(
+    model: DeployModel,
+    enclave_hold_q: Option<f64>,
+    n: usize,
+    releases: &[(usize, u64, u64)],
+    warmup: u64,
+    seed: u64,
+) -> LastHopFigures {
+    let s = TradingSetup { model, enclave_hold_q, ..TradingSetup::default() };
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ SEED_SALT);
+    let hops = last_hops(&s, n, &mut rng);
+    let budget = hops.iter().map(|h| h.lead_ns).max().unwrap_or(0);
+    let mut window: std::collections::BTreeMap<u64, (u64, u64, u32)> = std::collections::BTreeMap::new();
+    let (mut added, mut arrivals) = (Vec::new(), Vec::with_capacity(releases.len()));
+    for &(k, seq, due) in releases {
+        let Some(h) = hops.get(k) else { continue };
+        let aim = due + budget;
+        let mut at = aim - h.lead_ns.min(aim) + h.leg(model).map_or(0, |l| l.sample(&mut rng));
+        if model == DeployModel::Enclave && enclave_hold_q.is_some() {
+            at = at.max(aim); // the in-enclave shim holds to the aim
+        }
+        arrivals.push((k, seq, at));
+        if seq <= warmup {
+            continue;
+        }
+        added.push(at.saturating_sub(due));
+        let w = window.entry(seq).or_insert((u64::MAX, 0, 0));
+        *w = (w.0.min(at), w.1.max(at), w.2 + 1);
+    }
+    let mut spans: Vec<u64> = window.values().filter(|w| w.2 as usize == n).map(|w| w.1 - w.0).collect();
+    spans.sort_unstable();
+    added.sort_unstable();
+    let pf = |lim: u64| spans.iter().filter(|&&x| x <= lim).count() as f64 / spans.len().max(1) as f64;
+    let q = |v: &[u64], p: f64| if v.is_empty() { 0.0 } else { v[((v.len() - 1) as f64 * p) as usize] as f64 / 1e3 };
+    LastHopFigures {
+        model: model as u8,
+        enclave_hold_q,
+        budget_us: budget as f64 / 1e3,
+        messages: spans.len(),
+        window_p50_us: q(&spans, 0.5),
+        window_p99_us: q(&spans, 0.99),
+        pf_1us: pf(1_000),
+        pf_5us: pf(5_000),
+        added_p50_us: q(&added, 0.5),
+        added_p99_us: q(&added, 0.99),
+        arrivals,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn summarize(
     c: &FairnessConfig,
@@ -850,6 +930,28 @@ mod tests {
         assert!(dbo.order_hold_max_us <= dbo.dbo_bound_us.unwrap_or(0.0) + 1e-9);
         assert_eq!(fifo.order_hold_max_us, 0.0);
         assert_eq!(crate::experiment::md_table_faults(&markdown(&dbo)), vec![]);
+    }
+
+    /// Releases made elsewhere, all at one instant: model 2 spreads them by
+    /// the hops' jitter around the budget; model 3 with a hold at a far
+    /// quantile brings them back together (held to the aim, the budget
+    /// later); model 1 is not a last hop.
+    #[test]
+    fn last_hop_figures_follow_the_models() {
+        let n = 50;
+        let releases: Vec<(usize, u64, u64)> =
+            (1..=200u64).flat_map(|seq| (0..n).map(move |k| (k, seq, 1_000_000 + seq * 100_000))).collect();
+        let g = last_hop_figures(DeployModel::Gateway, None, n, &releases, 0, 1);
+        assert_eq!((g.model, g.messages), (2, 200));
+        assert!(g.budget_us > 10.0 && g.budget_us < 45.0, "{g:?}");
+        assert!(g.window_p50_us > 0.5 && g.window_p99_us < 20.0, "{g:?}");
+        let h = last_hop_figures(DeployModel::Enclave, Some(0.999_999), n, &releases, 0, 1);
+        assert!(h.window_p99_us < 1e-9 && h.pf_1us == 1.0, "{h:?}");
+        assert!((h.added_p50_us - h.budget_us).abs() < 1e-9, "{h:?}");
+        let plain = last_hop_figures(DeployModel::Enclave, None, n, &releases, 0, 1);
+        assert!(plain.window_p99_us > 50.0, "{plain:?}");
+        let c = last_hop_figures(DeployModel::Colocated, None, n, &releases, 100, 1);
+        assert_eq!((c.budget_us, c.window_p99_us, c.messages), (0.0, 0.0, 100));
     }
 
     #[test]

@@ -182,8 +182,10 @@ pub struct ClusterResult {
     /// of its own releases at and its trader stamps) at the tracked receivers.
     /// The true instant the one-thread loop reached it is later by its
     /// release lag (`release_error_*`), a serialization no deployment has.
+    /// Last: the true (emulated) instant of that due time — when the
+    /// receiver's clock read it, its clock error taken out.
     #[serde(skip)]
-    pub tracked: Vec<(u32, u64, u64)>,
+    pub tracked: Vec<(u32, u64, u64, u64)>,
     #[serde(skip)]
     pub oml_us: Vec<f64>,
     #[serde(skip)]
@@ -295,7 +297,7 @@ struct Tally {
     host_release_err: Vec<u64>,
     hold: Vec<u64>,
     track: Vec<bool>,
-    tracked: Vec<(u32, u64, u64)>,
+    tracked: Vec<(u32, u64, u64, u64)>,
     /// Per copy between nodes: measured and modelled one-way ns.
     link_measured: Vec<u64>,
     link_model: Vec<u64>,
@@ -344,7 +346,9 @@ impl Tally {
             *off += u64::from(m.late);
         }
         if self.track.get(id as usize).copied().unwrap_or(false) {
-            self.tracked.push((id, i as u64, m.due_ns));
+            // Its clock read `local` at the true instant `e`: it read `due_ns` then less the difference.
+            let true_due = (i128::from(m.due_ns) + i128::from(e) - i128::from(local)).max(0) as u64;
+            self.tracked.push((id, i as u64, m.due_ns, true_due));
         }
         if i > 0 && i < self.first.len() {
             if self.sent_at[i] == 0 {
