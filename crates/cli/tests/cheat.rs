@@ -209,6 +209,32 @@ fn firm(
     })
 }
 
+/// An exchange with the cheat watch on for `firms` users FIRM1.. (password
+/// pw1..), its operator key `key` repeated (also written to the cluster's
+/// directory for the sender): the config, the users and the key file.
+fn watched_exchange(
+    c: &Cluster,
+    firms: usize,
+    key: u8,
+) -> (fairfeed_net::exchange::live::ExchangeConfig, Vec<(String, String)>, std::path::PathBuf) {
+    let op_key = c.path("operator.hex");
+    std::fs::write(&op_key, format!("{key:02x}").repeat(32)).unwrap();
+    let users: Vec<(String, String)> = (1..=firms).map(|k| (format!("FIRM{k}"), format!("pw{k}"))).collect();
+    let cfg = fairfeed_net::exchange::live::ExchangeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        gateway: fairfeed_exchange::gateway::GatewayConfig {
+            users: users.clone(),
+            symbols: vec!["AAPL".into()],
+            ..Default::default()
+        },
+        limits: fairfeed_exchange::engine::Limits { symbols: 1, orders: 100_000, ..Default::default() },
+        deadlines_listen: Some("127.0.0.1:0".parse().unwrap()),
+        operator_key: Some(fairfeed_tree::operator::OperatorKey::new([key; 32])),
+        ..Default::default()
+    };
+    (cfg, users, op_key)
+}
+
 /// Goal (issue 44): the live exchange's cheat watch flags a firm whose own
 /// receiver releases early, from orders over real OUCH sessions, and no
 /// honest firm. Method: the sender sends its deadline records to the
@@ -222,23 +248,9 @@ fn firm(
 /// stranger's datagrams refused.
 #[test]
 fn the_live_exchange_flags_the_firm_whose_receiver_releases_early() {
-    use fairfeed_net::exchange::live::{Exchange, ExchangeConfig};
+    use fairfeed_net::exchange::live::Exchange;
     let mut c = Cluster::plan(4, 4, 0, &["--loopback-port".into(), "9820".into()]);
-    let op_key = c.path("operator.hex");
-    std::fs::write(&op_key, "5a".repeat(32)).unwrap();
-    let users: Vec<(String, String)> = (1..=4).map(|k| (format!("FIRM{k}"), format!("pw{k}"))).collect();
-    let cfg = ExchangeConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        gateway: fairfeed_exchange::gateway::GatewayConfig {
-            users: users.clone(),
-            symbols: vec!["AAPL".into()],
-            ..Default::default()
-        },
-        limits: fairfeed_exchange::engine::Limits { symbols: 1, orders: 100_000, ..Default::default() },
-        deadlines_listen: Some("127.0.0.1:0".parse().unwrap()),
-        operator_key: Some(fairfeed_tree::operator::OperatorKey::new([0x5a; 32])),
-        ..ExchangeConfig::default()
-    };
+    let (cfg, users, op_key) = watched_exchange(&c, 4, 0x5a);
     cfg.validate().unwrap();
     let x = Exchange::start(cfg).unwrap();
     let deadlines = x.deadlines_addr.expect("the watch's socket");
@@ -310,23 +322,8 @@ fn the_live_exchange_flags_the_firm_whose_receiver_releases_early() {
 fn the_release_point_stamps_the_orders_for_dbo() {
     use fairfeed_net::exchange::live::{Exchange, ExchangeConfig, OrderingKind};
     let mut c = Cluster::plan(2, 2, 0, &["--loopback-port".into(), "9830".into()]);
-    let op_key = c.path("operator.hex");
-    std::fs::write(&op_key, "6b".repeat(32)).unwrap();
-    let users: Vec<(String, String)> = (1..=2).map(|k| (format!("FIRM{k}"), format!("pw{k}"))).collect();
-    let cfg = ExchangeConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        gateway: fairfeed_exchange::gateway::GatewayConfig {
-            users: users.clone(),
-            symbols: vec!["AAPL".into()],
-            ..Default::default()
-        },
-        limits: fairfeed_exchange::engine::Limits { symbols: 1, orders: 100_000, ..Default::default() },
-        ordering: OrderingKind::Dbo,
-        dbo_bound_ns: 1_000_000,
-        deadlines_listen: Some("127.0.0.1:0".parse().unwrap()),
-        operator_key: Some(fairfeed_tree::operator::OperatorKey::new([0x6b; 32])),
-        ..ExchangeConfig::default()
-    };
+    let (cfg, users, op_key) = watched_exchange(&c, 2, 0x6b);
+    let cfg = ExchangeConfig { ordering: OrderingKind::Dbo, dbo_bound_ns: 1_000_000, ..cfg };
     cfg.validate().unwrap();
     let x = Exchange::start(cfg).unwrap();
     let deadlines = x.deadlines_addr.unwrap();

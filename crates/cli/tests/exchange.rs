@@ -334,6 +334,15 @@ fn tshark_checks(cap: &std::path::Path, port: u16, itch_port: u16, itch_packets:
     }
 }
 
+/// A session to the exchange at `addr`, its login sent.
+fn logged_in(addr: std::net::SocketAddr, user: &str, password: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut b = Vec::new();
+    client::login(user, password, 0, &mut b);
+    s.write_all(&b).unwrap();
+    s
+}
+
 /// Which of two clients gets the one fill when the farther client's order is
 /// stamped 10 ms earlier (and answered data 5 after 2 µs against the near
 /// client's 3 µs) but arrives 50 ms later, under a sequencing window or DBO.
@@ -355,13 +364,7 @@ fn race(window_ns: u64, dbo_bound_ns: u64) -> (u32, u32) {
     };
     cfg.validate().unwrap();
     let x = Exchange::start(cfg).unwrap();
-    let connect = |u: &str, p: &str| {
-        let mut s = TcpStream::connect(x.addr).unwrap();
-        let mut b = Vec::new();
-        client::login(u, p, 0, &mut b);
-        s.write_all(&b).unwrap();
-        s
-    };
+    let connect = |u: &str, p: &str| logged_in(x.addr, u, p);
     let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
     let order = |token, side, stamp, response_ns| {
         let mut b = Vec::new();
@@ -473,13 +476,7 @@ fn batch_race(pipeline: fairfeed_net::exchange::live::Pipeline) {
     };
     cfg.validate().unwrap();
     let x = Exchange::start(cfg).unwrap();
-    let connect = |u: &str, p: &str| {
-        let mut s = TcpStream::connect(x.addr).unwrap();
-        let mut b = Vec::new();
-        client::login(u, p, 0, &mut b);
-        s.write_all(&b).unwrap();
-        s
-    };
+    let connect = |u: &str, p: &str| logged_in(x.addr, u, p);
     let orders = |first: u32, side| {
         let mut b = Vec::new();
         for (k, symbol) in ["AAPL", "MSFT"].into_iter().enumerate() {

@@ -85,33 +85,7 @@ impl Engine {
         if self.token_taken(o.client, o.token, pending) {
             return self.reject(o.client, o.token, Reject::DuplicateToken, out);
         }
-        let limit = match (o.market, o.side) {
-            (true, Side::Buy) => Price::MAX,
-            (true, Side::Sell) => 0,
-            (false, _) => o.price,
-        };
-        let ref_num = self.take_ref();
-        self.stats.accepted += 1;
-        out(Event::Accepted {
-            client: o.client,
-            token: o.token,
-            ref_num,
-            symbol: o.symbol,
-            side: o.side,
-            price: limit,
-            qty: o.qty,
-        });
-        let t = Taker {
-            ref_num,
-            client: o.client,
-            token: o.token,
-            symbol: o.symbol,
-            side: o.side,
-            limit,
-            qty: o.qty,
-            min_qty: 0,
-            hidden: o.hidden,
-        };
+        let t = self.accept(&o, out);
         pending.push(Pending { t, tif: if o.market { Tif::Ioc } else { o.tif } });
     }
 
