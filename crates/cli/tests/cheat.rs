@@ -235,6 +235,35 @@ fn watched_exchange(
     (cfg, users, op_key)
 }
 
+/// Runs the sender for `seconds` of feed at 1,000 packets/s after
+/// `delay_ms`, its deadline records to `deadlines` sealed under the key in
+/// `op_key`; then stops the firms, the nodes and the exchange: each firm's
+/// orders sent and the exchange's report.
+fn feed_and_finish(
+    c: &mut Cluster,
+    seconds: u64,
+    delay_ms: u64,
+    (deadlines, op_key): (std::net::SocketAddr, &std::path::Path),
+    (firms, stop): (Vec<std::thread::JoinHandle<u64>>, &AtomicBool),
+    x: fairfeed_net::exchange::live::Exchange,
+) -> (Vec<u64>, fairfeed_net::exchange::live::ExchangeReport) {
+    let sender = c.ids("sender")[0];
+    let args: Vec<String> = ["--rate", "1000", "--link", "cloud", "--linger-ms", "500"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--feed-seconds".into(), seconds.to_string(), "--start-delay-ms".into(), delay_ms.to_string()])
+        .chain(["--deadlines-to".into(), deadlines.to_string()])
+        .chain(["--operator-key-file".into(), op_key.display().to_string()])
+        .collect();
+    c.start(sender, &args);
+    c.wait(sender, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let sent: Vec<u64> = firms.into_iter().map(|f| f.join().unwrap()).collect();
+    c.stop_all();
+    (sent, x.finish())
+}
+
 /// Goal (issue 44): the live exchange's cheat watch flags a firm whose own
 /// receiver releases early, from orders over real OUCH sessions, and no
 /// honest firm. Method: the sender sends its deadline records to the
@@ -284,20 +313,7 @@ fn the_live_exchange_flags_the_firm_whose_receiver_releases_early() {
     let mut w = fairfeed_tree::deadlines::RecordWriter::new(fairfeed_tree::operator::OperatorKey::new([1; 32]));
     w.push(fairfeed_tree::deadlines::Record { first: 1, messages: 60_000, deadline_ns: 0 });
     stranger.send_to(&w.flush().unwrap(), deadlines).unwrap();
-    let sender = c.ids("sender")[0];
-    let args: Vec<String> = ["--rate", "1000", "--feed-seconds", "3", "--start-delay-ms", "500", "--linger-ms", "500"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(["--link".into(), "cloud".into(), "--deadlines-to".into(), deadlines.to_string()])
-        .chain(["--operator-key-file".into(), op_key.display().to_string()])
-        .collect();
-    c.start(sender, &args);
-    c.wait(sender, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    let sent: Vec<u64> = firms.into_iter().map(|f| f.join().unwrap()).collect();
-    c.stop_all();
-    let r = x.finish();
+    let (sent, r) = feed_and_finish(&mut c, 3, 500, (deadlines, &op_key), (firms, &stop), x);
     let cheat = r.cheat.expect("the report has the cheat watch");
     eprintln!("orders sent {sent:?}; cheat watch {cheat:#}");
     let st = &cheat["stats"];
@@ -307,7 +323,7 @@ fn the_live_exchange_flags_the_firm_whose_receiver_releases_early() {
     assert_eq!(cheat["flagged"], serde_json::json!(["FIRM1"]), "only the cheat is flagged: {cheat}");
     let after = cheat["users"][0]["flagged_after"].as_u64().unwrap();
     assert!(after <= 1_000, "flagged after {after} orders");
-    let s = c.stats(sender);
+    let s = c.stats(c.ids("sender")[0]);
     assert_eq!(s["counters"]["deadline_records"]["send_errors"], 0, "{}", s["counters"]);
 }
 
@@ -352,20 +368,7 @@ fn the_release_point_stamps_the_orders_for_dbo() {
         s.write_all(&b).unwrap();
         firms.push(firm(sock, s, stop.clone(), false));
     }
-    let sender = c.ids("sender")[0];
-    let args: Vec<String> = ["--rate", "1000", "--feed-seconds", "2", "--start-delay-ms", "300", "--linger-ms", "500"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(["--link".into(), "cloud".into(), "--deadlines-to".into(), deadlines.to_string()])
-        .chain(["--operator-key-file".into(), op_key.display().to_string()])
-        .collect();
-    c.start(sender, &args);
-    c.wait(sender, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    let sent: Vec<u64> = firms.into_iter().map(|f| f.join().unwrap()).collect();
-    c.stop_all();
-    let r = x.finish();
+    let (sent, r) = feed_and_finish(&mut c, 2, 300, (deadlines, &op_key), (firms, &stop), x);
     let total: u64 = sent.iter().sum();
     assert!(total >= 600, "orders sent {sent:?}");
     assert_eq!(r.ordering.received, total, "every order reached the DBO buffer: {:?}", r.ordering);
