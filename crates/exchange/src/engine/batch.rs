@@ -34,6 +34,38 @@ struct Pending {
     tif: Tif,
 }
 
+/// The batch's orders in arrival order, and where each client's token is.
+#[derive(Debug, Default)]
+struct Batch {
+    items: Vec<Pending>,
+    at: std::collections::HashMap<(u32, u32), usize>,
+}
+
+impl Batch {
+    fn add(&mut self, p: Pending) {
+        self.at.insert((p.t.client, p.t.token), self.items.len());
+        self.items.push(p);
+    }
+
+    /// The batch's open order `(client, token)`, if there is one.
+    fn open(&self, client: u32, token: u32) -> Option<usize> {
+        self.at.get(&(client, token)).copied().filter(|&i| self.items[i].t.qty > 0)
+    }
+}
+
+impl std::ops::Deref for Batch {
+    type Target = Vec<Pending>;
+    fn deref(&self) -> &Vec<Pending> {
+        &self.items
+    }
+}
+
+impl std::ops::DerefMut for Batch {
+    fn deref_mut(&mut self) -> &mut Vec<Pending> {
+        &mut self.items
+    }
+}
+
 /// One order in a symbol's auction: a resting order's slot, a pending
 /// order's index, or the stand-in for the rest of a resting level (which
 /// never fills: see [`Engine::reachable`]).
@@ -49,7 +81,7 @@ impl Engine {
     /// symbol that received new orders (see the module docs).
     pub fn handle_batch(&mut self, cmds: &[Command], out: &mut impl FnMut(Event)) {
         self.stats.batches += 1;
-        let mut pending: Vec<Pending> = Vec::with_capacity(cmds.len());
+        let mut pending = Batch { items: Vec::with_capacity(cmds.len()), at: Default::default() };
         for &c in cmds {
             self.stats.commands += 1;
             match c {
@@ -75,7 +107,7 @@ impl Engine {
         }
     }
 
-    fn batch_new(&mut self, o: NewOrder, pending: &mut Vec<Pending>, out: &mut impl FnMut(Event)) {
+    fn batch_new(&mut self, o: NewOrder, pending: &mut Batch, out: &mut impl FnMut(Event)) {
         if let Err(r) = self.check(o.symbol, o.price, o.qty, o.market) {
             return self.reject(o.client, o.token, r, out);
         }
@@ -86,29 +118,16 @@ impl Engine {
             return self.reject(o.client, o.token, Reject::DuplicateToken, out);
         }
         let t = self.accept(&o, out);
-        pending.push(Pending { t, tif: if o.market { Tif::Ioc } else { o.tif } });
+        pending.add(Pending { t, tif: if o.market { Tif::Ioc } else { o.tif } });
     }
 
     /// A token live in the book or among the batch's orders still open.
-    fn token_taken(&self, client: u32, token: u32, pending: &[Pending]) -> bool {
-        self.by_token.contains(client, token)
-            || pending.iter().any(|p| p.t.client == client && p.t.token == token && p.t.qty > 0)
+    fn token_taken(&self, client: u32, token: u32, pending: &Batch) -> bool {
+        self.by_token.contains(client, token) || pending.open(client, token).is_some()
     }
 
-    /// The batch's open order `(client, token)`, if there is one.
-    fn pending_of(pending: &[Pending], client: u32, token: u32) -> Option<usize> {
-        pending.iter().rposition(|p| p.t.client == client && p.t.token == token && p.t.qty > 0)
-    }
-
-    fn batch_cancel(
-        &mut self,
-        client: u32,
-        token: u32,
-        leave: Qty,
-        pending: &mut [Pending],
-        out: &mut impl FnMut(Event),
-    ) {
-        let Some(i) = Self::pending_of(pending, client, token) else {
+    fn batch_cancel(&mut self, client: u32, token: u32, leave: Qty, pending: &mut Batch, out: &mut impl FnMut(Event)) {
+        let Some(i) = pending.open(client, token) else {
             return self.cancel(client, token, leave, out);
         };
         let t = &mut pending[i].t;
@@ -137,11 +156,11 @@ impl Engine {
         (token, new_token): (u32, u32),
         price: Price,
         qty: Qty,
-        pending: &mut Vec<Pending>,
+        pending: &mut Batch,
         out: &mut impl FnMut(Event),
     ) {
         // The order replaced: one of the batch's, or a resting one.
-        let old = match Self::pending_of(pending, client, token) {
+        let old = match pending.open(client, token) {
             Some(i) => Some((pending[i].t, None)),
             None => self.by_token.get(client, token).map(|&slot| {
                 let o = self.orders[slot as usize];
@@ -171,7 +190,7 @@ impl Engine {
         match slot {
             Some(s) => self.unlink(s),
             None => {
-                if let Some(i) = Self::pending_of(pending, client, token) {
+                if let Some(i) = pending.open(client, token) {
                     pending[i].t.qty = 0;
                 }
             }
@@ -192,7 +211,7 @@ impl Engine {
         self.stats.accepted += 1;
         out(Event::Accepted { client, token: new_token, ref_num, symbol: o.symbol, side: o.side, price, qty });
         let t = Taker { ref_num, token: new_token, limit: price, qty, min_qty: 0, ..o };
-        pending.push(Pending { t, tif: Tif::Day });
+        pending.add(Pending { t, tif: Tif::Day });
     }
 
     /// The resting orders of `symbol`'s `side` the batch's orders could
