@@ -1047,8 +1047,10 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     let cell = Arc::new(fairfeed_net::order_proxy::ClockCell::default());
     let proxy = match (a.order_proxy, a.exchange) {
         (Some(listen), Some(exchange)) => {
-            let p = fairfeed_net::order_proxy::OrderProxy::start(listen, exchange, cell.clone(), cfg.stop.clone())
-                .with_context(|| format!("--order-proxy {listen}"))?;
+            let idle = fairfeed_net::order_proxy::PROXY_IDLE_MAX;
+            let p =
+                fairfeed_net::order_proxy::OrderProxy::start(listen, exchange, cell.clone(), cfg.stop.clone(), idle)
+                    .with_context(|| format!("--order-proxy {listen}"))?;
             tracing::info!(
                 "receiver {}: stamping the orders of firms connected to {} for {exchange}",
                 a.common.id,

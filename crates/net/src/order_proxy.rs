@@ -8,7 +8,7 @@
 //! carrying the firm's bytes through the stamper to the exchange and one
 //! carrying the exchange's answers back unchanged. At most
 //! [`PROXY_CONNECTIONS_MAX`] connections at once (more are refused and
-//! counted); each holds at most one SoupBinTCP packet of the firm's in the
+//! counted; one silent for [`PROXY_IDLE_MAX`] is closed); each holds at most one SoupBinTCP packet of the firm's in the
 //! stamper and a fixed buffer each way; a stream that does not frame as
 //! SoupBinTCP is closed (counted).
 
@@ -25,6 +25,10 @@ use fairfeed_io::clock::wall_ns;
 
 /// Firm connections served at once.
 pub const PROXY_CONNECTIONS_MAX: usize = 8;
+/// A firm connection that sends nothing this long is closed (counted
+/// `idle_closed`): an OUCH client sends a heartbeat every second, so this
+/// one is gone, and it would hold a slot.
+pub const PROXY_IDLE_MAX: Duration = Duration::from_secs(30);
 /// How often the threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -64,6 +68,7 @@ pub struct ProxyStats {
     /// Refused: all [`PROXY_CONNECTIONS_MAX`] taken, or the exchange unreachable.
     pub refused_busy: u64,
     pub refused_upstream: u64,
+    pub idle_closed: u64,
     #[serde(flatten)]
     pub stamp: StampStats,
 }
@@ -76,12 +81,15 @@ pub struct OrderProxy {
 }
 
 impl OrderProxy {
-    /// Listens on `listen`, forwarding to the exchange at `exchange`, stamping with `cell`.
+    /// Listens on `listen`, forwarding to the exchange at `exchange`,
+    /// stamping with `cell`; a connection silent for `idle` is closed
+    /// ([`PROXY_IDLE_MAX`] in service).
     pub fn start(
         listen: SocketAddr,
         exchange: SocketAddr,
         cell: Arc<ClockCell>,
         stop: Arc<AtomicBool>,
+        idle: Duration,
     ) -> std::io::Result<OrderProxy> {
         let l = TcpListener::bind(listen)?;
         l.set_nonblocking(true)?;
@@ -90,7 +98,7 @@ impl OrderProxy {
         let st = stats.clone();
         let thread = thread::Builder::new()
             .name("order-proxy".into())
-            .spawn(move || accept_loop(&l, exchange, &cell, &stop, &st))?;
+            .spawn(move || accept_loop(&l, (exchange, idle), &cell, &stop, &st))?;
         Ok(OrderProxy { addr, stats, thread: Some(thread) })
     }
 
@@ -109,7 +117,7 @@ impl OrderProxy {
 
 fn accept_loop(
     l: &TcpListener,
-    exchange: SocketAddr,
+    (exchange, idle): (SocketAddr, Duration),
     cell: &Arc<ClockCell>,
     stop: &Arc<AtomicBool>,
     st: &Arc<Mutex<ProxyStats>>,
@@ -135,7 +143,7 @@ fn accept_loop(
         open.fetch_add(1, Ordering::Relaxed);
         let _ = firm.set_nodelay(true);
         let _ = up.set_nodelay(true);
-        pairs.push(serve(firm, up, cell.clone(), stop.clone(), st.clone(), open.clone()));
+        pairs.push(serve((firm, up, idle), cell.clone(), stop.clone(), st.clone(), open.clone()));
     }
     for p in pairs {
         let _ = p.join();
@@ -144,8 +152,7 @@ fn accept_loop(
 
 /// One firm connection: its bytes stamped up, the exchange's answers down.
 fn serve(
-    firm: TcpStream,
-    up: TcpStream,
+    (firm, up, idle): (TcpStream, TcpStream, Duration),
     cell: Arc<ClockCell>,
     stop: Arc<AtomicBool>,
     st: Arc<Mutex<ProxyStats>>,
@@ -171,10 +178,16 @@ fn serve(
         let (mut firm_r, mut up_w) = (firm, up);
         let _ = firm_r.set_read_timeout(Some(POLL));
         let (mut stamper, mut buf, mut out) = (Stamper::default(), [0u8; 16 * 1024], Vec::new());
+        let mut last = std::time::Instant::now();
         while !stop.load(Ordering::Relaxed) {
+            if last.elapsed() > idle {
+                st.lock().unwrap_or_else(PoisonError::into_inner).idle_closed += 1;
+                break;
+            }
             match firm_r.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
+                    last = std::time::Instant::now();
                     out.clear();
                     let before = stamper.stats;
                     let r = stamper.handle_bytes(&buf[..n], cell.at(wall_ns()), &mut out);
@@ -251,7 +264,8 @@ mod tests {
         p.extend_from_slice(&[0, 1, b'x', 0, 1, b'y', 0, 1, b'z']);
         cell.delivered(&p, wall_ns());
         let stop = Arc::new(AtomicBool::new(false));
-        let proxy = OrderProxy::start("127.0.0.1:0".parse().unwrap(), up, cell, stop.clone()).unwrap();
+        let proxy =
+            OrderProxy::start("127.0.0.1:0".parse().unwrap(), up, cell, stop.clone(), Duration::from_secs(2)).unwrap();
         let mut good = TcpStream::connect(proxy.addr).unwrap();
         let mut garbage = TcpStream::connect(proxy.addr).unwrap();
         garbage.write_all(&[0, 0, 0xff, 0xff]).unwrap();
@@ -283,6 +297,10 @@ mod tests {
         assert_eq!(clock.data_seq, 9, "the last message of the packet released");
         let s = proxy.stats();
         assert_eq!((s.refused_busy, s.stamp.malformed, s.stamp.stamped), (1, 1, 1), "{s:?}");
+        // The silent ones are closed after the idle limit; the talking one stays.
+        let mut silent = others.pop().unwrap();
+        assert!(closed(&mut silent), "a silent connection is closed");
+        assert!(proxy.stats().idle_closed >= 1);
         stop.store(true, Ordering::Relaxed);
         others.clear();
         proxy.join();
