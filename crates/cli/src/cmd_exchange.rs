@@ -54,9 +54,9 @@ fn serve_metrics(addr: std::net::SocketAddr, m: Arc<ExchangeMetrics>) -> anyhow:
                     &[("user", user)],
                     flagged,
                 );
-                let cusum = u["cusum_ns"].as_f64().unwrap_or(0.0);
+                let cusum = u["cusum_ns"].as_f64().unwrap_or(0.0) / 1e9;
                 e.gauge(
-                    "fairfeed_exchange_cheat_cusum_ns",
+                    "fairfeed_exchange_cheat_cusum_seconds",
                     "the cheat detector's sum of excess leads",
                     &[("user", user)],
                     cusum,

@@ -248,10 +248,13 @@ fn scrape_until(m: SocketAddr, metric: &str) -> String {
     }
 }
 
-/// An exchange on `port` with two symbols and two engines, its A line to `itch`.
-fn exchange_config(port: u16, itch: SocketAddr) -> String {
+/// An exchange on `port` with two symbols and two engines, its A line to
+/// `itch`, its cheat watch on (deadline records at `deadlines`, the operator
+/// key in `operator.hex` beside the configuration).
+fn exchange_config(port: u16, itch: SocketAddr, deadlines: SocketAddr) -> String {
     format!(
-        "listen = \"127.0.0.1:{port}\"\nengines = 2\nitch_session = \"FFTEST0001\"\nitch_a = \"{}\"\n\n\
+        "listen = \"127.0.0.1:{port}\"\nengines = 2\nitch_session = \"FFTEST0001\"\nitch_a = \"{}\"\n\
+         deadlines_listen = \"{deadlines}\"\noperator_key_file = \"operator.hex\"\n\n\
          [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"]]\nsymbols = [\"AAPL\", \"MSFT\"]\n\
          heartbeat_ns = 1000000000\nidle_timeout_ns = 15000000000\n\n\
          [limits]\nsymbols = 2\norders = 1000\nlevels = 100\nqty_max = 1000000\nprice_max = 2000000000\n",
@@ -323,9 +326,10 @@ fn exchange_arb_retransmit_server_and_bridge_serve_metrics_promtool_accepts() {
 
     // The exchange, with one order through it.
     let port = free_tcp().port();
-    let cfg = exchange_config(port, free_udp());
+    let cfg = exchange_config(port, free_udp(), free_udp());
     let cfg_path = d.path().join("exchange.toml");
     std::fs::write(&cfg_path, cfg).unwrap();
+    std::fs::write(d.path().join("operator.hex"), "5a".repeat(32)).unwrap();
     let em = free_tcp();
     let mut ex = Command::new(bin())
         .args(["exchange", "--config", cfg_path.to_str().unwrap(), "--metrics", &em.to_string()])
@@ -340,6 +344,7 @@ fn exchange_arb_retransmit_server_and_bridge_serve_metrics_promtool_accepts() {
     fairfeed(&[&["order"][..], &creds, &["sell", "AAPL", "40", "@", "10"]].concat());
     let body = scrape_until(em, "fairfeed_exchange_engine_executions_total");
     assert!(body.contains("fairfeed_exchange_order_latency_seconds_count 2"), "{body}");
+    assert!(body.contains("fairfeed_exchange_cheat_flagged{user=\"ALICE\"} 0"), "the cheat watch's metrics: {body}");
     check("exchange", em, "fairfeed_exchange_gateway_logins_total", &mut ex);
 
     // The bridge, on a broker of its own.
