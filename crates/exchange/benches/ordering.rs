@@ -3,7 +3,8 @@
 //! progress or on its bound) and the batch buffer, beside the same buffer in
 //! FIFO mode (a pass-through: the floor of the interface) and a bare binary
 //! heap push/pop of the same keys (the floor of any ranking). Then one call
-//! auction over a batch of 64 orders on a 200-order book.
+//! auction over a batch of 64 orders on a 200-order book; and the release
+//! point's order stamper against a plain copy.
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use fairfeed_exchange::auction::{clear, AuctionOrder};
 use fairfeed_exchange::engine::Side;
@@ -117,5 +118,54 @@ fn auction(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, ordering, auction);
+/// The release point's stamper (`--order-proxy`): one firm session's bytes
+/// — 10,000 Enter Orders (half with a min-quantity option) and cancels —
+/// rewritten with the receiver's delivery clock, against copying them.
+fn stamper(c: &mut Criterion) {
+    use fairfeed_exchange::client::{self, Order};
+    use fairfeed_exchange::stamp::Stamper;
+    let mut bytes = Vec::new();
+    for i in 0..10_000u32 {
+        let o = Order {
+            token: i,
+            side: b'B',
+            qty: 100,
+            symbol: "AAPL",
+            price: 10_000,
+            min_qty: (i % 2) * 10,
+            ..Default::default()
+        };
+        client::enter_order(&o, &mut bytes);
+        if i % 4 == 0 {
+            client::cancel_order(i, 0, &mut bytes);
+        }
+    }
+    let clock = DeliveryClock { data_seq: 42, response_ns: 1_500 };
+    let mut g = c.benchmark_group("stamp");
+    g.throughput(Throughput::Elements(10_000));
+    g.bench_function("stamp_10k_orders_in_4k_reads", |b| {
+        let mut out = Vec::with_capacity(bytes.len() * 2);
+        b.iter(|| {
+            let mut s = Stamper::default();
+            out.clear();
+            for chunk in bytes.chunks(4096) {
+                s.handle_bytes(chunk, Some(clock), &mut out).unwrap();
+            }
+            out.len()
+        })
+    });
+    g.bench_function("copy_10k_orders_in_4k_reads", |b| {
+        let mut out = Vec::with_capacity(bytes.len() * 2);
+        b.iter(|| {
+            out.clear();
+            for chunk in bytes.chunks(4096) {
+                out.extend_from_slice(chunk);
+            }
+            out.len()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, ordering, auction, stamper);
 criterion_main!(benches);
