@@ -921,6 +921,14 @@ fn bad_exchange_configs_are_refused_before_anything_starts() {
         ("ordering = \"fifo\"", "ordering = \"dbo\"", "dbo_bound_ns"),
         ("ordering = \"fifo\"", "ordering = \"batch\"", "batch_us"),
         ("batch_us = 0", "batch_us = 100", "batch_us is set"),
+        // The cheat watch: its records need the operator key, and the key file must be one.
+        ("ordering = \"fifo\"", "ordering = \"fifo\"\ndeadlines_listen = \"127.0.0.1:0\"", "set operator_key_file"),
+        (
+            "ordering = \"fifo\"",
+            "ordering = \"fifo\"\ndeadlines_listen = \"127.0.0.1:0\"\noperator_key_file = \"missing.hex\"",
+            "missing.hex",
+        ),
+        ("ordering = \"fifo\"", "ordering = \"fifo\"\ndeadlines_listen = \"nonsense\"", "invalid socket address"),
         ("ordering = \"fifo\"", "ordering = \"random\"", "unknown variant `random`"),
         ("dbo_bound_ns = 0", "dbo_bound_ns = 5000", "dbo_bound_ns"),
     ] {
@@ -934,6 +942,36 @@ fn bad_exchange_configs_are_refused_before_anything_starts() {
         assert!(err.contains(names) && !err.contains("panicked"), "{to}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
+}
+
+/// Deadline records speak for one tree's sequence numbers and are sealed
+/// under the operator key: a sharded sender, or one without the key, is
+/// refused in one line before anything is sent.
+#[test]
+fn deadline_records_need_one_tree_and_the_operator_key() {
+    let d = tmp();
+    let topo = common::small_tree_with(d.path(), 9850, &["--trees", "2"]);
+    let key = d.path().join("key.hex");
+    let op = d.path().join("op.hex");
+    std::fs::write(&key, "3f".repeat(32)).unwrap();
+    std::fs::write(&op, "5a".repeat(32)).unwrap();
+    let base = ["sender", "--topology", topo.to_str().unwrap(), "--id", "4", "--key-file", key.to_str().unwrap()];
+    let (code, err) = run_limited(
+        &[&base[..], &["--deadlines-to", "127.0.0.1:9", "--operator-key-file", op.to_str().unwrap()]]
+            .concat()
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>(),
+        std::time::Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("a sharded sender has several") && !err.contains("panicked"), "{err}");
+    let (code, err) = run_limited(
+        &[&base[..], &["--deadlines-to", "127.0.0.1:9"]].concat().iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        std::time::Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--operator-key-file"), "{err}");
 }
 
 #[test]
