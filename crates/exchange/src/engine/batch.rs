@@ -229,21 +229,23 @@ impl Engine {
             if !reach(l.price) {
                 break;
             }
-            let (mut i, mut rest) = (l.head, 0u64);
+            // Shares of this level taken one by one, and the rest (plain orders only).
+            let (mut i, mut here, mut rest) = (l.head, 0u64, 0u64);
             while i != NIL {
                 let o = &self.orders[i as usize];
-                if o.min_qty > 0 {
-                } else if have < need {
+                let plain = o.min_qty == 0;
+                if plain && have < need {
                     v.push((
                         Who::Resting(i),
                         AuctionOrder { side, limit: o.price, qty: u64::from(o.qty), resting: true },
                     ));
                     have += u64::from(o.qty);
-                } else if l.min_orders == 0 {
+                    here += u64::from(o.qty);
+                } else if plain && l.min_orders == 0 {
                     // Every order from here on is plain: the level's total says how many shares.
-                    rest = l.qty - v.iter().filter(|w| w.1.limit == l.price).map(|w| w.1.qty).sum::<u64>();
+                    rest = l.qty - here;
                     break;
-                } else {
+                } else if plain {
                     rest += u64::from(o.qty);
                 }
                 i = o.next;

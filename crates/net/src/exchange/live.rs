@@ -1694,12 +1694,14 @@ fn shard_of(g: &GatewayLoop, c: &Command) -> usize {
 /// Hands one batch to matching: each engine shard gets its part, the last
 /// command marked, and clears it in one call auction per symbol.
 fn route_batch(g: &mut GatewayLoop, batch: &[(Command, Option<u64>)], ring_full: &mut u64) {
-    for shard in 0..g.engines {
-        let mine: Vec<Command> = batch.iter().map(|b| b.0).filter(|c| shard_of(g, c) == shard).collect();
-        let k = mine.len();
-        for (i, c) in mine.into_iter().enumerate() {
-            route(g, c, if i + 1 == k { InBatch::Last } else { InBatch::Part }, ring_full);
-        }
+    // One shard's commands after another (run to completion gathers a
+    // shard's parts in one buffer), each shard in arrival order; the shard
+    // of each command found once.
+    let mut by_shard: Vec<(usize, Command)> = batch.iter().map(|b| (shard_of(g, &b.0), b.0)).collect();
+    by_shard.sort_by_key(|x| x.0);
+    for (i, &(shard, c)) in by_shard.iter().enumerate() {
+        let last = by_shard.get(i + 1).is_none_or(|n| n.0 != shard);
+        route(g, c, if last { InBatch::Last } else { InBatch::Part }, ring_full);
     }
 }
 
