@@ -640,6 +640,48 @@ pub struct ReceiverArgs {
     /// With --order-proxy: the exchange's OUCH address.
     #[arg(long, value_name = "ADDR", requires = "order_proxy", value_parser = crate::fmt::dest_addr)]
     exchange: Option<SocketAddr>,
+    /// Deployment model 2 or 3: forward each release over one more hop, to
+    /// this firm host (UDP HOST:PORT: `fairfeed firm-host`, or an unmodified
+    /// ITCH consumer) or enclave channel (unix:PATH). Each host is sent to
+    /// early by its one-way delay, measured with probes it echoes (a host
+    /// that answers none gets the packet at the deadline), so the hosts, not
+    /// only this receiver, have it at the deadline; the deadline grows by
+    /// the largest lead. Repeat for up to 64 hosts.
+    #[arg(long = "host", value_name = "ADDR", value_parser = host_addr)]
+    hosts: Vec<fairfeed_net::lasthop::HostAddr>,
+    /// With --host: no compensation — every host is sent to at the deadline
+    /// (the hop's spread stays; for comparison).
+    #[arg(long, requires = "hosts")]
+    no_compensate: bool,
+    /// With --host: the longest lead a host gets, µs (0..=100,000; a host
+    /// whose delay asks for more is counted in last_hop.hosts[].capped).
+    #[arg(long, requires = "hosts", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(0..=fairfeed_tree::lasthop::LEAD_LIMIT_NS / 1_000))]
+    lead_max_us: u64,
+}
+
+/// A clap value parser for a last hop's host: `unix:PATH` or a UDP `HOST:PORT`.
+pub(crate) fn host_addr(s: &str) -> Result<fairfeed_net::lasthop::HostAddr, String> {
+    fairfeed_net::lasthop::HostAddr::parse(s, crate::fmt::dest_addr)
+}
+
+/// The last hop of `--host`: at most [`fairfeed_tree::lasthop::HOSTS_MAX`] hosts, none twice.
+fn last_hop_job(a: &ReceiverArgs) -> anyhow::Result<Option<fairfeed_net::tree::agent::LastHopJob>> {
+    use fairfeed_tree::lasthop::{LastHopConfig, HOSTS_MAX};
+    if a.hosts.is_empty() {
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        a.hosts.len() <= HOSTS_MAX,
+        "--host: {} hosts, a last hop serves at most {HOSTS_MAX}",
+        a.hosts.len()
+    );
+    for (i, h) in a.hosts.iter().enumerate() {
+        anyhow::ensure!(!a.hosts[..i].contains(h), "--host {h}: given twice");
+    }
+    let cfg =
+        LastHopConfig { compensate: !a.no_compensate, lead_max_ns: a.lead_max_us * 1_000, ..LastHopConfig::default() };
+    Ok(Some(fairfeed_net::tree::agent::LastHopJob { hosts: a.hosts.clone(), cfg }))
 }
 
 /// The shard map in `p` for a topology of `trees` trees; one line names a bad entry.
@@ -1026,6 +1068,7 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
         fill_from: a.retransmit_from,
         keep_log: a.log.is_some(),
         snapshot,
+        last_hop: last_hop_job(&a)?,
     });
     let mut cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
     cfg.node.order = ReleaseOrder::Sequence { gap_wait_ns: a.gap_wait_us * 1_000 };

@@ -12,6 +12,7 @@ mod cmd_decode;
 mod cmd_demo;
 mod cmd_exchange;
 mod cmd_gen;
+mod cmd_host;
 mod cmd_node;
 mod cmd_order;
 mod cmd_plan;
@@ -66,6 +67,8 @@ enum Command {
     Proxy(Box<cmd_node::ProxyArgs>),
     /// Run a receiver of a fair multicast tree; deliver to a local UDP port.
     Receiver(Box<cmd_node::ReceiverArgs>),
+    /// The far end of a receiver's last hop (models 2, 3): a firm's host or enclave; echo probes, deliver, log arrivals.
+    FirmHost(cmd_host::Args),
     /// Serve a live web page of a running tree: its shape, each node's health, fairness, latency CDFs.
     Dashboard(cmd_dashboard::Args),
     /// Print a running node's counters and histograms (from its --control address).
@@ -190,6 +193,7 @@ fn main() {
         Command::Sender(a) => cmd_node::run_sender(*a),
         Command::Proxy(a) => cmd_node::run_proxy(*a),
         Command::Receiver(a) => cmd_node::run_receiver(*a),
+        Command::FirmHost(a) => cmd_host::run(a),
         Command::Stat(a) => cmd_node::run_stat(a),
         Command::Dashboard(a) => cmd_dashboard::run(a),
         Command::Demo(a) => cmd_demo::run(*a),

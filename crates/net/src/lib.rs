@@ -15,6 +15,7 @@ pub use fairfeed_io::{batch, idle, pace, send, tuning};
 pub mod arb;
 pub mod capture;
 pub mod exchange;
+pub mod lasthop;
 pub mod operator;
 pub mod order_proxy;
 pub mod publish;

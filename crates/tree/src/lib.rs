@@ -9,6 +9,8 @@
 //! - [`tail`]: per-message largest delays carried up the tree in reports,
 //!   and the quantile estimator that sets the deadline from them;
 //! - [`dedup`]: bounded duplicate detection; [`owd`]: the OWD window;
+//! - [`lasthop`]: the hop after the release point in deployment models 2
+//!   and 3 (gateway → firm host, VM → enclave), probed and compensated;
 //! - [`auth`]: the data path's packet tags; [`operator`]: control commands
 //!   sealed under the operator key.
 //!
@@ -21,6 +23,7 @@ pub mod auth;
 pub mod deadlines;
 pub mod dedup;
 pub mod ingress;
+pub mod lasthop;
 pub mod merge;
 pub mod node;
 pub mod operator;

@@ -830,6 +830,10 @@ pub struct Receiver {
     gap_blocking: bool,
     /// Sequence order: when the last release fell due (the next is never due before it).
     last_due_ns: u64,
+    /// The last hop after this release point (a gateway's hosts, an
+    /// enclave's channel): released this much before each deadline, and
+    /// counted in every delay it reports ([`Receiver::set_last_hop_ns`]).
+    last_hop_ns: u64,
     pub stats: ReceiverStats,
 }
 
@@ -847,6 +851,7 @@ impl Receiver {
             interval: ReportRepr { receivers: 1, ..ReportRepr::default() },
             next_report_ns: cfg.report_interval_ns,
             ready: Default::default(),
+            last_hop_ns: 0,
             auth: None,
             sync: ClockSync::off(id),
             last_local: 0,
@@ -911,6 +916,8 @@ impl Receiver {
         }
         let owd = now as i64 - h.send_ns as i64;
         let outcome = Outcome::New { sequence: h.sequence, hops: h.hop.saturating_add(1), owd_ns: owd };
+        // Reported delays run to where the data is due: past the last hop.
+        let owd = owd.saturating_add(self.last_hop_ns as i64);
         self.owd.record(owd);
         // Any clock with a known bound measures delays within it (the
         // sender's margin covers the bounds reported); one over the fairness
@@ -919,8 +926,11 @@ impl Receiver {
         if self.sync.usable(raw) {
             self.tail.record(h.sequence, owd.max(0) as u64);
         }
-        let deadline_ns =
-            if self.cfg.hold_and_release { h.deadline_ns.saturating_sub(self.cfg.release_lead_ns) } else { now };
+        let deadline_ns = if self.cfg.hold_and_release {
+            h.deadline_ns.saturating_sub(self.cfg.release_lead_ns).saturating_sub(self.last_hop_ns)
+        } else {
+            now
+        };
         let hold = Hold {
             key: deadline_ns,
             deadline_ns,
@@ -1123,6 +1133,19 @@ impl Receiver {
         self.ready.pop_front()
     }
 
+    /// A last hop of `ns` follows this release point (models 2 and 3,
+    /// [`crate::lasthop`]): messages arriving from now on are released that
+    /// much before their deadlines, and the delays it reports grow by it, so
+    /// the sender's deadline covers the hop. Capped at
+    /// [`crate::lasthop::LEAD_LIMIT_NS`].
+    pub fn set_last_hop_ns(&mut self, ns: u64) {
+        self.last_hop_ns = ns.min(crate::lasthop::LEAD_LIMIT_NS);
+    }
+
+    pub fn last_hop_ns(&self) -> u64 {
+        self.last_hop_ns
+    }
+
     /// Messages held now.
     pub fn held(&self) -> usize {
         self.held.len()
@@ -1199,6 +1222,15 @@ impl Node {
                 r.trees = r.trees.into_iter().map(|(k, t)| (k, t.with_auth(auth.clone()))).collect();
                 Node::ShardReceiver(r)
             }
+        }
+    }
+
+    /// A last hop of `ns` after this receiver ([`Receiver::set_last_hop_ns`]); nothing on other roles.
+    pub fn set_last_hop_ns(&mut self, ns: u64) {
+        match self {
+            Node::Receiver(r) => r.set_last_hop_ns(ns),
+            Node::ShardReceiver(r) => r.set_last_hop_ns(ns),
+            _ => {}
         }
     }
 
@@ -1422,5 +1454,29 @@ mod tests {
         assert!(honest.poll_release().is_none(), "the honest receiver holds to the deadline");
         let r = cheat.poll_release().expect("the cheat has released");
         assert_eq!((r.deadline_ns, r.due_ns, r.late), (deadline, deadline - 5_000, false));
+    }
+
+    /// A gateway's last hop: released that much early, stating the
+    /// deadline, and its reported delays (so the sender's OWD_G) include it.
+    #[test]
+    fn a_last_hop_moves_the_release_and_the_reported_delay() {
+        let cfg = NodeConfig { initial_owd_ns: 100_000, report_interval_ns: 5_000_000, ..NodeConfig::default() };
+        let mut sender = Sender::new(9, vec![1], cfg, DeadlineRule::Paper { margin_ns: 0 });
+        let mut out = Sent::default();
+        sender.handle_message(1_000_000, b"hello", &mut out);
+        let deadline = 1_000_000 + sender.deadline_offset_ns();
+        let mut gw = Receiver::new(1, 9, cfg);
+        gw.set_last_hop_ns(30_000);
+        gw.handle_packet(1_010_000, &out.0[0].1);
+        assert_eq!(gw.next_timeout(), deadline - 30_000);
+        gw.release_due(deadline - 30_000);
+        let r = gw.poll_release().expect("released ahead of the hop");
+        assert_eq!((r.deadline_ns, r.due_ns, r.late), (deadline, deadline - 30_000, false));
+        // Its report: the tree's 10 µs plus the hop's 30 µs.
+        let mut rep = Sent::default();
+        gw.handle_timeout(6_000_000, &mut rep);
+        let (_, bytes) = rep.0.iter().find(|(to, _)| *to == 9).expect("a report to the sender");
+        sender.handle_packet(6_000_100, bytes);
+        assert_eq!(sender.deadline_offset_ns(), 40_000);
     }
 }

@@ -155,6 +155,13 @@ impl ShardReceiver {
         ShardReceiver { id, trees, index, merge, sync, refused: 0 }
     }
 
+    /// A last hop of `ns` after this node: on every tree ([`Receiver::set_last_hop_ns`]).
+    pub fn set_last_hop_ns(&mut self, ns: u64) {
+        for (_, r) in &mut self.trees {
+            r.set_last_hop_ns(ns);
+        }
+    }
+
     /// Runs `f` on tree `i`'s receiver with the node's clock lent to it.
     fn lend<T>(&mut self, i: usize, f: impl FnOnce(&mut Receiver) -> T) -> T {
         let r = &mut self.trees[i].1;

@@ -11,6 +11,7 @@
 //! its one thread.
 
 use std::net::UdpSocket;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use fairfeed_io::agent::{run, spawn, Agent, RunConfig};
@@ -66,7 +67,10 @@ impl<'c> NodeAgents<'c> {
             }
             None => None,
         };
-        let delivers = matches!(&cfg.job, Job::Receiver(j) if j.deliver.is_some() || j.retransmit.is_some() || j.snapshot.is_some());
+        let delivers = matches!(&cfg.job, Job::Receiver(j) if j.deliver.is_some() || j.retransmit.is_some() || j.snapshot.is_some() || j.last_hop.is_some());
+        // A last hop's largest lead, from the delivery to the node.
+        let last_hop =
+            matches!(&cfg.job, Job::Receiver(j) if j.last_hop.is_some()).then(|| Arc::new(AtomicU64::new(0)));
         let sends = matches!(&cfg.job, Job::Sender(_));
         let mut posters: [Option<Poster>; PARTS] = [None, None, None];
         let board = if ctl.is_some() || cfg.publish.is_some() {
@@ -102,7 +106,8 @@ impl<'c> NodeAgents<'c> {
         let (delivery, delivery_out) = match &cfg.job {
             Job::Receiver(j) if delivers => {
                 let (tx, rx) = mailbox(MAILBOX_CAPACITY).map_err(io("making the delivery's mailbox"))?;
-                (Some(DeliveryAgent::new(j, rx, clock, life.clone(), delivery_poster)?), Some(tx))
+                let lead = last_hop.clone().unwrap_or_default();
+                (Some(DeliveryAgent::new(j, rx, clock, life.clone(), delivery_poster, lead)?), Some(tx))
             }
             _ => (None, None),
         };
@@ -114,6 +119,7 @@ impl<'c> NodeAgents<'c> {
             poster: node_poster,
             life: life.clone(),
             releases: releases.clone(),
+            last_hop,
         };
         let node = NodeAgent::new(cfg, sock, links, on_release)?;
         let control = board.map(|b| {

@@ -3,10 +3,13 @@
 //! arbitrator that asks the sender's retransmission server for whatever the
 //! tree lost, and optionally after a snapshot (`--snapshot`: a receiver
 //! joining a running feed hands its application the books first, then the
-//! live line from where the snapshot ends).
+//! live line from where the snapshot ends), and optionally over a last
+//! hop (`--host`: a gateway's firm hosts, a VM's enclave channel), each host
+//! sent to early by its measured delay ([`crate::lasthop`]).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use fairfeed_arb::spec::SeqSpec;
@@ -20,6 +23,7 @@ use super::control::{Life, Poster};
 use super::mailbox::Incoming;
 use super::{wall_ns, AgentError, ReceiverJob, TimeBase};
 use crate::arb::client::RetransmitClient;
+use crate::lasthop::LastHopOut;
 use crate::snapshot::SnapshotClient;
 
 /// How long the filling arbitrator holds a message behind a gap.
@@ -27,10 +31,12 @@ const FILL_HOLD_NS: u64 = 200_000_000;
 /// How long it waits before asking for a gap to be filled.
 const FILL_GRACE_NS: u64 = 1_000_000;
 
-/// One released message: its payload and the (true) time of its release.
+/// One released message: its payload, the (true) time of its release,
+/// and the wall time of its deadline (when a last hop's hosts are to have it).
 #[derive(Debug)]
 pub struct Delivered {
     pub true_ns: u64,
+    pub deadline_wall_ns: u64,
     pub payload: Vec<u8>,
 }
 
@@ -41,41 +47,58 @@ struct Counts {
     requests: u64,
 }
 
-/// The application's side: its socket, and the snapshot join in front of it.
-struct AppOut {
+/// Where the line's packets go: the application's socket, and the last
+/// hop to the firms' hosts or enclave (models 2 and 3).
+struct Outlet {
     sock: UdpSocket,
     to: Option<SocketAddr>,
     counts: Counts,
-    join: Option<SnapshotClient>,
+    hop: Option<LastHopOut>,
     /// Wall clock of the turn (the join's timers run on it).
     now: u64,
+    /// Wall time the packet being delivered is due at the hosts (a filled
+    /// or snapshot packet has none: now).
+    deadline: u64,
 }
 
-/// Sends one packet to the application.
-fn send(sock: &UdpSocket, to: Option<SocketAddr>, counts: &mut Counts, p: &[u8]) {
-    counts.delivered += 1;
-    if let Some(to) = to {
-        if sock.send_to(p, to).is_err() {
-            counts.failed += 1;
+impl Outlet {
+    /// Sends one packet to the application and over the last hop.
+    fn send(&mut self, p: &[u8]) {
+        self.counts.delivered += 1;
+        if let Some(to) = self.to {
+            if self.sock.send_to(p, to).is_err() {
+                self.counts.failed += 1;
+            }
+        }
+        if let Some(h) = &mut self.hop {
+            h.release(self.deadline, p);
         }
     }
+}
+
+/// The application's side: its outlet, and the snapshot join in front of it.
+struct AppOut {
+    out: Outlet,
+    join: Option<SnapshotClient>,
 }
 
 impl AppOut {
     /// One packet of the line, in sequence order: to the application, or
     /// through the join while it has not joined.
     fn take(&mut self, p: &[u8]) {
-        let (sock, to, counts) = (&self.sock, self.to, &mut self.counts);
+        let out = &mut self.out;
         match &mut self.join {
-            Some(j) => j.on_live(self.now, p, &mut |q| send(sock, to, counts, q)),
-            None => send(sock, to, counts, p),
+            Some(j) => j.on_live(out.now, p, &mut |q| out.send(q)),
+            None => out.send(p),
         }
     }
 
-    /// The join's connection and timers.
+    /// The join's connection and timers, and the last hop's.
     fn service(&mut self) -> usize {
-        let (sock, to, counts) = (&self.sock, self.to, &mut self.counts);
-        self.join.as_mut().map_or(0, |j| j.service(self.now, &mut |q| send(sock, to, counts, q)))
+        let out = &mut self.out;
+        out.deadline = out.now;
+        let n = self.join.as_mut().map_or(0, |j| j.service(out.now, &mut |q| out.send(q)));
+        n + out.hop.as_mut().map_or(0, LastHopOut::service)
     }
 }
 
@@ -93,7 +116,7 @@ impl Sink for DeliverSink<'_> {
 
     fn request(&mut self, r: RequestRepr) {
         if self.req.request(r) {
-            self.app.counts.requests += 1;
+            self.app.out.counts.requests += 1;
         }
     }
 }
@@ -119,6 +142,7 @@ impl DeliveryAgent {
         (skew, time): (Skew, TimeBase),
         life: Arc<Life>,
         poster: Option<Poster>,
+        lead: Arc<AtomicU64>,
     ) -> Result<Self, AgentError> {
         let io = |what: &str| {
             let what = what.to_string();
@@ -151,11 +175,20 @@ impl DeliveryAgent {
                     .map_err(io("making the snapshot client"))?,
             ),
         };
-        let app = AppOut { sock, to: job.deliver, counts: Counts::default(), join, now: wall_ns() };
+        let hop = match &job.last_hop {
+            None => None,
+            Some(h) => Some(
+                LastHopOut::new(h.hosts.clone(), h.cfg, lead.clone()).map_err(io("binding the last hop's sockets"))?,
+            ),
+        };
+        let now = wall_ns();
+        let out = Outlet { sock, to: job.deliver, counts: Counts::default(), hop, now, deadline: now };
+        let app = AppOut { out, join };
         Ok(DeliveryAgent { app, fill, inbox, skew, time, life, poster, scratch: vec![0u8; 2048], batch: Vec::new() })
     }
 
-    fn release(&mut self, now: u64, payload: &[u8]) {
+    fn release(&mut self, now: u64, deadline: u64, payload: &[u8]) {
+        self.app.out.deadline = deadline;
         match &mut self.fill {
             Some((arb, req)) => {
                 let mut sink = DeliverSink { app: &mut self.app, req };
@@ -183,7 +216,7 @@ impl DeliveryAgent {
 
     /// Its counters, as they go into the node's report.
     pub fn counters(&self) -> serde_json::Value {
-        let counts = &self.app.counts;
+        let counts = &self.app.out.counts;
         let mut c = json!({ "delivered": counts.delivered, "deliver_failed": counts.failed });
         if let Some((arb, ..)) = &self.fill {
             c["retransmit_requests"] = counts.requests.into();
@@ -192,17 +225,20 @@ impl DeliveryAgent {
         if let Some(j) = &self.app.join {
             c["join"] = serde_json::to_value(j.stats()).unwrap_or_default();
         }
+        if let Some(h) = &self.app.out.hop {
+            c["last_hop"] = h.counters();
+        }
         c
     }
 }
 
 impl Agent for DeliveryAgent {
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
-        self.app.now = now;
+        self.app.out.now = now;
         let mut batch = std::mem::take(&mut self.batch);
         let mut work = self.inbox.drain(|d| batch.push(d));
         for d in batch.drain(..) {
-            self.release(d.true_ns, &d.payload);
+            self.release(d.true_ns, d.deadline_wall_ns, &d.payload);
         }
         self.batch = batch;
         work += self.service(self.skew.local(self.time.at(now)));
@@ -223,18 +259,22 @@ impl Agent for DeliveryAgent {
         let arb = self.fill.as_ref().and_then(|f| f.0.next_timeout());
         let due = arb.map_or(u64::MAX, |l| self.time.wall_at(self.skew.true_at(l)));
         let join = self.app.join.as_ref().map_or(u64::MAX, SnapshotClient::next_due);
-        due.min(join).min(self.poster.as_ref().map_or(u64::MAX, Poster::next_ns))
+        let hop = self.app.out.hop.as_ref().map_or(u64::MAX, LastHopOut::next_due);
+        due.min(join).min(hop).min(self.poster.as_ref().map_or(u64::MAX, Poster::next_ns))
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = vec![self.inbox.fd()];
         fds.extend(self.fill.iter().map(|f| f.1.fd()));
         fds.extend(self.app.join.iter().map(SnapshotClient::fd));
+        fds.extend(self.app.out.hop.iter().flat_map(LastHopOut::fds));
         fds.extend(self.poster.iter().map(Poster::fd));
         fds
     }
 
     fn is_done(&self) -> bool {
-        self.inbox.is_empty() && (self.inbox.is_finished() || self.life.over(wall_ns()))
+        let now = wall_ns();
+        let hop_idle = self.app.out.hop.as_ref().is_none_or(|h| h.pending() == 0);
+        self.inbox.is_empty() && ((self.inbox.is_finished() && hop_idle) || self.life.over(now))
     }
 }

@@ -173,6 +173,17 @@ pub struct ReceiverJob {
     pub keep_log: bool,
     /// Join from a snapshot: the application gets the books first.
     pub snapshot: Option<SnapshotJoin>,
+    /// Forward each release over one more hop (models 2 and 3): to firms'
+    /// hosts or an enclave's channel, each early by its measured delay.
+    pub last_hop: Option<LastHopJob>,
+}
+
+/// A release point's last hop (see [`crate::lasthop`]).
+#[derive(Debug, Clone)]
+pub struct LastHopJob {
+    pub hosts: Vec<crate::lasthop::HostAddr>,
+    /// Its settings (`hosts` and `secret` are filled in by the shell).
+    pub cfg: fairfeed_tree::lasthop::LastHopConfig,
 }
 
 /// Where a joining receiver fetches its snapshot, and as whom.

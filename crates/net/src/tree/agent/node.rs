@@ -186,6 +186,9 @@ pub struct NodeAgent<'c> {
     /// Where a receiver's releases are kept for the fleet view, and a turn's batch of them.
     releases: Option<Arc<ReleaseLog>>,
     release_batch: Vec<Release>,
+    /// A last hop's largest lead (shared with the delivery), and the one the core has.
+    last_hop: Option<Arc<std::sync::atomic::AtomicU64>>,
+    last_hop_ns: u64,
     /// The generation of the keyring last put in force (`cfg.keys`).
     key_generation: u64,
     /// A sender's deadline records to the exchange.
@@ -394,6 +397,8 @@ pub struct Links {
     pub life: Arc<Life>,
     /// A receiver's recent releases, for the control agent's `releases` answers.
     pub releases: Option<Arc<ReleaseLog>>,
+    /// A last hop's largest lead, ns, kept by the delivery (models 2 and 3).
+    pub last_hop: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// The node's socket: `sock`, or bound to its address in the topology.
@@ -475,7 +480,7 @@ impl<'c> NodeAgent<'c> {
         let emu = cfg
             .link
             .map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
-        let Links { feed, delivery, poster, life, releases } = links;
+        let Links { feed, delivery, poster, life, releases, last_hop } = links;
         Ok(NodeAgent {
             cfg,
             who: format!("{} {}", format!("{:?}", me.role).to_lowercase(), me.id),
@@ -517,6 +522,8 @@ impl<'c> NodeAgent<'c> {
             on_release: Box::new(on_release),
             releases,
             release_batch: Vec::new(),
+            last_hop,
+            last_hop_ns: 0,
             deadlines,
         })
     }
@@ -728,7 +735,10 @@ impl NodeAgent<'_> {
                 });
             }
             if let Some(d) = &mut self.delivery {
-                if d.push(Delivered { true_ns: t, payload: m.payload.into_vec() }).is_err() {
+                // The deadline as a wall time: this release's, moved by how far off the deadline is.
+                let to_deadline = m.deadline_ns as i64 - t_sync as i64;
+                let deadline_wall_ns = wall.saturating_add_signed(to_deadline);
+                if d.push(Delivered { true_ns: t, deadline_wall_ns, payload: m.payload.into_vec() }).is_err() {
                     self.delivery_full += 1;
                 }
             }
@@ -833,6 +843,13 @@ impl Agent for NodeAgent<'_> {
             if g != self.key_generation {
                 self.key_generation = g;
                 self.live.set_keys(&k.keys());
+            }
+        }
+        if let Some(l) = &self.last_hop {
+            let ns = l.load(std::sync::atomic::Ordering::Relaxed);
+            if ns != self.last_hop_ns {
+                self.last_hop_ns = ns;
+                self.live.set_last_hop_ns(ns);
             }
         }
         if let Some(b) = &self.cfg.clock.host_bound {
