@@ -1111,9 +1111,11 @@ pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     };
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let stamps = proxy.is_some();
+    // Behind a last hop the firm's host has the data at the deadline, not at the release.
+    let behind_hop = !a.hosts.is_empty();
     let r = run_agent(&cfg, |m, at| {
         if stamps {
-            cell.delivered(&m.payload, at.wall_ns);
+            cell.delivered(&m.payload, if behind_hop { at.deadline_wall_ns.max(at.wall_ns) } else { at.wall_ns });
         }
     })
     .map_err(|e| anyhow::anyhow!("receiver {}: {e}", a.common.id))?;

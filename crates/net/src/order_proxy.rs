@@ -32,14 +32,28 @@ pub const PROXY_IDLE_MAX: Duration = Duration::from_secs(30);
 /// How often the threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
 
-/// The release point's delivery clock: the last data message released and
-/// when (wall ns). Written by the release path, read by the proxy.
+/// The release point's delivery clock: the last data message delivered and
+/// when (wall ns). Written by the release path, read by the proxy. A
+/// message may be delivered in the future — through a last hop (`--host`)
+/// a firm's host has it at the deadline, not at the release — and counts
+/// only from then: an order sent before it answers the message before.
 #[derive(Debug, Default)]
-pub struct ClockCell(Mutex<Option<(u64, u64)>>);
+pub struct ClockCell(Mutex<Cell>);
+
+#[derive(Debug, Default)]
+struct Cell {
+    /// (last sequence, delivered at) of the last delivery in the past.
+    now: Option<(u64, u64)>,
+    /// Deliveries still ahead, in sequence order (at most [`AHEAD_MAX`]).
+    ahead: std::collections::VecDeque<(u64, u64)>,
+}
+
+/// Deliveries a clock keeps ahead of now at most (a last hop holds ≤ 10 ms of them).
+pub const AHEAD_MAX: usize = 65_536;
 
 impl ClockCell {
-    /// MoldUDP64 packet `payload` was released at `wall_ns`: its last
-    /// message is now the last data delivered (other bytes change nothing).
+    /// MoldUDP64 packet `payload` is delivered at `wall_ns` (now, or ahead):
+    /// its last message is then the last data delivered (other bytes change nothing).
     pub fn delivered(&self, payload: &[u8], wall_ns: u64) {
         let Ok(p) = fairfeed_wire::moldudp64::Packet::new_checked(payload) else { return };
         let n = p.message_count();
@@ -49,15 +63,25 @@ impl ClockCell {
         let last = p.sequence() + u64::from(n) - 1;
         let mut c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         // Sequence order: never backwards (a late retransmission fills a gap behind).
-        if c.is_none_or(|(seq, _)| last > seq) {
-            *c = Some((last, wall_ns));
+        let newest = c.ahead.back().or(c.now.as_ref()).map(|x| x.0);
+        if newest.is_some_and(|seq| last <= seq) {
+            return;
         }
+        if c.ahead.len() >= AHEAD_MAX {
+            c.now = c.ahead.pop_front();
+        }
+        // Never delivered earlier than the one before it.
+        let at = c.ahead.back().map_or(wall_ns, |x| x.1.max(wall_ns));
+        c.ahead.push_back((last, at));
     }
 
     /// The clock at `now_ns` (None: nothing delivered yet).
     pub fn at(&self, now_ns: u64) -> Option<DeliveryClock> {
-        let c = *self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        c.map(|(data_seq, at)| DeliveryClock { data_seq, response_ns: now_ns as i64 - at as i64 })
+        let mut c = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        while c.ahead.front().is_some_and(|x| x.1 <= now_ns) {
+            c.now = c.ahead.pop_front();
+        }
+        c.now.map(|(data_seq, at)| DeliveryClock { data_seq, response_ns: now_ns as i64 - at as i64 })
     }
 }
 
@@ -250,6 +274,28 @@ mod tests {
     fn closed(s: &mut TcpStream) -> bool {
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         matches!(s.read(&mut [0u8; 16]), Ok(0) | Err(_))
+    }
+
+    /// A delivery ahead (a last hop's deadline) counts only from its time:
+    /// an order before it answers the message before.
+    #[test]
+    fn a_delivery_ahead_counts_from_its_time() {
+        let packet = |seq: u64| {
+            let mut p = vec![0u8; 20];
+            p[10..18].copy_from_slice(&seq.to_be_bytes());
+            p[18..20].copy_from_slice(&1u16.to_be_bytes());
+            p.extend_from_slice(&[0, 1, b'x']);
+            p
+        };
+        let cell = ClockCell::default();
+        assert!(cell.at(0).is_none());
+        cell.delivered(&packet(1), 1_000);
+        cell.delivered(&packet(2), 5_000);
+        cell.delivered(&packet(2), 6_000); // not again
+        cell.delivered(&packet(3), 4_000); // never before the one before it
+        assert!(cell.at(999).is_none(), "nothing delivered yet");
+        assert_eq!(cell.at(2_000), Some(DeliveryClock { data_seq: 1, response_ns: 1_000 }));
+        assert_eq!(cell.at(5_100), Some(DeliveryClock { data_seq: 3, response_ns: 100 }));
     }
 
     /// Orders come out stamped; a client that sends garbage is cut off and

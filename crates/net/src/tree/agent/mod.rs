@@ -130,6 +130,9 @@ pub struct ReleaseAt {
     pub wall_ns: u64,
     pub true_ns: u64,
     pub local_ns: u64,
+    /// The message's deadline as a wall time (after `wall_ns` when the
+    /// node releases ahead of it for a last hop).
+    pub deadline_wall_ns: u64,
 }
 
 /// What the sender sends.

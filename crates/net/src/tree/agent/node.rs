@@ -723,7 +723,9 @@ impl NodeAgent<'_> {
                     clock_ok: m.clock_ok,
                 });
             }
-            (self.on_release)(&m, ReleaseAt { wall_ns: wall, true_ns: t, local_ns: local });
+            // The deadline as a wall time: this release's, moved by how far off the deadline is.
+            let deadline_wall_ns = wall.saturating_add_signed(m.deadline_ns as i64 - t_sync as i64);
+            (self.on_release)(&m, ReleaseAt { wall_ns: wall, true_ns: t, local_ns: local, deadline_wall_ns });
             if self.cfg.job_keeps_log() && self.rows.len() < LOG_ROWS_MAX {
                 self.rows.push(ReleaseRow {
                     sequence: m.sequence,
@@ -735,9 +737,6 @@ impl NodeAgent<'_> {
                 });
             }
             if let Some(d) = &mut self.delivery {
-                // The deadline as a wall time: this release's, moved by how far off the deadline is.
-                let to_deadline = m.deadline_ns as i64 - t_sync as i64;
-                let deadline_wall_ns = wall.saturating_add_signed(to_deadline);
                 if d.push(Delivered { true_ns: t, deadline_wall_ns, payload: m.payload.into_vec() }).is_err() {
                     self.delivery_full += 1;
                 }
