@@ -13,9 +13,9 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-echo "== building fairfeed (release)"
+echo "== building fairfeed (release; the first build takes minutes, cargo shows its progress)"
 # Ask cargo where it put the binary (CARGO_TARGET_DIR may move it out of target/).
-ff=$(cargo build --release --quiet --bin fairfeed --message-format=json-render-diagnostics \
+ff=$(cargo build --release --bin fairfeed --message-format=json-render-diagnostics \
   | python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)

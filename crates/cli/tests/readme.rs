@@ -1,7 +1,12 @@
-//! Goal: the README's examples work verbatim on a fresh machine (issue 17).
+//! Goal: the README's and docs/USAGE.md's examples work verbatim on a fresh
+//! machine (issue 17).
 //!
-//! Method: every ```` ```sh ```` block of README.md carries a marker comment
-//! on the line before it:
+//! Method: every ```` ```sh ```` block of README.md and docs/USAGE.md
+//! carries a marker comment on the line before it (README first, then
+//! USAGE, all in one directory):
+//! - `<!-- readme-test: in-usage -->` (README only): the same code as a
+//!   block of docs/USAGE.md, which runs it — checked here, so the two
+//!   cannot drift apart.
 //! - `<!-- readme-test: run -->`: run by bash, verbatim, in README order, all
 //!   in one temporary directory (with the repository's `docs/` linked in, so
 //!   paths like `docs/models/…` resolve) and `fairfeed` first on the PATH;
@@ -34,14 +39,15 @@ const BLOCK_LIMIT: Duration = Duration::from_secs(300);
 const SLOW_BLOCK_LIMIT: Duration = Duration::from_secs(3600);
 
 struct Block {
-    /// 1-based line of the opening fence.
+    /// The file and the 1-based line of the opening fence.
+    doc: &'static str,
     line: usize,
     marker: String,
     code: String,
 }
 
 /// The README's `sh` blocks with their markers.
-fn blocks(readme: &str) -> Vec<Block> {
+fn blocks(doc: &'static str, readme: &str) -> Vec<Block> {
     let lines: Vec<&str> = readme.lines().collect();
     let mut out = Vec::new();
     let mut i = 0;
@@ -59,7 +65,7 @@ fn blocks(readme: &str) -> Vec<Block> {
             while end < lines.len() && lines[end].trim_end() != "```" {
                 end += 1;
             }
-            out.push(Block { line: i + 1, marker, code: lines[start..end].join("\n") });
+            out.push(Block { doc, line: i + 1, marker, code: lines[start..end].join("\n") });
             i = end;
         }
         i += 1;
@@ -117,10 +123,22 @@ fn run_block(
 fn readme_examples_run_verbatim() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let all = blocks(&readme);
-    assert!(all.len() >= 8, "found {} sh blocks", all.len());
-    let unmarked: Vec<usize> = all.iter().filter(|b| b.marker.is_empty()).map(|b| b.line).collect();
-    assert!(unmarked.is_empty(), "README sh blocks without a readme-test marker, at lines {unmarked:?}");
+    let usage = std::fs::read_to_string(root.join("docs/USAGE.md")).unwrap();
+    let usage_blocks = blocks("docs/USAGE.md", &usage);
+    let mut all = blocks("README.md", &readme);
+    assert!(all.len() >= 6, "found {} sh blocks in the README", all.len());
+    for b in all.iter().filter(|b| b.marker == "in-usage") {
+        assert!(
+            usage_blocks.iter().any(|u| u.code == b.code && u.marker != "in-usage"),
+            "README line {}: marked in-usage, but docs/USAGE.md has no block with the same code",
+            b.line
+        );
+    }
+    all.extend(usage_blocks);
+    assert!(all.len() >= 20, "found {} sh blocks", all.len());
+    let unmarked: Vec<String> =
+        all.iter().filter(|b| b.marker.is_empty()).map(|b| format!("{}:{}", b.doc, b.line)).collect();
+    assert!(unmarked.is_empty(), "sh blocks without a readme-test marker: {unmarked:?}");
     let d = tmp();
     std::os::unix::fs::symlink(root.join("docs").canonicalize().unwrap(), d.path().join("docs")).unwrap();
     let slow_for_real = std::env::var("FAIRFEED_README_SLOW").as_deref() == Ok("1");
@@ -138,7 +156,7 @@ fn readme_examples_run_verbatim() {
             "run, needs root" => {
                 let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0");
                 if !root {
-                    eprintln!("README block at line {} skipped: it needs root", b.line);
+                    eprintln!("{} block at line {} skipped: it needs root", b.doc, b.line);
                     continue;
                 }
                 &[]
@@ -146,12 +164,13 @@ fn readme_examples_run_verbatim() {
             "slow" if slow_for_real => &[],
             "slow" => &[("FAIRFEED_PARSE_ONLY", "1")],
             m if m.starts_with("skip:") => continue,
-            m => panic!("README line {}: unknown readme-test marker {m:?}", b.line),
+            "in-usage" if b.doc == "README.md" => continue,
+            m => panic!("{} line {}: unknown readme-test marker {m:?}", b.doc, b.line),
         };
         let limit = if b.marker == "slow" && slow_for_real { SLOW_BLOCK_LIMIT } else { BLOCK_LIMIT };
         let (code, took, tail) = run_block(&b.code, d.path(), env, n, limit);
-        eprintln!("README block at line {} ({}): exit {code:?} in {:.1} s", b.line, b.marker, took.as_secs_f64());
-        assert_eq!(code, Some(0), "README block at line {} ({}) failed; its output ends:\n{tail}", b.line, b.marker);
+        eprintln!("{} block at line {} ({}): exit {code:?} in {:.1} s", b.doc, b.line, b.marker, took.as_secs_f64());
+        assert_eq!(code, Some(0), "{} block at line {} ({}) failed; its output ends:\n{tail}", b.doc, b.line, b.marker);
         ran += 1;
     }
     assert!(ran >= 7, "only {ran} blocks ran");
@@ -159,7 +178,7 @@ fn readme_examples_run_verbatim() {
     for f in
         ["feed.pcap", "merged.pcap", "stats.json", "tree.toml", "r0.json", "exchange.toml", "out/fair100/summary.json"]
     {
-        assert!(d.path().join(f).exists(), "the README's examples should have written {f}");
+        assert!(d.path().join(f).exists(), "the docs' examples should have written {f}");
     }
     if broker {
         let sub = std::fs::read_to_string(d.path().join("tqyv.txt")).unwrap();

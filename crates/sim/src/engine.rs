@@ -196,7 +196,7 @@ struct MsgAgg {
     last_all: u64,
 }
 
-/// The measures of one run (names as in docs/ARCHITECTURE.md).
+/// The measures of one run (names as in docs/architecture/sim.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
     pub receivers: usize,
