@@ -2,12 +2,13 @@
 //! addresses, retransmission requests to a MoldUDP64 server, and a control
 //! socket that changes the window at run time.
 //!
-//! Single-threaded: every socket is non-blocking; when nothing is ready the
-//! loop sleeps in `poll(2)` until the next packet or the arbitrator's next
-//! timer, or — with `busy_poll` — spins, trading a core for latency (seed 003).
+//! One agent ([`ArbAgent`], on `fairfeed_io::agent`'s runner): every socket
+//! is non-blocking; when nothing is ready the runner parks in `ppoll(2)`
+//! until the next packet or the arbitrator's next timer, or — with a
+//! spinning idle strategy — spins, trading a core for latency (seed 003).
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use fairfeed_arb::stats::Stats;
@@ -16,7 +17,7 @@ use fairfeed_tree::operator::{Access, AuthCounters, Verifier};
 use fairfeed_wire::moldudp64::RequestRepr;
 
 use super::client::RetransmitClient;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use fairfeed_io::agent::{Agent, RunConfig, Turn};
 
 /// Receive buffer asked for on each line socket: absorbs bursts while the loop is busy.
 pub const LINE_RECV_BUFFER_BYTES: usize = 8 << 20;
@@ -56,7 +57,6 @@ pub struct LiveConfig {
 pub use crate::publish::{publish, JsonSlot, PUBLISH_INTERVAL};
 
 pub use crate::idle::IdleStrategy;
-use crate::idle::{Idler, Wait};
 
 pub use fairfeed_io::socket::bind_udp;
 
@@ -185,139 +185,248 @@ fn control(arb: &mut Arbitrator, now: u64, cmd: &str, sink: &mut UdpSink<'_>, au
     format!("ok {}", serde_json::to_string(&w).unwrap_or_default())
 }
 
-/// Runs until the session ends (with `exit_on_end`) or `max_seconds` pass;
-/// returns the final counters and the number of failed sends.
-pub fn run_live(
-    mut arb: Arbitrator,
-    cfg: &LiveConfig,
-    mut on_stats: impl FnMut(&Stats),
-) -> std::io::Result<(Stats, u64)> {
-    assert!(!cfg.lines.is_empty(), "at least one line");
-    let lines: Vec<UdpSocket> =
-        cfg.lines.iter().map(|a| bind_udp(*a, LINE_RECV_BUFFER_BYTES)).collect::<Result<_, _>>()?;
-    let out = UdpSocket::bind("0.0.0.0:0")?;
-    let retrans = cfg.retransmit.map(RetransmitClient::new).transpose()?;
-    let (ctl, mut side) = ControlSide::bind(cfg)?;
-    for (l, s) in lines.iter().enumerate() {
-        if let Ok(a) = s.local_addr() {
-            tracing::info!(line = l, addr = %a, "arb: line {} on {a}", char::from(b'A' + (l as u8).min(25)));
-        }
-    }
-    if let Some(a) = ctl.as_ref().and_then(|c| c.local_addr().ok()) {
-        tracing::info!(control = %a, "arb: control socket at {a} (`fairfeed control {a} stats`)");
-    }
-    let start = Instant::now();
-    let now = || start.elapsed().as_nanos() as u64;
-    let mut sink = UdpSink { out: &out, retrans: retrans.as_ref(), cfg, send_errors: 0 };
-    let mut buf = vec![0u8; DATAGRAM_MAX];
-    let mut next_stats = cfg.stats_interval.map(|d| d.as_nanos() as u64);
-    let mut next_publish = 0;
-    let mut idler = Idler::new(cfg.idle);
-    loop {
-        let mut got = 0;
+/// The live arbitrator as an agent (`fairfeed_io::agent`): its line
+/// sockets, the retransmission client and the control socket are its
+/// descriptors; the arbitrator's next timeout, the counters' publication
+/// and `on_stats` its timers. The arbitrator runs on a monotonic clock from
+/// the agent's start.
+pub struct ArbAgent<'c, F: FnMut(&Stats)> {
+    arb: Arbitrator,
+    cfg: &'c LiveConfig,
+    lines: Vec<UdpSocket>,
+    out: UdpSocket,
+    retrans: Option<RetransmitClient>,
+    ctl: Option<UdpSocket>,
+    side: ControlSide,
+    start: Instant,
+    /// Wall time at `start` (the runner's timers are wall times).
+    start_wall: u64,
+    buf: Vec<u8>,
+    next_stats: Option<u64>,
+    next_publish: u64,
+    send_errors: u64,
+    on_stats: F,
+    done: bool,
+}
+
+impl<'c, F: FnMut(&Stats)> ArbAgent<'c, F> {
+    /// Binds every socket `cfg` names.
+    pub fn new(arb: Arbitrator, cfg: &'c LiveConfig, on_stats: F) -> std::io::Result<Self> {
+        assert!(!cfg.lines.is_empty(), "at least one line");
+        let lines: Vec<UdpSocket> =
+            cfg.lines.iter().map(|a| bind_udp(*a, LINE_RECV_BUFFER_BYTES)).collect::<Result<_, _>>()?;
+        let out = UdpSocket::bind("0.0.0.0:0")?;
+        let retrans = cfg.retransmit.map(RetransmitClient::new).transpose()?;
+        let (ctl, side) = ControlSide::bind(cfg)?;
         for (l, s) in lines.iter().enumerate() {
-            for _ in 0..RECV_BATCH_MAX {
-                let Ok(n) = s.recv(&mut buf) else { break };
-                arb.handle_packet(now(), Source::Line(l), &buf[..n], &mut sink);
-                got += 1;
+            if let Ok(a) = s.local_addr() {
+                tracing::info!(line = l, addr = %a, "arb: line {} on {a}", char::from(b'A' + (l as u8).min(25)));
             }
         }
-        if let Some(r) = &retrans {
-            while let Some(n) = r.recv(&mut buf) {
-                arb.handle_packet(now(), Source::Retransmit, &buf[..n], &mut sink);
-                got += 1;
-            }
+        if let Some(a) = ctl.as_ref().and_then(|c| c.local_addr().ok()) {
+            tracing::info!(control = %a, "arb: control socket at {a} (`fairfeed control {a} stats`)");
         }
-        if let Some(c) = &ctl {
-            if let Ok((n, from)) = c.recv_from(&mut buf) {
-                let text = String::from_utf8_lossy(&buf[..n.min(CONTROL_REQUEST_MAX)]).into_owned();
-                if let Some(reply) = side.handle(&mut arb, now(), &text, from, &mut sink) {
-                    let _ = c.send_to(&reply, from);
+        Ok(ArbAgent {
+            arb,
+            cfg,
+            lines,
+            out,
+            retrans,
+            ctl,
+            side,
+            start: Instant::now(),
+            start_wall: fairfeed_io::clock::wall_ns(),
+            buf: vec![0u8; DATAGRAM_MAX],
+            next_stats: cfg.stats_interval.map(|d| d.as_nanos() as u64),
+            next_publish: 0,
+            send_errors: 0,
+            on_stats,
+            done: false,
+        })
+    }
+
+    /// The arbitrator's clock.
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Flushes what the window still holds; the final counters and the failed sends.
+    pub fn finish(mut self) -> (Stats, u64) {
+        let t = self.now();
+        let mut sink = UdpSink { out: &self.out, retrans: self.retrans.as_ref(), cfg: self.cfg, send_errors: 0 };
+        self.arb.handle_timeout(t, &mut sink);
+        let errors = self.send_errors + sink.send_errors;
+        (self.arb.stats_now(t).clone(), errors)
+    }
+}
+
+impl<F: FnMut(&Stats)> Agent for ArbAgent<'_, F> {
+    fn do_work(&mut self, _wall: u64, turn: Turn) -> usize {
+        let now = self.now();
+        // The sink borrows the sockets it sends on; the fields below are the others.
+        let mut sink = UdpSink { out: &self.out, retrans: self.retrans.as_ref(), cfg: self.cfg, send_errors: 0 };
+        let mut work = 0;
+        if turn == Turn::All {
+            for (l, s) in self.lines.iter().enumerate() {
+                for _ in 0..RECV_BATCH_MAX {
+                    let Ok(n) = s.recv(&mut self.buf) else { break };
+                    self.arb.handle_packet(now, Source::Line(l), &self.buf[..n], &mut sink);
+                    work += 1;
+                }
+            }
+            if let Some(r) = &self.retrans {
+                while let Some(n) = r.recv(&mut self.buf) {
+                    self.arb.handle_packet(now, Source::Retransmit, &self.buf[..n], &mut sink);
+                    work += 1;
+                }
+            }
+            if let Some(c) = &self.ctl {
+                if let Ok((n, from)) = c.recv_from(&mut self.buf) {
+                    let text = String::from_utf8_lossy(&self.buf[..n.min(CONTROL_REQUEST_MAX)]).into_owned();
+                    if let Some(reply) = self.side.handle(&mut self.arb, now, &text, from, &mut sink) {
+                        let _ = c.send_to(&reply, from);
+                    }
+                    work += 1;
                 }
             }
         }
-        let t = now();
-        if arb.next_timeout().is_some_and(|d| d <= t) {
-            arb.handle_timeout(t, &mut sink);
+        let t = self.start.elapsed().as_nanos() as u64;
+        if self.arb.next_timeout().is_some_and(|d| d <= t) {
+            self.arb.handle_timeout(t, &mut sink);
+            work += 1;
         }
-        if let Some(slot) = cfg.publish.as_ref().filter(|_| t >= next_publish) {
-            next_publish = t + PUBLISH_INTERVAL.as_nanos() as u64;
-            publish(slot, &stats_json(arb.stats_now(t), &side.verifier.counters));
+        self.send_errors += sink.send_errors;
+        if let Some(slot) = self.cfg.publish.as_ref().filter(|_| t >= self.next_publish) {
+            self.next_publish = t + PUBLISH_INTERVAL.as_nanos() as u64;
+            publish(slot, &stats_json(self.arb.stats_now(t), &self.side.verifier.counters));
         }
-        if let Some(ns) = next_stats {
-            if t >= ns {
-                on_stats(arb.stats_now(t));
-                next_stats = cfg.stats_interval.map(|d| t + d.as_nanos() as u64);
-            }
+        if self.next_stats.is_some_and(|ns| t >= ns) {
+            (self.on_stats)(self.arb.stats_now(t));
+            self.next_stats = self.cfg.stats_interval.map(|d| t + d.as_nanos() as u64);
         }
-        let stopped = cfg.stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
-        if stopped || (cfg.exit_on_end && arb.drained()) || cfg.max_seconds.is_some_and(|m| t as f64 / 1e9 >= m) {
-            break;
-        }
-        if got > 0 {
-            idler.busy();
-            continue;
-        }
-        match idler.wait(t) {
-            Wait::Spin => {
-                std::hint::spin_loop();
-                continue;
-            }
-            Wait::Yield => {
-                std::thread::yield_now();
-                continue;
-            }
-            Wait::Park => {}
-        }
-        // Nothing ready: sleep until a packet or the next timer (at most 10 ms).
-        let wait_ns = arb.next_timeout().map_or(10_000_000, |d| d.saturating_sub(now())).min(10_000_000);
-        if wait_ns < 1_000_000 {
-            std::hint::spin_loop();
-            continue;
-        }
-        let mut fds: Vec<PollFd> = lines.iter().map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)).collect();
-        if let Some(r) = &retrans {
-            fds.push(PollFd::new(r.fd(), PollFlags::POLLIN));
-        }
-        if let Some(c) = &ctl {
-            fds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
-        }
-        let ms = u16::try_from(wait_ns / 1_000_000).unwrap_or(10);
-        let _ = poll(&mut fds, PollTimeout::from(ms));
+        self.done =
+            (self.cfg.exit_on_end && self.arb.drained()) || self.cfg.max_seconds.is_some_and(|m| t as f64 / 1e9 >= m);
+        work
     }
-    let t = now();
-    arb.handle_timeout(t, &mut sink);
-    Ok((arb.stats_now(t).clone(), sink.send_errors))
+
+    fn next_due(&self) -> u64 {
+        let publish = if self.cfg.publish.is_some() { self.next_publish } else { u64::MAX };
+        let end = self.cfg.max_seconds.map_or(u64::MAX, |m| (m * 1e9) as u64);
+        let due =
+            self.arb.next_timeout().unwrap_or(u64::MAX).min(publish).min(self.next_stats.unwrap_or(u64::MAX)).min(end);
+        // On the arbitrator's clock; the runner's is the wall clock.
+        if due == u64::MAX {
+            u64::MAX
+        } else {
+            self.start_wall.saturating_add(due)
+        }
+    }
+
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        let mut fds: Vec<BorrowedFd<'_>> = self.lines.iter().map(|s| s.as_fd()).collect();
+        fds.extend(self.retrans.as_ref().map(RetransmitClient::fd));
+        fds.extend(self.ctl.as_ref().map(|c| c.as_fd()));
+        fds
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+}
+
+/// Runs until the session ends (with `exit_on_end`) or `max_seconds` pass;
+/// returns the final counters and the number of failed sends.
+pub fn run_live(arb: Arbitrator, cfg: &LiveConfig, on_stats: impl FnMut(&Stats)) -> std::io::Result<(Stats, u64)> {
+    let mut a = ArbAgent::new(arb, cfg, on_stats)?;
+    let run = RunConfig { idle: cfg.idle, stop: cfg.stop.clone(), ..RunConfig::default() };
+    fairfeed_io::agent::run(&mut [&mut a], &run)?;
+    Ok(a.finish())
+}
+
+/// A MoldUDP64 retransmission server as an agent: its socket, and the
+/// counters' publication as its timer.
+pub struct RetransmitAgent<'s> {
+    server: &'s mut fairfeed_arb::retransmit::RetransmitServer,
+    sock: UdpSocket,
+    start: Instant,
+    max_ns: Option<u64>,
+    publish_to: Option<&'s JsonSlot>,
+    next_publish: u64,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl<'s> RetransmitAgent<'s> {
+    pub fn new(
+        server: &'s mut fairfeed_arb::retransmit::RetransmitServer,
+        listen: SocketAddr,
+        max_seconds: Option<f64>,
+        publish_to: Option<&'s JsonSlot>,
+    ) -> std::io::Result<Self> {
+        Ok(RetransmitAgent {
+            server,
+            sock: bind_udp(listen, 1 << 20)?,
+            start: Instant::now(),
+            max_ns: max_seconds.map(|m| (m * 1e9) as u64),
+            publish_to,
+            next_publish: 0,
+            buf: vec![0u8; 2048],
+            out: vec![0u8; fairfeed_wire::moldudp64::PACKET_LEN_DEFAULT_MAX],
+        })
+    }
+}
+
+impl Agent for RetransmitAgent<'_> {
+    fn do_work(&mut self, wall: u64, turn: Turn) -> usize {
+        let mut work = 0;
+        if turn == Turn::All {
+            for _ in 0..RECV_BATCH_MAX {
+                let Ok((n, from)) = self.sock.recv_from(&mut self.buf) else { break };
+                let now = self.start.elapsed().as_nanos() as u64;
+                if let Some(len) = self.server.handle_request(now, from, &self.buf[..n], &mut self.out) {
+                    let _ = self.sock.send_to(&self.out[..len], from);
+                }
+                work += 1;
+            }
+        }
+        if let Some(slot) = self.publish_to.filter(|_| wall >= self.next_publish) {
+            self.next_publish = wall + PUBLISH_INTERVAL.as_nanos() as u64;
+            publish(slot, &self.server.stats());
+        }
+        work
+    }
+
+    fn next_due(&self) -> u64 {
+        let end = self.max_ns.map_or(u64::MAX, |m| {
+            fairfeed_io::clock::wall_ns().saturating_add(m.saturating_sub(self.start.elapsed().as_nanos() as u64))
+        });
+        if self.publish_to.is_some() {
+            end.min(self.next_publish)
+        } else {
+            end
+        }
+    }
+
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        vec![self.sock.as_fd()]
+    }
+
+    fn is_done(&self) -> bool {
+        self.max_ns.is_some_and(|m| self.start.elapsed().as_nanos() as u64 >= m)
+    }
 }
 
 /// Serves MoldUDP64 retransmission requests on `listen` from `server`'s
-/// journal until `max_seconds` pass (or forever).
+/// journal until `max_seconds` pass, or `stop` is set (or forever).
 pub fn run_retransmit_server(
     server: &mut fairfeed_arb::retransmit::RetransmitServer,
     listen: SocketAddr,
     max_seconds: Option<f64>,
-    stop: &std::sync::atomic::AtomicBool,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
     publish_to: Option<&JsonSlot>,
 ) -> std::io::Result<()> {
-    let sock = bind_udp(listen, 1 << 20)?;
-    sock.set_nonblocking(false)?;
-    sock.set_read_timeout(Some(Duration::from_millis(100)))?;
-    let start = Instant::now();
-    let mut buf = [0u8; 2048];
-    let mut out = vec![0u8; fairfeed_wire::moldudp64::PACKET_LEN_DEFAULT_MAX];
-    let mut next_publish = Duration::ZERO;
-    while max_seconds.is_none_or(|m| start.elapsed().as_secs_f64() < m)
-        && !stop.load(std::sync::atomic::Ordering::Relaxed)
-    {
-        if let Some(slot) = publish_to.filter(|_| start.elapsed() >= next_publish) {
-            next_publish = start.elapsed() + PUBLISH_INTERVAL;
-            publish(slot, &server.stats());
-        }
-        let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
-        let now = start.elapsed().as_nanos() as u64;
-        if let Some(len) = server.handle_request(now, from, &buf[..n], &mut out) {
-            let _ = sock.send_to(&out[..len], from);
-        }
-    }
+    let mut a = RetransmitAgent::new(server, listen, max_seconds, publish_to)?;
+    let run = RunConfig { idle: IdleStrategy::Park, stop: Some(stop.clone()), ..RunConfig::default() };
+    fairfeed_io::agent::run(&mut [&mut a], &run)?;
     Ok(())
 }
