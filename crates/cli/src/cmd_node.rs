@@ -662,7 +662,7 @@ pub struct ReceiverArgs {
 
 /// A clap value parser for a last hop's host: `unix:PATH` or a UDP `HOST:PORT`.
 pub(crate) fn host_addr(s: &str) -> Result<fairfeed_net::lasthop::HostAddr, String> {
-    fairfeed_net::lasthop::HostAddr::parse(s, crate::fmt::dest_addr)
+    fairfeed_net::lasthop::HostAddr::parse(s, crate::fmt::dest_addr).map_err(|e| e.to_string())
 }
 
 /// The last hop of `--host`: at most [`fairfeed_tree::lasthop::HOSTS_MAX`] hosts, none twice.

@@ -52,14 +52,28 @@ impl std::fmt::Display for HostAddr {
     }
 }
 
+/// Why a last hop's host address is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostAddrError<E: std::fmt::Display> {
+    #[error("{0:?}: give a socket path after unix:")]
+    EmptyPath(String),
+    #[error("{0:?}: a Unix socket path has at most 107 bytes")]
+    PathTooLong(String),
+    #[error("{0}")]
+    Udp(E),
+}
+
 impl HostAddr {
     /// `unix:PATH`, or what `udp` makes of anything else (a clap parser's resolution).
-    pub fn parse(s: &str, udp: impl Fn(&str) -> Result<SocketAddr, String>) -> Result<HostAddr, String> {
+    pub fn parse<E: std::fmt::Display>(
+        s: &str,
+        udp: impl Fn(&str) -> Result<SocketAddr, E>,
+    ) -> Result<HostAddr, HostAddrError<E>> {
         match s.strip_prefix("unix:") {
-            Some("") => Err(format!("{s:?}: give a socket path after unix:")),
-            Some(p) if p.len() > 107 => Err(format!("{s:?}: a Unix socket path has at most 107 bytes")),
+            Some("") => Err(HostAddrError::EmptyPath(s.into())),
+            Some(p) if p.len() > 107 => Err(HostAddrError::PathTooLong(s.into())),
             Some(p) => Ok(HostAddr::Unix(PathBuf::from(p))),
-            None => udp(s).map(HostAddr::Udp),
+            None => udp(s).map(HostAddr::Udp).map_err(HostAddrError::Udp),
         }
     }
 }
@@ -561,7 +575,7 @@ mod tests {
         let udp = |s: &str| s.parse::<SocketAddr>().map_err(|e| e.to_string());
         assert_eq!(HostAddr::parse("unix:/run/e.sock", udp), Ok(HostAddr::Unix("/run/e.sock".into())));
         assert_eq!(HostAddr::parse("127.0.0.1:9", udp), Ok(HostAddr::Udp("127.0.0.1:9".parse().unwrap())));
-        assert!(HostAddr::parse("unix:", udp).unwrap_err().contains("path"));
+        assert!(HostAddr::parse("unix:", udp).unwrap_err().to_string().contains("path"));
         assert!(HostAddr::parse(&format!("unix:/{}", "a".repeat(120)), udp).is_err());
         assert!(HostAddr::parse("nowhere", udp).is_err());
     }
