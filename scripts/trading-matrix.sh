@@ -3,7 +3,8 @@
 # `fairfeed sim experiment trading --model M --ordering O` run per cell —
 # Jasper's deployment models 1–3 × the exchange's orderings fifo / dbo /
 # batch, a cheater (model 1: a firm running its own receiver releases 5 µs
-# early), and model 3 with an in-enclave hold — then a Markdown table of
+# early), and models 2 and 3 with a hold at the far end (the firm's host, the
+# enclave) — then a Markdown table of
 # them all (DIR/matrix.md; each cell's own summary under DIR/CELL/).
 #
 #   scripts/trading-matrix.sh DIR [RECEIVERS] [MESSAGES] [SEED]
@@ -31,6 +32,7 @@ done
 for o in fifo dbo batch; do
   cells+=("m1-$o-cheat5|--model 1 --ordering $o --cheat-us 5")
   cells+=("m3-$o-hold|--model 3 --ordering $o --enclave-hold-q 0.999999")
+  cells+=("m2-$o-hold|--model 2 --ordering $o --host-hold-q 0.999999")
 done
 cells+=("m1-batch-100us|--model 1 --ordering batch --batch-us 100")
 cells+=("m1-fifo-equal-paths|--model 1 --ordering fifo --slow-path-us 0")

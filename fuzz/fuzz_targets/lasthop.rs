@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     let mut now = 0u64;
     let record = |o: Out<'_>, got: &mut Vec<Vec<u64>>, probes: &mut Vec<(usize, [u8; probe::LEN])>| match o {
         Out::Probe { host, bytes } => probes.push((host, bytes)),
-        Out::Data { host, payload } => got[host].push(u64::from_be_bytes(payload.try_into().expect("8 bytes"))),
+        Out::Data { host, payload, .. } => got[host].push(u64::from_be_bytes(payload.try_into().expect("8 bytes"))),
     };
     for chunk in rest.chunks(4) {
         let [op, a, b, c] = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0), *chunk.get(3).unwrap_or(&0)];
@@ -41,6 +41,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         let _ = probe::View::parse(chunk);
+        let _ = fairfeed_tree::lasthop::framed::parse(chunk);
     }
     hop.send_due(u64::MAX / 2, &mut |o| record(o, &mut got, &mut probes));
     let want: Vec<u64> = (0..released).collect();

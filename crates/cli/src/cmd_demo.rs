@@ -105,6 +105,11 @@ pub struct Args {
     /// median, no hold).
     #[arg(long, value_parser = crate::cmd_sim::hold_q)]
     enclave_hold_q: Option<f64>,
+    /// With --model 2: release early by this quantile of each host hop's
+    /// delay, and the firms' hosts hold to the deadline on their own clocks
+    /// (0.5..=0.999999; default: the median, no hold).
+    #[arg(long, value_parser = crate::cmd_sim::hold_q)]
+    host_hold_q: Option<f64>,
     /// Serve a live dashboard of the running tree at http://ADDR/ while the demo runs (the page of
     /// `fairfeed dashboard`, fed from the demo's nodes; its times are emulated, see the report).
     #[arg(long, value_name = "ADDR", value_parser = crate::fmt::listen_addr)]
@@ -160,11 +165,21 @@ struct Run {
     fell_behind_at: Vec<f64>,
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+/// A hold at the far end of the last hop is its own model's.
+fn check_holds(a: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         a.enclave_hold_q.is_none() || a.model == 3,
         "--enclave-hold-q is model 3's (the enclave's hold): give --model 3"
     );
+    anyhow::ensure!(
+        a.host_hold_q.is_none() || a.model == 2,
+        "--host-hold-q is model 2's (the firms' hosts' hold): give --model 2"
+    );
+    Ok(())
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    check_holds(&a)?;
     crate::fmt::check_out_dir(&a.out)?;
     let (tree, direct) = topologies(&a)?;
     let dash = match a.dashboard {
@@ -465,7 +480,7 @@ fn last_hop(
         r.jasper.tracked.iter().filter_map(|&(rx, seq, _, at)| index.get(&rx).map(|&k| (k, seq, at))).collect();
     let f = fairfeed_sim::trading::last_hop_figures(
         model,
-        a.enclave_hold_q,
+        a.enclave_hold_q.or(a.host_hold_q),
         ids.len(),
         &releases,
         r.jasper.warmup_messages,
@@ -488,9 +503,15 @@ fn last_hop(
 /// The report's section on models 2 and 3.
 fn last_hop_md(f: &fairfeed_sim::trading::LastHopFigures, sh: &fairfeed_sim::experiment::RaceShares) -> String {
     let what = if f.model == 2 {
-        "behind gateways: each receiver forwards to its firm's own host over one more hop (per host a propagation \
-         delay uniform in 10–40 µs plus queueing, lognormal with median 1 µs)"
-            .to_string()
+        format!(
+            "behind gateways: each receiver forwards to its firm's own host over one more hop (per host a propagation \
+             delay uniform in 10–40 µs plus queueing, lognormal with median 1 µs){}",
+            f.host_hold_q.map_or(String::new(), |q| format!(
+                ", early by the hop's {q} quantile, and each host holds to the aim on its own clock (σ {} ns from \
+                 its gateway's)",
+                fairfeed_sim::trading::HOST_SYNC_SIGMA_NS
+            ))
+        )
     } else {
         format!(
             "in enclaves: each receiver forwards over a VM → enclave channel (lognormal, median 30 µs, p90 50 µs){}",
@@ -502,12 +523,13 @@ fn last_hop_md(f: &fairfeed_sim::trading::LastHopFigures, sh: &fairfeed_sim::exp
     let shares: Vec<String> = sh.shares.iter().map(|x| format!("{:.1} %", x * 100.0)).collect();
     format!(
         "\n## The firms' programs (model {})\n\nThe firms run {what}. Each release point forwards early by its hop's \
-         probed median, against a budget of {:.1} µs added to every release (the largest lead). The hop is **drawn**, \
+         probed {}, against a budget of {:.1} µs added to every release (the largest lead). The hop is **drawn**, \
          as `fairfeed sim experiment trading` draws it — this machine has no second host — on the tree's real \
          releases above.\n\n| at the firms' programs | value |\n|---|---|\n| messages every firm got | {} |\n\
          | delivery window p50 / p99 | {:.2} / {:.2} µs |\n| P(F@1µs) / P(F@5µs) | {:.4} / {:.4} |\n\
          | receiver release → program, p50 / p99 | {:.1} / {:.1} µs |\n| the four traders' shares (orders stamped with the true instant each program got the message) | {} (± {:.1} %) |\n",
         f.model,
+        f.enclave_hold_q.or(f.host_hold_q).map_or("median".to_string(), |q| format!("{q} quantile")),
         f.budget_us,
         f.messages,
         f.window_p50_us,

@@ -33,6 +33,11 @@ pub struct Args {
     /// median, as a Nitro channel's ≈ 50 µs p90 around 30 µs).
     #[arg(long, default_value_t = 0.0, value_parser = sigma)]
     emulate_sigma: f64,
+    /// Hold each packet that comes with its deadline (a receiver's
+    /// `--hosts-hold`) until then on this host's wall clock — keep it
+    /// synchronized (chrony, PTP) with the release point's — then deliver.
+    #[arg(long)]
+    hold: bool,
     /// Seed of the emulated delays.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -40,7 +45,7 @@ pub struct Args {
     #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
     /// Write one CSV row per packet: its first sequence number and the wall
-    /// time it arrived, ns (after any emulated delay).
+    /// time it was delivered, ns (after any emulated delay and hold).
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
 }
@@ -68,6 +73,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         stop: stop.clone(),
         keep_log: a.log.is_some(),
         max_ns: a.seconds.map(|s| (s * 1e9) as u64),
+        hold: a.hold,
     };
     let mut host = FirmHost::new(cfg).with_context(|| format!("--listen {}", a.listen))?;
     tracing::info!("firm-host: listening on {}", a.listen);

@@ -658,6 +658,17 @@ pub struct ReceiverArgs {
     #[arg(long, requires = "hosts", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(0..=fairfeed_tree::lasthop::LEAD_LIMIT_NS / 1_000))]
     lead_max_us: u64,
+    /// With --host: the hosts hold each packet to its deadline (`fairfeed
+    /// firm-host --hold`, on a clock synchronized with this one): each packet
+    /// goes with its deadline in front (16 bytes; an unmodified ITCH
+    /// consumer cannot take it), sent early by --lead-quantile of the hop.
+    #[arg(long, requires = "hosts")]
+    hosts_hold: bool,
+    /// With --host: each host's lead is this quantile of its measured
+    /// delays (0.5..=0.999999; default 0.5, the median; with --hosts-hold a
+    /// far one, e.g. 0.999, so packets arrive before the deadline they are held to).
+    #[arg(long, requires = "hosts", default_value_t = 0.5, value_parser = crate::cmd_sim::hold_q)]
+    lead_quantile: f64,
 }
 
 /// A clap value parser for a last hop's host: `unix:PATH` or a UDP `HOST:PORT`.
@@ -679,9 +690,18 @@ fn last_hop_job(a: &ReceiverArgs) -> anyhow::Result<Option<fairfeed_net::tree::a
     for (i, h) in a.hosts.iter().enumerate() {
         anyhow::ensure!(!a.hosts[..i].contains(h), "--host {h}: given twice");
     }
-    let cfg =
-        LastHopConfig { compensate: !a.no_compensate, lead_max_ns: a.lead_max_us * 1_000, ..LastHopConfig::default() };
-    Ok(Some(fairfeed_net::tree::agent::LastHopJob { hosts: a.hosts.clone(), cfg }))
+    anyhow::ensure!(
+        !(a.hosts_hold && a.no_compensate),
+        "--hosts-hold sends early by each host's delay: drop --no-compensate"
+    );
+    let cfg = LastHopConfig {
+        compensate: !a.no_compensate,
+        lead_max_ns: a.lead_max_us * 1_000,
+        lead_quantile: a.lead_quantile,
+        hosts_hold: a.hosts_hold,
+        ..LastHopConfig::default()
+    };
+    Ok(Some(fairfeed_net::tree::agent::LastHopJob { hosts: a.hosts.clone(), cfg, framed: a.hosts_hold }))
 }
 
 /// The shard map in `p` for a topology of `trees` trees; one line names a bad entry.

@@ -1152,6 +1152,11 @@ pub struct UntrustedArgs {
     /// delay and hold in the enclave to the deadline (0.5..=0.999999; default: median, no hold).
     #[arg(long, value_parser = hold_q)]
     enclave_hold_q: Option<f64>,
+    /// Model 2: release early by this quantile of the host hop's measured
+    /// delay, and the firm's host holds to the deadline on its own clock
+    /// (0.5..=0.999999; default: median, no hold).
+    #[arg(long, value_parser = hold_q)]
+    host_hold_q: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -1182,7 +1187,8 @@ impl UntrustedArgs {
             || self.ordering.is_some()
             || self.cheat_us.is_some()
             || self.slow_path_us.is_some()
-            || self.enclave_hold_q.is_some();
+            || self.enclave_hold_q.is_some()
+            || self.host_hold_q.is_some();
         let d = TradingSetup::default();
         any.then(|| TradingSetup {
             model: match self.model {
@@ -1198,6 +1204,7 @@ impl UntrustedArgs {
             cheat_us: self.cheat_us.unwrap_or(0.0),
             slow_path_us: self.slow_path_us.unwrap_or(d.slow_path_us),
             enclave_hold_q: self.enclave_hold_q,
+            host_hold_q: self.host_hold_q,
         })
     }
 }

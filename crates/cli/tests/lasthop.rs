@@ -13,7 +13,9 @@
 //! emulated delay, which the receiver knows nothing of: it sees only its
 //! probes' round trips). Per host, the median over packets of its arrival
 //! minus host 0's is the host's offset; the run is made with and without
-//! compensation.
+//! compensation, and a third time with the hosts holding each packet to
+//! its deadline (`--hosts-hold`, `firm-host --hold`), sent early by the
+//! hop's 0.99 quantile.
 //!
 //! Medians, not tails: seven processes share this machine's two cores, and
 //! their scheduling delays (ms) land on a few packets whatever the hop does.
@@ -60,7 +62,17 @@ fn read_log(p: &std::path::Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn run(compensate: bool) -> Run {
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Early by each host's median delay.
+    Compensate,
+    /// Every host at the deadline.
+    Off,
+    /// Early by a far quantile, and the hosts hold to the deadline.
+    Hold,
+}
+
+fn run(mode: Mode) -> Run {
     let mut c = Cluster::plan(1, 1, 0, &["--loopback-port".into(), "9860".into()]);
     let enclave = c.path("enclave.sock");
     let mut hosts: Vec<Child> = Vec::new();
@@ -68,22 +80,28 @@ fn run(compensate: bool) -> Run {
     for (k, floor) in FLOORS_US.iter().enumerate() {
         let addr = format!("127.0.8.{}:9861", k + 1);
         let log = c.path(&format!("host-{k}.csv")).display().to_string();
-        let a: Vec<String> =
+        let mut a: Vec<String> =
             ["--listen", &addr, "--emulate-floor-us", &floor.to_string(), "--seconds", "30", "--log", &log]
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
+        if mode == Mode::Hold {
+            a.push("--hold".into());
+        }
         hosts.push(host(&a, &c.path(&format!("host-{k}.err"))));
         addrs.push(addr);
     }
     let unix = format!("unix:{}", enclave.display());
     let log = c.path("host-3.csv").display().to_string();
     let median = ENCLAVE_MEDIAN_US.to_string();
-    let a: Vec<String> =
+    let mut a: Vec<String> =
         ["--listen", &unix, "--emulate-median-us", &median, "--emulate-sigma", "0.4", "--seconds", "30", "--log", &log]
             .iter()
             .map(|s| s.to_string())
             .collect();
+    if mode == Mode::Hold {
+        a.push("--hold".into());
+    }
     hosts.push(host(&a, &c.path("host-3.err")));
     addrs.push(unix);
     std::thread::sleep(Duration::from_millis(300));
@@ -93,8 +111,10 @@ fn run(compensate: bool) -> Run {
     for h in &addrs {
         a.extend(["--host".into(), h.clone()]);
     }
-    if !compensate {
-        a.push("--no-compensate".into());
+    match mode {
+        Mode::Compensate => {}
+        Mode::Off => a.push("--no-compensate".into()),
+        Mode::Hold => a.extend(["--hosts-hold".into(), "--lead-quantile".into(), "0.99".into()]),
     }
     c.start(rx, &a);
     common::fairfeed(&["stat", CONTROL, "--timeout-ms", "20000"]);
@@ -166,7 +186,7 @@ fn every_host_got_the_line_in_order(r: &Run) {
 
 #[test]
 fn compensation_brings_hosts_and_an_enclave_at_different_distances_together() {
-    let on = run(true);
+    let on = run(Mode::Compensate);
     every_host_got_the_line_in_order(&on);
     let hosts = on.last_hop["hosts"].as_array().expect("last_hop counters").clone();
     let lead = |k: usize| hosts[k]["lead_ns"].as_u64().unwrap() as f64 / 1e3;
@@ -194,7 +214,7 @@ fn compensation_brings_hosts_and_an_enclave_at_different_distances_together() {
     let offset = median(on.rows.iter().map(|r| r.1 as i64 - r.0 as i64).collect());
     assert!(offset > lead_max, "the deadline offset {offset} ns covers the last hop's {lead_max}");
 
-    let off = run(false);
+    let off = run(Mode::Off);
     every_host_got_the_line_in_order(&off);
     let off_off = offsets(&off);
     eprintln!(
@@ -205,4 +225,21 @@ fn compensation_brings_hosts_and_an_enclave_at_different_distances_together() {
     assert_eq!(off.last_hop["hosts"][0]["probes"], 0);
     assert!(off_off[2] > 350.0, "without compensation host 2 stays behind: {off_off:?}");
     assert!(off_off[3] > 200.0, "and the enclave: {off_off:?}");
+
+    // The hosts hold to the deadline: sent early by a far quantile of each
+    // hop, they wait on their own clocks — the enclave channel's jitter,
+    // which a median lead cannot remove, goes too.
+    let hold = run(Mode::Hold);
+    every_host_got_the_line_in_order(&hold);
+    let off_hold = offsets(&hold);
+    let (w_on, w_hold) = (window(&on, 0..4), window(&hold, 0..4));
+    eprintln!(
+        "hosts holding: the largest lead {} µs; offsets from host 0 {off_hold:?} µs; window p50/p90/p99 at the UDP hosts {:?} µs, with the enclave {w_hold:?} µs",
+        hold.last_hop["lead_max_ns"].as_u64().unwrap_or(0) as f64 / 1e3,
+        window(&hold, 0..3)
+    );
+    for (k, o) in off_hold.iter().enumerate() {
+        assert!(o.abs() < 100.0, "host {k} is {o} µs from host 0 at the median (holding)");
+    }
+    assert!(w_hold[1] < w_on[1] * 0.6, "holding narrows the window with the enclave at p90: {w_hold:?} vs {w_on:?}");
 }

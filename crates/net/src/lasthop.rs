@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use fairfeed_io::agent::{Agent, Turn};
 use fairfeed_io::clock::wall_ns;
-use fairfeed_tree::lasthop::{probe, LastHop, LastHopConfig, Out};
+use fairfeed_tree::lasthop::{framed, probe, LastHop, LastHopConfig, Out};
 use fairfeed_wire::moldudp64::Packet;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -90,6 +90,9 @@ pub struct LastHopOut {
     /// Echoes from no host of ours.
     unknown_source: u64,
     buf: Vec<u8>,
+    /// Frame each packet with its deadline (hosts that hold to it).
+    framed: bool,
+    scratch: Vec<u8>,
 }
 
 /// Binds the release point's Unix socket under an abstract name (so hosts can answer it).
@@ -102,8 +105,15 @@ fn bind_unix() -> std::io::Result<UnixDatagram> {
 }
 
 impl LastHopOut {
-    /// `cfg.hosts` is taken from `hosts`; `lead` receives the largest lead.
-    pub fn new(hosts: Vec<HostAddr>, cfg: LastHopConfig, lead: Arc<AtomicU64>) -> std::io::Result<LastHopOut> {
+    /// `cfg.hosts` is taken from `hosts`; `lead` receives the largest lead;
+    /// `framed`: each packet goes with its deadline in front
+    /// ([`fairfeed_tree::lasthop::framed`]), for hosts that hold to it.
+    pub fn new(
+        hosts: Vec<HostAddr>,
+        cfg: LastHopConfig,
+        lead: Arc<AtomicU64>,
+        framed: bool,
+    ) -> std::io::Result<LastHopOut> {
         let secret = rand::rngs::StdRng::from_entropy().gen();
         let core = LastHop::new(LastHopConfig { hosts: hosts.len(), secret, ..cfg })
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
@@ -115,7 +125,18 @@ impl LastHopOut {
             None
         };
         let unix = if hosts.iter().any(|h| matches!(h, HostAddr::Unix(_))) { Some(bind_unix()?) } else { None };
-        Ok(LastHopOut { core, hosts, udp, unix, lead, send_failed: 0, unknown_source: 0, buf: vec![0; DATAGRAM_MAX] })
+        Ok(LastHopOut {
+            core,
+            hosts,
+            udp,
+            unix,
+            lead,
+            send_failed: 0,
+            unknown_source: 0,
+            buf: vec![0; DATAGRAM_MAX],
+            framed,
+            scratch: Vec::with_capacity(DATAGRAM_MAX),
+        })
     }
 
     /// A released packet, due at the hosts at wall time `deadline_ns`.
@@ -124,8 +145,9 @@ impl LastHopOut {
     pub fn release(&mut self, deadline_ns: u64, payload: &[u8]) {
         let now = wall_ns();
         let mut failed = 0u64;
-        let (hosts, udp, unix) = (&self.hosts, &self.udp, &self.unix);
-        self.core.on_release(now, deadline_ns, payload, &mut |o| failed += u64::from(!send_one(hosts, udp, unix, o)));
+        let net = Net { hosts: &self.hosts, udp: &self.udp, unix: &self.unix, framed: self.framed };
+        let scratch = &mut self.scratch;
+        self.core.on_release(now, deadline_ns, payload, &mut |o| failed += u64::from(!net.send(o, scratch)));
         self.send_failed += failed;
     }
 
@@ -156,8 +178,9 @@ impl LastHopOut {
             n += 1;
         }
         let mut failed = 0u64;
-        let (hosts, udp, unix) = (&self.hosts, &self.udp, &self.unix);
-        n += self.core.send_due(wall_ns(), &mut |o| failed += u64::from(!send_one(hosts, udp, unix, o)));
+        let net = Net { hosts: &self.hosts, udp: &self.udp, unix: &self.unix, framed: self.framed };
+        let scratch = &mut self.scratch;
+        n += self.core.send_due(wall_ns(), &mut |o| failed += u64::from(!net.send(o, scratch)));
         self.send_failed += failed;
         self.lead.store(self.core.lead_max_ns(), Ordering::Relaxed);
         n
@@ -195,16 +218,31 @@ impl LastHopOut {
     }
 }
 
-/// Sends one of the core's outputs; whether the send succeeded.
-fn send_one(hosts: &[HostAddr], udp: &Option<UdpSocket>, unix: &Option<UnixDatagram>, o: Out<'_>) -> bool {
-    let (host, bytes) = match &o {
-        Out::Probe { host, bytes } => (*host, &bytes[..]),
-        Out::Data { host, payload } => (*host, *payload),
-    };
-    match (&hosts[host], udp, unix) {
-        (HostAddr::Udp(a), Some(s), _) => s.send_to(bytes, a).is_ok(),
-        (HostAddr::Unix(p), _, Some(s)) => s.send_to(bytes, p).is_ok(),
-        _ => false,
+/// The release point's sockets, borrowed for one batch of the core's outputs.
+struct Net<'a> {
+    hosts: &'a [HostAddr],
+    udp: &'a Option<UdpSocket>,
+    unix: &'a Option<UnixDatagram>,
+    framed: bool,
+}
+
+impl Net<'_> {
+    /// Sends one of the core's outputs (a data packet framed with its
+    /// deadline if asked, in `scratch`); whether the send succeeded.
+    fn send(&self, o: Out<'_>, scratch: &mut Vec<u8>) -> bool {
+        let (host, bytes) = match &o {
+            Out::Probe { host, bytes } => (*host, &bytes[..]),
+            Out::Data { host, deadline_ns, payload } if self.framed => {
+                framed::emit(*deadline_ns, payload, scratch);
+                (*host, &scratch[..])
+            }
+            Out::Data { host, payload, .. } => (*host, *payload),
+        };
+        match (&self.hosts[host], self.udp, self.unix) {
+            (HostAddr::Udp(a), Some(s), _) => s.send_to(bytes, a).is_ok(),
+            (HostAddr::Unix(p), _, Some(s)) => s.send_to(bytes, p).is_ok(),
+            _ => false,
+        }
     }
 }
 
@@ -254,6 +292,9 @@ pub struct HostConfig {
     pub keep_log: bool,
     /// Stop after this long (None: when `stop` is set).
     pub max_ns: Option<u64>,
+    /// Hold each framed packet to its deadline on this host's wall clock
+    /// (the release point sent it early by a far quantile of the hop).
+    pub hold: bool,
 }
 
 /// A firm host's counters.
@@ -269,6 +310,12 @@ pub struct HostStats {
     pub bad_packets: u64,
     pub from_stranger: u64,
     pub delay_line_full: u64,
+    /// Packets that came with their deadline; of those, held to it, and
+    /// arrived after it (delivered at once).
+    pub framed: u64,
+    pub held: u64,
+    pub late: u64,
+    pub late_max_ns: u64,
 }
 
 enum Socket {
@@ -294,6 +341,8 @@ pub struct FirmHost {
     stats: HostStats,
     /// (first sequence, arrival wall ns) per data packet.
     pub rows: Vec<(u64, u64)>,
+    /// Packets held to their deadline: (due, packet), in arrival order.
+    holding: VecDeque<(u64, Vec<u8>)>,
     bucket: (u64, u64),
     started_ns: u64,
     buf: Vec<u8>,
@@ -328,6 +377,7 @@ impl FirmHost {
             rng,
             stats: HostStats::default(),
             rows: Vec::new(),
+            holding: VecDeque::new(),
             bucket: (0, 0),
             started_ns: wall_ns(),
             buf: vec![0; DATAGRAM_MAX],
@@ -405,7 +455,35 @@ impl FirmHost {
             self.enqueue(now, false, peer, echo.to_vec());
             return;
         }
-        let Ok(p) = Packet::new_checked(&bytes[..]) else {
+        let bytes = match framed::parse(&bytes) {
+            None => bytes,
+            Some((deadline, packet)) => {
+                self.stats.framed += 1;
+                let packet = packet.to_vec();
+                if now > deadline {
+                    self.stats.late += 1;
+                    self.stats.late_max_ns = self.stats.late_max_ns.max(now - deadline);
+                }
+                if self.cfg.hold && (deadline > now || !self.holding.is_empty()) {
+                    if self.holding.len() >= DELAY_LINE_MAX {
+                        self.stats.delay_line_full += 1;
+                        return;
+                    }
+                    self.stats.held += 1;
+                    // In order: never before the one held ahead of it.
+                    let due = deadline.max(self.holding.back().map_or(0, |h| h.0));
+                    self.holding.push_back((due, packet));
+                    return;
+                }
+                packet
+            }
+        };
+        self.deliver(now, &bytes);
+    }
+
+    /// Hands one MoldUDP64 packet to the application (and the log).
+    fn deliver(&mut self, now: u64, bytes: &[u8]) {
+        let Ok(p) = Packet::new_checked(bytes) else {
             self.stats.bad_packets += 1;
             return;
         };
@@ -415,7 +493,7 @@ impl FirmHost {
         }
         if let Some(app) = self.cfg.deliver {
             self.stats.delivered += 1;
-            self.stats.deliver_failed += u64::from(self.app.send_to(&bytes, app).is_err());
+            self.stats.deliver_failed += u64::from(self.app.send_to(bytes, app).is_err());
         }
     }
 
@@ -442,12 +520,18 @@ impl Agent for FirmHost {
             }
             n += 1;
         }
+        while self.holding.front().is_some_and(|h| h.0 <= now) {
+            let Some((_, packet)) = self.holding.pop_front() else { break };
+            self.deliver(wall_ns(), &packet);
+            n += 1;
+        }
         n
     }
 
     fn next_due(&self) -> u64 {
         let stop = self.cfg.max_ns.map_or(u64::MAX, |m| self.started_ns + m);
-        self.line.front().map_or(stop, |l| l.0.min(stop))
+        let held = self.holding.front().map_or(u64::MAX, |h| h.0);
+        self.line.front().map_or(stop, |l| l.0.min(stop)).min(held)
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
@@ -485,6 +569,7 @@ mod tests {
             stop: Arc::new(AtomicBool::new(false)),
             keep_log: true,
             max_ns: None,
+            hold: false,
         };
         FirmHost::new(cfg).unwrap()
     }
@@ -539,7 +624,7 @@ mod tests {
         let lead = Arc::new(AtomicU64::new(0));
         let hosts = vec![HostAddr::Udp(far.local_addr().unwrap()), HostAddr::Udp(silent.local_addr().unwrap())];
         let cfg = LastHopConfig { probe_interval_ns: 100_000, ..LastHopConfig::default() };
-        let mut out = LastHopOut::new(hosts, cfg, lead.clone()).unwrap();
+        let mut out = LastHopOut::new(hosts, cfg, lead.clone(), false).unwrap();
         let t0 = std::time::Instant::now();
         while out.counters()["hosts"][0]["echoes"].as_u64() < Some(fairfeed_tree::lasthop::PROBES_MIN as u64)
             && t0.elapsed() < Duration::from_secs(5)

@@ -30,6 +30,8 @@ pub enum SimError {
     TooFewTraders(usize),
     #[error("--cheat-us needs --model 1: in models 2 and 3 the exchange controls the release, so a firm cannot release early")]
     CheatNeedsOwnReceiver,
+    #[error("a hold at the far end of the last hop is model 2's (--host-hold-q) or model 3's (--enclave-hold-q), each with its own model")]
+    HoldNeedsItsModel,
     #[error("{receivers} receivers × {messages} messages is over the {max} releases the simulator keeps; ask for fewer messages")]
     TooManyTracked { receivers: usize, messages: u64, max: usize },
 }

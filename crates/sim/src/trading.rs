@@ -20,6 +20,9 @@
 //!   [`ENCLAVE_HOLD_PROBES`] probes), and an exchange-attested
 //!   shim inside the enclave holds each message to its deadline (emulated:
 //!   we have no Nitro host; the shim's clock is taken to be the VM's).
+//!   Model 2 may hold the same way (`host_hold_q`): the firm's host holds
+//!   to the deadline on its own clock, [`HOST_SYNC_SIGMA_NS`] from its
+//!   gateway's.
 //!
 //! A release point cannot forward a message before it has it: in models 2
 //! and 3 the firms' programs get each message at the tree's deadline plus a
@@ -108,6 +111,28 @@ pub struct TradingSetup {
     /// Model 3: release early by this quantile of the channel's measured
     /// delay and hold in the enclave to the deadline (None: early by the median, no hold).
     pub enclave_hold_q: Option<f64>,
+    /// Model 2: release early by this quantile of the host hop's measured
+    /// delay, and the firm's host holds to the deadline on its own clock —
+    /// synchronized to the gateway's within [`HOST_SYNC_SIGMA_NS`] (None:
+    /// early by the median, no hold). The host is the firm's: a host that
+    /// does not hold is a cheat, for the exchange's watch.
+    pub host_hold_q: Option<f64>,
+}
+
+/// How far a firm host's clock is from its gateway's (one offset per host,
+/// normal with this σ), ns: the clock experiment holds 1,000 receivers
+/// within 51–66 ns p99 of the sender (σ ≈ 25 ns).
+pub const HOST_SYNC_SIGMA_NS: f64 = 25.0;
+
+impl TradingSetup {
+    /// The hold quantile in force for this model (model 2: the host's; 3: the enclave's).
+    pub fn hold_q(&self) -> Option<f64> {
+        match self.model {
+            DeployModel::Gateway => self.host_hold_q,
+            DeployModel::Enclave => self.enclave_hold_q,
+            DeployModel::Colocated => None,
+        }
+    }
 }
 
 impl Default for TradingSetup {
@@ -118,6 +143,7 @@ impl Default for TradingSetup {
             cheat_us: 0.0,
             slow_path_us: 50.0,
             enclave_hold_q: None,
+            host_hold_q: None,
         }
     }
 }
@@ -153,6 +179,7 @@ pub struct TradingSummary {
     pub cheat_us: f64,
     pub slow_path_us: f64,
     pub enclave_hold_q: Option<f64>,
+    pub host_hold_q: Option<f64>,
     /// The last-hop budget added to the deadlines (models 2, 3), µs.
     pub last_hop_budget_us: f64,
     pub firms: Vec<FirmRow>,
@@ -220,6 +247,8 @@ struct LastHop {
     /// The least delay its probes saw (what the exchange takes as the
     /// earliest a firm can have a message), ns.
     min_ns: u64,
+    /// A holding host's clock offset from its gateway's (model 2 with a hold), ns.
+    clock_ns: i64,
 }
 
 impl LastHop {
@@ -298,6 +327,11 @@ fn inverse_normal(p: f64) -> f64 {
     }
 }
 
+/// A standard normal draw.
+fn normal(rng: &mut ChaCha8Rng) -> f64 {
+    inverse_normal(rng.gen_range(f64::MIN_POSITIVE..1.0))
+}
+
 fn quantile_of(mut v: Vec<u64>, q: f64) -> u64 {
     v.sort_unstable();
     v[((v.len() - 1) as f64 * q).round() as usize]
@@ -309,11 +343,14 @@ fn last_hops(s: &TradingSetup, n: usize, rng: &mut ChaCha8Rng) -> Vec<LastHop> {
             let mut h = LastHop { floor_ns: rng.gen_range(HOST_FLOOR_NS.0..HOST_FLOOR_NS.1), ..LastHop::default() };
             if let Some(leg) = h.leg(s.model) {
                 let probes: Vec<u64> = (0..LAST_HOP_PROBES).map(|_| leg.sample(rng)).collect();
-                h.lead_ns = match (s.model, s.enclave_hold_q) {
+                h.lead_ns = match s.hold_q() {
                     // The hold's lead: a high quantile, from the longer history it needs.
-                    (DeployModel::Enclave, Some(q)) => high_quantile(&leg, ENCLAVE_HOLD_PROBES, q, rng),
-                    _ => quantile_of(probes.clone(), 0.5),
+                    Some(q) => high_quantile(&leg, ENCLAVE_HOLD_PROBES, q, rng),
+                    None => quantile_of(probes.clone(), 0.5),
                 };
+                if s.model == DeployModel::Gateway && s.host_hold_q.is_some() {
+                    h.clock_ns = (HOST_SYNC_SIGMA_NS * normal(rng)) as i64;
+                }
                 h.min_ns = probes.iter().copied().min().unwrap_or(0);
                 h.back_ns = quantile_of(probes, 0.5);
             }
@@ -371,8 +408,9 @@ fn arrivals(
         let aim = if cheater { t.true_ns.saturating_sub(cheat_ns) } else { t.true_ns + a.budget_ns };
         let forward = (aim - h.lead_ns.min(aim)).max(arrived);
         let mut at = forward + h.leg(s.model).map_or(0, |l| l.sample(rng));
-        if s.model == DeployModel::Enclave && s.enclave_hold_q.is_some() {
-            at = at.max(aim); // the in-enclave shim holds to the deadline
+        if s.hold_q().is_some() {
+            // The enclave's shim or the firm's host holds to the deadline, on its clock.
+            at = at.max(aim.saturating_add_signed(h.clock_ns));
         }
         a.sent[i] = t.sent_ns;
         a.deadline[i] = t.deadline_ns;
@@ -620,6 +658,11 @@ pub fn trading_models(
     if s.cheat_us > 0.0 && s.model != DeployModel::Colocated {
         return Err(SimError::CheatNeedsOwnReceiver);
     }
+    if (s.host_hold_q.is_some() && s.model != DeployModel::Gateway)
+        || (s.enclave_hold_q.is_some() && s.model != DeployModel::Enclave)
+    {
+        return Err(SimError::HoldNeedsItsModel);
+    }
     // Every receiver's every release is kept: beyond the simulator's cap
     // the later messages would silently go unmeasured.
     if (n as u64).saturating_mul(c.messages) > crate::engine::TRACKED_MAX as u64 {
@@ -661,6 +704,7 @@ pub fn trading_models(
 pub struct LastHopFigures {
     pub model: u8,
     pub enclave_hold_q: Option<f64>,
+    pub host_hold_q: Option<f64>,
     /// The budget added to every release (the largest lead), µs.
     pub budget_us: f64,
     /// Messages every firm got (after the warm-up).
@@ -680,16 +724,22 @@ pub struct LastHopFigures {
 
 /// [`LastHopFigures`] of `releases` — (receiver index in `0..n`, message,
 /// release instant ns) — made by `n` receivers; messages up to `warmup`
-/// left out of the figures.
+/// left out of the figures. `hold_q`: the far end holds (model 2: the
+/// firm's host; 3: the enclave), the release point early by that quantile.
 pub fn last_hop_figures(
     model: DeployModel,
-    enclave_hold_q: Option<f64>,
+    hold_q: Option<f64>,
     n: usize,
     releases: &[(usize, u64, u64)],
     warmup: u64,
     seed: u64,
 ) -> LastHopFigures {
-    let s = TradingSetup { model, enclave_hold_q, ..TradingSetup::default() };
+    let (enclave_hold_q, host_hold_q) = match model {
+        DeployModel::Enclave => (hold_q, None),
+        DeployModel::Gateway => (None, hold_q),
+        DeployModel::Colocated => (None, None),
+    };
+    let s = TradingSetup { model, enclave_hold_q, host_hold_q, ..TradingSetup::default() };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ SEED_SALT);
     let hops = last_hops(&s, n, &mut rng);
     let budget = hops.iter().map(|h| h.lead_ns).max().unwrap_or(0);
@@ -699,8 +749,8 @@ pub fn last_hop_figures(
         let Some(h) = hops.get(k) else { continue };
         let aim = due + budget;
         let mut at = aim - h.lead_ns.min(aim) + h.leg(model).map_or(0, |l| l.sample(&mut rng));
-        if model == DeployModel::Enclave && enclave_hold_q.is_some() {
-            at = at.max(aim); // the in-enclave shim holds to the aim
+        if s.hold_q().is_some() {
+            at = at.max(aim.saturating_add_signed(h.clock_ns)); // the far end holds to the aim, on its clock
         }
         arrivals.push((k, seq, at));
         if seq <= warmup {
@@ -718,6 +768,7 @@ pub fn last_hop_figures(
     LastHopFigures {
         model: model as u8,
         enclave_hold_q,
+        host_hold_q,
         budget_us: budget as f64 / 1e3,
         messages: spans.len(),
         window_p50_us: q(&spans, 0.5),
@@ -781,6 +832,7 @@ fn summarize(
         cheat_us: s.cheat_us,
         slow_path_us: s.slow_path_us,
         enclave_hold_q: s.enclave_hold_q,
+        host_hold_q: s.host_hold_q,
         last_hop_budget_us: a.budget_ns as f64 / 1e3,
         max_deviation_pp: sh.max_deviation_pp(),
         profit_share: sh.shares,
@@ -952,6 +1004,10 @@ mod tests {
         assert!(plain.window_p99_us > 50.0, "{plain:?}");
         let c = last_hop_figures(DeployModel::Colocated, None, n, &releases, 100, 1);
         assert_eq!((c.budget_us, c.window_p99_us, c.messages), (0.0, 0.0, 100));
+        // Model 2 with the firms' hosts holding: only their clocks' offsets remain.
+        let gh = last_hop_figures(DeployModel::Gateway, Some(0.999_999), n, &releases, 0, 1);
+        assert!(gh.window_p99_us < 8.0 * HOST_SYNC_SIGMA_NS / 1e3 && gh.window_p99_us > 0.0, "{gh:?}");
+        assert!(gh.budget_us > g.budget_us, "a far quantile costs latency: {gh:?} {g:?}");
     }
 
     #[test]
@@ -973,5 +1029,11 @@ mod tests {
             |_| {},
         );
         assert!(matches!(bad, Err(SimError::CheatNeedsOwnReceiver)));
+        let wrong = trading_models(
+            &config(20, 100),
+            &TradingSetup { host_hold_q: Some(0.99), ..TradingSetup::default() },
+            |_| {},
+        );
+        assert!(matches!(wrong, Err(SimError::HoldNeedsItsModel)));
     }
 }

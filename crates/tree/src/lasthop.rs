@@ -137,6 +137,34 @@ pub mod probe {
     }
 }
 
+/// A data packet with its deadline in front, for hosts that hold to it
+/// (`fairfeed firm-host --hold`): "FFLD", 4 reserved bytes, the deadline
+/// (u64, big-endian ns on the wall clock), then the MoldUDP64 packet.
+pub mod framed {
+    /// Bytes in front of the packet.
+    pub const HEADER_LEN: usize = 16;
+    pub const MAGIC: [u8; 4] = *b"FFLD";
+
+    /// Writes `payload` framed with `deadline_ns` into `out` (cleared first).
+    pub fn emit(deadline_ns: u64, payload: &[u8], out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&deadline_ns.to_be_bytes());
+        out.extend_from_slice(payload);
+    }
+
+    /// (deadline, packet) of a framed datagram; None: not framed.
+    pub fn parse(b: &[u8]) -> Option<(u64, &[u8])> {
+        if b.len() < HEADER_LEN || b[..4] != MAGIC {
+            return None;
+        }
+        let mut d = [0u8; 8];
+        d.copy_from_slice(&b[8..16]);
+        Some((u64::from_be_bytes(d), &b[HEADER_LEN..]))
+    }
+}
+
 /// A last hop's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LastHopConfig {
@@ -151,6 +179,10 @@ pub struct LastHopConfig {
     pub lead_max_ns: u64,
     /// Keys the probes' nonces (the shell draws it at random).
     pub secret: u64,
+    /// The hosts hold each packet to its deadline themselves (framed with
+    /// it): every host is then sent to at once, at `deadline − the largest
+    /// lead` (the release), so no host's copy waits on a timer here.
+    pub hosts_hold: bool,
 }
 
 impl Default for LastHopConfig {
@@ -162,6 +194,7 @@ impl Default for LastHopConfig {
             lead_quantile: 0.5,
             lead_max_ns: 10_000_000,
             secret: 0,
+            hosts_hold: false,
         }
     }
 }
@@ -214,8 +247,16 @@ pub struct LastHopStats {
 /// What the last hop sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Out<'a> {
-    Probe { host: usize, bytes: [u8; probe::LEN] },
-    Data { host: usize, payload: &'a [u8] },
+    Probe {
+        host: usize,
+        bytes: [u8; probe::LEN],
+    },
+    /// A packet for `host`, due there at `deadline_ns`.
+    Data {
+        host: usize,
+        deadline_ns: u64,
+        payload: &'a [u8],
+    },
 }
 
 struct Host {
@@ -245,6 +286,8 @@ pub struct LastHop {
     released: u64,
     pending_overflow: u64,
     bad_packets: u64,
+    /// The largest lead (kept as the hosts' leads change).
+    lead_max: u64,
 }
 
 /// SplitMix64: a probe's nonce from the secret and its number.
@@ -288,6 +331,7 @@ impl LastHop {
             released: 0,
             pending_overflow: 0,
             bad_packets: 0,
+            lead_max: 0,
         })
     }
 
@@ -303,7 +347,16 @@ impl LastHop {
     /// The largest lead: how far ahead of each deadline the release point
     /// must release, and what it adds to the delays it reports.
     pub fn lead_max_ns(&self) -> u64 {
-        self.hosts.iter().map(|h| h.lead_ns).max().unwrap_or(0)
+        self.lead_max
+    }
+
+    /// How long before a deadline host `h`'s copy leaves.
+    fn lead_of(&self, h: &Host) -> u64 {
+        if self.cfg.hosts_hold {
+            self.lead_max
+        } else {
+            h.lead_ns
+        }
     }
 
     /// A packet released with deadline `deadline_ns` (the time the hosts
@@ -321,11 +374,13 @@ impl LastHop {
     /// Sends the oldest waiting packet to every host that has not had it.
     fn flush_oldest(&mut self, now: u64, out: &mut impl FnMut(Out<'_>)) {
         let base = self.base;
+        let hold = self.cfg.hosts_hold.then_some(self.lead_max);
         if let Some(p) = self.pending.front() {
             for (i, h) in self.hosts.iter_mut().enumerate() {
                 if h.cursor == base {
-                    Self::count_send(h, now, p.deadline_ns, self.cfg.compensate);
-                    out(Out::Data { host: i, payload: &p.payload });
+                    let lead = hold.unwrap_or(h.lead_ns);
+                    Self::count_send(h, now, p.deadline_ns.saturating_sub(lead), self.cfg.compensate);
+                    out(Out::Data { host: i, deadline_ns: p.deadline_ns, payload: &p.payload });
                     h.cursor += 1;
                 }
             }
@@ -333,8 +388,8 @@ impl LastHop {
         self.trim();
     }
 
-    fn count_send(h: &mut Host, now: u64, deadline_ns: u64, compensate: bool) {
-        let aim = deadline_ns.saturating_sub(h.lead_ns);
+    /// Counts a send to `h` at `now` meant for `aim`.
+    fn count_send(h: &mut Host, now: u64, aim: u64, compensate: bool) {
         h.stats.sent += 1;
         if compensate && h.stats.echoes < PROBES_MIN as u64 {
             h.stats.unprobed += 1;
@@ -358,13 +413,16 @@ impl LastHop {
     /// Returns how many it sent.
     pub fn send_due(&mut self, now: u64, out: &mut impl FnMut(Out<'_>)) -> usize {
         let mut n = 0;
+        let hold = self.cfg.hosts_hold.then_some(self.lead_max);
         for (i, h) in self.hosts.iter_mut().enumerate() {
+            let lead = hold.unwrap_or(h.lead_ns);
             while let Some(p) = usize::try_from(h.cursor - self.base).ok().and_then(|k| self.pending.get(k)) {
-                if p.deadline_ns.saturating_sub(h.lead_ns) > now {
+                let aim = p.deadline_ns.saturating_sub(lead);
+                if aim > now {
                     break;
                 }
-                Self::count_send(h, now, p.deadline_ns, self.cfg.compensate);
-                out(Out::Data { host: i, payload: &p.payload });
+                Self::count_send(h, now, aim, self.cfg.compensate);
+                out(Out::Data { host: i, deadline_ns: p.deadline_ns, payload: &p.payload });
                 h.cursor += 1;
                 n += 1;
             }
@@ -423,6 +481,7 @@ impl LastHop {
                 h.stats.capped += 1;
             }
             h.lead_ns = want.min(self.cfg.lead_max_ns);
+            self.lead_max = self.hosts.iter().map(|h| h.lead_ns).max().unwrap_or(0);
         }
     }
 
@@ -433,7 +492,7 @@ impl LastHop {
             .iter()
             .filter_map(|h| {
                 let p = self.pending.get(usize::try_from(h.cursor - self.base).ok()?)?;
-                Some(p.deadline_ns.saturating_sub(h.lead_ns))
+                Some(p.deadline_ns.saturating_sub(self.lead_of(h)))
             })
             .min();
         let probe = self.cfg.compensate.then_some(self.next_probe_ns);
@@ -467,7 +526,11 @@ mod tests {
     /// Drives a last hop against hosts at fixed one-way delays; returns when
     /// each host got each packet (index by release), and the hop.
     fn run(delays: &[u64], compensate: bool, packets: u64) -> (Vec<Vec<u64>>, LastHop) {
-        let cfg = LastHopConfig { hosts: delays.len(), compensate, secret: 7, ..LastHopConfig::default() };
+        run_with(delays, LastHopConfig { compensate, ..LastHopConfig::default() }, packets)
+    }
+
+    fn run_with(delays: &[u64], cfg: LastHopConfig, packets: u64) -> (Vec<Vec<u64>>, LastHop) {
+        let cfg = LastHopConfig { hosts: delays.len(), secret: 7, ..cfg };
         let mut hop = LastHop::new(cfg).unwrap();
         let mut got = vec![Vec::new(); delays.len()];
         // Echoes in flight: (arrival at the gateway, host, bytes).
@@ -508,7 +571,7 @@ mod tests {
     fn own(o: Out<'_>) -> (usize, Result<[u8; probe::LEN], Vec<u8>>) {
         match o {
             Out::Probe { host, bytes } => (host, Ok(bytes)),
-            Out::Data { host, payload } => (host, Err(payload.to_vec())),
+            Out::Data { host, payload, .. } => (host, Err(payload.to_vec())),
         }
     }
 
@@ -527,6 +590,20 @@ mod tests {
         }
         let s = hop.stats();
         assert!(s.hosts.iter().all(|h| h.late == 0 && h.unprobed == 0 && h.stray_echoes == 0), "{s:?}");
+    }
+
+    /// Hosts that hold get every copy at once, the largest lead early:
+    /// each arrives before its deadline, by that lead less its own delay.
+    #[test]
+    fn hosts_that_hold_are_sent_to_at_once_the_largest_lead_early() {
+        let delays = [10_000, 500_000];
+        let (got, hop) = run_with(&delays, LastHopConfig { hosts_hold: true, ..LastHopConfig::default() }, 50);
+        assert_eq!(hop.lead_max_ns(), 500_000);
+        assert_eq!(got[0].len(), 50);
+        for (near, far) in got[0].iter().zip(&got[1]) {
+            assert_eq!(far - near, 490_000, "sent together, so apart by their delays");
+        }
+        assert!(hop.stats().hosts.iter().all(|h| h.late == 0), "{:?}", hop.stats());
     }
 
     #[test]
@@ -618,6 +695,17 @@ mod tests {
 
     proptest! {
         #[test]
+        fn framed_packets_round_trip(deadline in any::<u64>(), payload in proptest::collection::vec(any::<u8>(), 0..64), junk in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let mut b = Vec::new();
+            framed::emit(deadline, &payload, &mut b);
+            prop_assert_eq!(framed::parse(&b), Some((deadline, &payload[..])));
+            prop_assert!(!probe::looks_like(&b), "a framed packet is no probe");
+            if junk.get(..4) != Some(&framed::MAGIC[..]) {
+                prop_assert_eq!(framed::parse(&junk), None);
+            }
+        }
+
+        #[test]
         fn probes_round_trip_and_junk_is_refused(kind in 1u8..=2, n in any::<u64>(), junk in proptest::collection::vec(any::<u8>(), 0..40)) {
             let k = if kind == 1 { probe::Kind::Probe } else { probe::Kind::Echo };
             let b = probe::emit(k, n);
@@ -646,7 +734,7 @@ mod tests {
             let mut now = 0u64;
             let rec = |o: Out<'_>, now: u64, got: &mut Vec<Vec<u64>>, echoes: &mut Vec<(u64, usize, [u8; probe::LEN])>| match o {
                 Out::Probe { host, bytes } => echoes.push((now + 2 * delays[host], host, probe::echo(&bytes).unwrap())),
-                Out::Data { host, payload } => got[host].push(u64::from_be_bytes(payload.try_into().unwrap())),
+                Out::Data { host, payload, .. } => got[host].push(u64::from_be_bytes(payload.try_into().unwrap())),
             };
             for (k, g) in gaps.iter().enumerate() {
                 now += g;

@@ -178,7 +178,8 @@ impl DeliveryAgent {
         let hop = match &job.last_hop {
             None => None,
             Some(h) => Some(
-                LastHopOut::new(h.hosts.clone(), h.cfg, lead.clone()).map_err(io("binding the last hop's sockets"))?,
+                LastHopOut::new(h.hosts.clone(), h.cfg, lead.clone(), h.framed)
+                    .map_err(io("binding the last hop's sockets"))?,
             ),
         };
         let now = wall_ns();

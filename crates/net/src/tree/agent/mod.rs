@@ -187,6 +187,8 @@ pub struct LastHopJob {
     pub hosts: Vec<crate::lasthop::HostAddr>,
     /// Its settings (`hosts` and `secret` are filled in by the shell).
     pub cfg: fairfeed_tree::lasthop::LastHopConfig,
+    /// Each packet goes with its deadline in front, for hosts that hold to it.
+    pub framed: bool,
 }
 
 /// Where a joining receiver fetches its snapshot, and as whom.
