@@ -11,6 +11,7 @@
 pub mod bench;
 pub mod consume;
 pub mod cpu;
+pub mod live;
 pub mod publish;
 pub mod route;
 pub mod security;

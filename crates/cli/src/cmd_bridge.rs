@@ -1,20 +1,16 @@
 //! `fairfeed bridge run|bench` and `fairfeed subscribe`: the arbitrated feed
 //! into NATS (seed 001 with a real broker).
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
-use fairfeed_arb::spec::SeqSpec;
-use fairfeed_arb::{Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window};
 use fairfeed_bridge::bench::{run as bench_run, BenchConfig};
-use fairfeed_bridge::publish::{wall_ns, Bridge, Overflow, PublishConfig};
+use fairfeed_bridge::live::{BridgeAgent, LiveConfig};
+use fairfeed_bridge::publish::{Bridge, Overflow, PublishConfig};
 use fairfeed_bridge::route::{By, Granularity, RouteConfig};
 use fairfeed_bridge::subscribe::{subscribe, StopWhen, SubscribeConfig};
-use fairfeed_net::arb::client::RetransmitClient;
-use fairfeed_wire::moldudp64::RequestRepr;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum GranularityArg {
@@ -183,78 +179,6 @@ pub struct RunArgs {
     /// With --retransmit: how long packets behind a gap wait for its fill before the gap is given up, ms (1..=10000).
     #[arg(long, default_value_t = 200, requires = "retransmit", value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..=10_000))]
     retransmit_hold_ms: u64,
-}
-
-/// Fills the feed's gaps from a MoldUDP64 retransmission server in front of
-/// the bridge: the arbitrator (one line, time window) asks for what is
-/// missing and hands the bridge its in-order high-reliability stream.
-struct Filler {
-    arb: Arbitrator,
-    client: RetransmitClient,
-    /// Answers are read here.
-    buf: Vec<u8>,
-}
-
-struct FillSink<'a> {
-    bridge: &'a mut Bridge,
-    client: &'a RetransmitClient,
-}
-
-impl Sink for FillSink<'_> {
-    fn emit(&mut self, stream: Stream, packet: &[u8]) {
-        if stream == Stream::HighReliability {
-            self.bridge.handle_packet(packet, wall_ns());
-        }
-    }
-
-    fn request(&mut self, r: RequestRepr) {
-        self.client.request(r);
-    }
-}
-
-impl Filler {
-    fn new(server: SocketAddr, hold_ms: u64) -> anyhow::Result<Self> {
-        let cfg = ArbConfig {
-            lines: 1,
-            window: Window { mode: Mode::Time, max_hold_ns: hold_ms * 1_000_000, max_count_msgs: 1_000_000 },
-            start: Start::First,
-            retransmit: Some(RetransmitConfig { grace_ns: 1_000_000, adaptive_grace: false, ..Default::default() }),
-            ..ArbConfig::default()
-        };
-        let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(|e| anyhow::anyhow!("the gap filler: {e}"))?;
-        let client = RetransmitClient::new(server).with_context(|| format!("the retransmission server {server}"))?;
-        Ok(Filler { arb, client, buf: vec![0u8; 65_536] })
-    }
-
-    /// A packet from the feed, answers from the server and the arbitrator's timers.
-    fn turn(&mut self, bridge: &mut Bridge, packet: Option<&[u8]>) {
-        let mut buf = std::mem::take(&mut self.buf);
-        let mut sink = FillSink { bridge, client: &self.client };
-        let now = wall_ns();
-        if let Some(p) = packet {
-            self.arb.handle_packet(now, Source::Line(0), p, &mut sink);
-        }
-        while let Some(n) = sink.client.recv(&mut buf) {
-            self.arb.handle_packet(wall_ns(), Source::Retransmit, &buf[..n], &mut sink);
-        }
-        if self.arb.next_timeout().is_some_and(|t| t <= now) {
-            self.arb.handle_timeout(now, &mut sink);
-        }
-        self.buf = buf;
-    }
-
-    /// Gives up whatever still waits for a fill (the bridge then marks the gaps).
-    fn finish(&mut self, bridge: &mut Bridge) -> serde_json::Value {
-        let mut sink = FillSink { bridge, client: &self.client };
-        self.arb.handle_timeout(u64::MAX / 2, &mut sink);
-        let (requests, send_errors, challenges) = self.client.counts();
-        serde_json::json!({
-            "requests": requests,
-            "request_send_errors": send_errors,
-            "challenges": challenges,
-            "arbitrator": self.arb.stats(),
-        })
-    }
 }
 
 #[derive(clap::Args)]
@@ -427,73 +351,13 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The bridge's receive buffer for the feed: bursts wait here while the
-/// router and publisher catch up (the README's replay at 20x peaks at 80,000
-/// packets/s; the kernel's default 208 KiB held ~1,000 and dropped 5 bursts).
-const BRIDGE_RECV_BUFFER: usize = 16 << 20;
-
 /// The feed's socket: blocking reads, the large buffer asked for, and a
 /// warning when the kernel granted less.
-fn bind_feed(listen: SocketAddr) -> anyhow::Result<UdpSocket> {
-    let sock =
-        fairfeed_io::socket::bind_udp(listen, BRIDGE_RECV_BUFFER).with_context(|| format!("binding {listen}"))?;
-    sock.set_nonblocking(false)?;
-    let granted = fairfeed_io::socket::recv_buffer_size(&sock).unwrap_or(0);
-    if granted < BRIDGE_RECV_BUFFER {
-        tracing::warn!(
-            granted,
-            "bridge: the kernel gave {} a {} KiB receive buffer of the {} KiB asked (net.core.rmem_max); \
-             bursts faster than the bridge publishes will be dropped by the kernel and counted as kernel_drops \
-             (sysctl -w net.core.rmem_max=16777216, or run with CAP_NET_ADMIN)",
-            listen,
-            granted >> 10,
-            BRIDGE_RECV_BUFFER >> 10
-        );
-    }
-    Ok(sock)
-}
-
-/// Datagrams the kernel dropped on the feed's socket since the bridge
-/// started (its buffer full: the bridge fell behind), warned as they grow.
-struct KernelDrops<'a> {
-    sock: &'a UdpSocket,
-    listen: SocketAddr,
-    at_start: u64,
-    seen: u64,
-}
-
-impl<'a> KernelDrops<'a> {
-    fn new(sock: &'a UdpSocket, listen: SocketAddr) -> Self {
-        KernelDrops { sock, listen, at_start: fairfeed_io::socket::udp_drops(sock).unwrap_or(0), seen: 0 }
-    }
-
-    /// Reads the count, warns when it grew; returns it.
-    fn check(&mut self) -> u64 {
-        let now = fairfeed_io::socket::udp_drops(self.sock).map_or(self.seen, |d| d.saturating_sub(self.at_start));
-        if now > self.seen {
-            tracing::warn!(
-                kernel_drops = now,
-                "bridge: the kernel dropped {now} datagrams on {} so far: its receive buffer was full (the feed \
-                 came faster than the bridge published); they reach subscribers as feed gaps",
-                self.listen
-            );
-            self.seen = now;
-        }
-        self.seen
-    }
-}
-
 fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
     if let Some(p) = &a.stats_out {
         crate::fmt::check_outputs(&[p], &[])?;
     }
     let stop = crate::fmt::stop_on_signals()?;
-    let sock = bind_feed(a.listen)?;
-    let mut filler = a.retransmit.map(|s| Filler::new(s, a.retransmit_hold_ms)).transpose()?;
-    // Filling has timers of a millisecond (the grace before asking).
-    sock.set_read_timeout(Some(Duration::from_millis(if filler.is_some() { 1 } else { 50 })))?;
-    let mut batch = fairfeed_io::batch::BatchRecv::default();
-    let mut drops = KernelDrops::new(&sock, a.listen);
     let route = RouteConfig { granularity: granularity(a.granularity), by: by(a.by), prefix: a.prefix.clone() };
     let mut cfg = PublishConfig::new(&a.nats);
     cfg.security = a.auth.security();
@@ -504,7 +368,22 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
         OverflowArg::Drop => Overflow::Drop,
         OverflowArg::Block => Overflow::Block,
     };
-    let mut bridge = Bridge::start(route, cfg).map_err(|e| anyhow::anyhow!("bridge: {e}"))?;
+    let bridge = Bridge::start(route, cfg).map_err(|e| anyhow::anyhow!("bridge: {e}"))?;
+    let slot = a.metrics.map(|_| fairfeed_net::publish::JsonSlot::default());
+    let _metrics = match (a.metrics, slot.clone()) {
+        (Some(addr), Some(s)) => {
+            Some(crate::fmt::serve_json_metrics(addr, s, "fairfeed_bridge", "the bridge into NATS (its report)")?)
+        }
+        _ => None,
+    };
+    let live = LiveConfig {
+        listen: a.listen,
+        fill: a.retransmit.map(|s| (s, a.retransmit_hold_ms)),
+        max_ns: a.seconds.map(|s| (s * 1e9) as u64),
+        stats_interval_ns: a.stats_interval_s.map(|s| (s * 1e9) as u64),
+        publish: slot,
+    };
+    let mut agent = BridgeAgent::new(live, bridge).map_err(|e| anyhow::anyhow!("bridge: {e}"))?;
     tracing::info!(
         listen = %a.listen,
         nats = %a.nats,
@@ -513,66 +392,9 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
         a.nats,
         a.jetstream.as_deref().unwrap_or("core NATS")
     );
-    let t0 = Instant::now();
-    let mut last_stats = Instant::now();
-    // How often the loop looks for failed publications to report.
-    const ERROR_CHECK: Duration = Duration::from_secs(1);
-    let (mut last_check, mut reported_errors) = (Instant::now(), 0u64);
-    let mut buf = vec![0u8; 65_536];
-    let slot = a.metrics.map(|_| fairfeed_net::publish::JsonSlot::default());
-    let _metrics = match (a.metrics, slot.clone()) {
-        (Some(addr), Some(s)) => {
-            Some(crate::fmt::serve_json_metrics(addr, s, "fairfeed_bridge", "the bridge into NATS (its report)")?)
-        }
-        _ => None,
-    };
-    let mut next_publish = Instant::now();
-    while !stop.load(Ordering::Relaxed) && a.seconds.is_none_or(|s| t0.elapsed().as_secs_f64() < s) {
-        // One blocking read (up to the timeout), then whatever else waits, a batch per call.
-        let got = sock.recv(&mut buf).ok();
-        match &mut filler {
-            Some(f) => {
-                f.turn(&mut bridge, got.map(|n| &buf[..n]));
-                if got.is_some() {
-                    while batch.recv(&sock, |p| f.turn(&mut bridge, Some(p))) > 0 {}
-                }
-            }
-            None => {
-                if let Some(n) = got {
-                    bridge.handle_packet(&buf[..n], wall_ns());
-                    while batch.recv(&sock, |p| bridge.handle_packet(p, wall_ns())) > 0 {}
-                }
-            }
-        }
-        if let Some(s) = slot.as_ref().filter(|_| Instant::now() >= next_publish) {
-            fairfeed_net::publish::publish(s, &bridge.report());
-            next_publish = Instant::now() + fairfeed_net::publish::PUBLISH_INTERVAL;
-        }
-        if a.stats_interval_s.is_some_and(|s| last_stats.elapsed().as_secs_f64() >= s) {
-            let r = serde_json::to_string(&bridge.report())?;
-            tracing::info!(report = %r, "bridge: {r}");
-            last_stats = Instant::now();
-        }
-        if last_check.elapsed() >= ERROR_CHECK {
-            drops.check();
-            let errors = bridge.report().publish_errors;
-            if errors > reported_errors {
-                tracing::warn!(
-                    publish_errors = errors,
-                    "bridge: {errors} publications failed so far (is the broker up, are the subjects valid?)"
-                );
-                reported_errors = errors;
-            }
-            last_check = Instant::now();
-        }
-    }
-    let fill = filler.as_mut().map(|f| f.finish(&mut bridge));
-    let r = bridge.finish(Duration::from_secs(30));
-    let mut v = serde_json::to_value(&r)?;
-    v["kernel_drops"] = drops.check().into();
-    if let Some(f) = fill {
-        v["fill"] = f;
-    }
+    let run = fairfeed_io::agent::RunConfig { stop: Some(stop), ..fairfeed_io::agent::RunConfig::default() };
+    fairfeed_io::agent::run(&mut [&mut agent], &run).context("running the bridge")?;
+    let (r, v) = agent.finish(Duration::from_secs(30));
     let text = serde_json::to_string_pretty(&v)?;
     match &a.stats_out {
         Some(p) => std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,

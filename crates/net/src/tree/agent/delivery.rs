@@ -12,17 +12,15 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use fairfeed_arb::spec::SeqSpec;
-use fairfeed_arb::{Arbitrator, Config as ArbConfig, Mode, RetransmitConfig, Sink, Source, Start, Stream, Window};
+use fairfeed_arb::Start;
 use fairfeed_clock::skew::Skew;
 use fairfeed_io::agent::{Agent, Turn};
-use fairfeed_wire::moldudp64::RequestRepr;
 use serde_json::json;
 
 use super::control::{Life, Poster};
 use super::mailbox::Incoming;
 use super::{wall_ns, AgentError, ReceiverJob, TimeBase};
-use crate::arb::client::RetransmitClient;
+use crate::arb::fill::{FillConfig, GapFiller};
 use crate::lasthop::LastHopOut;
 use crate::snapshot::SnapshotClient;
 
@@ -44,7 +42,6 @@ pub struct Delivered {
 struct Counts {
     delivered: u64,
     failed: u64,
-    requests: u64,
 }
 
 /// Where the line's packets go: the application's socket, and the last
@@ -102,35 +99,15 @@ impl AppOut {
     }
 }
 
-struct DeliverSink<'a> {
-    app: &'a mut AppOut,
-    req: &'a RetransmitClient,
-}
-
-impl Sink for DeliverSink<'_> {
-    fn emit(&mut self, stream: Stream, packet: &[u8]) {
-        if stream == Stream::HighReliability {
-            self.app.take(packet);
-        }
-    }
-
-    fn request(&mut self, r: RequestRepr) {
-        if self.req.request(r) {
-            self.app.out.counts.requests += 1;
-        }
-    }
-}
-
 /// Where a receiver's releases go.
 pub struct DeliveryAgent {
     app: AppOut,
-    fill: Option<(Arbitrator, RetransmitClient)>,
+    fill: Option<GapFiller>,
     inbox: Incoming<Delivered>,
     skew: Skew,
     time: TimeBase,
     life: Arc<Life>,
     poster: Option<Poster>,
-    scratch: Vec<u8>,
     /// What one turn took from the inbox (kept to reuse its allocation).
     batch: Vec<Delivered>,
 }
@@ -152,20 +129,13 @@ impl DeliveryAgent {
         let fill = match job.retransmit {
             None => None,
             Some(server) => {
-                let cfg = ArbConfig {
-                    lines: 1,
-                    window: Window { mode: Mode::Time, max_hold_ns: FILL_HOLD_NS, max_count_msgs: 1_000_000 },
+                let cfg = FillConfig {
+                    server,
+                    hold_ns: FILL_HOLD_NS,
+                    grace_ns: FILL_GRACE_NS,
                     start: job.fill_from.map_or(Start::First, Start::Seq),
-                    retransmit: Some(RetransmitConfig {
-                        grace_ns: FILL_GRACE_NS,
-                        adaptive_grace: false,
-                        ..Default::default()
-                    }),
-                    ..ArbConfig::default()
                 };
-                let arb = Arbitrator::new(cfg, SeqSpec::moldudp64()).map_err(|e| AgentError::Config(e.to_string()))?;
-                let c = RetransmitClient::new(server).map_err(io("binding the retransmission socket"))?;
-                Some((arb, c))
+                Some(GapFiller::new(cfg).map_err(|e| AgentError::Config(e.to_string()))?)
             }
         };
         let join = match &job.snapshot {
@@ -185,43 +155,35 @@ impl DeliveryAgent {
         let now = wall_ns();
         let out = Outlet { sock, to: job.deliver, counts: Counts::default(), hop, now, deadline: now };
         let app = AppOut { out, join };
-        Ok(DeliveryAgent { app, fill, inbox, skew, time, life, poster, scratch: vec![0u8; 2048], batch: Vec::new() })
+        Ok(DeliveryAgent { app, fill, inbox, skew, time, life, poster, batch: Vec::new() })
     }
 
     fn release(&mut self, now: u64, deadline: u64, payload: &[u8]) {
         self.app.out.deadline = deadline;
         match &mut self.fill {
-            Some((arb, req)) => {
-                let mut sink = DeliverSink { app: &mut self.app, req };
-                arb.handle_packet(now, Source::Line(0), payload, &mut sink);
+            Some(f) => {
+                let app = &mut self.app;
+                f.packet(now, payload, &mut |p| app.take(p));
             }
             None => self.app.take(payload),
         }
     }
 
-    /// Answers from the retransmission server, and the arbitrator's timers.
+    /// Answers from the retransmission server, and the filler's timers.
     fn service(&mut self, now: u64) -> usize {
-        let mut n = self.app.service();
-        let Some((arb, req)) = &mut self.fill else { return n };
-        let mut sink = DeliverSink { app: &mut self.app, req };
-        while let Some(k) = sink.req.recv(&mut self.scratch) {
-            arb.handle_packet(now, Source::Retransmit, &self.scratch[..k], &mut sink);
-            n += 1;
-        }
-        if arb.next_timeout().is_some_and(|t| t <= now) {
-            arb.handle_timeout(now, &mut sink);
-            n += 1;
-        }
-        n
+        let n = self.app.service();
+        let Some(f) = &mut self.fill else { return n };
+        let app = &mut self.app;
+        n + f.service(now, &mut |p| app.take(p))
     }
 
     /// Its counters, as they go into the node's report.
     pub fn counters(&self) -> serde_json::Value {
         let counts = &self.app.out.counts;
         let mut c = json!({ "delivered": counts.delivered, "deliver_failed": counts.failed });
-        if let Some((arb, ..)) = &self.fill {
-            c["retransmit_requests"] = counts.requests.into();
-            c["fill"] = serde_json::to_value(arb.stats()).unwrap_or_default();
+        if let Some(f) = &self.fill {
+            c["retransmit_requests"] = f.requests().into();
+            c["fill"] = serde_json::to_value(f.stats()).unwrap_or_default();
         }
         if let Some(j) = &self.app.join {
             c["join"] = serde_json::to_value(j.stats()).unwrap_or_default();
@@ -257,7 +219,7 @@ impl Agent for DeliveryAgent {
         if !self.inbox.is_empty() {
             return 0;
         }
-        let arb = self.fill.as_ref().and_then(|f| f.0.next_timeout());
+        let arb = self.fill.as_ref().and_then(GapFiller::next_timeout);
         let due = arb.map_or(u64::MAX, |l| self.time.wall_at(self.skew.true_at(l)));
         let join = self.app.join.as_ref().map_or(u64::MAX, SnapshotClient::next_due);
         let hop = self.app.out.hop.as_ref().map_or(u64::MAX, LastHopOut::next_due);
@@ -266,7 +228,7 @@ impl Agent for DeliveryAgent {
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = vec![self.inbox.fd()];
-        fds.extend(self.fill.iter().map(|f| f.1.fd()));
+        fds.extend(self.fill.iter().map(GapFiller::fd));
         fds.extend(self.app.join.iter().map(SnapshotClient::fd));
         fds.extend(self.app.out.hop.iter().flat_map(LastHopOut::fds));
         fds.extend(self.poster.iter().map(Poster::fd));
