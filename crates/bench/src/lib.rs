@@ -11,10 +11,14 @@
 //! - [`exchange`] — order-to-acknowledgement latency over OUCH/SoupBinTCP beside
 //!   a bare TCP ping-pong, and the matching core's in-process throughput;
 //!   [`exchange_attack`] — hostile clients run beside that load;
+//! - [`bridge`] — seed 001's experiment: the feed into NATS by the bridge,
+//!   subscribers measuring latency by the bridge's tag, beside NATS's own Go
+//!   client publishing the same load;
 //! - [`xdp`] — Jasper's XDP de-duplicator on a veth link between network
 //!   namespaces beside the same receiver without it.
 
 pub mod arb;
+pub mod bridge;
 pub mod clock;
 pub mod exchange;
 pub mod exchange_attack;

@@ -4,11 +4,11 @@
 //! broker: [`route`] decides subjects and granularity (sans-IO), [`publish`]
 //! is the publisher shell (core NATS or JetStream, bounded queue with a
 //! counted overflow policy, reconnects), [`subscribe`] counts and times what
-//! arrives, [`bench`] redoes seed 001's experiment (with [`cpu`], each side's
-//! CPU time per message), and [`server`] runs a local `nats-server` for tests
+//! arrives, [`live`] is `fairfeed bridge run` as an agent, [`cpu`] measures
+//! each side's CPU time per message for seed 001's experiment (in
+//! `fairfeed-bench`), and [`server`] runs a local `nats-server` for tests
 //! and the bench.
 
-pub mod bench;
 pub mod consume;
 pub mod cpu;
 pub mod live;

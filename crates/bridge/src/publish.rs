@@ -155,17 +155,9 @@ fn message_id(p: &Publication) -> HeaderMap {
     h
 }
 
-/// The servers of `url`: one URL, or several separated by commas (the nodes
-/// of a cluster; the client also learns the others from the server it reaches).
-pub fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, BridgeError> {
-    url.split(',')
-        .map(|u| {
-            u.trim()
-                .parse::<async_nats::ServerAddr>()
-                .map_err(|e| BridgeError::Connect(format!("`{u}` is not a NATS URL: {e}")))
-        })
-        .collect()
-}
+/// The servers of `url` (defined with the rest of the connection's
+/// settings, [`crate::security::servers`]).
+pub use crate::security::servers;
 
 async fn connect(
     url: &str,

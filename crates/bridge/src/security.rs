@@ -130,6 +130,18 @@ impl LastError {
     }
 }
 
+/// The servers of `url`: one URL, or several separated by commas (the nodes
+/// of a cluster; the client also learns the others from the server it reaches).
+pub fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, BridgeError> {
+    url.split(',')
+        .map(|u| {
+            u.trim()
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|e| BridgeError::Connect(format!("`{u}` is not a NATS URL: {e}")))
+        })
+        .collect()
+}
+
 /// One connection attempt to `url` with `security`, without retrying: its
 /// error in full (the retrying client reports only its kind, e.g. "IO
 /// error" for an untrusted certificate), or `None` if it connects.
@@ -138,7 +150,7 @@ pub async fn diagnose(url: &str, security: &Security) -> Option<String> {
         Ok(o) => o,
         Err(e) => return Some(e.to_string()),
     };
-    let servers = match crate::publish::servers(url) {
+    let servers = match servers(url) {
         Ok(s) => s,
         Err(e) => return Some(e.to_string()),
     };

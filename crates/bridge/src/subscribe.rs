@@ -259,7 +259,7 @@ pub async fn subscribe(
         .security
         .apply(o)
         .await?
-        .connect(crate::publish::servers(&cfg.url)?)
+        .connect(crate::security::servers(&cfg.url)?)
         .await
         .map_err(|e| BridgeError::Connect(format!("connecting to {}: {e}", cfg.url)))?;
     // The client retries in the background (the server may start just after

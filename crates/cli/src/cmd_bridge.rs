@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use fairfeed_bridge::bench::{run as bench_run, BenchConfig};
+use fairfeed_bench::bridge::{run as bench_run, BenchConfig};
 use fairfeed_bridge::live::{BridgeAgent, LiveConfig};
 use fairfeed_bridge::publish::{Bridge, Overflow, PublishConfig};
 use fairfeed_bridge::route::{By, Granularity, RouteConfig};

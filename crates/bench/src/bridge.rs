@@ -4,17 +4,17 @@
 //! subscribers each subscribed to everything (as seed 001's clients were),
 //! timing every publication from the bridge's ingress tag to its arrival.
 
-use crate::BridgeError;
+use fairfeed_bridge::BridgeError;
 use std::time::{Duration, Instant};
 
 use fairfeed_feed::gen::{GenConfig, Generator};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::publish::{wall_ns, Bridge, PublishConfig};
-use crate::route::{By, Granularity, RouteConfig};
-use crate::server::LocalServer;
-use crate::subscribe::{subscribe, LatencyMs, StopWhen, SubscribeConfig, SubscribeReport};
+use fairfeed_bridge::publish::{wall_ns, Bridge, PublishConfig};
+use fairfeed_bridge::route::{By, Granularity, RouteConfig};
+use fairfeed_bridge::server::LocalServer;
+use fairfeed_bridge::subscribe::{subscribe, LatencyMs, StopWhen, SubscribeConfig, SubscribeReport};
 
 /// Subscribers at most in one run.
 pub const SUBSCRIBERS_MAX: usize = 64;
@@ -97,16 +97,16 @@ pub struct CpuReport {
     pub subscriber_system_ns_per_delivery: f64,
     /// The raw totals.
     pub route_ns: u64,
-    pub publisher: crate::cpu::ThreadsCpu,
-    pub subscribers: crate::cpu::ThreadsCpu,
+    pub publisher: fairfeed_bridge::cpu::ThreadsCpu,
+    pub subscribers: fairfeed_bridge::cpu::ThreadsCpu,
     pub deliveries: u64,
 }
 
 impl CpuReport {
     fn new(
         route_ns: u64,
-        publisher: crate::cpu::ThreadsCpu,
-        subscribers: crate::cpu::ThreadsCpu,
+        publisher: fairfeed_bridge::cpu::ThreadsCpu,
+        subscribers: fairfeed_bridge::cpu::ThreadsCpu,
         messages: u64,
         publications: u64,
         deliveries: u64,
@@ -205,9 +205,9 @@ fn replay(bridge: &mut Bridge, packets: &[Vec<u8>], rate_pps: f64, mut progress:
                 std::thread::yield_now();
             }
         }
-        let c0 = crate::cpu::this_thread_ns();
+        let c0 = fairfeed_bridge::cpu::this_thread_ns();
         bridge.handle_packet(p, wall_ns());
-        route_ns += crate::cpu::this_thread_ns() - c0;
+        route_ns += fairfeed_bridge::cpu::this_thread_ns() - c0;
         if i % 1_000 == 0 {
             progress(i as f64 / packets.len() as f64);
         }
@@ -235,13 +235,13 @@ fn summary(all: &Histogram<u64>) -> LatencyMs {
 type SubscriberTask = tokio::task::JoinHandle<Result<(SubscribeReport, Histogram<u64>), BridgeError>>;
 
 /// Subscriber tasks, each subscribed to everything under `prefix` and ready,
-/// on a runtime of their own (threads named [`crate::cpu::SUBSCRIBER_THREAD`]).
+/// on a runtime of their own (threads named [`fairfeed_bridge::cpu::SUBSCRIBER_THREAD`]).
 fn subscribers(
     url: &str,
     prefix: &str,
     cfg: &BenchConfig,
 ) -> Result<(tokio::runtime::Runtime, Vec<SubscriberTask>), BridgeError> {
-    let rt = crate::cpu::named_runtime(2, crate::cpu::SUBSCRIBER_THREAD)?;
+    let rt = fairfeed_bridge::cpu::named_runtime(2, fairfeed_bridge::cpu::SUBSCRIBER_THREAD)?;
     let sub_cfg = SubscribeConfig {
         url: url.to_string(),
         subject: format!("{prefix}.>"),
@@ -307,8 +307,8 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
     let (rt, tasks) = subscribers(&url, &route.prefix, cfg)?;
     let mut bridge = Bridge::start(route, PublishConfig::new(&url))?;
     // Connections are up: what the threads used so far is set-up, not feed.
-    let cpu0 = crate::cpu::threads_cpu(crate::cpu::PUBLISHER_THREAD)
-        .zip(crate::cpu::threads_cpu(crate::cpu::SUBSCRIBER_THREAD));
+    let cpu0 = fairfeed_bridge::cpu::threads_cpu(fairfeed_bridge::cpu::PUBLISHER_THREAD)
+        .zip(fairfeed_bridge::cpu::threads_cpu(fairfeed_bridge::cpu::SUBSCRIBER_THREAD));
     let (achieved, route_ns) = replay(&mut bridge, &packets, cfg.rate_pps, progress);
     let b = bridge.finish(Duration::from_secs(60));
     let mut per = Vec::new();
@@ -318,7 +318,7 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
         let _ = all.add(&h);
         per.push(r);
     }
-    let subs_cpu = crate::cpu::threads_cpu(crate::cpu::SUBSCRIBER_THREAD);
+    let subs_cpu = fairfeed_bridge::cpu::threads_cpu(fairfeed_bridge::cpu::SUBSCRIBER_THREAD);
     let publications = b.route.publications;
     let deliveries = per.iter().map(|r| r.publications).sum();
     let cpu = match (cpu0, b.publisher_cpu, subs_cpu) {
@@ -329,7 +329,7 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
     };
     let base = match &cfg.baseline {
         Some(bin) => {
-            let payload = (b.route.payload_bytes / publications.max(1)) as usize + crate::tag::TAG_LEN;
+            let payload = (b.route.payload_bytes / publications.max(1)) as usize + fairfeed_bridge::tag::TAG_LEN;
             Some(baseline(bin, &url, cfg, publications as f64 / cfg.seconds, b.route.subjects, payload)?)
         }
         None => None,
