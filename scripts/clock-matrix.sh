@@ -7,7 +7,7 @@
 #   scripts/clock-matrix.sh DIR [RECEIVERS] [SECONDS] [JOBS]
 #
 # Defaults: 1,000 receivers, 1 simulated second of feed after the 10-s
-# warm-up, 1 job at a time. CELLS=base,asym-5pct-5us,... runs only those cells. Uses $CARGO_TARGET_DIR/release/fairfeed (built if absent)
+# warm-up, 1 job at a time. CELLS=base,asym-5pct-5us,... runs only those cells. Uses the fairfeed cargo builds (or finds up to date)
 # or $FAIRFEED if set.
 set -euo pipefail
 out=${1:?usage: clock-matrix.sh DIR [RECEIVERS] [SECONDS] [JOBS]}

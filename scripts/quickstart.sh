@@ -14,17 +14,9 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 echo "== building fairfeed (release; the first build takes minutes, cargo shows its progress)"
-# Ask cargo where it put the binary (CARGO_TARGET_DIR may move it out of target/).
-ff=$(cargo build --release --bin fairfeed --message-format=json-render-diagnostics \
-  | python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "fairfeed":
-        print(m["executable"])')
-if [ -z "$ff" ] || [ ! -x "$ff" ]; then
-  echo "quickstart: cargo built fairfeed but did not say where (got: '$ff')" >&2
-  exit 1
-fi
+# shellcheck source=scripts/fairfeed-bin.sh
+source scripts/fairfeed-bin.sh   # (we are at the repository root)
+ff=$bin
 
 echo "== fairfeed demo: the fair multicast tree to 100 receivers on loopback beside direct unicast (~1 min)"
 "$ff" demo --receivers 100 --seconds 10 --out out/demo

@@ -11,7 +11,7 @@
 # (override with TREES="1 2" RATES="5000"; MODEL=FILE for another link
 # model, e.g. docs/models/cloud-tree-lanes.toml: the sender's copies queue
 # per tree). Uses
-# $CARGO_TARGET_DIR/release/fairfeed (built if absent) or $FAIRFEED if set.
+# the fairfeed cargo builds (or finds up to date) for these sources, or $FAIRFEED if set.
 set -euo pipefail
 out=${1:?usage: shard-sweep.sh DIR [RECEIVERS] [MESSAGES] [TARGET_PF]}
 n=${2:-1000}

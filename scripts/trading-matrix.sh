@@ -12,7 +12,7 @@
 # Defaults: 100 receivers, 6,250 messages (1,250 warm-up), seed 1. Receivers ×
 # messages at most 10,000,000 (every release is kept).
 # CELLS=m1-fifo,m2-dbo,... runs only those cells. Uses
-# $CARGO_TARGET_DIR/release/fairfeed (built if absent) or $FAIRFEED if set.
+# the fairfeed cargo builds (or finds up to date) for these sources, or $FAIRFEED if set.
 set -euo pipefail
 out=${1:?usage: trading-matrix.sh DIR [RECEIVERS] [MESSAGES] [SEED]}
 n=${2:-100}

@@ -21,6 +21,8 @@ use crate::publish::{wall_ns, Bridge, BridgeReport};
 pub const BRIDGE_RECV_BUFFER: usize = 16 << 20;
 /// How often failed publications and kernel drops are looked for, ns.
 const CHECK_INTERVAL_NS: u64 = 1_000_000_000;
+/// `recvmmsg` batches read per turn at most.
+const BATCHES_PER_TURN: usize = 64;
 /// How long the filler waits before asking for a gap, ns.
 const FILL_GRACE_NS: u64 = 1_000_000;
 
@@ -189,8 +191,9 @@ impl Agent for BridgeAgent {
         let mut work = 0;
         let (bridge, filler) = (&mut self.bridge, &mut self.filler);
         if turn == Turn::All {
-            // A batch per call, until the socket is empty.
-            loop {
+            // A batch per call, until the socket is empty or a turn's share
+            // is read (a flood must not starve the filler and the timers).
+            for _ in 0..BATCHES_PER_TURN {
                 let got = self.batch.recv(&self.sock, |p| match filler {
                     Some(f) => f.packet(wall_ns(), p, &mut |q| bridge.handle_packet(q, wall_ns())),
                     None => bridge.handle_packet(p, wall_ns()),

@@ -455,30 +455,27 @@ impl FirmHost {
             self.enqueue(now, false, peer, echo.to_vec());
             return;
         }
-        let bytes = match framed::parse(&bytes) {
-            None => bytes,
-            Some((deadline, packet)) => {
-                self.stats.framed += 1;
-                let packet = packet.to_vec();
-                if now > deadline {
-                    self.stats.late += 1;
-                    self.stats.late_max_ns = self.stats.late_max_ns.max(now - deadline);
-                }
-                if self.cfg.hold && (deadline > now || !self.holding.is_empty()) {
-                    if self.holding.len() >= DELAY_LINE_MAX {
-                        self.stats.delay_line_full += 1;
-                        return;
-                    }
-                    self.stats.held += 1;
-                    // In order: never before the one held ahead of it.
-                    let due = deadline.max(self.holding.back().map_or(0, |h| h.0));
-                    self.holding.push_back((due, packet));
-                    return;
-                }
-                packet
-            }
+        let Some((deadline, packet)) = framed::parse(&bytes) else {
+            self.deliver(now, &bytes);
+            return;
         };
-        self.deliver(now, &bytes);
+        self.stats.framed += 1;
+        if now > deadline {
+            self.stats.late += 1;
+            self.stats.late_max_ns = self.stats.late_max_ns.max(now - deadline);
+        }
+        if !(self.cfg.hold && (deadline > now || !self.holding.is_empty())) {
+            self.deliver(now, packet);
+            return;
+        }
+        if self.holding.len() >= DELAY_LINE_MAX {
+            self.stats.delay_line_full += 1;
+            return;
+        }
+        self.stats.held += 1;
+        // In order: never before the one held ahead of it.
+        let due = deadline.max(self.holding.back().map_or(0, |h| h.0));
+        self.holding.push_back((due, packet.to_vec()));
     }
 
     /// Hands one MoldUDP64 packet to the application (and the log).
