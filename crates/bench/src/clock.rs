@@ -280,6 +280,7 @@ fn spawn_nodes(
             shards: Default::default(),
             replicate: None,
             external: None,
+            membership: None,
             io: fairfeed_io::send::Backend::Udp,
         };
         let h = thread::Builder::new()

@@ -112,6 +112,7 @@ fn start_proxy(
         shards: Default::default(),
         replicate: None,
         external: None,
+        membership: None,
         io,
     };
     let handle = thread::Builder::new().name("proxy".into()).spawn(move || run_agent(&cfg, |_, _| {}))?;

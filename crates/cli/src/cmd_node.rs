@@ -55,8 +55,22 @@ enum IoArg {
 #[derive(clap::Args)]
 pub struct Common {
     /// The planner's topology file (TOML or JSON) with every node's address (keys: docs/FILES.md).
-    #[arg(long)]
-    topology: PathBuf,
+    #[arg(long, required_unless_present = "controller", conflicts_with = "controller")]
+    topology: Option<PathBuf>,
+    /// Instead of a topology file: register with the controller here
+    /// (`fairfeed controller`), from the address it sees, and run the views
+    /// it gives — placed, repaired and re-parented while the node runs.
+    #[arg(long, value_parser = crate::fmt::dest_addr)]
+    controller: Option<SocketAddr>,
+    /// With --controller: the node's own socket (default: any address, a free port).
+    #[arg(long, value_parser = crate::fmt::listen_addr, requires = "controller")]
+    listen: Option<SocketAddr>,
+    /// With --controller: children this node can feed (proxies; 0: the controller's fan-out), 0..=512.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=512), requires = "controller")]
+    capacity: u16,
+    /// With --controller: seconds to wait for the first view (0.1..=3,600).
+    #[arg(long, default_value_t = 10.0, value_parser = join_wait, requires = "controller")]
+    join_wait_s: f64,
     /// This node's id in the topology.
     #[arg(long)]
     id: u32,
@@ -851,7 +865,7 @@ fn refuse_on_several_trees(c: &Common, topology: &Topology, job: &Job) -> anyhow
         anyhow::bail!(
             "{}: a topology of {} trees delivers one merged session numbered by the receiver, not the feed's \
              sequence numbers a snapshot ends at; --snapshot and --snapshot-listen need a topology of one tree (plan with --trees 1)",
-            c.topology.display(),
+            topology_name(c),
             topology.trees.len()
         );
     }
@@ -860,19 +874,97 @@ fn refuse_on_several_trees(c: &Common, topology: &Topology, job: &Job) -> anyhow
             "{}: a topology of {} trees splits the feed into one MoldUDP64 session per tree; retransmission \
              (--retransmit-listen / --retransmit) serves one session and is not yet offered per tree: plan with --trees 1 \
              to use it",
-            c.topology.display(),
+            topology_name(c),
             topology.trees.len()
         );
     }
     Ok(())
 }
 
+/// The topology's name in messages: its file, or the controller's.
+fn topology_name(c: &Common) -> String {
+    match (&c.topology, c.controller) {
+        (Some(p), _) => p.display().to_string(),
+        (None, Some(a)) => format!("the controller at {a}"),
+        (None, None) => "the topology".into(),
+    }
+}
+
+/// `--join-wait-s`: 0.1 to 3,600 seconds.
+fn join_wait(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(0.1..=3_600.0).contains(&v) {
+        return Err(format!("{v} is out of range 0.1..=3600"));
+    }
+    Ok(v)
+}
+
+/// Registers with the controller and waits for the first view.
+fn join_controller(
+    c: &Common,
+    job: &Job,
+    controller: SocketAddr,
+    stop: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<fairfeed_net::tree::agent::membership::Joined> {
+    use fairfeed_tree::membership::MemberRole;
+    if c.clock != ClockArg::System {
+        anyhow::bail!(
+            "--clock {}: clock sync probes a graph fixed at start, and a controller moves nodes; under --controller              use --clock system (PTP or chrony on the hosts)",
+            if c.clock == ClockArg::Sync { "sync" } else { "measure" }
+        );
+    }
+    if c.xdp_dedup.is_some() || c.tc_replicate.is_some() || matches!(c.io, IoArg::Afxdp | IoArg::XdpSocket) {
+        anyhow::bail!("the kernel paths (--xdp-dedup, --tc-replicate, --io afxdp|xdp-socket) are set up for a planned topology, not yet under --controller");
+    }
+    let role = match job {
+        Job::Sender(_) => MemberRole::Sender,
+        Job::Proxy => MemberRole::Proxy,
+        Job::Receiver(_) => MemberRole::Receiver,
+    };
+    // Fresh per process start: a restarted node is a new member.
+    let incarnation: u64 = rand::random();
+    let cfg = fairfeed_tree::controller::MemberConfig {
+        role,
+        want_id: c.id,
+        capacity: c.capacity,
+        advertise: None,
+        incarnation,
+        heartbeat_ns: c.report_interval_ms * 1_000_000,
+        register_retry_ns: c.report_interval_ms * 1_000_000,
+    };
+    let bind = c.listen.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+    let wait = std::time::Duration::from_secs_f64(c.join_wait_s);
+    let j = fairfeed_net::tree::agent::membership::join(controller, bind, cfg, load_auth(c)?, wait, stop)
+        .map_err(|e| anyhow::anyhow!("node {}: {e}", c.id))?;
+    tracing::info!(
+        node = c.id,
+        version = j.view.version,
+        "node {}: joined the controller at {controller} (topology version {}: parent {}, {} children)",
+        c.id,
+        j.view.version,
+        if j.view.parent == fairfeed_tree::membership::NO_PARENT {
+            "none".to_string()
+        } else {
+            j.view.parent.to_string()
+        },
+        j.view.children.len()
+    );
+    Ok(j)
+}
+
 fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfig> {
-    if let Some(p) = &c.stats_out {
-        crate::fmt::check_outputs(&[p], &[&c.topology])?;
+    if let (Some(p), Some(t)) = (&c.stats_out, &c.topology) {
+        crate::fmt::check_outputs(&[p], &[t])?;
     }
     let stop = crate::fmt::stop_on_signals()?;
-    let topology = load_topology(&c.topology)?;
+    let (topology, membership) = match (&c.topology, c.controller) {
+        (Some(p), _) => (load_topology(p)?, None),
+        (None, Some(ctl)) => {
+            let j = join_controller(c, &job, ctl, &stop)?;
+            (fairfeed_tree::controller::view_topology(&j.view), Some(Arc::new(j)))
+        }
+        (None, None) => anyhow::bail!("give --topology FILE or --controller ADDR"),
+    };
     let plan = resolve_io(c, &topology)?;
     let xdp = attach_xdp(c, &topology, plan.xdp_dedup.as_ref())?;
     let tc = attach_tc(c, &topology, plan.tc_replicate.as_ref())?;
@@ -956,6 +1048,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
             IoArg::Afxdp => fairfeed_net::send::Backend::AfXdp,
         },
         external,
+        membership,
     })
 }
 
@@ -1067,7 +1160,8 @@ pub fn run_proxy(a: ProxyArgs) -> anyhow::Result<()> {
 pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
     if let Some(p) = &a.log {
         let outs: Vec<&Path> = std::iter::once(p.as_path()).chain(a.common.stats_out.as_deref()).collect();
-        crate::fmt::check_outputs(&outs, &[&a.common.topology])?;
+        let topo: Vec<&Path> = a.common.topology.iter().map(PathBuf::as_path).collect();
+        crate::fmt::check_outputs(&outs, &topo)?;
     }
     let snapshot = match a.snapshot {
         None => None,

@@ -7,6 +7,7 @@ mod cmd_arb;
 mod cmd_bench;
 mod cmd_bridge;
 mod cmd_capture;
+mod cmd_controller;
 mod cmd_dashboard;
 mod cmd_decode;
 mod cmd_demo;
@@ -61,6 +62,8 @@ enum Command {
     SnapshotServer(cmd_snapshot::Args),
     /// Run a fair multicast tree on loopback beside direct unicast and report fairness and latency.
     Demo(Box<cmd_demo::Args>),
+    /// Place nodes started with --controller at run time: joins, repair of dead proxies, hold-down.
+    Controller(cmd_controller::Args),
     /// Run the sender of a fair multicast tree (one node per process).
     Sender(Box<cmd_node::SenderArgs>),
     /// Run a proxy of a fair multicast tree.
@@ -190,6 +193,7 @@ fn main() {
         Command::Order(a) => cmd_order::run(*a),
         Command::Subscribe(a) => cmd_bridge::run_subscribe(a),
         Command::Plan(a) => cmd_plan::run(a),
+        Command::Controller(a) => cmd_controller::run_controller(a),
         Command::Sender(a) => cmd_node::run_sender(*a),
         Command::Proxy(a) => cmd_node::run_proxy(*a),
         Command::Receiver(a) => cmd_node::run_receiver(*a),

@@ -20,10 +20,12 @@
 
 pub mod addr;
 pub mod auth;
+pub mod controller;
 pub mod deadlines;
 pub mod dedup;
 pub mod ingress;
 pub mod lasthop;
+pub mod membership;
 pub mod merge;
 pub mod node;
 pub mod operator;

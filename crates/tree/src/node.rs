@@ -1169,6 +1169,27 @@ impl Receiver {
     }
 }
 
+/// Where a node's reports go when it has no parent (a node the controller
+/// has not placed yet, a proxy whose sender is gone): nowhere — the shell
+/// finds no address for it and counts the copy.
+pub const NO_LINK: u32 = u32::MAX;
+
+/// A node's links in one topology version ([`Node::set_links`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TreeLinks {
+    pub parent: Option<u32>,
+    pub children: Vec<u32>,
+    pub hedge_targets: Vec<u32>,
+    pub hedge_parents: Vec<u32>,
+}
+
+/// Why a node cannot be moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MoveError {
+    #[error("a node of several trees is placed by its plan, not moved by a controller")]
+    Sharded,
+}
+
 /// One node of a planned tree, whatever its role: the one type the
 /// simulator, the demo and the node processes drive.
 pub enum Node {
@@ -1223,6 +1244,31 @@ impl Node {
                 Node::ShardReceiver(r)
             }
         }
+    }
+
+    /// Moves the node to the links of a new topology version (the
+    /// controller's): where it reports, whom it sends copies to, and whose
+    /// reports it takes. Reports of former children are forgotten. A node
+    /// of several trees is planned, never moved: `Err`.
+    pub fn set_links(&mut self, l: &TreeLinks) -> Result<(), MoveError> {
+        match self {
+            Node::Sender(s) => {
+                s.children.clone_from(&l.children);
+                s.reports.last.retain(|c, _| l.children.contains(c));
+            }
+            Node::Proxy(p) => {
+                p.parent = l.parent.unwrap_or(NO_LINK);
+                p.targets = l.children.iter().chain(&l.hedge_targets).copied().collect();
+                p.hedge_parents.clone_from(&l.hedge_parents);
+                p.reports.last.retain(|c, _| l.children.contains(c));
+            }
+            Node::Receiver(r) => {
+                r.parent = l.parent.unwrap_or(NO_LINK);
+                r.hedge_parents.clone_from(&l.hedge_parents);
+            }
+            Node::ShardSender(_) | Node::ShardReceiver(_) => return Err(MoveError::Sharded),
+        }
+        Ok(())
     }
 
     /// A last hop of `ns` after this receiver ([`Receiver::set_last_hop_ns`]); nothing on other roles.

@@ -47,6 +47,9 @@ pub enum Kind {
     Heartbeat = 3,
     /// A clock-synchronization probe between peers.
     Probe = 4,
+    /// A membership message between a node and the controller
+    /// (`fairfeed_tree::membership`): registration, heartbeats, views.
+    Membership = 5,
 }
 
 impl Kind {
@@ -56,6 +59,7 @@ impl Kind {
             2 => Some(Kind::Report),
             3 => Some(Kind::Heartbeat),
             4 => Some(Kind::Probe),
+            5 => Some(Kind::Membership),
             _ => None,
         }
     }

@@ -486,6 +486,7 @@ fn node_config(
         shards: Default::default(),
         replicate: None,
         external: None,
+        membership: None,
         io: fairfeed_io::send::Backend::Udp,
     }
 }

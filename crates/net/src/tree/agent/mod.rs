@@ -38,6 +38,7 @@ mod egress;
 mod feed;
 pub mod keys;
 mod mailbox;
+pub mod membership;
 mod node;
 mod releases;
 mod snapshots;
@@ -259,6 +260,9 @@ pub struct AgentConfig {
     /// The back-end made by the caller for `io` = AF_XDP (on the node's
     /// interface, in fairfeed-xdp); `None` otherwise.
     pub external: Option<fairfeed_io::send::External>,
+    /// A node under a controller: what joining left (its first view is
+    /// `topology`); the node keeps the membership while it runs.
+    pub membership: Option<Arc<membership::Joined>>,
 }
 
 /// The kernel makes this node's fan-out copies (Jasper's TC egress

@@ -19,6 +19,7 @@ use super::control::{summary, Life, NodePart, Poster};
 use super::delivery::Delivered;
 use super::egress::{Copy, Egress, EgressAgent, EgressHandle, TxCounters};
 use super::mailbox::{mailbox, Incoming, Outgoing};
+use super::membership::{Membership, IDS_MAX};
 use super::releases::{Release, ReleaseLog};
 use super::{
     wall_ns, AgentConfig, AgentReport, Job, ReleaseAt, ReleaseRow, SenderJob, Threading, LOG_ROWS_MAX, RING_CAPACITY,
@@ -47,6 +48,9 @@ impl std::fmt::Display for AgentError {
 }
 
 impl std::error::Error for AgentError {}
+
+/// The overlay header's kind byte of a membership datagram.
+const MEMBERSHIP_KIND: u8 = fairfeed_wire::overlay::Kind::Membership as u8;
 
 /// One copy the state machine handed out: to whom (id, address), what, and
 /// whether it goes from the replication socket (the kernel makes the rest).
@@ -193,6 +197,8 @@ pub struct NodeAgent<'c> {
     key_generation: u64,
     /// A sender's deadline records to the exchange.
     deadlines: Option<DeadlineTap>,
+    /// Under a controller: registration, heartbeats, new views.
+    membership: Option<Membership>,
 }
 
 /// A sender's deadline records on their way to the exchange (`SenderJob::deadlines_to`).
@@ -300,8 +306,11 @@ fn addresses(cfg: &AgentConfig) -> Result<(Vec<Option<SocketAddr>>, PlanNode, Re
     for (_, n) in &mine {
         needed.extend(&n.children);
         needed.extend(&n.hedge_targets);
-        if n.role != Role::Sender {
-            needed.push(n.parent.unwrap_or(sender));
+        match n.parent {
+            Some(p) => needed.push(p),
+            // A planned node always has one; a node the controller has not placed yet has none.
+            None if n.role != Role::Sender && cfg.membership.is_none() => needed.push(sender),
+            None => {}
         }
     }
     for id in needed {
@@ -452,11 +461,21 @@ impl<'c> NodeAgent<'c> {
     ) -> Result<Self, AgentError> {
         let (addrs, me, resolver) = addresses(cfg)?;
         let addr = addrs[me.id as usize].expect("checked by addresses()");
+        // Under a controller the node's socket is the one it registered from.
+        let (membership, sock) = match cfg.membership.as_deref().and_then(Membership::take) {
+            Some((m, s)) => (Some(m), sock.or(s)),
+            None => (None, sock),
+        };
         let sock = node_socket(cfg, me.id, addr, sock)?;
+        let addr = sock.local_addr().ok().filter(|a| !a.ip().is_unspecified()).unwrap_or(addr);
         let mut tuning = cfg.tuning.apply_process();
         tuning.extend(cfg.tuning.apply_thread(0));
         tuning.extend(cfg.tuning.apply_socket(&sock));
-        let live = state_machine(cfg, &me)?;
+        let mut live = state_machine(cfg, &me)?;
+        if let Some(j) = &cfg.membership {
+            live.set_links(&fairfeed_tree::controller::view_links(&j.view))
+                .map_err(|e| AgentError::Config(e.to_string()))?;
+        }
         let deadlines = deadline_tap(cfg, &live)?;
         let tx = Arc::new(TxCounters::default());
         let external =
@@ -525,6 +544,7 @@ impl<'c> NodeAgent<'c> {
             last_hop,
             last_hop_ns: 0,
             deadlines,
+            membership,
         })
     }
 
@@ -629,7 +649,12 @@ impl NodeAgent<'_> {
         };
         let hists = &mut self.hists;
         let (skew, time, tap, me) = (self.cfg.clock.skew, self.cfg.time, self.cfg.tap.as_deref(), self.addr);
+        let membership = &mut self.membership;
         let n = self.recv.recv_stamped(&self.sock, |b, stamp| {
+            if let Some(m) = membership.as_mut().filter(|_| b.get(3) == Some(&MEMBERSHIP_KIND)) {
+                m.keep(b);
+                return;
+            }
             if let Some(t) = tap {
                 t.read(me, time.at(wall_ns()));
             }
@@ -755,6 +780,44 @@ impl NodeAgent<'_> {
         work
     }
 
+    /// Membership at wall time `now`: heartbeats, and a newer view put in
+    /// force — the addresses it names, then the links. Returns what it did.
+    fn membership_turn(&mut self, now: u64) -> usize {
+        let Some(m) = &mut self.membership else { return 0 };
+        let Some(v) = m.turn(now, &self.sock) else { return 0 };
+        for p in &v.peers {
+            let i = p.id as usize;
+            if i >= IDS_MAX {
+                continue;
+            }
+            if self.addrs.len() <= i {
+                self.addrs.resize(i + 1, None);
+            }
+            self.addrs[i] = Some(p.addr);
+        }
+        match self.live.set_links(&fairfeed_tree::controller::view_links(&v)) {
+            Ok(()) => tracing::info!(
+                node = self.cfg.id,
+                version = v.version,
+                "{}: topology version {}: parent {}, {} children, {} hedge targets, {} hedge parents",
+                self.who,
+                v.version,
+                if v.parent == fairfeed_tree::membership::NO_PARENT {
+                    "none".to_string()
+                } else {
+                    v.parent.to_string()
+                },
+                v.children.len(),
+                v.hedge_targets.len(),
+                v.hedge_parents.len()
+            ),
+            Err(e) => {
+                tracing::warn!(node = self.cfg.id, "{}: topology version {} not applied: {e}", self.who, v.version)
+            }
+        }
+        1
+    }
+
     /// This node's clock at wall time `wall`.
     fn local_at(&self, wall: u64) -> u64 {
         self.cfg.clock.skew.local(self.cfg.time.at(wall))
@@ -787,6 +850,9 @@ impl NodeAgent<'_> {
         }
         if let Some(d) = &self.delivery {
             d.close();
+        }
+        if let Some(m) = &mut self.membership {
+            m.leave(&self.sock);
         }
         let mut r = self.snapshot(true);
         r.rows = std::mem::take(&mut self.rows);
@@ -837,6 +903,7 @@ impl Agent for NodeAgent<'_> {
             }
         }
         work += self.timers(self.local_at(now));
+        work += self.membership_turn(now);
         if let Some(k) = &self.cfg.keys {
             let g = k.generation();
             if g != self.key_generation {
@@ -874,6 +941,9 @@ impl Agent for NodeAgent<'_> {
         }
         if let Some(p) = &self.poster {
             due = due.min(p.next_ns());
+        }
+        if let Some(m) = &self.membership {
+            due = due.min(m.next_due());
         }
         due.min(self.life.end_wall_ns())
     }
@@ -943,6 +1013,15 @@ impl NodeAgent<'_> {
         if let Some(d) = &self.deadlines {
             counters["deadline_records"] =
                 json!({ "records": d.records, "datagrams": d.datagrams, "send_errors": d.send_errors });
+        }
+        if let Some(m) = &self.membership {
+            counters["membership"] = json!({
+                "version": m.client().version(),
+                "views": m.views,
+                "inbox_full": m.inbox_full,
+                "send_errors": m.send_errors,
+                "client": m.client().stats,
+            });
         }
         let mut node = match &self.live {
             Node::Sender(s) => serde_json::to_value(&s.stats),

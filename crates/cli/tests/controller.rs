@@ -1,0 +1,165 @@
+//! Goal: a tree placed at run time by `fairfeed controller` (issue 43): no
+//! topology file and no address typed — nodes register from the address
+//! they have; a killed proxy is replaced by a spare within the dead-after
+//! time and, with sibling hedging (H = 1), no receiver misses a message; a
+//! receiver that joins mid-feed is placed under a proxy with room and
+//! delivers from its first message on with no gap; a restarted proxy is
+//! held down; forged registrations are refused.
+//! Method: controller, sender, three proxies (two placed, one spare) and
+//! four receivers as processes on 127.0.9.x, sealed with one tree key;
+//! receiver 0's parent (read from the controller's `--topology-out`) is
+//! killed with SIGKILL a second into the feed, and receiver 4 starts then.
+
+mod common;
+use common::*;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Procs(Vec<(String, Child)>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn topology(p: &std::path::Path) -> Option<toml::Value> {
+    std::fs::read_to_string(p).ok()?.parse().ok()
+}
+
+/// Node `id`'s parent in the controller's current topology.
+fn parent_of(t: &toml::Value, id: i64) -> Option<i64> {
+    let nodes = t["trees"][0]["nodes"].as_array()?;
+    nodes.iter().find(|n| n["id"].as_integer() == Some(id))?.get("parent")?.as_integer()
+}
+
+fn placed_receivers(t: &toml::Value) -> usize {
+    t["receiver_ids"].as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn nodes_join_a_controller_a_dead_proxy_is_replaced_and_a_late_receiver_starts_mid_feed() {
+    let d = tmp();
+    let dir = d.path();
+    let key = dir.join("tree.key");
+    std::fs::write(&key, "5a".repeat(32)).unwrap();
+    let key = key.to_str().unwrap().to_string();
+    let port = std::net::UdpSocket::bind("127.0.9.1:0").unwrap().local_addr().unwrap().port();
+    let ctl = format!("127.0.9.1:{port}");
+    let topo = dir.join("topology.toml");
+    let out = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let mut procs = Procs(Vec::new());
+    let spawn = |procs: &mut Procs, name: &str, args: Vec<String>| {
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        let c = Command::new(bin()).args(&args).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        procs.0.push((name.to_string(), c));
+    };
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
+    spawn(
+        &mut procs,
+        "controller",
+        [
+            s(&["controller", "--listen", &ctl, "--fanout", "3", "--hedge", "1", "--depth", "2"]),
+            s(&["--dead-after-ms", "60", "--hold-down-ms", "3000", "--key-file", &key, "--seconds", "30"]),
+            s(&["--topology-out", &out("topology.toml"), "--stats-out", &out("controller.json")]),
+        ]
+        .concat(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let node = |role: &str, id: u32, ip: &str, extra: &[&str]| -> Vec<String> {
+        [
+            s(&[role, "--controller", &ctl, "--listen", &format!("{ip}:0"), "--id", &id.to_string()]),
+            s(&["--key-file", &key, "--idle", "park", "--stats-out", &out(&format!("{role}{id}.json"))]),
+            s(extra),
+        ]
+        .concat()
+    };
+    // The sender first: its capacity of 2 places two proxies, the third is a spare.
+    let feed = ["--rate", "2000", "--feed-seconds", "3", "--start-delay-ms", "2500", "--linger-ms", "1500"];
+    spawn(&mut procs, "sender", node("sender", 100, "127.0.9.2", &[&["--capacity", "2"][..], &feed[..]].concat()));
+    std::thread::sleep(Duration::from_millis(200));
+    for p in [10, 11, 12] {
+        spawn(&mut procs, &format!("proxy{p}"), node("proxy", p, &format!("127.0.9.{p}"), &["--seconds", "12"]));
+    }
+    for r in 0..4 {
+        spawn(
+            &mut procs,
+            &format!("receiver{r}"),
+            node("receiver", r, &format!("127.0.9.{}", 20 + r), &["--seconds", "12"]),
+        );
+    }
+    let t0 = Instant::now();
+    let t = loop {
+        if let Some(t) = topology(&topo).filter(|t| placed_receivers(t) == 4) {
+            break t;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "four receivers placed within 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let victim = parent_of(&t, 0).expect("receiver 0 has a parent");
+    assert!([10, 11, 12].contains(&victim), "{t}");
+    // A second into the feed: kill receiver 0's parent, and start a late receiver.
+    std::thread::sleep(
+        Duration::from_millis(2_500 + 1_000).saturating_sub(t0.elapsed().min(Duration::from_millis(3_400))),
+    );
+    let (_, v) = procs.0.iter_mut().find(|(n, _)| *n == format!("proxy{victim}")).unwrap();
+    v.kill().unwrap();
+    let _ = v.wait();
+    spawn(&mut procs, "receiver4", node("receiver", 4, "127.0.9.24", &["--seconds", "8"]));
+    // A forged registration (another key) changes nothing.
+    let forged = dir.join("forged.key");
+    std::fs::write(&forged, "77".repeat(32)).unwrap();
+    let o = Command::new(bin())
+        .args(["receiver", "--controller", &ctl, "--listen", "127.0.9.30:0", "--id", "30", "--join-wait-s", "1"])
+        .args(["--key-file", forged.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("gave no view within"), "{err}");
+    // Everything ends by itself.
+    for (name, c) in &mut procs.0 {
+        if name == "controller" || name == &format!("proxy{victim}") {
+            continue;
+        }
+        let st = c.wait().unwrap();
+        assert!(
+            st.success(),
+            "{name}: {st:?}: {}",
+            std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+        );
+    }
+    let (_, c) = procs.0.iter_mut().find(|(n, _)| n == "controller").unwrap();
+    let _ = c.kill();
+    let _ = c.wait();
+    let log = std::fs::read_to_string(dir.join("controller.log")).unwrap();
+    assert!(log.contains(&format!("takes the place of {victim}")), "{log}");
+    check_deliveries(dir);
+}
+
+/// Every receiver that was there got every message; the late one from when it joined, with no gap.
+fn check_deliveries(dir: &std::path::Path) {
+    let out = |name: &str| dir.join(name);
+    let sent = {
+        let s: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out("sender100.json")).unwrap()).unwrap();
+        s["node"]["packets"].as_u64().unwrap()
+    };
+    assert_eq!(sent, 6_000);
+    let stats = |r: u32| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(out(&format!("receiver{r}.json"))).unwrap()).unwrap()
+    };
+    for r in 0..4 {
+        let s = stats(r);
+        assert_eq!(s["node"]["released"].as_u64(), Some(sent), "receiver {r}: H = 1 loses nothing: {}", s["node"]);
+        assert!(s["counters"]["membership"]["version"].as_u64() > Some(1), "receiver {r} followed new versions");
+    }
+    let late = stats(4);
+    let got = late["node"]["released"].as_u64().unwrap();
+    assert!(got > 500 && got < sent, "the late receiver delivers from when it joined: {got}");
+    assert_eq!(late["node"]["gaps"].as_u64().unwrap_or(0), 0, "and has no gap: {}", late["node"]);
+}

@@ -1,0 +1,232 @@
+//! `fairfeed controller`: the shell of [`fairfeed_tree::controller::Controller`].
+//!
+//! One UDP socket; each turn reads what waits (at most [`READS_PER_TURN`]),
+//! feeds the core, runs its timers, sends what it produced, logs its events
+//! and, on a new topology version, writes the topology (as `fairfeed plan`
+//! would, with addresses) where asked. A source address that sends more
+//! than [`RATE_PER_S`] datagrams a second (burst [`BURST`]) has the rest
+//! dropped and counted before the core sees them; at most
+//! [`SOURCES_MAX`] addresses are tracked (new ones beyond are dropped and
+//! counted while the table is full).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::PathBuf;
+
+use fairfeed_io::agent::{Agent, Turn};
+use fairfeed_tree::controller::{Controller, ControllerStats, Event};
+use serde::Serialize;
+
+use crate::arb::live::bind_udp;
+
+/// Datagrams read per turn at most (the rest wait for the next turn).
+pub const READS_PER_TURN: usize = 256;
+/// Datagrams per second one source address may send (registrations and heartbeats).
+pub const RATE_PER_S: f64 = 2_000.0;
+/// The burst one source address may send at once.
+pub const BURST: f64 = 400.0;
+/// Source addresses tracked at most.
+pub const SOURCES_MAX: usize = 65_536;
+
+/// The controller's shell counters.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ShellStats {
+    pub datagrams: u64,
+    pub rate_limited: u64,
+    pub sources_full: u64,
+    pub send_errors: u64,
+    pub topology_writes: u64,
+    pub topology_write_errors: u64,
+}
+
+/// Everything the controller reports at the end.
+#[derive(Debug, Clone, Serialize)]
+pub struct ControllerReport {
+    pub addr: SocketAddr,
+    pub version: u64,
+    pub members: usize,
+    pub waiting: usize,
+    pub overloaded: usize,
+    pub core: ControllerStats,
+    pub shell: ShellStats,
+}
+
+struct Bucket {
+    tokens: f64,
+    at_ns: u64,
+}
+
+/// The controller as an agent.
+pub struct ControllerAgent {
+    sock: UdpSocket,
+    addr: SocketAddr,
+    core: Controller,
+    buf: Vec<u8>,
+    sources: HashMap<IpAddr, Bucket>,
+    topology_out: Option<PathBuf>,
+    written_version: u64,
+    end_ns: u64,
+    pub stats: ShellStats,
+}
+
+impl ControllerAgent {
+    /// Binds `listen`; runs until `end_ns` (wall clock; `u64::MAX`: until stopped).
+    pub fn new(
+        listen: SocketAddr,
+        core: Controller,
+        topology_out: Option<PathBuf>,
+        end_ns: u64,
+    ) -> std::io::Result<Self> {
+        let sock = bind_udp(listen, 8 << 20)?;
+        let addr = sock.local_addr()?;
+        Ok(ControllerAgent {
+            sock,
+            addr,
+            core,
+            buf: vec![0u8; 65_536],
+            sources: HashMap::new(),
+            topology_out,
+            written_version: 0,
+            end_ns,
+            stats: ShellStats::default(),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn core(&self) -> &Controller {
+        &self.core
+    }
+
+    pub fn report(&self) -> ControllerReport {
+        ControllerReport {
+            addr: self.addr,
+            version: self.core.version(),
+            members: self.core.records().count(),
+            waiting: self.core.waiting(),
+            overloaded: self.core.overloaded(),
+            core: self.core.stats,
+            shell: self.stats,
+        }
+    }
+
+    /// Whether `from` may send one more now.
+    fn admit(&mut self, now: u64, from: IpAddr) -> bool {
+        if !self.sources.contains_key(&from) && self.sources.len() >= SOURCES_MAX {
+            // Forget the idle before refusing a newcomer.
+            self.sources.retain(|_, b| now.saturating_sub(b.at_ns) < 10_000_000_000);
+            if self.sources.len() >= SOURCES_MAX {
+                self.stats.sources_full += 1;
+                return false;
+            }
+        }
+        let b = self.sources.entry(from).or_insert(Bucket { tokens: BURST, at_ns: now });
+        b.tokens = (b.tokens + now.saturating_sub(b.at_ns) as f64 * 1e-9 * RATE_PER_S).min(BURST);
+        b.at_ns = now;
+        if b.tokens < 1.0 {
+            self.stats.rate_limited += 1;
+            return false;
+        }
+        b.tokens -= 1.0;
+        true
+    }
+
+    fn log(e: &Event) {
+        match e {
+            Event::Joined { id, role, addr, placed } => tracing::info!(
+                id,
+                %addr,
+                "controller: {role:?} {id} joined from {addr}{}",
+                if *placed { "" } else { " (not placed: a spare, or waiting for room)" }
+            ),
+            Event::Left { id } => tracing::info!(id, "controller: node {id} left"),
+            Event::Dead { id, role, silent_ns } => tracing::warn!(
+                id,
+                "controller: {role:?} {id} declared dead after {:.1} ms of silence",
+                *silent_ns as f64 / 1e6
+            ),
+            Event::Replaced { dead, spare } => {
+                tracing::warn!(dead, spare, "controller: spare proxy {spare} takes the place of {dead}")
+            }
+            Event::Reparented { dead, moved, stranded } => tracing::warn!(
+                dead,
+                moved,
+                stranded,
+                "controller: {dead}'s {moved} children moved to its layer's other proxies{}",
+                if *stranded > 0 { format!("; {stranded} found no room and wait") } else { String::new() }
+            ),
+            Event::Refused { addr, id, reason } => {
+                tracing::info!(id, %addr, "controller: refused node {id} from {addr}: {}", reason.name())
+            }
+            Event::Published { version, changed } => {
+                tracing::debug!(version, changed = changed.len(), "controller: topology version {version}")
+            }
+        }
+    }
+
+    fn write_topology(&mut self) {
+        let Some(p) = &self.topology_out else { return };
+        if self.core.version() == self.written_version {
+            return;
+        }
+        self.written_version = self.core.version();
+        let text = match toml::to_string(&self.core.topology()) {
+            Ok(t) => format!("# topology version {} (fairfeed controller)\n{t}", self.written_version),
+            Err(_) => return,
+        };
+        // Written whole, then renamed: a reader never sees half a file.
+        let tmp = p.with_extension("tmp");
+        match std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, p)) {
+            Ok(()) => self.stats.topology_writes += 1,
+            Err(e) => {
+                self.stats.topology_write_errors += 1;
+                tracing::warn!("controller: writing {}: {e}", p.display());
+            }
+        }
+    }
+}
+
+impl Agent for ControllerAgent {
+    fn do_work(&mut self, now: u64, turn: Turn) -> usize {
+        let mut work = 0;
+        if turn == Turn::All {
+            for _ in 0..READS_PER_TURN {
+                let Ok((n, from)) = self.sock.recv_from(&mut self.buf) else { break };
+                self.stats.datagrams += 1;
+                work += 1;
+                if self.admit(now, from.ip()) {
+                    let b = self.buf[..n].to_vec();
+                    self.core.handle_packet(now, from, &b);
+                }
+            }
+        }
+        if self.core.next_timeout() <= now {
+            self.core.handle_timeout(now);
+            work += 1;
+        }
+        while let Some((to, b)) = self.core.poll_transmit() {
+            self.stats.send_errors += u64::from(self.sock.send_to(&b, to).is_err());
+            work += 1;
+        }
+        while let Some(e) = self.core.poll_event() {
+            Self::log(&e);
+        }
+        self.write_topology();
+        work
+    }
+
+    fn next_due(&self) -> u64 {
+        self.core.next_timeout().min(self.end_ns)
+    }
+
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        vec![self.sock.as_fd()]
+    }
+
+    fn is_done(&self) -> bool {
+        fairfeed_io::clock::wall_ns() >= self.end_ns
+    }
+}
