@@ -7,10 +7,12 @@
 //! arrives, [`live`] is `fairfeed bridge run` as an agent, [`cpu`] measures
 //! each side's CPU time per message for seed 001's experiment (in
 //! `fairfeed-bench`), and [`server`] runs a local `nats-server` for tests
-//! and the bench.
+//! and the bench; [`kv`] is the tree controller's store in a JetStream
+//! key-value bucket.
 
 pub mod consume;
 pub mod cpu;
+pub mod kv;
 pub mod live;
 pub mod publish;
 pub mod route;

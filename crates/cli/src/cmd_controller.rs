@@ -9,6 +9,7 @@ use anyhow::Context;
 use fairfeed_io::agent::{run, RunConfig};
 use fairfeed_io::idle::IdleStrategy;
 use fairfeed_net::tree::controller::ControllerAgent;
+use fairfeed_net::tree::store::{Keeper, KvStore, MemStore};
 use fairfeed_tree::auth::Auth;
 use fairfeed_tree::controller::{Controller, ControllerConfig};
 
@@ -45,6 +46,25 @@ pub struct Args {
     /// Write the controller's counters here (JSON) at exit.
     #[arg(long)]
     stats_out: Option<PathBuf>,
+    /// Where the membership is kept and the lead is decided: `mem` (in
+    /// this process: one controller) or NATS JetStream KV at `nats://HOST:PORT`
+    /// (comma-separated for a cluster): several controllers share it, one
+    /// leads by compare-and-set on a lease, and a follower takes over when
+    /// the lease lapses.
+    #[arg(long, default_value = "mem")]
+    store: String,
+    /// The KV bucket (with a NATS store).
+    #[arg(long, default_value = "fairfeed-tree")]
+    bucket: String,
+    /// Copies of the bucket a NATS cluster keeps, 1..=5.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    replicas: u8,
+    /// The lease (ms): a follower takes over at most this long after the leader stops renewing, 50..=60,000.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    lease_ms: u64,
+    /// This controller's name in the lease (default: its listen address).
+    #[arg(long)]
+    name: Option<String>,
     /// Stop after this many seconds (default: until signalled).
     #[arg(long, value_parser = crate::fmt::seconds)]
     seconds: Option<f64>,
@@ -76,8 +96,26 @@ pub fn run_controller(a: Args) -> anyhow::Result<()> {
     let core = Controller::new(cfg, auth).map_err(|e| anyhow::anyhow!("{e}"))?;
     let stop = crate::fmt::stop_on_signals()?;
     let end_ns = a.seconds.map_or(u64::MAX, |s| fairfeed_io::clock::wall_ns() + (s * 1e9) as u64);
-    let mut agent = ControllerAgent::new(a.listen, core, a.topology_out.clone(), end_ns)
+    let store: Box<dyn KvStore> = match a.store.as_str() {
+        "mem" => Box::new(MemStore::default()),
+        url if url.starts_with("nats://") || url.starts_with("tls://") => Box::new(
+            fairfeed_bridge::kv::JetStreamKv::open(
+                url,
+                &fairfeed_bridge::security::Security::default(),
+                &a.bucket,
+                usize::from(a.replicas),
+            )
+            .map_err(|e| anyhow::anyhow!("--store {url}: {e}"))?,
+        ),
+        other => anyhow::bail!("--store {other}: give `mem` or nats://HOST:PORT"),
+    };
+    let agent = ControllerAgent::new(a.listen, core, a.topology_out.clone(), end_ns)
         .with_context(|| format!("binding {}", a.listen))?;
+    let name = a.name.clone().unwrap_or_else(|| agent.addr().to_string());
+    tracing::info!("controller {name}: membership in {}; leading once it holds the lease", store.describe());
+    let keeper = Keeper::spawn(store, name, std::time::Duration::from_millis(a.lease_ms))
+        .context("starting the store keeper")?;
+    let mut agent = agent.with_keeper(keeper);
     tracing::info!(
         addr = %agent.addr(),
         "controller: listening at {} (fan-out {}, hedge {}, depth {}, dead after {} ms, hold-down {} ms)",
@@ -90,7 +128,8 @@ pub fn run_controller(a: Args) -> anyhow::Result<()> {
     );
     let rc = RunConfig { idle: IdleStrategy::Park, stop: Some(stop), ..RunConfig::default() };
     run(&mut [&mut agent], &rc).context("running the controller")?;
-    let report = agent.report();
+    let mut report = agent.report();
+    report.keeper = agent.finish();
     tracing::info!(
         version = report.version,
         members = report.members,

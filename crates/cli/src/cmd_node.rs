@@ -60,8 +60,9 @@ pub struct Common {
     /// Instead of a topology file: register with the controller here
     /// (`fairfeed controller`), from the address it sees, and run the views
     /// it gives — placed, repaired and re-parented while the node runs.
-    #[arg(long, value_parser = crate::fmt::dest_addr)]
-    controller: Option<SocketAddr>,
+    /// Several (comma-separated): controllers sharing a store, one leading.
+    #[arg(long, value_parser = crate::fmt::dest_addr, value_delimiter = ',')]
+    controller: Vec<SocketAddr>,
     /// With --controller: the node's own socket (default: any address, a free port).
     #[arg(long, value_parser = crate::fmt::listen_addr, requires = "controller")]
     listen: Option<SocketAddr>,
@@ -883,7 +884,7 @@ fn refuse_on_several_trees(c: &Common, topology: &Topology, job: &Job) -> anyhow
 
 /// The topology's name in messages: its file, or the controller's.
 fn topology_name(c: &Common) -> String {
-    match (&c.topology, c.controller) {
+    match (&c.topology, c.controller.first()) {
         (Some(p), _) => p.display().to_string(),
         (None, Some(a)) => format!("the controller at {a}"),
         (None, None) => "the topology".into(),
@@ -903,7 +904,7 @@ fn join_wait(s: &str) -> Result<f64, String> {
 fn join_controller(
     c: &Common,
     job: &Job,
-    controller: SocketAddr,
+    controllers: &[SocketAddr],
     stop: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<fairfeed_net::tree::agent::membership::Joined> {
     use fairfeed_tree::membership::MemberRole;
@@ -934,12 +935,12 @@ fn join_controller(
     };
     let bind = c.listen.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
     let wait = std::time::Duration::from_secs_f64(c.join_wait_s);
-    let j = fairfeed_net::tree::agent::membership::join(controller, bind, cfg, load_auth(c)?, wait, stop)
+    let j = fairfeed_net::tree::agent::membership::join(controllers, bind, cfg, load_auth(c)?, wait, stop)
         .map_err(|e| anyhow::anyhow!("node {}: {e}", c.id))?;
     tracing::info!(
         node = c.id,
         version = j.view.version,
-        "node {}: joined the controller at {controller} (topology version {}: parent {}, {} children)",
+        "node {}: joined the controller (topology version {}: parent {}, {} children)",
         c.id,
         j.view.version,
         if j.view.parent == fairfeed_tree::membership::NO_PARENT {
@@ -957,13 +958,13 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         crate::fmt::check_outputs(&[p], &[t])?;
     }
     let stop = crate::fmt::stop_on_signals()?;
-    let (topology, membership) = match (&c.topology, c.controller) {
+    let (topology, membership) = match (&c.topology, c.controller.is_empty()) {
         (Some(p), _) => (load_topology(p)?, None),
-        (None, Some(ctl)) => {
-            let j = join_controller(c, &job, ctl, &stop)?;
+        (None, false) => {
+            let j = join_controller(c, &job, &c.controller, &stop)?;
             (fairfeed_tree::controller::view_topology(&j.view), Some(Arc::new(j)))
         }
-        (None, None) => anyhow::bail!("give --topology FILE or --controller ADDR"),
+        (None, true) => anyhow::bail!("give --topology FILE or --controller ADDR"),
     };
     let plan = resolve_io(c, &topology)?;
     let xdp = attach_xdp(c, &topology, plan.xdp_dedup.as_ref())?;

@@ -18,6 +18,7 @@ use fairfeed_io::agent::{Agent, Turn};
 use fairfeed_tree::controller::{Controller, ControllerStats, Event};
 use serde::Serialize;
 
+use super::store::{KeeperHandle, KeeperStats, Told, Write};
 use crate::arb::live::bind_udp;
 
 /// Datagrams read per turn at most (the rest wait for the next turn).
@@ -38,6 +39,10 @@ pub struct ShellStats {
     pub send_errors: u64,
     pub topology_writes: u64,
     pub topology_write_errors: u64,
+    /// Datagrams dropped while another controller leads.
+    pub not_leading: u64,
+    pub took_lead: u64,
+    pub lost_lead: u64,
 }
 
 /// Everything the controller reports at the end.
@@ -48,8 +53,11 @@ pub struct ControllerReport {
     pub members: usize,
     pub waiting: usize,
     pub overloaded: usize,
+    pub leading: bool,
     pub core: ControllerStats,
     pub shell: ShellStats,
+    /// The store keeper's (with a store).
+    pub keeper: Option<KeeperStats>,
 }
 
 struct Bucket {
@@ -67,6 +75,12 @@ pub struct ControllerAgent {
     topology_out: Option<PathBuf>,
     written_version: u64,
     end_ns: u64,
+    /// The store and the lease, when controllers share one.
+    keeper: Option<KeeperHandle>,
+    leading: bool,
+    /// Members changed (put) and gone (delete) since the last write to the store.
+    put: std::collections::BTreeSet<u32>,
+    gone: std::collections::BTreeSet<u32>,
     pub stats: ShellStats,
 }
 
@@ -89,8 +103,73 @@ impl ControllerAgent {
             topology_out,
             written_version: 0,
             end_ns,
+            keeper: None,
+            leading: true,
+            put: Default::default(),
+            gone: Default::default(),
             stats: ShellStats::default(),
         })
+    }
+
+    /// Shares the membership through a store: leads only while it holds
+    /// the store's lease (until then, what nodes send is dropped and counted).
+    pub fn with_keeper(mut self, k: KeeperHandle) -> Self {
+        self.keeper = Some(k);
+        self.leading = false;
+        self
+    }
+
+    /// Whether it leads (always, without a store).
+    pub fn leading(&self) -> bool {
+        self.leading
+    }
+
+    /// Stops the keeper; its counters go in the report.
+    pub fn finish(&mut self) -> Option<KeeperStats> {
+        self.keeper.take().map(KeeperHandle::finish)
+    }
+
+    /// What the keeper said: lead (from its records, in a newer term) or follow.
+    fn hear_keeper(&mut self, now: u64) {
+        let Some(k) = &self.keeper else { return };
+        while let Ok(t) = k.told.try_recv() {
+            match t {
+                Told::Lead { term, records } => {
+                    self.stats.took_lead += 1;
+                    self.leading = true;
+                    tracing::info!(
+                        term,
+                        members = records.len(),
+                        "controller: leading (term {term}, {} members)",
+                        records.len()
+                    );
+                    self.core.restore(now, u64::from(term) << 32, records);
+                }
+                Told::Follow => {
+                    self.stats.lost_lead += 1;
+                    self.leading = false;
+                    tracing::warn!("controller: following (another controller holds the lease)");
+                }
+            }
+        }
+    }
+
+    /// Hands what changed to the keeper.
+    fn store_changes(&mut self) {
+        let Some(k) = &mut self.keeper else { return };
+        if k.overflowed {
+            k.overflowed = false;
+            k.write(Write::All(self.core.records().cloned().collect()));
+            self.put.clear();
+            self.gone.clear();
+            return;
+        }
+        if self.put.is_empty() && self.gone.is_empty() {
+            return;
+        }
+        let put = std::mem::take(&mut self.put).into_iter().filter_map(|id| self.core.record(id).cloned()).collect();
+        let delete = std::mem::take(&mut self.gone).into_iter().collect();
+        k.write(Write::Members { put, delete });
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -108,8 +187,10 @@ impl ControllerAgent {
             members: self.core.records().count(),
             waiting: self.core.waiting(),
             overloaded: self.core.overloaded(),
+            leading: self.leading,
             core: self.core.stats,
             shell: self.stats,
+            keeper: None,
         }
     }
 
@@ -132,6 +213,22 @@ impl ControllerAgent {
         }
         b.tokens -= 1.0;
         true
+    }
+
+    /// Notes what the store must learn from `e`.
+    fn note(&mut self, e: &Event) {
+        match e {
+            Event::Joined { id, .. } => {
+                self.gone.remove(id);
+                self.put.insert(*id);
+            }
+            Event::Dead { id, .. } | Event::Left { id } => {
+                self.put.remove(id);
+                self.gone.insert(*id);
+            }
+            Event::Published { changed, .. } => self.put.extend(changed.iter().copied()),
+            _ => {}
+        }
     }
 
     fn log(e: &Event) {
@@ -192,6 +289,15 @@ impl ControllerAgent {
 impl Agent for ControllerAgent {
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         let mut work = 0;
+        self.hear_keeper(now);
+        if !self.leading {
+            // Another controller leads: nodes' datagrams are its to answer.
+            while turn == Turn::All && self.sock.recv_from(&mut self.buf).is_ok() {
+                self.stats.not_leading += 1;
+                work += 1;
+            }
+            return work;
+        }
         if turn == Turn::All {
             for _ in 0..READS_PER_TURN {
                 let Ok((n, from)) = self.sock.recv_from(&mut self.buf) else { break };
@@ -213,12 +319,20 @@ impl Agent for ControllerAgent {
         }
         while let Some(e) = self.core.poll_event() {
             Self::log(&e);
+            self.note(&e);
         }
+        self.store_changes();
         self.write_topology();
         work
     }
 
     fn next_due(&self) -> u64 {
+        if self.keeper.is_some() {
+            // The keeper's word is polled (every 10 ms at most).
+            let soon = fairfeed_io::clock::wall_ns() + 10_000_000;
+            let core = if self.leading { self.core.next_timeout() } else { u64::MAX };
+            return core.min(soon).min(self.end_ns);
+        }
         self.core.next_timeout().min(self.end_ns)
     }
 

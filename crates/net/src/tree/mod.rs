@@ -9,3 +9,4 @@ pub mod agent;
 pub mod controller;
 pub mod demo;
 pub mod fleet;
+pub mod store;

@@ -28,10 +28,15 @@ pub const IDS_MAX: usize = 1 << 20;
 pub enum JoinError {
     #[error("binding {0}: {1}")]
     Bind(SocketAddr, std::io::Error),
-    #[error("the controller at {controller} gave no view within {waited:?} (is it running, with the same tree key?{refused})")]
-    NoAnswer { controller: SocketAddr, waited: Duration, refused: String },
+    #[error(
+        "no controller at {} gave a view within {waited:?} (is one running, with the same tree key?{refused})",
+        list(controllers)
+    )]
+    NoAnswer { controllers: Vec<SocketAddr>, waited: Duration, refused: String },
     #[error("the controller at {0} already has a sender")]
     SenderTaken(SocketAddr),
+    #[error("no controller address given")]
+    NoController,
     #[error("stopped while joining")]
     Stopped,
     #[error("sending to the controller at {0}: {1}")]
@@ -40,7 +45,8 @@ pub enum JoinError {
 
 /// What joining left for the node to start from.
 pub struct Joined {
-    pub controller: SocketAddr,
+    /// Every controller (one leads; the others answer once they do).
+    pub controllers: Vec<SocketAddr>,
     /// The first view: the node's topology at start.
     pub view: Assign,
     pub(crate) client: Mutex<Option<MemberClient>>,
@@ -49,21 +55,28 @@ pub struct Joined {
 
 impl std::fmt::Debug for Joined {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Joined").field("controller", &self.controller).field("view", &self.view).finish()
+        f.debug_struct("Joined").field("controllers", &self.controllers).field("view", &self.view).finish()
     }
 }
 
-/// Binds `bind`, registers with the controller at `controller`, and waits
-/// up to `wait` for the first view (refusals that say "later" are waited
-/// out and logged).
+fn list(a: &[SocketAddr]) -> String {
+    a.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// Binds `bind`, registers with the controllers at `controllers` (all of
+/// them: whichever leads answers), and waits up to `wait` for the first
+/// view (refusals that say "later" are waited out and logged).
 pub fn join(
-    controller: SocketAddr,
+    controllers: &[SocketAddr],
     bind: SocketAddr,
     cfg: MemberConfig,
     auth: Option<Auth>,
     wait: Duration,
     stop: &AtomicBool,
 ) -> Result<Joined, JoinError> {
+    if controllers.is_empty() {
+        return Err(JoinError::NoController);
+    }
     let sock = bind_udp(bind, SOCKET_RECV_BUFFER).map_err(|e| JoinError::Bind(bind, e))?;
     sock.set_nonblocking(false).map_err(|e| JoinError::Bind(bind, e))?;
     sock.set_read_timeout(Some(Duration::from_millis(5))).map_err(|e| JoinError::Bind(bind, e))?;
@@ -78,38 +91,43 @@ pub fn join(
         let now = wall_ns();
         client.handle_timeout(now);
         while let Some(b) = client.poll_transmit() {
-            sock.send_to(&b, controller).map_err(|e| JoinError::Send(controller, e))?;
+            for &c in controllers {
+                sock.send_to(&b, c).map_err(|e| JoinError::Send(c, e))?;
+            }
         }
         let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
-        if from != controller {
+        if !controllers.contains(&from) {
             continue;
         }
         match client.handle_packet(wall_ns(), &buf[..n]) {
             Some(Told::View(view)) => {
                 sock.set_read_timeout(None).map_err(|e| JoinError::Bind(bind, e))?;
                 sock.set_nonblocking(true).map_err(|e| JoinError::Bind(bind, e))?;
-                return Ok(Joined { controller, view, client: Mutex::new(Some(client)), sock: Mutex::new(Some(sock)) });
+                return Ok(Joined {
+                    controllers: controllers.to_vec(),
+                    view,
+                    client: Mutex::new(Some(client)),
+                    sock: Mutex::new(Some(sock)),
+                });
             }
-            Some(Told::Refused { reason: RefuseReason::SenderTaken, .. }) => {
-                return Err(JoinError::SenderTaken(controller))
-            }
+            Some(Told::Refused { reason: RefuseReason::SenderTaken, .. }) => return Err(JoinError::SenderTaken(from)),
             Some(Told::Refused { reason, retry_after_ns }) => {
                 let said = format!("; refused: {}, retry in {} ms", reason.name(), retry_after_ns / 1_000_000);
                 if said != refused {
-                    tracing::warn!(reason = reason.name(), "the controller at {controller} refused{said}");
+                    tracing::warn!(reason = reason.name(), "the controller at {from} refused{said}");
                     refused = said;
                 }
             }
             None => {}
         }
     }
-    Err(JoinError::NoAnswer { controller, waited: wait, refused })
+    Err(JoinError::NoAnswer { controllers: controllers.to_vec(), waited: wait, refused })
 }
 
 /// The membership a running node keeps.
 pub(crate) struct Membership {
     client: MemberClient,
-    controller: SocketAddr,
+    controllers: Vec<SocketAddr>,
     /// Membership datagrams read this turn.
     pub inbox: Vec<Vec<u8>>,
     pub inbox_full: u64,
@@ -124,7 +142,7 @@ impl Membership {
         let sock = joined.sock.lock().ok()?.take();
         let m = Membership {
             client,
-            controller: joined.controller,
+            controllers: joined.controllers.clone(),
             inbox: Vec::new(),
             inbox_full: 0,
             views: 0,
@@ -153,8 +171,8 @@ impl Membership {
                 }
                 Some(Told::Refused { reason, retry_after_ns }) => tracing::warn!(
                     reason = reason.name(),
-                    "the controller at {} refused this node ({}); asking again in {} ms",
-                    self.controller,
+                    "the controller ({}) refused this node ({}); asking again in {} ms",
+                    list(&self.controllers),
                     reason.name(),
                     retry_after_ns / 1_000_000
                 ),
@@ -176,7 +194,9 @@ impl Membership {
 
     fn flush(&mut self, sock: &UdpSocket) {
         while let Some(b) = self.client.poll_transmit() {
-            self.send_errors += u64::from(sock.send_to(&b, self.controller).is_err());
+            for &c in &self.controllers {
+                self.send_errors += u64::from(sock.send_to(&b, c).is_err());
+            }
         }
     }
 
