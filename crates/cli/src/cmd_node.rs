@@ -61,8 +61,9 @@ pub struct Common {
     /// (`fairfeed controller`), from the address it sees, and run the views
     /// it gives — placed, repaired and re-parented while the node runs.
     /// Several (comma-separated): controllers sharing a store, one leading.
-    #[arg(long, value_parser = crate::fmt::dest_addr, value_delimiter = ',')]
-    controller: Vec<SocketAddr>,
+    /// Names are looked up while joining (a Kubernetes Service, a Compose service).
+    #[arg(long, value_parser = controller_addr, value_delimiter = ',')]
+    controller: Vec<fairfeed_tree::addr::HostPort>,
     /// With --controller: the node's own socket (default: any address, a free port).
     #[arg(long, value_parser = crate::fmt::listen_addr, requires = "controller")]
     listen: Option<SocketAddr>,
@@ -72,9 +73,13 @@ pub struct Common {
     /// With --controller: seconds to wait for the first view (0.1..=3,600).
     #[arg(long, default_value_t = 10.0, value_parser = join_wait, requires = "controller")]
     join_wait_s: f64,
-    /// This node's id in the topology.
-    #[arg(long)]
+    /// This node's id in the topology; with --controller, `any` takes the
+    /// lowest free id the controller has (scaled Deployments need no ids).
+    #[arg(long, value_parser = node_id)]
     id: u32,
+    /// Under a controller: what joining left (set before the node is configured).
+    #[arg(skip)]
+    joined: Option<Arc<fairfeed_net::tree::agent::membership::Joined>>,
     /// The tree's authentication key: a file holding 64 hex digits (or set
     /// FAIRFEED_KEY), or a keyring for a rollover — lines `ID HEX`, the key
     /// to seal with marked `ID HEX send`. The file is watched: a changed
@@ -900,14 +905,79 @@ fn join_wait(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// `--id`: a node id, or `any` (the controller's choice).
+fn node_id(s: &str) -> Result<u32, String> {
+    if s == "any" {
+        return Ok(fairfeed_tree::membership::ANY_ID);
+    }
+    match s.parse::<u32>() {
+        Ok(v) if v < fairfeed_tree::membership::CONTROLLER_ORIGIN => Ok(v),
+        _ => Err(format!("`{s}` is not a node id (0..{}) or `any`", fairfeed_tree::membership::CONTROLLER_ORIGIN)),
+    }
+}
+
+/// `--controller`: HOST:PORT, a name or an IP (names are looked up while joining).
+fn controller_addr(s: &str) -> Result<fairfeed_tree::addr::HostPort, String> {
+    fairfeed_tree::addr::HostPort::parse(s, false).map_err(|e| e.to_string())
+}
+
+/// The controllers' addresses, names looked up until `wait` ends (a Service may come up after the node).
+fn resolve_controllers(c: &Common, wait: std::time::Duration) -> anyhow::Result<Vec<SocketAddr>> {
+    use std::net::ToSocketAddrs;
+    let t0 = std::time::Instant::now();
+    let mut out = Vec::new();
+    for hp in &c.controller {
+        if let Some(a) = hp.literal() {
+            out.push(a);
+            continue;
+        }
+        loop {
+            match (hp.host.as_str(), hp.port).to_socket_addrs() {
+                Ok(all) => {
+                    let all: Vec<SocketAddr> = all.collect();
+                    if let Some(a) = all.iter().find(|a| a.is_ipv4()).or(all.first()) {
+                        out.push(*a);
+                        break;
+                    }
+                }
+                Err(e) if t0.elapsed() >= wait => {
+                    anyhow::bail!("--controller {hp}: cannot resolve {:?} ({e})", hp.host)
+                }
+                Err(_) => {}
+            }
+            if t0.elapsed() >= wait {
+                anyhow::bail!("--controller {hp}: {:?} has no address", hp.host);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    Ok(out)
+}
+
+/// Before a node is configured: under a controller, join it (the node's id
+/// is the one it was given); with a topology file, an id is needed.
+fn prepare(c: &mut Common, role: fairfeed_tree::membership::MemberRole) -> anyhow::Result<()> {
+    if c.controller.is_empty() {
+        anyhow::ensure!(
+            c.id != fairfeed_tree::membership::ANY_ID,
+            "--id any needs --controller (a topology file names every node)"
+        );
+        return Ok(());
+    }
+    // Not stoppable by a signal yet (none is caught before the node runs): the wait is bounded.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let j = join_controller(c, role, &stop)?;
+    c.id = j.view.id;
+    c.joined = Some(Arc::new(j));
+    Ok(())
+}
+
 /// Registers with the controller and waits for the first view.
 fn join_controller(
     c: &Common,
-    job: &Job,
-    controllers: &[SocketAddr],
+    role: fairfeed_tree::membership::MemberRole,
     stop: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<fairfeed_net::tree::agent::membership::Joined> {
-    use fairfeed_tree::membership::MemberRole;
     if c.clock != ClockArg::System {
         anyhow::bail!(
             "--clock {}: clock sync probes a graph fixed at start, and a controller moves nodes; under --controller              use --clock system (PTP or chrony on the hosts)",
@@ -917,11 +987,6 @@ fn join_controller(
     if c.xdp_dedup.is_some() || c.tc_replicate.is_some() || matches!(c.io, IoArg::Afxdp | IoArg::XdpSocket) {
         anyhow::bail!("the kernel paths (--xdp-dedup, --tc-replicate, --io afxdp|xdp-socket) are set up for a planned topology, not yet under --controller");
     }
-    let role = match job {
-        Job::Sender(_) => MemberRole::Sender,
-        Job::Proxy => MemberRole::Proxy,
-        Job::Receiver(_) => MemberRole::Receiver,
-    };
     // Fresh per process start: a restarted node is a new member.
     let incarnation: u64 = rand::random();
     let cfg = fairfeed_tree::controller::MemberConfig {
@@ -935,13 +1000,14 @@ fn join_controller(
     };
     let bind = c.listen.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
     let wait = std::time::Duration::from_secs_f64(c.join_wait_s);
-    let j = fairfeed_net::tree::agent::membership::join(controllers, bind, cfg, load_auth(c)?, wait, stop)
+    let controllers = resolve_controllers(c, wait)?;
+    let j = fairfeed_net::tree::agent::membership::join(&controllers, bind, cfg, load_auth(c)?, wait, stop)
         .map_err(|e| anyhow::anyhow!("node {}: {e}", c.id))?;
     tracing::info!(
-        node = c.id,
+        node = j.view.id,
         version = j.view.version,
         "node {}: joined the controller (topology version {}: parent {}, {} children)",
-        c.id,
+        j.view.id,
         j.view.version,
         if j.view.parent == fairfeed_tree::membership::NO_PARENT {
             "none".to_string()
@@ -958,13 +1024,10 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         crate::fmt::check_outputs(&[p], &[t])?;
     }
     let stop = crate::fmt::stop_on_signals()?;
-    let (topology, membership) = match (&c.topology, c.controller.is_empty()) {
+    let (topology, membership) = match (&c.topology, &c.joined) {
         (Some(p), _) => (load_topology(p)?, None),
-        (None, false) => {
-            let j = join_controller(c, &job, &c.controller, &stop)?;
-            (fairfeed_tree::controller::view_topology(&j.view), Some(Arc::new(j)))
-        }
-        (None, true) => anyhow::bail!("give --topology FILE or --controller ADDR"),
+        (None, Some(j)) => (fairfeed_tree::controller::view_topology(&j.view), Some(j.clone())),
+        (None, None) => anyhow::bail!("give --topology FILE or --controller ADDR"),
     };
     let plan = resolve_io(c, &topology)?;
     let xdp = attach_xdp(c, &topology, plan.xdp_dedup.as_ref())?;
@@ -1125,8 +1188,10 @@ fn snapshot_service(a: &SenderArgs) -> anyhow::Result<Option<fairfeed_net::snaps
     Ok(Some(c))
 }
 
-pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
+pub fn run_sender(mut a: SenderArgs) -> anyhow::Result<()> {
     let payloads = if a.listen.is_some() { Vec::new() } else { feed(&a)? };
+    // Joined once the feed is loaded: the heartbeats start with the node.
+    prepare(&mut a.common, fairfeed_tree::membership::MemberRole::Sender)?;
     anyhow::ensure!(a.listen.is_some() || !payloads.is_empty(), "nothing to send");
     let rule = match a.target_pf {
         Some(pf) => DeadlineRule::Quantile { target_pf: pf },
@@ -1151,14 +1216,16 @@ pub fn run_sender(a: SenderArgs) -> anyhow::Result<()> {
     finish(&a.common, &cfg, r)
 }
 
-pub fn run_proxy(a: ProxyArgs) -> anyhow::Result<()> {
+pub fn run_proxy(mut a: ProxyArgs) -> anyhow::Result<()> {
+    prepare(&mut a.common, fairfeed_tree::membership::MemberRole::Proxy)?;
     let cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, Job::Proxy)?;
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let r = run_agent(&cfg, |_, _| {}).map_err(|e| anyhow::anyhow!("proxy {}: {e}", a.common.id))?;
     finish(&a.common, &cfg, r)
 }
 
-pub fn run_receiver(a: ReceiverArgs) -> anyhow::Result<()> {
+pub fn run_receiver(mut a: ReceiverArgs) -> anyhow::Result<()> {
+    prepare(&mut a.common, fairfeed_tree::membership::MemberRole::Receiver)?;
     if let Some(p) = &a.log {
         let outs: Vec<&Path> = std::iter::once(p.as_path()).chain(a.common.stats_out.as_deref()).collect();
         let topo: Vec<&Path> = a.common.topology.iter().map(PathBuf::as_path).collect();

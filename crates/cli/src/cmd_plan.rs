@@ -47,6 +47,15 @@ pub struct Args {
     /// every node needs an address; Kubernetes names the nodes without one, a headless Service each).
     #[arg(long, value_enum)]
     emit: Option<EmitArg>,
+    /// With --emit: nodes join a controller instead of reading a topology —
+    /// no address anywhere but the controller's: a controller, the sender,
+    /// and the proxies (with --spares) and receivers as one scalable workload
+    /// each (a Deployment, a Compose service with replicas, a unit per role).
+    #[arg(long, requires = "emit")]
+    controlled: bool,
+    /// With --controlled: spare proxies beside the planned ones, first in line to replace a dead one (0..=1,000).
+    #[arg(long, default_value_t = 1, requires = "controlled", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=1_000))]
+    spares: usize,
     /// With --emit: each node serves Prometheus metrics on its own IP at this port.
     #[arg(long, default_value_t = 9400, value_parser = clap::value_parser!(u16).range(1..))]
     metrics_port: u16,
@@ -106,8 +115,21 @@ fn emit(a: &Args, which: EmitArg, topo: &fairfeed_tree::plan::Topology) -> anyho
         kernel_iface: a.kernel_path.clone(),
         ..DeployOptions::default()
     };
-    let text = toml::to_string(topo).context("serializing the topology as TOML")?;
-    let files = fairfeed_ops::deploy::emit(topo, &text, platform, &o).map_err(|e| anyhow::anyhow!("--emit: {e}"))?;
+    let files = if a.controlled {
+        let shape = fairfeed_ops::controlled::Shape {
+            receivers: topo.receivers,
+            proxies: topo.trees[0].nodes.iter().filter(|n| n.role == Role::Proxy).count(),
+            spares: a.spares,
+            fanout: topo.fanout,
+            hedge: topo.hedge,
+            depth: topo.depth,
+        };
+        anyhow::ensure!(topo.trees.len() == 1, "--controlled: a controller builds one tree (plan with --trees 1)");
+        fairfeed_ops::controlled::emit(&shape, platform, &o).map_err(|e| anyhow::anyhow!("--emit: {e}"))?
+    } else {
+        let text = toml::to_string(topo).context("serializing the topology as TOML")?;
+        fairfeed_ops::deploy::emit(topo, &text, platform, &o).map_err(|e| anyhow::anyhow!("--emit: {e}"))?
+    };
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     for (name, body) in &files {
         let p = a.out.join(name);

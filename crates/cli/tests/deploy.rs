@@ -208,3 +208,71 @@ fn the_kernel_fast_path_is_switched_on_per_role_with_its_capability() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2), "--kernel-path needs --emit");
 }
+
+/// Issue 43's deployment path: `plan --emit … --controlled` types no
+/// address for any node — a controller, the sender, and the proxies and
+/// receivers as one scalable workload each — and every platform's files
+/// pass its own validator.
+#[test]
+fn controlled_deployments_need_no_address_and_validate_on_every_platform() {
+    let d = tmp();
+    let run = |what: &str| {
+        let out = d.path().join(format!("controlled-{what}"));
+        fairfeed(&[
+            "plan",
+            "--receivers",
+            "1000",
+            "--hedge",
+            "1",
+            "--emit",
+            what,
+            "--controlled",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        out
+    };
+    let k8s = run("k8s");
+    let nodes = std::fs::read_to_string(k8s.join("10-nodes.yaml")).unwrap();
+    assert_eq!(nodes.matches("kind: Deployment").count(), 3, "sender, proxies, receivers: {nodes}");
+    assert!(nodes.contains("replicas: 1000"), "{nodes}");
+    assert!(
+        nodes.contains("- fairfeed-controller.fairfeed.svc.cluster.local:9700") && nodes.matches("- any").count() == 3
+    );
+    assert!(!nodes.contains("--topology") && !nodes.contains("--address"));
+    if have_tool("kubernetes-validate", &["--version"]) {
+        let files = [k8s.join("00-namespace.yaml"), k8s.join("05-controller.yaml"), k8s.join("10-nodes.yaml")];
+        let mut args = vec!["-k", "1.30.0", "--strict"];
+        args.extend(files.iter().map(|f| f.to_str().unwrap()));
+        check("kubernetes-validate", &args);
+    }
+    let compose = run("compose");
+    let text = std::fs::read_to_string(compose.join("compose.yaml")).unwrap();
+    assert!(text.contains("replicas: 1000") && text.contains("controller:9700"), "{text}");
+    if have_tool("check-jsonschema", &["--version"]) {
+        let f = compose.join("compose.yaml");
+        check("check-jsonschema", &["--builtin-schema", "vendor.compose-spec", f.to_str().unwrap()]);
+    }
+    let systemd = run("systemd");
+    let units: Vec<std::path::PathBuf> = ["controller", "sender", "proxy", "receiver"]
+        .iter()
+        .map(|r| systemd.join(format!("fairfeed-{r}.service")))
+        .collect();
+    let recv = std::fs::read_to_string(&units[3]).unwrap();
+    assert!(recv.contains("--controller ${FAIRFEED_CONTROLLER} --id any"), "{recv}");
+    if Command::new("systemd-analyze").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        // verify wants the binary the units name; the real one stands in for /usr/local/bin/fairfeed.
+        let with_bin: Vec<std::path::PathBuf> = units
+            .iter()
+            .map(|u| {
+                let p = d.path().join(u.file_name().unwrap());
+                let t = std::fs::read_to_string(u).unwrap().replace("/usr/local/bin/fairfeed", bin());
+                std::fs::write(&p, t.replace("EnvironmentFile=/etc/fairfeed/controller.env\n", "")).unwrap();
+                p
+            })
+            .collect();
+        let mut args = vec!["verify"];
+        args.extend(with_bin.iter().map(|u| u.to_str().unwrap()));
+        check("systemd-analyze", &args);
+    }
+}

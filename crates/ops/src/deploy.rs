@@ -153,7 +153,7 @@ fn args(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> Vec<String> 
 const TC_TARGETS_MAX: usize = 64;
 
 /// The capabilities a node needs, as Linux names them without `CAP_`.
-fn capabilities(o: &DeployOptions) -> Vec<&'static str> {
+pub(crate) fn capabilities(o: &DeployOptions) -> Vec<&'static str> {
     let mut c = vec!["SYS_NICE", "NET_ADMIN"];
     if o.kernel_iface.is_some() {
         c.push("BPF");
@@ -435,7 +435,7 @@ fn deployment(n: &Node, addr: &HostPort, key: &str, o: &DeployOptions) -> serde_
     d
 }
 
-fn yaml(docs: &[serde_json::Value]) -> Result<String, DeployError> {
+pub(crate) fn yaml(docs: &[serde_json::Value]) -> Result<String, DeployError> {
     let mut out = String::new();
     for (i, d) in docs.iter().enumerate() {
         if i > 0 {
@@ -446,7 +446,8 @@ fn yaml(docs: &[serde_json::Value]) -> Result<String, DeployError> {
     Ok(out)
 }
 
-const DOCKERFILE: &str = "# The image the Compose services and Kubernetes pods run: the fairfeed binary on Debian.\n\
+pub(crate) const DOCKERFILE: &str =
+    "# The image the Compose services and Kubernetes pods run: the fairfeed binary on Debian.\n\
 # Build: copy the binary of `cargo build --release -p fairfeed` next to this file (built where\n\
 # clang is installed, so that it carries the eBPF programs of the kernel fast path), then\n\
 #   docker build -t fairfeed:latest .\n\

@@ -2,6 +2,7 @@
 //! metrics (`--metrics ADDR`, `GET /metrics`), served by a bounded HTTP
 //! endpoint on a thread of its own.
 
+pub mod controlled;
 pub mod dashboard;
 pub mod deploy;
 pub mod http;

@@ -56,6 +56,9 @@ pub const MEMBERS_MAX: usize = 100_000;
 pub const PROXY_LAYERS_MAX: usize = crate::plan::DEPTH_MAX - 1;
 /// Messages waiting to be sent at most; beyond, views are re-sent on the next heartbeat.
 pub const OUTBOX_MAX: usize = 65_536;
+/// A member that has not sent its first heartbeat yet (a process starting
+/// its node after joining) is given at least this long.
+pub const JOIN_GRACE_NS: u64 = 2_000_000_000;
 /// Events waiting to be read at most (the oldest are dropped and counted).
 pub const EVENTS_MAX: usize = 4_096;
 
@@ -174,6 +177,8 @@ impl From<MemberRole2> for MemberRole {
 struct Member {
     rec: MemberRecord,
     last_seen_ns: u64,
+    /// Heartbeats heard from it.
+    beats: u64,
     /// The version it says it runs.
     applied: u64,
     /// Its view as last sent, and that view's version.
@@ -338,7 +343,8 @@ impl Controller {
                 (MemberRole2::Sender, _) => self.sender = Some(id),
                 _ => {}
             }
-            self.members.insert(id, Member { rec, last_seen_ns: now, applied: 0, view: None, view_version: 0 });
+            self.members
+                .insert(id, Member { rec, last_seen_ns: now, beats: 1, applied: 0, view: None, view_version: 0 });
             self.dirty.insert(id);
         }
         self.version = version;
@@ -379,7 +385,7 @@ impl Controller {
 
     /// When [`Self::handle_timeout`] next has work.
     pub fn next_timeout(&self) -> u64 {
-        let silent = self.members.values().map(|m| m.last_seen_ns.saturating_add(self.cfg.dead_after_ns)).min();
+        let silent = self.members.values().map(|m| m.last_seen_ns.saturating_add(self.silence_allowed(m))).min();
         let held = self.held.values().min().copied();
         silent.into_iter().chain(held).min().unwrap_or(u64::MAX)
     }
@@ -391,7 +397,7 @@ impl Controller {
         let dead: Vec<(u32, u64)> = self
             .members
             .values()
-            .filter(|m| now.saturating_sub(m.last_seen_ns) >= self.cfg.dead_after_ns)
+            .filter(|m| now.saturating_sub(m.last_seen_ns) >= self.silence_allowed(m))
             .map(|m| (m.rec.id, now - m.last_seen_ns))
             .collect();
         for (id, silent_ns) in dead {
@@ -450,6 +456,15 @@ impl Controller {
             sharding: "one tree (the controller's)".into(),
             receiver_ids,
             trees: vec![Tree { id: 0, nodes }],
+        }
+    }
+
+    /// How long `m` may be silent: the dead-after, or the join grace before its first heartbeat.
+    fn silence_allowed(&self, m: &Member) -> u64 {
+        if m.beats == 0 {
+            self.cfg.dead_after_ns.max(JOIN_GRACE_NS)
+        } else {
+            self.cfg.dead_after_ns
         }
     }
 
@@ -545,7 +560,7 @@ impl Controller {
             parent: None,
             children: Vec::new(),
         };
-        self.members.insert(id, Member { rec, last_seen_ns: now, applied: 0, view: None, view_version: 0 });
+        self.members.insert(id, Member { rec, last_seen_ns: now, beats: 0, applied: 0, view: None, view_version: 0 });
         self.dirty.insert(id);
         match r.role {
             MemberRole::Sender => self.place_sender(id),
@@ -569,6 +584,7 @@ impl Controller {
         match self.members.get_mut(&hb.id) {
             Some(m) if m.rec.incarnation == hb.incarnation => {
                 m.last_seen_ns = now;
+                m.beats += 1;
                 m.applied = hb.version;
                 if hb.version < m.view_version {
                     // Its view was lost on the way: send it again.
