@@ -546,6 +546,12 @@ impl Controller {
         {
             return self.refuse(from, id, r.incarnation, RefuseReason::Full, self.cfg.hold_down_ns);
         }
+        if self.members.values().any(|m| m.rec.addr == addr) {
+            // Two members at one address would receive each other's copies; the
+            // other one (a process this one replaced?) is dead within dead-after.
+            let wait = self.cfg.dead_after_ns;
+            return self.refuse(from, id, r.incarnation, RefuseReason::AddrTaken, wait);
+        }
         if r.role == MemberRole::Sender && self.sender.is_some() {
             return self.refuse(from, id, r.incarnation, RefuseReason::SenderTaken, 0);
         }
@@ -1445,10 +1451,28 @@ mod tests {
                 None,
             );
             cl.handle_timeout(MS);
-            c.handle_packet(MS, addr(1), &cl.poll_transmit().unwrap());
+            let from = SocketAddr::from(([127, 9, 0, 1], 9000 + i as u16));
+            c.handle_packet(MS, from, &cl.poll_transmit().unwrap());
         }
         assert_eq!(c.records().count(), 3);
         assert_eq!(c.stats.refused, 7);
+        // And one address holds one member: a second registration from it waits.
+        let mut cl = MemberClient::new(
+            MemberConfig {
+                role: MemberRole::Receiver,
+                want_id: 50,
+                capacity: 0,
+                advertise: None,
+                incarnation: 99,
+                heartbeat_ns: 10 * MS,
+                register_retry_ns: 10 * MS,
+            },
+            None,
+        );
+        cl.handle_timeout(MS);
+        c.handle_packet(MS, SocketAddr::from(([127, 9, 0, 1], 9000)), &cl.poll_transmit().unwrap());
+        assert!(c.record(50).is_none());
+        assert_eq!(c.stats.refused, 8);
     }
 
     proptest! {

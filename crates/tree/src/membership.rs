@@ -145,6 +145,8 @@ pub enum RefuseReason {
     SenderTaken = 4,
     /// The membership is at its limit.
     Full = 5,
+    /// Another live member registered from this address.
+    AddrTaken = 6,
 }
 
 impl RefuseReason {
@@ -155,6 +157,7 @@ impl RefuseReason {
             3 => Some(Self::IdTaken),
             4 => Some(Self::SenderTaken),
             5 => Some(Self::Full),
+            6 => Some(Self::AddrTaken),
             _ => None,
         }
     }
@@ -167,6 +170,7 @@ impl RefuseReason {
             Self::IdTaken => "id_taken",
             Self::SenderTaken => "sender_taken",
             Self::Full => "full",
+            Self::AddrTaken => "address_taken",
         }
     }
 }
@@ -483,7 +487,7 @@ mod tests {
                         })
                     }
                 ),
-            (any::<u64>(), 1u8..=5, any::<u32>()).prop_map(|(incarnation, r, retry_after_ms)| {
+            (any::<u64>(), 1u8..=6, any::<u32>()).prop_map(|(incarnation, r, retry_after_ms)| {
                 Message::Refuse(Refuse { incarnation, reason: RefuseReason::from_u8(r).unwrap(), retry_after_ms })
             }),
         ]
