@@ -8,6 +8,8 @@
 //! - [`tree`] — a proxy hop (and seed 003's ladder for it) beside a bare
 //!   loopback hop, and a proxy's replication rate beside a bare `sendmmsg` loop;
 //! - [`clock`] — node agents on loopback with injected clock errors, synchronized;
+//! - [`controller`] — the tree controller placing N receivers from their
+//!   registrations, beside the planner's one call for the same shape;
 //! - [`exchange`] — order-to-acknowledgement latency over OUCH/SoupBinTCP beside
 //!   a bare TCP ping-pong, and the matching core's in-process throughput;
 //!   [`exchange_attack`] — hostile clients run beside that load;
@@ -20,6 +22,7 @@
 pub mod arb;
 pub mod bridge;
 pub mod clock;
+pub mod controller;
 pub mod exchange;
 pub mod exchange_attack;
 pub mod hop;

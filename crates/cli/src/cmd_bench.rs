@@ -25,6 +25,46 @@ pub enum IoArg {
 
 #[derive(clap::Subcommand)]
 pub enum Bench {
+    /// A tree that changes while the feed runs (simulated with the controller's, members' and nodes' own
+    /// cores): proxies killed and restarted, receivers joining and leaving; what was lost, repeated, repaired.
+    Churn {
+        /// Nodes at the start (sender, proxies, a spare, receivers), 8..=5,000.
+        #[arg(long, default_value_t = 30, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(8..=5_000))]
+        nodes: usize,
+        /// Seeds (runs), 1..=10,000.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        seeds: u64,
+        /// Sibling hedging H, 0..=4.
+        #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=4))]
+        hedge: usize,
+        /// Seconds of feed per run (simulated).
+        #[arg(long, default_value_t = 5.0, value_parser = crate::fmt::seconds)]
+        feed_seconds: f64,
+        /// Messages per second (1..=100,000).
+        #[arg(long, default_value_t = 2_000.0, value_parser = |s: &str| crate::fmt::f64_in(s, 1.0, 1e5, "msg/s"))]
+        rate: f64,
+        /// One membership change every this many ms on average (10..=60,000).
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+        change_every_ms: u64,
+        /// The first seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Print the summary as JSON (with every seed's run) on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The tree controller placing N receivers from their registrations and taking joins, beside the planner's one call.
+    Controller {
+        /// Receivers to place, 10..=100,000.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(10..=100_000))]
+        receivers: usize,
+        /// Joins measured into the full tree, 1..=100,000.
+        #[arg(long, default_value_t = 1_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+        joins: usize,
+        /// Print the report as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Latency one fair-multicast proxy hop adds, beside a bare loopback hop, same run.
     ProxyHop {
         /// Round trips to measure (each mode).
@@ -271,6 +311,22 @@ fn attack_cmd(receivers: usize, rate: u64, seconds: u64, port: u16, json: bool) 
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
+        Bench::Churn { nodes, seeds, hedge, feed_seconds, rate, change_every_ms, seed, json } => {
+            churn_cmd(nodes, seeds, (hedge, feed_seconds, rate, change_every_ms, seed), json)
+        }
+        Bench::Controller { receivers, joins, json } => {
+            let r = fairfeed_bench::controller::controller_scale(receivers, joins);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!(
+                    "controller: {} receivers and {} proxies (F = {}) placed from registrations in {:.3} s ({} views); \
+                     the planner's one call for the shape: {:.4} s; then {:.0} joins/s",
+                    r.receivers, r.proxies, r.fanout, r.place_all_s, r.views_sent, r.plan_baseline_s, r.joins_per_s
+                );
+            }
+            Ok(())
+        }
         b @ Bench::ClockSync { .. } => clock_sync_cmd(b),
         Bench::ProxyHop { samples, ladder: true, json, .. } => ladder_cmd(samples, json),
         Bench::ProxyPps {
@@ -471,5 +527,58 @@ fn kernel_pps(
             r.proxy_pps, r.packets_pps, r.baseline_pps, r.ratio, r.tc.failed
         );
     }
+    Ok(())
+}
+
+/// `bench churn`: the campaign's seeds on every core, summed up.
+fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64), json: bool) -> anyhow::Result<()> {
+    let (hedge, feed_s, rate, change_every_ms, seed) = knobs;
+    // One layer of proxies under the sender: fan-out F ≈ √N, room for half as
+    // many receivers again (joiners find a place), one spare.
+    let fanout = ((nodes as f64 - 2.0).sqrt().ceil() as usize).max(4);
+    let spares = 1;
+    let receivers = ((nodes - 1 - spares) as f64 / (1.0 + 1.5 / fanout as f64)).floor() as usize;
+    let proxies = (nodes - 1 - spares - receivers).max(2);
+    anyhow::ensure!(proxies <= fanout, "--nodes {nodes}: the sender's fan-out {fanout} cannot take {proxies} proxies");
+    let cfg = fairfeed_sim::churn::ChurnConfig {
+        seed,
+        receivers,
+        proxies,
+        spares,
+        fanout,
+        hedge,
+        feed_s,
+        rate_per_s: rate,
+        change_every_ns: change_every_ms * 1_000_000,
+        ..Default::default()
+    };
+    let pb = crate::fmt::progress(seeds, "bench churn: seeds");
+    let s = fairfeed_sim::churn::campaign(&cfg, seeds, &|n| pb.set_position(n));
+    pb.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(());
+    }
+    println!(
+        "churn: {seeds} seeds, {receivers} receivers under {proxies} proxies (+{spares} spare, F = {fanout}, H = {hedge}), \
+         {feed_s} s at {rate} msg/s, a change every {change_every_ms} ms"
+    );
+    println!(
+        "  lost {} of {} deliveries ({} while two proxies killed at once were repaired), duplicated {}, out of order {}",
+        s.lost, s.deliveries_expected, s.lost_in_double_kills, s.duplicated, s.out_of_order
+    );
+    println!(
+        "  kills {} ({} double), restarts {}, repairs {}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (kill to every orphan on a live parent)",
+        s.kills, s.double_kills, s.restarts, s.repairs, s.repair_p50_ms, s.repair_p99_ms, s.repair_max_ms
+    );
+    println!(
+        "  joins {} ({} unserved): first message p50 {:.1} ms, p99 {:.1} ms; leaves {}, receiver deaths {}",
+        s.joins,
+        s.joins_unserved,
+        s.join_first_message_p50_ms,
+        s.join_first_message_p99_ms,
+        s.leaves,
+        s.receiver_deaths
+    );
     Ok(())
 }

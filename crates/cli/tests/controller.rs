@@ -267,3 +267,29 @@ fn a_follower_controller_takes_over_from_the_store_and_the_feed_never_stops() {
         serde_json::from_str(&std::fs::read_to_string(out("receiver4.json")).unwrap()).unwrap();
     assert!(late["node"]["released"].as_u64() > Some(100), "{}", late["node"]);
 }
+
+/// `fairfeed bench churn` (issue 43's interface): the campaign in reduced
+/// form — a few seeds of kills, restarts, joins and leaves simulated with
+/// the controller's, members' and nodes' own cores — prints what was lost,
+/// repeated and repaired; with H = 1 a single proxy's death loses nothing.
+/// And `bench controller` places a tree from registrations.
+#[test]
+fn bench_churn_and_bench_controller_report_their_figures() {
+    let o = fairfeed(&["bench", "churn", "--nodes", "16", "--seeds", "3", "--feed-seconds", "2", "--json"]);
+    let s = json(&o);
+    for k in ["lost", "duplicated", "repairs", "repair_p99_ms", "joins", "join_first_message_p99_ms", "books_equal"] {
+        assert!(s.get(k).is_some(), "{k} missing: {s}");
+    }
+    assert_eq!(s["seeds"], 3);
+    assert_eq!(s["per_seed"].as_array().unwrap().len(), 3);
+    assert_eq!(s["lost_in_single_kills"], 0, "{s}");
+    assert_eq!(s["duplicated"], 0);
+    assert!(s["repairs"].as_u64() > Some(0) && s["kills"].as_u64() > Some(0), "{s}");
+    let o = fairfeed(&["bench", "controller", "--receivers", "1000", "--joins", "100", "--json"]);
+    let c = json(&o);
+    assert_eq!(c["receivers"], 1000);
+    assert!(c["views_sent"].as_u64() > Some(1000) && c["joins_per_s"].as_f64() > Some(0.0), "{c}");
+    // Bad values are refused at parse time, in one line.
+    let o = Command::new(bin()).args(["bench", "churn", "--nodes", "3"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}

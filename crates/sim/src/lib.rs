@@ -8,6 +8,7 @@
 //! on it ([`experiment`]; the trading experiment with untrusted receivers,
 //! the exchange's orderings and a cheater in [`trading`]).
 
+pub mod churn;
 pub mod dups;
 pub mod engine;
 pub mod experiment;
