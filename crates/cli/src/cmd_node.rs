@@ -74,7 +74,8 @@ pub struct Common {
     #[arg(long, default_value_t = 10.0, value_parser = join_wait, requires = "controller")]
     join_wait_s: f64,
     /// This node's id in the topology; with --controller, `any` takes the
-    /// lowest free id the controller has (scaled Deployments need no ids).
+    /// lowest free id the controller has from 100,000 up, above those
+    /// operators choose (scaled Deployments need no ids).
     #[arg(long, value_parser = node_id)]
     id: u32,
     /// Under a controller: what joining left (set before the node is configured).

@@ -14,6 +14,7 @@ mod common;
 use common::*;
 
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Procs(Vec<(String, Child)>);
@@ -292,4 +293,85 @@ fn bench_churn_and_bench_controller_report_their_figures() {
     // Bad values are refused at parse time, in one line.
     let o = Command::new(bin()).args(["bench", "churn", "--nodes", "3"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
+}
+
+/// Goal (issue 43, join): under a controller, a receiver that starts while
+/// the market is open is placed, takes a snapshot from the sender's own
+/// snapshot service, and hands its application the books of a receiver
+/// that saw the whole feed — snapshot then live, one line, no gap, no repeat.
+#[test]
+fn a_receiver_joining_a_controller_mid_feed_starts_from_a_snapshot_with_equal_books() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let d = tmp();
+    let dir = d.path();
+    let key = dir.join("tree.key");
+    std::fs::write(&key, "3c".repeat(32)).unwrap();
+    let key = key.to_str().unwrap().to_string();
+    let ctl = std::net::UdpSocket::bind("127.0.9.51:0").unwrap().local_addr().unwrap().to_string();
+    let snap = std::net::TcpListener::bind("127.0.9.52:0").unwrap().local_addr().unwrap().to_string();
+    let out = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let mut procs = Procs(Vec::new());
+    let spawn = |procs: &mut Procs, name: &str, args: Vec<String>| {
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        let c = Command::new(bin()).args(&args).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        procs.0.push((name.to_string(), c));
+    };
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<String>>();
+    spawn(
+        &mut procs,
+        "controller",
+        s(&["controller", "--listen", &ctl, "--fanout", "2", "--key-file", &key, "--seconds", "30"]),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let node = |role: &str, id: &str, ip: &str, extra: &[&str]| -> Vec<String> {
+        [
+            s(&[role, "--controller", &ctl, "--listen", &format!("{ip}:0"), "--id", id, "--key-file", &key]),
+            s(&["--idle", "park", "--link", "cloud", "--stats-out", &out(&format!("{role}{id}.json"))]),
+            s(extra),
+        ]
+        .concat()
+    };
+    let feed = ["--rate", "1500", "--feed-seconds", "6", "--start-delay-ms", "1500", "--linger-ms", "1500"];
+    spawn(
+        &mut procs,
+        "sender",
+        node("sender", "50", "127.0.9.52", &[&feed[..], &["--snapshot-listen", &snap]].concat()),
+    );
+    for (i, ip) in ["127.0.9.53", "127.0.9.54"].iter().enumerate() {
+        spawn(&mut procs, &format!("proxy{i}"), node("proxy", "any", ip, &["--seconds", "14"]));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sock, to) = delivery_socket();
+    let early_got = collect_datagrams(sock, stop.clone());
+    spawn(&mut procs, "early", node("receiver", "1", "127.0.9.55", &["--deliver", &to, "--seconds", "14"]));
+    std::thread::sleep(Duration::from_millis(1_500 + 3_000));
+    let (sock, to) = delivery_socket();
+    let late_got = collect_datagrams(sock, stop.clone());
+    spawn(
+        &mut procs,
+        "late",
+        node("receiver", "2", "127.0.9.56", &["--deliver", &to, "--snapshot", &snap, "--seconds", "10"]),
+    );
+    for (name, c) in &mut procs.0 {
+        if name == "controller" {
+            continue;
+        }
+        let st = c.wait().unwrap();
+        assert!(
+            st.success(),
+            "{name}: {st:?}: {}",
+            std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (want, first, end) = app_books(&early_got.join().unwrap());
+    assert_eq!(first, 1);
+    let (got, first, late_end) = app_books(&late_got.join().unwrap());
+    let st: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out("receiver2.json")).unwrap()).unwrap();
+    let join = &st["counters"]["join"];
+    let log = |n: &str| std::fs::read_to_string(dir.join(format!("{n}.log"))).unwrap_or_default();
+    assert_eq!(join["joined"], true, "{join}\n{}\n{}", log("sender"), log("late"));
+    assert!(join["joined_at_sequence"].as_u64().unwrap() > 1_000 && first > 1_000, "{join}, line from {first}");
+    assert_eq!(late_end, end, "both lines end at the feed's end");
+    assert_eq!(got.diff(&want), None, "the late receiver's books are the early one's");
 }

@@ -11,7 +11,7 @@
 
 mod common;
 use common::cluster::Cluster;
-use common::{bin, fairfeed};
+use common::{app_books, bin, delivery_socket, fairfeed};
 use fairfeed_feed::book::Books;
 use fairfeed_wire::moldudp64::Packet;
 use std::io::{Read, Write};
@@ -20,35 +20,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn delivery_socket() -> (UdpSocket, String) {
-    let s = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
-    s.set_nonblocking(false).unwrap();
-    let a = s.local_addr().unwrap().to_string();
-    (s, a)
-}
-
-/// An application's books from what it received, and the first and last
-/// sequence numbers of its line (asserting there is no gap and no repeat).
-fn app_books(packets: &[Vec<u8>]) -> (Books, u64, u64) {
-    let mut b = Books::new();
-    let (mut first, mut next) = (None, None);
-    for p in packets {
-        let p = Packet::new_checked(&p[..]).expect("a MoldUDP64 packet");
-        if p.message_count() == 0 {
-            continue;
-        }
-        if let Some(n) = next {
-            assert_eq!(p.sequence(), n, "the application's line has a gap or a repeat");
-        }
-        first.get_or_insert(p.sequence());
-        next = Some(p.next_sequence());
-        for m in p.messages() {
-            b.apply(m.unwrap()).unwrap_or_else(|e| panic!("the application's books refuse a message: {e}"));
-        }
-    }
-    (b, first.unwrap_or(0), next.unwrap_or(0))
-}
 
 fn capture_books(path: &std::path::Path) -> (Books, u64) {
     let mut b = Books::new();

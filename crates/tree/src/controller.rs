@@ -52,6 +52,10 @@ use crate::plan::{Node as PlanNode, Role, Topology, Tree};
 pub const REPAIR_LOAD_MAX: usize = 2;
 /// Members at most (receivers, proxies and the sender).
 pub const MEMBERS_MAX: usize = 100_000;
+/// Ids the controller gives nodes that ask for any (`--id any`) start here,
+/// above the ids operators and the planner choose (below it), so the two
+/// never collide.
+pub const ANY_ID_BASE: u32 = MEMBERS_MAX as u32;
 /// Proxy layers at most (the planner's depth limit less the receivers' layer).
 pub const PROXY_LAYERS_MAX: usize = crate::plan::DEPTH_MAX - 1;
 /// Messages waiting to be sent at most; beyond, views are re-sent on the next heartbeat.
@@ -580,9 +584,10 @@ impl Controller {
         self.push_event(Event::Joined { id, role: r.role, addr, placed });
     }
 
-    /// The lowest id neither a member's nor held down.
+    /// The lowest id from [`ANY_ID_BASE`] on neither a member's nor held down.
     fn free_id(&self) -> Option<u32> {
-        (0..self.cfg.members_max as u32 * 2).find(|i| !self.members.contains_key(i) && !self.held.contains_key(i))
+        let ids = ANY_ID_BASE..ANY_ID_BASE + self.cfg.members_max as u32 * 2;
+        ids.into_iter().find(|i| !self.members.contains_key(i) && !self.held.contains_key(i))
     }
 
     fn heartbeat(&mut self, now: u64, from: SocketAddr, hb: Heartbeat) {

@@ -106,3 +106,32 @@ pub fn collect_datagrams(
         got
     })
 }
+
+pub fn delivery_socket() -> (std::net::UdpSocket, String) {
+    let s = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
+    s.set_nonblocking(false).unwrap();
+    let a = s.local_addr().unwrap().to_string();
+    (s, a)
+}
+
+/// An application's books from what it received, and the first and last
+/// sequence numbers of its line (asserting there is no gap and no repeat).
+pub fn app_books(packets: &[Vec<u8>]) -> (fairfeed_feed::book::Books, u64, u64) {
+    let mut b = fairfeed_feed::book::Books::new();
+    let (mut first, mut next) = (None, None);
+    for p in packets {
+        let p = fairfeed_wire::moldudp64::Packet::new_checked(&p[..]).expect("a MoldUDP64 packet");
+        if p.message_count() == 0 {
+            continue;
+        }
+        if let Some(n) = next {
+            assert_eq!(p.sequence(), n, "the application's line has a gap or a repeat");
+        }
+        first.get_or_insert(p.sequence());
+        next = Some(p.next_sequence());
+        for m in p.messages() {
+            b.apply(m.unwrap()).unwrap_or_else(|e| panic!("the application's books refuse a message: {e}"));
+        }
+    }
+    (b, first.unwrap_or(0), next.unwrap_or(0))
+}

@@ -20,8 +20,9 @@ use crate::arb::live::bind_udp;
 /// Membership datagrams a node keeps from one turn's reads at most (the
 /// controller sends a handful; the rest are counted and dropped).
 pub const INBOX_MAX: usize = 16;
-/// Node ids a view may name at most (the node's address table is indexed by id).
-pub const IDS_MAX: usize = 1 << 20;
+/// Node ids a view may name at most (the node's address table is indexed
+/// by id): the controller's any-ids and their room above.
+pub const IDS_MAX: usize = fairfeed_tree::controller::ANY_ID_BASE as usize + 2 * fairfeed_tree::controller::MEMBERS_MAX;
 
 /// Why a node could not join.
 #[derive(Debug, thiserror::Error)]
