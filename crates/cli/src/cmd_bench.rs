@@ -533,9 +533,9 @@ fn kernel_pps(
 /// `bench churn`: the campaign's seeds on every core, summed up.
 fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64), json: bool) -> anyhow::Result<()> {
     let (hedge, feed_s, rate, change_every_ms, seed) = knobs;
-    // One layer of proxies under the sender: fan-out F ≈ √N, room for half as
+    // One layer of proxies under the sender: fan-out F ≈ √(1.5 N), room for half as
     // many receivers again (joiners find a place), one spare.
-    let fanout = ((nodes as f64 - 2.0).sqrt().ceil() as usize).max(4);
+    let fanout = ((1.5 * (nodes as f64 - 2.0)).sqrt().ceil() as usize).max(4);
     let spares = 1;
     let receivers = ((nodes - 1 - spares) as f64 / (1.0 + 1.5 / fanout as f64)).floor() as usize;
     let proxies = (nodes - 1 - spares - receivers).max(2);

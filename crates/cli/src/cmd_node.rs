@@ -66,7 +66,7 @@ pub struct Common {
     controller: Vec<fairfeed_tree::addr::HostPort>,
     /// With --controller: the node's own socket (default: any address, a free port).
     #[arg(long, value_parser = crate::fmt::listen_addr, requires = "controller")]
-    listen: Option<SocketAddr>,
+    bind: Option<SocketAddr>,
     /// With --controller: children this node can feed (proxies; 0: the controller's fan-out), 0..=512.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=512), requires = "controller")]
     capacity: u16,
@@ -999,7 +999,7 @@ fn join_controller(
         heartbeat_ns: c.report_interval_ms * 1_000_000,
         register_retry_ns: c.report_interval_ms * 1_000_000,
     };
-    let bind = c.listen.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+    let bind = c.bind.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
     let wait = std::time::Duration::from_secs_f64(c.join_wait_s);
     let controllers = resolve_controllers(c, wait)?;
     let j = fairfeed_net::tree::agent::membership::join(&controllers, bind, cfg, load_auth(c)?, wait, stop)

@@ -213,3 +213,28 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// clap's own consistency checks over every subcommand (two flags of one
+    /// name, a `requires` naming nothing, …): release builds skip them.
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        fn walk(c: &clap::Command, path: &str) {
+            let mut seen = std::collections::HashSet::new();
+            for a in c.get_arguments() {
+                if let Some(l) = a.get_long() {
+                    assert!(seen.insert(l), "{path}: two flags named --{l}");
+                }
+            }
+            for s in c.get_subcommands() {
+                walk(s, &format!("{path} {}", s.get_name()));
+            }
+        }
+        let c = super::Cli::command();
+        walk(&c, "fairfeed");
+        // clap's own checks, where the build has debug assertions (release builds skip them).
+        c.debug_assert();
+    }
+}

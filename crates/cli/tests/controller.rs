@@ -73,7 +73,7 @@ fn nodes_join_a_controller_a_dead_proxy_is_replaced_and_a_late_receiver_starts_m
     std::thread::sleep(Duration::from_millis(300));
     let node = |role: &str, id: u32, ip: &str, extra: &[&str]| -> Vec<String> {
         [
-            s(&[role, "--controller", &ctl, "--listen", &format!("{ip}:0"), "--id", &id.to_string()]),
+            s(&[role, "--controller", &ctl, "--bind", &format!("{ip}:0"), "--id", &id.to_string()]),
             s(&["--key-file", &key, "--idle", "park", "--stats-out", &out(&format!("{role}{id}.json"))]),
             s(extra),
         ]
@@ -115,7 +115,7 @@ fn nodes_join_a_controller_a_dead_proxy_is_replaced_and_a_late_receiver_starts_m
     let forged = dir.join("forged.key");
     std::fs::write(&forged, "77".repeat(32)).unwrap();
     let o = Command::new(bin())
-        .args(["receiver", "--controller", &ctl, "--listen", "127.0.9.30:0", "--id", "30", "--join-wait-s", "1"])
+        .args(["receiver", "--controller", &ctl, "--bind", "127.0.9.30:0", "--id", "30", "--join-wait-s", "1"])
         .args(["--key-file", forged.to_str().unwrap()])
         .output()
         .unwrap();
@@ -208,7 +208,7 @@ fn a_follower_controller_takes_over_from_the_store_and_the_feed_never_stops() {
     let both = format!("{ca},{cb}");
     let node = |role: &str, id: u32, ip: &str, extra: &[&str]| -> Vec<String> {
         [
-            s(&[role, "--controller", &both, "--listen", &format!("{ip}:0"), "--id", &id.to_string()]),
+            s(&[role, "--controller", &both, "--bind", &format!("{ip}:0"), "--id", &id.to_string()]),
             s(&["--key-file", &key, "--idle", "park", "--stats-out", &out(&format!("{role}{id}.json"))]),
             s(extra),
         ]
@@ -325,7 +325,7 @@ fn a_receiver_joining_a_controller_mid_feed_starts_from_a_snapshot_with_equal_bo
     std::thread::sleep(Duration::from_millis(300));
     let node = |role: &str, id: &str, ip: &str, extra: &[&str]| -> Vec<String> {
         [
-            s(&[role, "--controller", &ctl, "--listen", &format!("{ip}:0"), "--id", id, "--key-file", &key]),
+            s(&[role, "--controller", &ctl, "--bind", &format!("{ip}:0"), "--id", id, "--key-file", &key]),
             s(&["--idle", "park", "--link", "cloud", "--stats-out", &out(&format!("{role}{id}.json"))]),
             s(extra),
         ]

@@ -59,7 +59,7 @@ fn node_args(role: &str, controller: &str, key: &str, o: &DeployOptions) -> Vec<
         controller,
         "--id",
         "any",
-        "--listen",
+        "--bind",
         &format!("0.0.0.0:{NODE_PORT}"),
         "--key-file",
         key,
