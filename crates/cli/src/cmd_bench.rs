@@ -49,6 +49,9 @@ pub enum Bench {
         /// The first seed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// The sender's deadline controller targets this P(F) (0.5..=0.999999; 0: the paper's rule, OWD_G, no margin).
+        #[arg(long, default_value_t = 0.999, value_parser = target_pf_or_paper)]
+        target_pf: f64,
         /// Print the summary as JSON (with every seed's run) on stdout.
         #[arg(long)]
         json: bool,
@@ -311,8 +314,8 @@ fn attack_cmd(receivers: usize, rate: u64, seconds: u64, port: u16, json: bool) 
 
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
-        Bench::Churn { nodes, seeds, hedge, feed_seconds, rate, change_every_ms, seed, json } => {
-            churn_cmd(nodes, seeds, (hedge, feed_seconds, rate, change_every_ms, seed), json)
+        Bench::Churn { nodes, seeds, hedge, feed_seconds, rate, change_every_ms, seed, target_pf, json } => {
+            churn_cmd(nodes, seeds, (hedge, feed_seconds, rate, change_every_ms, seed, target_pf), json)
         }
         Bench::Controller { receivers, joins, json } => {
             let r = fairfeed_bench::controller::controller_scale(receivers, joins);
@@ -531,8 +534,8 @@ fn kernel_pps(
 }
 
 /// `bench churn`: the campaign's seeds on every core, summed up.
-fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64), json: bool) -> anyhow::Result<()> {
-    let (hedge, feed_s, rate, change_every_ms, seed) = knobs;
+fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64, f64), json: bool) -> anyhow::Result<()> {
+    let (hedge, feed_s, rate, change_every_ms, seed, target_pf) = knobs;
     // One layer of proxies under the sender: fan-out F ≈ √(1.5 N), room for half as
     // many receivers again (joiners find a place), one spare.
     let fanout = ((1.5 * (nodes as f64 - 2.0)).sqrt().ceil() as usize).max(4);
@@ -550,6 +553,7 @@ fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64), json:
         feed_s,
         rate_per_s: rate,
         change_every_ns: change_every_ms * 1_000_000,
+        target_pf: (target_pf > 0.0).then_some(target_pf),
         ..Default::default()
     };
     let pb = crate::fmt::progress(seeds, "bench churn: seeds");
@@ -580,5 +584,21 @@ fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64), json:
         s.leaves,
         s.receiver_deaths
     );
+    println!(
+        "  P(F@1µs) {:.4} (virtual clocks), window p99 {:.2} µs (worst seed), late releases {:.4} %",
+        s.pf_1us,
+        s.window_p99_worst_us,
+        s.late_share * 100.0
+    );
     Ok(())
+}
+
+/// `--target-pf`: 0 (the paper's rule) or 0.5..=0.999999.
+fn target_pf_or_paper(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if v == 0.0 || (0.5..=0.999_999).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v}: give 0 (the paper's rule) or a target in 0.5..=0.999999"))
+    }
 }

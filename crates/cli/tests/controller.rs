@@ -278,7 +278,16 @@ fn a_follower_controller_takes_over_from_the_store_and_the_feed_never_stops() {
 fn bench_churn_and_bench_controller_report_their_figures() {
     let o = fairfeed(&["bench", "churn", "--nodes", "16", "--seeds", "3", "--feed-seconds", "2", "--json"]);
     let s = json(&o);
-    for k in ["lost", "duplicated", "repairs", "repair_p99_ms", "joins", "join_first_message_p99_ms", "books_equal"] {
+    for k in [
+        "lost",
+        "duplicated",
+        "repairs",
+        "repair_p99_ms",
+        "joins",
+        "join_first_message_p99_ms",
+        "books_equal",
+        "pf_1us",
+    ] {
         assert!(s.get(k).is_some(), "{k} missing: {s}");
     }
     assert_eq!(s["seeds"], 3);
@@ -286,6 +295,7 @@ fn bench_churn_and_bench_controller_report_their_figures() {
     assert_eq!(s["lost_in_single_kills"], 0, "{s}");
     assert_eq!(s["duplicated"], 0);
     assert!(s["repairs"].as_u64() > Some(0) && s["kills"].as_u64() > Some(0), "{s}");
+    assert!(s["pf_1us"].as_f64().is_some_and(|p| p > 0.5 && p <= 1.0), "{s}");
     let o = fairfeed(&["bench", "controller", "--receivers", "1000", "--joins", "100", "--json"]);
     let c = json(&o);
     assert_eq!(c["receivers"], 1000);

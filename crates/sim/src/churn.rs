@@ -63,6 +63,9 @@ pub struct ChurnConfig {
     pub heartbeat_ns: u64,
     pub dead_after_ns: u64,
     pub hold_down_ns: u64,
+    /// The sender's deadline rule: the quantile controller at this target
+    /// P(F) (`None`: the paper's rule, OWD_G with no margin).
+    pub target_pf: Option<f64>,
 }
 
 impl Default for ChurnConfig {
@@ -81,6 +84,7 @@ impl Default for ChurnConfig {
             heartbeat_ns: 10_000_000,
             dead_after_ns: 40_000_000,
             hold_down_ns: 1_000_000_000,
+            target_pf: Some(0.999),
         }
     }
 }
@@ -111,7 +115,40 @@ pub struct ChurnResult {
     /// Joiners that never released (the run ended first, or no room).
     pub joins_unserved: u64,
     pub versions: u64,
+    /// Releases, and of them those past their deadline (released on arrival).
+    pub releases: u64,
+    pub late_releases: u64,
+    /// Messages released by two receivers or more, and the share of them
+    /// whose releases all fell within 1 µs (P(F), virtual clocks).
+    pub windowed_messages: u64,
+    pub pf_1us: f64,
+    pub window_p99_us: f64,
     pub controller: ControllerStats,
+}
+
+/// Which sequences a receiver released (a bit each), and how many again.
+#[derive(Default)]
+struct Seen {
+    bits: Vec<u64>,
+    repeats: u64,
+}
+
+impl Seen {
+    /// Marks `seq`; false if it was marked already (a repeat, counted).
+    fn set(&mut self, seq: u64) -> bool {
+        let (w, b) = ((seq / 64) as usize, seq % 64);
+        if self.bits.len() <= w {
+            self.bits.resize(w + 1, 0);
+        }
+        let new = self.bits[w] & (1 << b) == 0;
+        self.bits[w] |= 1 << b;
+        self.repeats += u64::from(!new);
+        new
+    }
+
+    fn has(&self, seq: u64) -> bool {
+        self.bits.get((seq / 64) as usize).is_some_and(|w| w & (1 << (seq % 64)) != 0)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -155,7 +192,7 @@ struct Proc {
     stopped_ns: Option<u64>,
     timer_at: u64,
     /// Releases: sequence → count.
-    released: BTreeMap<u64, u32>,
+    released: Seen,
     last_released: u64,
     out_of_order: u64,
     first_release_ns: Option<u64>,
@@ -184,6 +221,8 @@ struct World {
     links: LinkEmulator,
     /// Send times by sequence.
     sent: Vec<u64>,
+    /// Per sequence: the first and last release instants over receivers, and how many released it.
+    windows: Vec<(u64, u64, u32)>,
     repairs: Vec<Repair>,
     /// Windows of double kills (start, end) for loss attribution.
     double_windows: Vec<(u64, u64)>,
@@ -231,6 +270,7 @@ impl World {
             by_addr: HashMap::new(),
             links,
             sent: vec![0],
+            windows: vec![(u64::MAX, 0, 0)],
             repairs: Vec::new(),
             double_windows: Vec::new(),
             next_id: 0,
@@ -260,7 +300,11 @@ impl World {
         let ncfg = NodeConfig { order: ReleaseOrder::Sequence { gap_wait_ns: 20_000_000 }, ..NodeConfig::default() };
         let node = match role {
             MemberRole::Sender => {
-                Node::Sender(Box::new(Sender::new(id, Vec::new(), ncfg, DeadlineRule::Paper { margin_ns: 0 })))
+                let rule = match self.cfg.target_pf {
+                    Some(target_pf) => DeadlineRule::Quantile { target_pf },
+                    None => DeadlineRule::Paper { margin_ns: 0 },
+                };
+                Node::Sender(Box::new(Sender::new(id, Vec::new(), ncfg, rule)))
             }
             MemberRole::Proxy => Node::Proxy(Box::new(Proxy::new(id, NO_LINK, &[], &[], ncfg))),
             MemberRole::Receiver => Node::Receiver(Box::new(Receiver::new(id, NO_LINK, ncfg))),
@@ -295,7 +339,7 @@ impl World {
                 placed_ns: None,
                 stopped_ns: None,
                 timer_at: u64::MAX,
-                released: BTreeMap::new(),
+                released: Seen::default(),
                 last_released: 0,
                 out_of_order: 0,
                 first_release_ns: None,
@@ -377,7 +421,15 @@ impl World {
         let now = self.now;
         let Some(p) = self.procs.get_mut(&id) else { return };
         while let Some(m) = p.node.poll_release() {
-            *p.released.entry(m.sequence).or_default() += 1;
+            if p.released.set(m.sequence) {
+                if let Some(w) = self.windows.get_mut(m.sequence as usize) {
+                    w.0 = w.0.min(now);
+                    w.1 = w.1.max(now);
+                    w.2 += 1;
+                }
+                self.r.late_releases += u64::from(m.late);
+                self.r.releases += 1;
+            }
             if m.sequence < p.last_released {
                 p.out_of_order += 1;
             }
@@ -543,6 +595,7 @@ impl World {
         s.update(now);
         debug_assert_eq!(got, seq);
         self.sent.push(now);
+        self.windows.push((u64::MAX, 0, 0));
         self.route(sender, out);
         self.arm(sender);
     }
@@ -566,8 +619,8 @@ impl World {
                     continue;
                 }
                 self.r.deliveries_expected += 1;
-                match p.released.get(&(seq as u64)).copied().unwrap_or(0) {
-                    0 => {
+                match p.released.has(seq as u64) {
+                    false => {
                         self.r.lost += 1;
                         // In flight at the kill (sent up to IN_FLIGHT_NS before it) to the end of the repair.
                         if self
@@ -578,12 +631,17 @@ impl World {
                             self.r.lost_in_double_kills += 1;
                         }
                     }
-                    1 => {}
-                    n => self.r.duplicated += u64::from(n - 1),
+                    true => {}
                 }
             }
+            self.r.duplicated += p.released.repeats;
             self.r.out_of_order += p.out_of_order;
         }
+        let mut w: Vec<f64> = self.windows.iter().filter(|w| w.2 >= 2).map(|w| (w.1 - w.0) as f64 / 1e3).collect();
+        self.r.windowed_messages = w.len() as u64;
+        self.r.pf_1us =
+            if w.is_empty() { 0.0 } else { w.iter().filter(|&&x| x <= 1.0).count() as f64 / w.len() as f64 };
+        self.r.window_p99_us = quantile(&mut w, 0.99);
     }
 }
 
@@ -682,6 +740,13 @@ pub struct ChurnSummary {
     pub join_first_message_p99_ms: f64,
     pub leaves: u64,
     pub receiver_deaths: u64,
+    /// Over the messages two receivers or more released: the share whose
+    /// releases fell within 1 µs (virtual clocks: what the deadlines and
+    /// late copies leave), and the worst seed's window p99.
+    pub pf_1us: f64,
+    pub window_p99_worst_us: f64,
+    /// Releases past their deadline, as a share of all releases.
+    pub late_share: f64,
     /// Joiners here start from the live feed, not a snapshot: their books
     /// are not compared in this run (`null`); snapshot-then-live joins are
     /// checked against the exchange's books in the CLI's snapshot tests.
@@ -752,6 +817,12 @@ pub fn campaign(cfg: &ChurnConfig, seeds: u64, progress: &(dyn Fn(u64) + Sync)) 
         join_first_message_p99_ms: quantile(&mut join, 0.99),
         leaves: sum(|r| r.leaves),
         receiver_deaths: sum(|r| r.receiver_deaths),
+        pf_1us: {
+            let n = sum(|r| r.windowed_messages).max(1) as f64;
+            per_seed.iter().map(|r| r.pf_1us * r.windowed_messages as f64).sum::<f64>() / n
+        },
+        window_p99_worst_us: per_seed.iter().map(|r| r.window_p99_us).fold(0.0, f64::max),
+        late_share: sum(|r| r.late_releases) as f64 / sum(|r| r.releases).max(1) as f64,
         books_equal: None,
         per_seed,
     }
