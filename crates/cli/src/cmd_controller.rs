@@ -43,6 +43,9 @@ pub struct Args {
     /// Write the current topology here (TOML, as `fairfeed plan` writes it, with addresses) at each new version.
     #[arg(long)]
     topology_out: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (the counters of --stats-out, twice a second).
+    #[arg(long, value_parser = crate::fmt::listen_addr)]
+    metrics: Option<SocketAddr>,
     /// Write the controller's counters here (JSON) at exit.
     #[arg(long)]
     stats_out: Option<PathBuf>,
@@ -116,6 +119,20 @@ pub fn run_controller(a: Args) -> anyhow::Result<()> {
     let keeper = Keeper::spawn(store, name, std::time::Duration::from_millis(a.lease_ms))
         .context("starting the store keeper")?;
     let mut agent = agent.with_keeper(keeper);
+    let _metrics = match a.metrics {
+        Some(addr) => {
+            let slot = std::sync::Arc::new(std::sync::Mutex::new(serde_json::Value::Null));
+            agent = agent.with_publish(slot.clone());
+            let ep = fairfeed_ops::serve_metrics(addr, move |e| {
+                let v = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                e.json("fairfeed_controller", &v, &[], "the tree controller (docs/FILES.md)");
+            })
+            .with_context(|| format!("serving metrics on {addr}"))?;
+            tracing::info!(addr = %ep.addr, "controller: metrics at http://{}/metrics", ep.addr);
+            Some(ep)
+        }
+        None => None,
+    };
     tracing::info!(
         addr = %agent.addr(),
         "controller: listening at {} (fan-out {}, hedge {}, depth {}, dead after {} ms, hold-down {} ms)",

@@ -398,3 +398,35 @@ fn the_snapshot_server_serves_metrics_promtool_accepts() {
     let status = wait_for(&mut snap, Duration::from_secs(20));
     assert!(status.is_some_and(|s| s.success()), "the snapshot server exits cleanly on SIGTERM: {status:?}");
 }
+
+/// The tree controller's `--metrics`: its counters and levels (members,
+/// version, whether it leads) as Prometheus metrics that promtool accepts.
+#[test]
+fn the_controller_serves_its_metrics() {
+    let ctl = std::net::UdpSocket::bind("127.0.9.61:0").unwrap().local_addr().unwrap();
+    let m = std::net::TcpListener::bind("127.0.9.61:0").unwrap().local_addr().unwrap();
+    let mut c = Command::new(bin())
+        .args(["controller", "--listen", &ctl.to_string(), "--metrics", &m.to_string(), "--seconds", "6"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut r = Command::new(bin())
+        .args(["receiver", "--controller", &ctl.to_string(), "--bind", "127.0.9.62:0", "--id", "any", "--idle", "park"])
+        .args(["--seconds", "3"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let body = scrape_until(m, "fairfeed_controller_members 1");
+    assert!(body.contains("fairfeed_controller_members 1"), "{body}");
+    assert!(body.contains("fairfeed_controller_core_registrations_total"), "{body}");
+    assert!(body.contains("# TYPE fairfeed_controller_leading gauge"), "{body}");
+    if have_tool("promtool", &["--version"]) {
+        let (ok, said) = promtool(&body);
+        assert!(ok, "{said}");
+    }
+    assert!(r.wait().unwrap().success());
+    let _ = c.kill();
+    let _ = c.wait();
+}

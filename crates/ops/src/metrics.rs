@@ -73,6 +73,12 @@ pub const GAUGE_LEAVES: &[&str] = &[
     "open_orders",
     "next_sequence",
     "joined_at_sequence",
+    // The tree controller's (fairfeed controller --metrics).
+    "members",
+    "waiting",
+    "overloaded",
+    "version",
+    "leading",
 ];
 
 /// Words that make any leaf a level: summary statistics of a distribution.

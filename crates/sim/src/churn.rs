@@ -619,19 +619,13 @@ impl World {
                     continue;
                 }
                 self.r.deliveries_expected += 1;
-                match p.released.has(seq as u64) {
-                    false => {
-                        self.r.lost += 1;
-                        // In flight at the kill (sent up to IN_FLIGHT_NS before it) to the end of the repair.
-                        if self
-                            .double_windows
-                            .iter()
-                            .any(|w| t + IN_FLIGHT_NS >= w.0 && t <= w.1 + self.cfg.dead_after_ns)
-                        {
-                            self.r.lost_in_double_kills += 1;
-                        }
+                if !p.released.has(seq as u64) {
+                    self.r.lost += 1;
+                    // In flight at the kill (sent up to IN_FLIGHT_NS before it) to the end of the repair.
+                    if self.double_windows.iter().any(|w| t + IN_FLIGHT_NS >= w.0 && t <= w.1 + self.cfg.dead_after_ns)
+                    {
+                        self.r.lost_in_double_kills += 1;
                     }
-                    true => {}
                 }
             }
             self.r.duplicated += p.released.repeats;

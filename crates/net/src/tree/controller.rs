@@ -81,8 +81,14 @@ pub struct ControllerAgent {
     /// Members changed (put) and gone (delete) since the last write to the store.
     put: std::collections::BTreeSet<u32>,
     gone: std::collections::BTreeSet<u32>,
+    /// Where the report is published for a metrics endpoint, and when next.
+    publish: Option<std::sync::Arc<std::sync::Mutex<serde_json::Value>>>,
+    next_publish_ns: u64,
     pub stats: ShellStats,
 }
+
+/// How often the controller's report is published for its metrics endpoint.
+pub const PUBLISH_INTERVAL_NS: u64 = 500_000_000;
 
 impl ControllerAgent {
     /// Binds `listen`; runs until `end_ns` (wall clock; `u64::MAX`: until stopped).
@@ -107,8 +113,26 @@ impl ControllerAgent {
             leading: true,
             put: Default::default(),
             gone: Default::default(),
+            publish: None,
+            next_publish_ns: 0,
             stats: ShellStats::default(),
         })
+    }
+
+    /// Publishes its report into `slot` every [`PUBLISH_INTERVAL_NS`] (for `--metrics`).
+    pub fn with_publish(mut self, slot: std::sync::Arc<std::sync::Mutex<serde_json::Value>>) -> Self {
+        self.publish = Some(slot);
+        self
+    }
+
+    fn publish(&mut self, now: u64) {
+        let Some(slot) = &self.publish else { return };
+        if now < self.next_publish_ns {
+            return;
+        }
+        self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
+        let v = serde_json::to_value(self.report()).unwrap_or_default();
+        *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = v;
     }
 
     /// Shares the membership through a store: leads only while it holds
@@ -286,9 +310,22 @@ impl ControllerAgent {
     }
 }
 
+impl ControllerAgent {
+    /// The core's next timer, the keeper's next word (polled every 10 ms at most with a store), the end.
+    fn next_due_core(&self) -> u64 {
+        if self.keeper.is_some() {
+            let soon = fairfeed_io::clock::wall_ns() + 10_000_000;
+            let core = if self.leading { self.core.next_timeout() } else { u64::MAX };
+            return core.min(soon).min(self.end_ns);
+        }
+        self.core.next_timeout().min(self.end_ns)
+    }
+}
+
 impl Agent for ControllerAgent {
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         let mut work = 0;
+        self.publish(now);
         self.hear_keeper(now);
         if !self.leading {
             // Another controller leads: nodes' datagrams are its to answer.
@@ -327,13 +364,8 @@ impl Agent for ControllerAgent {
     }
 
     fn next_due(&self) -> u64 {
-        if self.keeper.is_some() {
-            // The keeper's word is polled (every 10 ms at most).
-            let soon = fairfeed_io::clock::wall_ns() + 10_000_000;
-            let core = if self.leading { self.core.next_timeout() } else { u64::MAX };
-            return core.min(soon).min(self.end_ns);
-        }
-        self.core.next_timeout().min(self.end_ns)
+        let publish = if self.publish.is_some() { self.next_publish_ns } else { u64::MAX };
+        self.next_due_core().min(publish)
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
