@@ -42,7 +42,7 @@ use crate::membership::{
     Assign, Heartbeat, Leave, MemberRole, Message, Peer, Refuse, RefuseReason, Register, ANY_ID, CONTROLLER_ORIGIN,
     LINKS_MAX, NO_PARENT, PEERS_MAX,
 };
-use fairfeed_wire::overlay::{HeaderRepr, Kind, HEADER_LEN};
+use fairfeed_wire::overlay::{HeaderRepr, Kind};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{Auth, AuthStats};
@@ -486,23 +486,7 @@ impl Controller {
             return;
         }
         self.seq += 1;
-        let mut payload = Vec::new();
-        m.emit(&mut payload);
-        let h = HeaderRepr {
-            kind: Some(Kind::Membership),
-            sequence: self.seq,
-            // Seals are checked against the receiver's clock: stamp ours (the shell's wall clock).
-            send_ns: self.now,
-            origin: CONTROLLER_ORIGIN,
-            payload_len: payload.len() as u16,
-            ..HeaderRepr::default()
-        };
-        let mut b = vec![0u8; HEADER_LEN];
-        h.emit(&mut b).expect("a header fits");
-        b.extend_from_slice(&payload);
-        if let Some(a) = &self.auth {
-            a.seal(&mut b);
-        }
+        let b = crate::membership::packet(m, CONTROLLER_ORIGIN, self.seq, self.now, self.auth.as_ref());
         self.out.push_back((to, b));
     }
 
@@ -1135,21 +1119,7 @@ impl MemberClient {
 
     fn push(&mut self, now: u64, origin: u32, m: &Message) {
         self.seq += 1;
-        let payload = m.to_vec();
-        let h = HeaderRepr {
-            kind: Some(Kind::Membership),
-            sequence: self.seq,
-            send_ns: now,
-            origin,
-            payload_len: payload.len() as u16,
-            ..HeaderRepr::default()
-        };
-        let mut b = vec![0u8; HEADER_LEN];
-        h.emit(&mut b).expect("a header fits");
-        b.extend_from_slice(&payload);
-        if let Some(a) = &self.auth {
-            a.seal(&mut b);
-        }
+        let b = crate::membership::packet(m, origin, self.seq, now, self.auth.as_ref());
         // A member sends a handful per interval; the shell drains every turn.
         if self.out.len() < 64 {
             self.out.push_back(b);

@@ -357,6 +357,29 @@ impl Message {
     }
 }
 
+/// `m` in an overlay membership packet from `origin`, stamped `now` (the
+/// sender's wall clock: seals are checked against the receiver's), number
+/// `sequence`, sealed with `auth` where given.
+pub fn packet(m: &Message, origin: u32, sequence: u64, now: u64, auth: Option<&crate::auth::Auth>) -> Vec<u8> {
+    use fairfeed_wire::overlay::{HeaderRepr, Kind, HEADER_LEN};
+    let payload = m.to_vec();
+    let h = HeaderRepr {
+        kind: Some(Kind::Membership),
+        sequence,
+        send_ns: now,
+        origin,
+        payload_len: payload.len() as u16,
+        ..HeaderRepr::default()
+    };
+    let mut b = vec![0u8; HEADER_LEN];
+    h.emit(&mut b).expect("a header fits");
+    b.extend_from_slice(&payload);
+    if let Some(a) = auth {
+        a.seal(&mut b);
+    }
+    b
+}
+
 fn parse_assign(r: &mut Reader<'_>) -> Result<Assign, Error> {
     let (incarnation, id, version, tree) = (r.u64()?, r.u32()?, r.u64()?, r.u16()?);
     let role = r.role()?;
