@@ -223,8 +223,14 @@ fn a_follower_controller_takes_over_from_the_store_and_the_feed_never_stops() {
             s(&["--seconds", "30", "--topology-out", &r.out(&format!("topology-{name}.toml"))]),
         ];
         r.spawn(&format!("controller-{name}"), args.concat());
-        // a first: it takes the lease.
-        std::thread::sleep(Duration::from_millis(700));
+        if name == "a" {
+            // a first: b starts once a holds the lease.
+            let t0 = Instant::now();
+            while !r.log("controller-a").contains("controller: leading") {
+                assert!(t0.elapsed() < Duration::from_secs(10), "a leads within 10 s:\n{}", r.log("controller-a"));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
     let both = format!("{ca},{cb}");
     start_tree(&mut r, &both, "3000", &[10, 11]);

@@ -418,6 +418,12 @@ fn the_controller_serves_its_metrics() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    // The endpoint comes up once the controller has started.
+    let t0 = Instant::now();
+    while TcpStream::connect(m).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the controller's metrics at {m} within 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let body = scrape_until(m, "fairfeed_controller_members 1");
     assert!(body.contains("fairfeed_controller_members 1"), "{body}");
     assert!(body.contains("fairfeed_controller_core_registrations_total"), "{body}");
