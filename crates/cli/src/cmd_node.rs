@@ -1002,8 +1002,12 @@ fn join_controller(
     let bind = c.bind.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
     let wait = std::time::Duration::from_secs_f64(c.join_wait_s);
     let controllers = resolve_controllers(c, wait)?;
-    let j = fairfeed_net::tree::agent::membership::join(&controllers, bind, cfg, load_auth(c)?, wait, stop)
-        .map_err(|e| anyhow::anyhow!("node {}: {e}", c.id))?;
+    let j = fairfeed_net::tree::agent::membership::join(&controllers, bind, cfg, load_auth(c)?, wait, stop).map_err(
+        |e| match c.id {
+            fairfeed_tree::membership::ANY_ID => anyhow::anyhow!("node (--id any): {e}"),
+            id => anyhow::anyhow!("node {id}: {e}"),
+        },
+    )?;
     tracing::info!(
         node = j.view.id,
         version = j.view.version,
