@@ -25,6 +25,7 @@ pub mod clock;
 pub mod controller;
 pub mod exchange;
 pub mod exchange_attack;
+pub mod faults;
 pub mod hop;
 pub mod tree;
 pub mod tree_attack;

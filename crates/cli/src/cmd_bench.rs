@@ -52,7 +52,60 @@ pub enum Bench {
         /// The sender's deadline controller targets this P(F) (0.5..=0.999999; 0: the paper's rule, OWD_G, no margin).
         #[arg(long, default_value_t = 0.999, value_parser = target_pf_or_paper)]
         target_pf: f64,
+        /// Every kill takes one proxy (by default some take two neighbours at once, beyond what H = 1 masks).
+        #[arg(long)]
+        no_double_kills: bool,
+        /// The links: a model file's `[link]` (format in docs/models/README.md; default: the calibrated cloud model).
+        #[arg(long, value_name = "FILE")]
+        latency_model: Option<std::path::PathBuf>,
         /// Print the summary as JSON (with every seed's run) on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Issue 43's fault campaign on node processes in network namespaces (root, iproute2): proxies killed,
+    /// two at once, cut off; the leading controller killed; the store restarted; receivers joining from a
+    /// snapshot and leaving — then every receiver's delivered line checked: nothing lost, twice or out of
+    /// order, joiners' books equal to a receiver's that saw the whole feed.
+    Faults {
+        /// Seeds (runs, one after another, about 10 s + the feed each), 1..=1,000.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+        seeds: u64,
+        /// The first seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Receivers there from the start (the first is never touched: the reference), 2..=100.
+        #[arg(long, default_value_t = 12, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=100))]
+        receivers: usize,
+        /// Receivers that may join mid-feed, 0..=50.
+        #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=50))]
+        joiners: usize,
+        /// Proxies under the sender (one more runs as a spare), 2..=16.
+        #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..=16))]
+        proxies: usize,
+        /// Messages per second, 100..=20,000.
+        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(100..=20_000))]
+        rate: u64,
+        /// Seconds of feed per seed, 3..=600.
+        #[arg(long, default_value_t = 8.0, value_parser = |s: &str| crate::fmt::f64_in(s, 3.0, 600.0, "seconds"))]
+        feed_seconds: f64,
+        /// Faults beyond one of each kind: one every this many ms on average (100..=60,000).
+        #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+        change_every_ms: u64,
+        /// Sibling hedging H, 0..=2 (the claim is for H = 1; 0 shows what hedging masks).
+        #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=2))]
+        hedge: usize,
+        /// Receivers do not fill gaps from the sender's journal (what the tree lost stays lost).
+        #[arg(long)]
+        no_fill: bool,
+        /// Where every seed's logs, stats and node files go.
+        #[arg(long, default_value = "faults-out")]
+        out: std::path::PathBuf,
+        /// The membership store: `jetstream` (a nats-server node in its own
+        /// namespace, two controllers), `embedded` (one controller), `auto`
+        /// (jetstream where nats-server is installed).
+        #[arg(long, value_enum, default_value_t = FaultsStore::Auto)]
+        store: FaultsStore,
+        /// Print the summary as JSON (with every seed's report) on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -312,11 +365,112 @@ fn attack_cmd(receivers: usize, rate: u64, seconds: u64, port: u16, json: bool) 
     Ok(())
 }
 
+/// `bench faults --store`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FaultsStore {
+    Auto,
+    Jetstream,
+    Embedded,
+}
+
+/// `bench faults`: the campaign's seeds, each reported as it ends.
+fn faults_cmd(b: Bench) -> anyhow::Result<()> {
+    let Bench::Faults {
+        seeds,
+        seed,
+        receivers,
+        joiners,
+        proxies,
+        rate,
+        feed_seconds,
+        change_every_ms,
+        hedge,
+        no_fill,
+        out,
+        store,
+        json,
+    } = b
+    else {
+        unreachable!("faults_cmd takes bench faults")
+    };
+    let nats = match store {
+        FaultsStore::Embedded => None,
+        FaultsStore::Auto => fairfeed_bridge::server::find_server(),
+        FaultsStore::Jetstream => Some(fairfeed_bridge::server::find_server().ok_or_else(|| {
+            anyhow::anyhow!("--store jetstream: nats-server is not installed (Debian: apt-get install nats-server)")
+        })?),
+    };
+    let exe = anyhow::Context::context(std::env::current_exe(), "finding the fairfeed binary the nodes run as")?;
+    let change_every = std::time::Duration::from_millis(change_every_ms);
+    let cfg = fairfeed_bench::faults::FaultsConfig {
+        exe,
+        first_seed: seed,
+        seeds,
+        receivers,
+        joiners,
+        proxies,
+        rate,
+        feed_s: feed_seconds,
+        change_every,
+        out,
+        hedge,
+        fill: !no_fill,
+        nats,
+    };
+    let pb = crate::fmt::progress(seeds, "bench faults: seeds");
+    let s = fairfeed_bench::faults::run(&cfg, &mut |seed, r| {
+        pb.inc(1);
+        if !r.ok {
+            pb.println(format!("seed {seed}: FAILED {}", serde_json::to_string(r).unwrap_or_default()));
+        }
+    })?;
+    pb.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print_faults(&s)?;
+    }
+    anyhow::ensure!(
+        s.failed_seeds.is_empty(),
+        "{} of {} seeds broke an invariant: {:?}",
+        s.failed_seeds.len(),
+        s.seeds,
+        s.failed_seeds
+    );
+    Ok(())
+}
+
+fn print_faults(s: &fairfeed_bench::faults::FaultsSummary) -> anyhow::Result<()> {
+    println!(
+        "faults: {} seeds, {} nodes, store {}; faults {}; {} messages; lost {}, duplicated {}, out of order {}, \
+         corrupted {}, unfinished {}; {} joins, books equal {}; {} gaps the trees left{}; {} repairs; {} children rebalanced; \
+         {} leads taken; failed seeds {:?}",
+        s.seeds,
+        s.nodes,
+        s.store,
+        serde_json::to_string(&s.faults)?,
+        s.messages,
+        s.lost,
+        s.duplicated,
+        s.out_of_order,
+        s.corrupted,
+        s.unfinished,
+        s.joins,
+        s.books_equal.map_or("n/a".to_string(), |b| b.to_string()),
+        s.tree_gaps,
+        if s.fill { " (filled from the journal)" } else { "" },
+        s.repairs,
+        s.rebalanced,
+        s.leads_taken,
+        s.failed_seeds
+    );
+    Ok(())
+}
+
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
-        Bench::Churn { nodes, seeds, hedge, feed_seconds, rate, change_every_ms, seed, target_pf, json } => {
-            churn_cmd(nodes, seeds, (hedge, feed_seconds, rate, change_every_ms, seed, target_pf), json)
-        }
+        b @ Bench::Faults { .. } => faults_cmd(b),
+        b @ Bench::Churn { .. } => churn_cmd(b),
         Bench::Controller { receivers, joins, json } => {
             let r = fairfeed_bench::controller::controller_scale(receivers, joins);
             if json {
@@ -534,8 +688,35 @@ fn kernel_pps(
 }
 
 /// `bench churn`: the campaign's seeds on every core, summed up.
-fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64, f64), json: bool) -> anyhow::Result<()> {
-    let (hedge, feed_s, rate, change_every_ms, seed, target_pf) = knobs;
+fn churn_cmd(b: Bench) -> anyhow::Result<()> {
+    let Bench::Churn {
+        nodes,
+        seeds,
+        hedge,
+        feed_seconds: feed_s,
+        rate,
+        change_every_ms,
+        seed,
+        target_pf,
+        no_double_kills,
+        latency_model,
+        json,
+    } = b
+    else {
+        unreachable!("churn_cmd takes bench churn")
+    };
+    let link = match &latency_model {
+        None => fairfeed_sim::model::LinkModel::CLOUD,
+        Some(p) => {
+            let m = crate::cmd_sim::read_model(p)?;
+            anyhow::ensure!(
+                m.classes.is_empty(),
+                "--latency-model {}: bench churn takes the model's [link] only, not host classes",
+                p.display()
+            );
+            m.link
+        }
+    };
     // One layer of proxies under the sender: fan-out F ≈ √(1.5 N), room for half as
     // many receivers again (joiners find a place), one spare.
     let fanout = ((1.5 * (nodes as f64 - 2.0)).sqrt().ceil() as usize).max(4);
@@ -554,6 +735,8 @@ fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64, f64), 
         rate_per_s: rate,
         change_every_ns: change_every_ms * 1_000_000,
         target_pf: (target_pf > 0.0).then_some(target_pf),
+        double_kills: !no_double_kills,
+        link,
         ..Default::default()
     };
     let pb = crate::fmt::progress(seeds, "bench churn: seeds");
@@ -563,13 +746,26 @@ fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64, f64), 
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
     }
-    println!(
+    let header = format!(
         "churn: {seeds} seeds, {receivers} receivers under {proxies} proxies (+{spares} spare, F = {fanout}, H = {hedge}), \
          {feed_s} s at {rate} msg/s, a change every {change_every_ms} ms"
     );
+    print_churn(&header, &s);
+    Ok(())
+}
+
+fn print_churn(header: &str, s: &fairfeed_sim::churn::ChurnSummary) {
+    println!("{header}");
     println!(
-        "  lost {} of {} deliveries ({} while two proxies killed at once were repaired), duplicated {}, out of order {}",
-        s.lost, s.deliveries_expected, s.lost_in_double_kills, s.duplicated, s.out_of_order
+        "  lost {} of {} deliveries ({} while one proxy killed alone was repaired, {} while two killed at once were, \
+         {} away from any kill: the links' own), duplicated {}, out of order {}",
+        s.lost,
+        s.deliveries_expected,
+        s.lost_in_single_kills,
+        s.lost_in_double_kills,
+        s.lost_outside_kills,
+        s.duplicated,
+        s.out_of_order
     );
     println!(
         "  kills {} ({} double), restarts {}, repairs {}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (kill to every orphan on a live parent)",
@@ -590,7 +786,6 @@ fn churn_cmd(nodes: usize, seeds: u64, knobs: (usize, f64, f64, u64, u64, f64), 
         s.window_p99_worst_us,
         s.late_share * 100.0
     );
-    Ok(())
 }
 
 /// `--target-pf`: 0 (the paper's rule) or 0.5..=0.999999.

@@ -333,7 +333,7 @@ fn rate_range(s: &str) -> Result<f64, String> {
     crate::fmt::f64_in(s, 1.0, 1_000_000.0, "messages/s")
 }
 
-fn read_model(p: &std::path::Path) -> anyhow::Result<ModelFile> {
+pub(crate) fn read_model(p: &std::path::Path) -> anyhow::Result<ModelFile> {
     ModelFile::from_toml(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
         .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
 }

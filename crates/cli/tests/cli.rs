@@ -1137,6 +1137,7 @@ fn every_file_input_refuses_bad_files_in_one_line() {
         vec!["retransmit-server", "--journal", "{F}", "--listen", "127.0.0.1:0", "--max-seconds", "1"],
         vec!["exchange", "--config", "{F}", "--seconds", "1"],
         sim_with_model(o),
+        vec!["bench", "churn", "--nodes", "8", "--seeds", "1", "--feed-seconds", "0.2", "--latency-model", "{F}"],
         vec!["dashboard", "--topology", "{F}", "--listen", "127.0.0.1:0"],
         vec!["proxy", "--topology", "{F}", "--id", "1"],
         vec!["stat", "--topology", "{F}"],
@@ -1218,6 +1219,7 @@ fn malformed_configs_are_refused_in_one_line_naming_the_file() {
         vec!["receiver", "--topology", "{F}", "--id", "1"],
         vec!["exchange", "--config", "{F}", "--seconds", "1"],
         sim_with_model(o),
+        vec!["bench", "churn", "--nodes", "8", "--seeds", "1", "--feed-seconds", "0.2", "--latency-model", "{F}"],
         vec!["dashboard", "--topology", "{F}", "--listen", "127.0.0.1:0"],
         vec![
             "sim",

@@ -66,6 +66,9 @@ pub struct ChurnConfig {
     /// The sender's deadline rule: the quantile controller at this target
     /// P(F) (`None`: the paper's rule, OWD_G with no margin).
     pub target_pf: Option<f64>,
+    /// Some kills take two neighbouring proxies at once (beyond what H = 1
+    /// masks); without, every kill is of one proxy.
+    pub double_kills: bool,
 }
 
 impl Default for ChurnConfig {
@@ -85,6 +88,7 @@ impl Default for ChurnConfig {
             dead_after_ns: 40_000_000,
             hold_down_ns: 1_000_000_000,
             target_pf: Some(0.999),
+            double_kills: true,
         }
     }
 }
@@ -99,6 +103,11 @@ pub struct ChurnResult {
     pub lost: u64,
     /// Of `lost`: while two proxies killed at once were being repaired (beyond H = 1).
     pub lost_in_double_kills: u64,
+    /// Of `lost`: while one proxy killed alone was being repaired (what H = 1 should mask).
+    pub lost_in_single_kills: u64,
+    /// Of `lost`: away from any kill — the links' own losses (a loss burst
+    /// at the sender reaches every path; the simulator has no retransmission).
+    pub lost_outside_kills: u64,
     pub duplicated: u64,
     pub out_of_order: u64,
     pub kills: u64,
@@ -224,8 +233,8 @@ struct World {
     /// Per sequence: the first and last release instants over receivers, and how many released it.
     windows: Vec<(u64, u64, u32)>,
     repairs: Vec<Repair>,
-    /// Windows of double kills (start, end) for loss attribution.
-    double_windows: Vec<(u64, u64)>,
+    /// Windows of kills (start, end of repair, two at once) for loss attribution.
+    kill_windows: Vec<(u64, u64, bool)>,
     next_id: u32,
     r: ChurnResult,
 }
@@ -272,7 +281,7 @@ impl World {
             sent: vec![0],
             windows: vec![(u64::MAX, 0, 0)],
             repairs: Vec::new(),
-            double_windows: Vec::new(),
+            kill_windows: Vec::new(),
             next_id: 0,
             r: ChurnResult::default(),
         }
@@ -507,10 +516,8 @@ impl World {
         for i in done.into_iter().rev() {
             let rep = self.repairs.swap_remove(i);
             self.r.repair_ms.push((now - rep.at_ns) as f64 / 1e6);
-            if rep.double {
-                if let Some(w) = self.double_windows.iter_mut().rev().find(|w| w.0 == rep.at_ns) {
-                    w.1 = w.1.max(now);
-                }
+            if let Some(w) = self.kill_windows.iter_mut().rev().find(|w| w.0 == rep.at_ns && w.2 == rep.double) {
+                w.1 = w.1.max(now);
             }
         }
     }
@@ -541,14 +548,16 @@ impl World {
         // Proxies die one at a time (or two at once) while every other one runs:
         // the campaign tests repair, not a tree left without the proxies to carry it.
         let all_up = self.procs.values().filter(|p| p.role == MemberRole::Proxy).all(|p| p.alive);
-        if roll < 0.3 && all_up && proxies.len() > 1 {
+        let single = if self.cfg.double_kills { 0.3 } else { 0.4 };
+        if roll < single && all_up && proxies.len() > 1 {
             let v = proxies[self.rng.gen_range(0..proxies.len())];
+            self.kill_windows.push((self.now, self.now, false));
             self.kill_proxy(v, false);
         } else if roll < 0.4 && all_up && proxies.len() > 2 {
             // Two at once: neighbours in id order (each hedges for the other under H = 1).
             let i = self.rng.gen_range(0..proxies.len() - 1);
             self.r.double_kills += 1;
-            self.double_windows.push((self.now, self.now));
+            self.kill_windows.push((self.now, self.now, true));
             self.kill_proxy(proxies[i], true);
             self.kill_proxy(proxies[i + 1], true);
         } else if roll < 0.7 {
@@ -622,9 +631,12 @@ impl World {
                 if !p.released.has(seq as u64) {
                     self.r.lost += 1;
                     // In flight at the kill (sent up to IN_FLIGHT_NS before it) to the end of the repair.
-                    if self.double_windows.iter().any(|w| t + IN_FLIGHT_NS >= w.0 && t <= w.1 + self.cfg.dead_after_ns)
-                    {
-                        self.r.lost_in_double_kills += 1;
+                    let dead_after = self.cfg.dead_after_ns;
+                    let within = |w: &&(u64, u64, bool)| t + IN_FLIGHT_NS >= w.0 && t <= w.1 + dead_after;
+                    match self.kill_windows.iter().filter(within).map(|w| w.2).max() {
+                        Some(true) => self.r.lost_in_double_kills += 1,
+                        Some(false) => self.r.lost_in_single_kills += 1,
+                        None => self.r.lost_outside_kills += 1,
                     }
                 }
             }
@@ -719,6 +731,7 @@ pub struct ChurnSummary {
     pub lost: u64,
     pub lost_in_double_kills: u64,
     pub lost_in_single_kills: u64,
+    pub lost_outside_kills: u64,
     pub duplicated: u64,
     pub out_of_order: u64,
     pub kills: u64,
@@ -785,7 +798,6 @@ pub fn campaign(cfg: &ChurnConfig, seeds: u64, progress: &(dyn Fn(u64) + Sync)) 
     let mut repair: Vec<f64> = per_seed.iter().flat_map(|r| r.repair_ms.iter().copied()).collect();
     let mut join: Vec<f64> = per_seed.iter().flat_map(|r| r.join_first_message_ms.iter().copied()).collect();
     let lost = sum(|r| r.lost);
-    let lost_double = sum(|r| r.lost_in_double_kills);
     ChurnSummary {
         seeds,
         receivers: cfg.receivers,
@@ -794,8 +806,9 @@ pub fn campaign(cfg: &ChurnConfig, seeds: u64, progress: &(dyn Fn(u64) + Sync)) 
         messages: sum(|r| r.messages),
         deliveries_expected: sum(|r| r.deliveries_expected),
         lost,
-        lost_in_double_kills: lost_double,
-        lost_in_single_kills: lost - lost_double,
+        lost_in_double_kills: sum(|r| r.lost_in_double_kills),
+        lost_in_single_kills: sum(|r| r.lost_in_single_kills),
+        lost_outside_kills: sum(|r| r.lost_outside_kills),
         duplicated: sum(|r| r.duplicated),
         out_of_order: sum(|r| r.out_of_order),
         kills: sum(|r| r.kills),

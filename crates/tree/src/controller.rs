@@ -65,6 +65,11 @@ pub const OUTBOX_MAX: usize = 65_536;
 pub const JOIN_GRACE_NS: u64 = 2_000_000_000;
 /// Events waiting to be read at most (the oldest are dropped and counted).
 pub const EVENTS_MAX: usize = 4_096;
+/// A child moved off an overloaded proxy ([`Controller`]'s rebalancing) is
+/// fed by its old parent this long after its new parent starts: make
+/// before break — its new view is sent at once (and again on a heartbeat
+/// naming an older version), so it runs it well before its old parent stops.
+pub const MOVE_OVERLAP_NS: u64 = 200_000_000;
 
 /// How the controller shapes and watches the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -218,6 +223,13 @@ pub enum Event {
         moved: usize,
         stranded: usize,
     },
+    /// Children moved off proxies loaded beyond their capacity (by earlier
+    /// repairs) onto proxies of their layer with room (`to`: the proxies
+    /// that took them).
+    Rebalanced {
+        moved: usize,
+        to: Vec<u32>,
+    },
     Refused {
         addr: SocketAddr,
         id: u32,
@@ -244,6 +256,8 @@ pub struct ControllerStats {
     pub repairs: u64,
     pub spares_used: u64,
     pub stranded: u64,
+    /// Children moved by rebalancing (make before break).
+    pub moves: u64,
     pub views_sent: u64,
     pub versions: u64,
     pub outbox_full: u64,
@@ -267,6 +281,9 @@ pub struct Controller {
     dirty: BTreeSet<u32>,
     /// Placed proxies by layer.
     layers: BTreeMap<i32, BTreeSet<u32>>,
+    /// Children moved by rebalancing whose old parent still feeds them:
+    /// child → (old parent, until when).
+    leaving: BTreeMap<u32, (u32, u64)>,
     sender: Option<u32>,
     version: u64,
     seq: u64,
@@ -288,6 +305,7 @@ impl Controller {
             waiting: BTreeSet::new(),
             dirty: BTreeSet::new(),
             layers: BTreeMap::new(),
+            leaving: BTreeMap::new(),
             sender: None,
             version: 0,
             seq: 0,
@@ -391,7 +409,8 @@ impl Controller {
     pub fn next_timeout(&self) -> u64 {
         let silent = self.members.values().map(|m| m.last_seen_ns.saturating_add(self.silence_allowed(m))).min();
         let held = self.held.values().min().copied();
-        silent.into_iter().chain(held).min().unwrap_or(u64::MAX)
+        let leaving = self.leaving.values().map(|&(_, until)| until).min();
+        silent.into_iter().chain(held).chain(leaving).min().unwrap_or(u64::MAX)
     }
 
     /// Declares the silent dead, repairs around them, ends hold-downs.
@@ -411,6 +430,14 @@ impl Controller {
             self.remove(id);
             self.held.insert(id, now + self.cfg.hold_down_ns);
         }
+        // Overlaps that ended: the old parents stop feeding.
+        let ended: Vec<u32> = self.leaving.iter().filter(|(_, &(_, until))| until <= now).map(|(&c, _)| c).collect();
+        for c in ended {
+            if let Some((o, _)) = self.leaving.remove(&c) {
+                self.dirty.insert(o);
+            }
+        }
+        self.rebalance(now);
         self.flush(now);
     }
 
@@ -566,6 +593,7 @@ impl Controller {
         self.place_waiting();
         let placed = self.members[&id].rec.layer.is_some();
         self.push_event(Event::Joined { id, role: r.role, addr, placed });
+        self.rebalance(now);
     }
 
     /// The lowest id from [`ANY_ID_BASE`] on neither a member's nor held down.
@@ -607,6 +635,8 @@ impl Controller {
         let Some(m) = self.members.remove(&id) else { return };
         self.waiting.remove(&id);
         self.dirty.remove(&id);
+        self.leaving.remove(&id);
+        self.leaving.retain(|_, (o, _)| *o != id);
         let rec = m.rec;
         if let Some(q) = rec.parent {
             self.detach(q, id);
@@ -687,6 +717,48 @@ impl Controller {
 
 /// Placement.
 impl Controller {
+    /// Moves children off proxies loaded beyond their capacity (repairs
+    /// load a proxy up to [`REPAIR_LOAD_MAX`] times) onto proxies of their
+    /// layer with room — a proxy that joined or came back — make before
+    /// break: the child's new parent feeds it at once, its old parent for
+    /// [`MOVE_OVERLAP_NS`] more.
+    fn rebalance(&mut self, now: u64) {
+        let (mut moved, mut to) = (0, BTreeSet::new());
+        let layers: Vec<i32> = self.layers.keys().copied().collect();
+        for layer in layers {
+            while let Some((o, n)) = self.move_pair(layer) {
+                let Some(&c) = self.members[&o].rec.children.last() else { break };
+                self.detach(o, c);
+                self.members.get_mut(&n).expect("a live proxy").rec.children.push(c);
+                self.touch_children_of(n);
+                self.set_parent(c, Some(n));
+                self.leaving.insert(c, (o, now + MOVE_OVERLAP_NS));
+                self.stats.moves += 1;
+                moved += 1;
+                to.insert(n);
+            }
+        }
+        if moved > 0 {
+            self.push_event(Event::Rebalanced { moved, to: to.into_iter().collect() });
+        }
+    }
+
+    /// On `layer`: the proxy most over its capacity and the least loaded one with room.
+    fn move_pair(&self, layer: i32) -> Option<(u32, u32)> {
+        let proxies = || self.layers.get(&layer).into_iter().flatten().filter_map(|p| self.members.get(p));
+        let over = proxies()
+            .filter(|m| m.rec.children.len() > m.rec.capacity)
+            .max_by_key(|m| (m.rec.children.len() - m.rec.capacity, std::cmp::Reverse(m.rec.id)))?
+            .rec
+            .id;
+        let room = proxies()
+            .filter(|m| m.rec.id != over && m.rec.children.len() < m.rec.capacity)
+            .min_by_key(|m| (m.rec.children.len(), m.rec.id))?
+            .rec
+            .id;
+        Some((over, room))
+    }
+
     /// Where a node of `layer` goes: the sender (layer 0) or the least loaded
     /// proxy of the layer above with room (`load` × its capacity).
     fn parent_for(&self, layer: i32, load: usize) -> Option<u32> {
@@ -853,8 +925,12 @@ impl Controller {
                 }
             }
         };
+        // Children moved away that this node still feeds (make before break).
+        let leaving: Vec<u32> =
+            self.leaving.iter().filter(|(c, (o, _))| *o == id && !m.children.contains(c)).map(|(&c, _)| c).collect();
+        let children: Vec<u32> = m.children.iter().chain(&leaving).copied().collect();
         add(id, &mut peers);
-        for &x in m.parent.iter().chain(&m.children).chain(&hedge_targets).chain(&hedge_parents) {
+        for &x in m.parent.iter().chain(&children).chain(&hedge_targets).chain(&hedge_parents) {
             add(x, &mut peers);
         }
         Assign {
@@ -868,7 +944,7 @@ impl Controller {
             fanout: self.cfg.fanout as u16,
             hedge: self.cfg.hedge as u8,
             depth: (self.cfg.proxy_layers + 1) as u8,
-            children: m.children.iter().copied().take(LINKS_MAX).collect(),
+            children: children.into_iter().take(LINKS_MAX).collect(),
             hedge_targets: hedge_targets.into_iter().take(LINKS_MAX).collect(),
             hedge_parents: hedge_parents.into_iter().take(LINKS_MAX).collect(),
             peers,
@@ -1283,7 +1359,16 @@ mod tests {
                     continue;
                 }
                 let v = &self.views[&rec.id];
-                assert_eq!(v.children, rec.children, "node {} runs its children", rec.id);
+                // Its children, and those moved away it still feeds.
+                let mut children = rec.children.clone();
+                children.extend(
+                    self.c
+                        .leaving
+                        .iter()
+                        .filter(|(c, (o, _))| *o == rec.id && !rec.children.contains(c))
+                        .map(|(c, _)| c),
+                );
+                assert_eq!(v.children, children, "node {} runs its children", rec.id);
                 assert_eq!(v.parent, rec.parent.unwrap_or(NO_PARENT), "node {} runs its parent", rec.id);
                 let n = t.trees[0].nodes.iter().find(|n| n.id == rec.id);
                 if let Some(n) = n {
@@ -1361,6 +1446,42 @@ mod tests {
         assert!(n.c.stats.refused >= 1);
         n.run(600);
         assert!(n.c.record(victim).is_some(), "admitted after the hold-down");
+        n.check();
+    }
+
+    /// A repair without a spare loads a proxy beyond its capacity; a proxy
+    /// that joins later takes the excess, make before break: the old parent
+    /// keeps feeding the moved children until [`MOVE_OVERLAP_NS`] has passed.
+    #[test]
+    fn a_proxy_that_joins_takes_the_children_a_repair_piled_up_before_their_old_parent_lets_go() {
+        let mut n = Net::new(small(2), None);
+        n.join(100, MemberRole::Sender, 1);
+        for p in [10, 11] {
+            n.join(p, MemberRole::Proxy, 1);
+        }
+        for r in 0..4 {
+            n.join(r, MemberRole::Receiver, 1);
+        }
+        n.run(30);
+        n.down.insert(10);
+        n.run(60);
+        assert_eq!(n.c.overloaded(), 1, "{:?}", n.c.record(11));
+        assert_eq!(n.views[&11].children.len(), 4);
+        // A new proxy: room under the sender, and two of 11's four children for it.
+        n.join(12, MemberRole::Proxy, 1);
+        n.run(20);
+        assert_eq!(n.c.stats.moves, 2);
+        assert_eq!(n.c.overloaded(), 0);
+        let moved: Vec<u32> = n.views[&12].children.clone();
+        assert_eq!(moved.len(), 2);
+        for c in &moved {
+            assert_eq!(n.views[c].parent, 12, "{c} runs its new parent");
+            assert!(n.views[&11].children.contains(c), "and its old parent still feeds it");
+        }
+        n.check();
+        n.run(MOVE_OVERLAP_NS / MS + 10);
+        assert_eq!(n.views[&11].children.len(), 2, "the old parent let go");
+        assert!(moved.iter().all(|c| !n.views[&11].children.contains(c)));
         n.check();
     }
 

@@ -43,7 +43,14 @@ pub struct ShellStats {
     pub not_leading: u64,
     pub took_lead: u64,
     pub lost_lead: u64,
+    /// Refusals not logged: the same node and reason within [`REFUSAL_LOG_EVERY_NS`].
+    pub refusals_quiet: u64,
 }
+
+/// A node refused again for the same reason is logged again after this long at most.
+pub const REFUSAL_LOG_EVERY_NS: u64 = 1_000_000_000;
+/// (node, reason) pairs whose last logged refusal is remembered at most.
+pub const REFUSALS_TRACKED_MAX: usize = 4_096;
 
 /// Everything the controller reports at the end.
 #[derive(Debug, Clone, Serialize)]
@@ -84,6 +91,8 @@ pub struct ControllerAgent {
     /// Where the report is published for a metrics endpoint, and when next.
     publish: Option<std::sync::Arc<std::sync::Mutex<serde_json::Value>>>,
     next_publish_ns: u64,
+    /// When each (node, reason) refusal was last logged.
+    refusals_logged: HashMap<(u32, &'static str), u64>,
     pub stats: ShellStats,
 }
 
@@ -115,6 +124,7 @@ impl ControllerAgent {
             gone: Default::default(),
             publish: None,
             next_publish_ns: 0,
+            refusals_logged: HashMap::new(),
             stats: ShellStats::default(),
         })
     }
@@ -255,6 +265,23 @@ impl ControllerAgent {
         }
     }
 
+    /// Whether `e` is logged: a refusal of a node for a reason it was refused
+    /// for less than [`REFUSAL_LOG_EVERY_NS`] ago is only counted (a burst of
+    /// queued heartbeats after a partition, or a peer that keeps asking).
+    fn loud(&mut self, now: u64, e: &Event) -> bool {
+        let Event::Refused { id, reason, .. } = e else { return true };
+        let key = (*id, reason.name());
+        if self.refusals_logged.get(&key).is_some_and(|&at| now < at + REFUSAL_LOG_EVERY_NS) {
+            self.stats.refusals_quiet += 1;
+            return false;
+        }
+        if self.refusals_logged.len() >= REFUSALS_TRACKED_MAX {
+            self.refusals_logged.clear();
+        }
+        self.refusals_logged.insert(key, now);
+        true
+    }
+
     fn log(e: &Event) {
         match e {
             Event::Joined { id, role, addr, placed } => tracing::info!(
@@ -278,6 +305,11 @@ impl ControllerAgent {
                 stranded,
                 "controller: {dead}'s {moved} children moved to its layer's other proxies{}",
                 if *stranded > 0 { format!("; {stranded} found no room and wait") } else { String::new() }
+            ),
+            Event::Rebalanced { moved, to } => tracing::info!(
+                moved,
+                "controller: {moved} children moved off overloaded proxies to {to:?} (their old parents feed them {} ms more)",
+                fairfeed_tree::controller::MOVE_OVERLAP_NS / 1_000_000
             ),
             Event::Refused { addr, id, reason } => {
                 tracing::info!(id, %addr, "controller: refused node {id} from {addr}: {}", reason.name())
@@ -355,7 +387,9 @@ impl Agent for ControllerAgent {
             work += 1;
         }
         while let Some(e) = self.core.poll_event() {
-            Self::log(&e);
+            if self.loud(now, &e) {
+                Self::log(&e);
+            }
             self.note(&e);
         }
         self.store_changes();

@@ -166,6 +166,10 @@ pub struct KeeperStats {
     pub deletes: u64,
     pub errors: u64,
     pub bad_records: u64,
+    /// Writes that failed (the store unreachable) and were made again later.
+    pub retried: u64,
+    /// Member writes still waiting for the store when the counters were read.
+    pub pending: u64,
 }
 
 /// The store's side of a controller: lease and writes, on a thread of its own.
@@ -177,6 +181,15 @@ pub struct Keeper {
     writes: Receiver<Write>,
     told: SyncSender<Told>,
     stop: Arc<AtomicBool>,
+    /// Member writes not yet in the store, newest per id (`None`: a
+    /// delete): a write the store did not take is made again at the next
+    /// tick, so an outage loses nothing a follower would read. One entry
+    /// per member id at most (the controller holds at most
+    /// [`fairfeed_tree::controller::MEMBERS_MAX`]).
+    pending: BTreeMap<u32, Option<MemberRecord>>,
+    /// After a [`Write::All`]: member ids to keep; the others are deleted
+    /// once the store lists its keys.
+    prune: Option<std::collections::BTreeSet<u32>>,
     pub stats: KeeperStats,
 }
 
@@ -225,10 +238,13 @@ impl Keeper {
             writes: wrx,
             told: ttx,
             stop: stop.clone(),
+            pending: BTreeMap::new(),
+            prune: None,
             stats: KeeperStats::default(),
         };
         let thread = std::thread::Builder::new().name("fairfeed-keeper".into()).spawn(move || {
             k.run();
+            k.stats.pending = k.pending.len() as u64;
             k.stats
         })?;
         Ok(KeeperHandle { writes: wtx, told: trx, stop, thread: Some(thread), overflowed: false })
@@ -238,6 +254,13 @@ impl Keeper {
         let tick = Duration::from_nanos((self.lease_ns / 4).max(1_000_000));
         while !self.stop.load(Ordering::Relaxed) {
             self.tend_lease();
+            if self.lease.is_some() {
+                self.flush();
+            } else {
+                // The leader owns the store now; what this one had not written is its to write.
+                self.pending.clear();
+                self.prune = None;
+            }
             // Writes until the next tick.
             let until = std::time::Instant::now() + tick;
             while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
@@ -326,35 +349,62 @@ impl Keeper {
         out
     }
 
+    /// Takes `w` into the pending writes and makes what it can.
     fn apply(&mut self, w: Write) {
-        let (put, delete) = match w {
-            Write::Members { put, delete } => (put, delete),
-            Write::All(all) => {
-                let keep: std::collections::BTreeSet<String> =
-                    all.iter().map(|r| format!("{MEMBER_PREFIX}{}", r.id)).collect();
-                let stale: Vec<u32> = self
-                    .store
-                    .keys()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|k| k.starts_with(MEMBER_PREFIX) && !keep.contains(k))
-                    .filter_map(|k| k[MEMBER_PREFIX.len()..].parse().ok())
-                    .collect();
-                (all, stale)
+        match w {
+            Write::Members { put, delete } => {
+                for r in put {
+                    self.pending.insert(r.id, Some(r));
+                }
+                for id in delete {
+                    self.pending.insert(id, None);
+                }
             }
-        };
-        for r in put {
-            let body = serde_json::to_vec(&r).expect("a record serializes");
-            match self.store.put(&format!("{MEMBER_PREFIX}{}", r.id), &body) {
-                Ok(_) => self.stats.writes += 1,
-                Err(_) => self.stats.errors += 1,
+            Write::All(all) => {
+                self.prune = Some(all.iter().map(|r| r.id).collect());
+                for r in all {
+                    self.pending.insert(r.id, Some(r));
+                }
             }
         }
-        for id in delete {
-            match self.store.delete(&format!("{MEMBER_PREFIX}{id}")) {
-                Ok(()) => self.stats.deletes += 1,
-                Err(_) => self.stats.errors += 1,
+        self.flush();
+    }
+
+    /// Writes the pending records, oldest id first, until the store fails
+    /// (the rest wait for the next tick); then deletes what a full rewrite left over.
+    fn flush(&mut self) {
+        while let Some((&id, r)) = self.pending.first_key_value() {
+            let key = format!("{MEMBER_PREFIX}{id}");
+            let done = match r {
+                Some(r) => {
+                    let body = serde_json::to_vec(r).expect("a record serializes");
+                    self.store.put(&key, &body).map(|_| self.stats.writes += 1)
+                }
+                None => self.store.delete(&key).map(|()| self.stats.deletes += 1),
+            };
+            if done.is_err() {
+                self.stats.errors += 1;
+                self.stats.retried += 1;
+                return;
             }
+            self.pending.remove(&id);
+        }
+        let Some(keep) = &self.prune else { return };
+        let Ok(keys) = self.store.keys() else {
+            self.stats.errors += 1;
+            return;
+        };
+        let stale: Vec<u32> = keys
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(MEMBER_PREFIX).and_then(|id| id.parse().ok()))
+            .filter(|id| !keep.contains(id))
+            .collect();
+        self.prune = None;
+        for id in stale {
+            self.pending.insert(id, None);
+        }
+        if !self.pending.is_empty() {
+            self.flush();
         }
     }
 }
@@ -409,5 +459,92 @@ mod tests {
             Told::Follow => panic!("b should lead"),
         }
         b.finish();
+    }
+    /// A store whose member writes fail while `down` is set (the lease key
+    /// still works: an outage shorter than the lease).
+    struct Flaky {
+        inner: MemStore,
+        down: Arc<AtomicBool>,
+    }
+
+    impl KvStore for Flaky {
+        fn entry(&mut self, key: &str) -> Result<Option<Entry>, StoreError> {
+            self.inner.entry(key)
+        }
+        fn put(&mut self, key: &str, value: &[u8]) -> Result<u64, StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("down".into()));
+            }
+            self.inner.put(key, value)
+        }
+        fn create(&mut self, key: &str, value: &[u8]) -> Result<u64, StoreError> {
+            self.inner.create(key, value)
+        }
+        fn update(&mut self, key: &str, value: &[u8], revision: u64) -> Result<u64, StoreError> {
+            self.inner.update(key, value, revision)
+        }
+        fn delete(&mut self, key: &str) -> Result<(), StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("down".into()));
+            }
+            self.inner.delete(key)
+        }
+        fn keys(&mut self) -> Result<Vec<String>, StoreError> {
+            self.inner.keys()
+        }
+        fn describe(&self) -> String {
+            "flaky".into()
+        }
+    }
+
+    fn record(id: u32, incarnation: u64) -> MemberRecord {
+        MemberRecord {
+            id,
+            role: fairfeed_tree::controller::MemberRole2::Proxy,
+            incarnation,
+            addr: "127.0.0.1:9".parse().unwrap(),
+            capacity: 4,
+            layer: Some(1),
+            parent: Some(1),
+            children: vec![],
+        }
+    }
+
+    /// Found by `fairfeed bench faults`: writes made while the store node
+    /// restarted were lost, and the controller that took over later
+    /// declared live nodes dead from stale records. Now they wait and are
+    /// made once the store is back.
+    #[test]
+    fn writes_the_store_refused_are_made_once_it_is_back() {
+        let store = MemStore::default();
+        let down = Arc::new(AtomicBool::new(false));
+        let lease = Duration::from_millis(200);
+        let flaky = Flaky { inner: store.clone(), down: down.clone() };
+        let mut a = Keeper::spawn(Box::new(flaky), "a".into(), lease).unwrap();
+        assert!(matches!(a.told.recv_timeout(Duration::from_secs(2)).unwrap(), Told::Lead { .. }));
+        a.write(Write::Members { put: vec![record(10, 1), record(11, 1), record(12, 1)], delete: vec![] });
+        std::thread::sleep(lease / 2);
+        down.store(true, Ordering::SeqCst);
+        // While the store is down: 10 restarts (a new incarnation), 12 leaves.
+        a.write(Write::Members { put: vec![record(10, 2)], delete: vec![12] });
+        std::thread::sleep(lease / 2);
+        let mut view = store.clone();
+        assert_eq!(
+            view.keys().unwrap().iter().filter(|k| k.starts_with(MEMBER_PREFIX)).count(),
+            3,
+            "nothing written yet"
+        );
+        down.store(false, Ordering::SeqCst);
+        std::thread::sleep(lease);
+        let stats = a.finish();
+        assert!(stats.retried > 0 && stats.pending == 0, "{stats:?}");
+        let got: Vec<MemberRecord> = view
+            .keys()
+            .unwrap()
+            .iter()
+            .filter(|k| k.starts_with(MEMBER_PREFIX))
+            .map(|k| serde_json::from_slice(&view.entry(k).unwrap().unwrap().value).unwrap())
+            .collect();
+        assert_eq!(got, vec![record(10, 2), record(11, 1)], "the newest of each, the leaver gone");
     }
 }

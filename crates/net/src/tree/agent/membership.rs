@@ -134,7 +134,13 @@ pub(crate) struct Membership {
     pub inbox_full: u64,
     pub views: u64,
     pub send_errors: u64,
+    /// The refusal last logged, and when (a burst of answers to queued
+    /// heartbeats — after a partition heals — is logged once, not per answer).
+    warned: Option<(RefuseReason, u64)>,
 }
+
+/// A repeated refusal is logged again after this long at most.
+const REFUSAL_LOG_EVERY_NS: u64 = 1_000_000_000;
 
 impl Membership {
     /// The client `joined` left (a node takes it once).
@@ -148,6 +154,7 @@ impl Membership {
             inbox_full: 0,
             views: 0,
             send_errors: 0,
+            warned: None,
         };
         Some((m, sock))
     }
@@ -170,13 +177,19 @@ impl Membership {
                     self.views += 1;
                     newest = Some(v);
                 }
-                Some(Told::Refused { reason, retry_after_ns }) => tracing::warn!(
-                    reason = reason.name(),
-                    "the controller ({}) refused this node ({}); asking again in {} ms",
-                    list(&self.controllers),
-                    reason.name(),
-                    retry_after_ns / 1_000_000
-                ),
+                Some(Told::Refused { reason, retry_after_ns }) => {
+                    if self.warned.is_some_and(|(r, at)| r == reason && now < at + REFUSAL_LOG_EVERY_NS) {
+                        continue;
+                    }
+                    self.warned = Some((reason, now));
+                    tracing::warn!(
+                        reason = reason.name(),
+                        "the controller ({}) refused this node ({}); asking again in {} ms",
+                        list(&self.controllers),
+                        reason.name(),
+                        retry_after_ns / 1_000_000
+                    );
+                }
                 None => {}
             }
         }
