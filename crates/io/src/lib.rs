@@ -5,7 +5,8 @@
 //! ([`agent`]), UDP sockets ([`socket`]), `recvmmsg`/`sendmmsg`
 //! batching with kernel receive stamps ([`batch`]), thread and socket tuning
 //! ([`tuning`]), precise pacing ([`pace`]), how loops wait for work
-//! ([`idle`]), the wall clock ([`clock`]) and threads' CPU time ([`cpu`]). Nothing here knows a protocol.
+//! ([`idle`]), bounded queues between agents with a wake-up the runner
+//! understands ([`mailbox`]), the wall clock ([`clock`]) and threads' CPU time ([`cpu`]). Nothing here knows a protocol.
 //! Send back-ends sit side by side behind [`send::SendPath`]: `sendmmsg`
 //! ([`batch`]) and io_uring ([`uring`]); AF_XDP would be one more.
 
@@ -15,6 +16,7 @@ pub mod clock;
 pub mod cpu;
 pub mod hostclock;
 pub mod idle;
+pub mod mailbox;
 pub mod pace;
 pub mod resolve;
 pub mod send;

@@ -20,7 +20,7 @@ use fairfeed_tree::node::Released;
 use super::control::{Board, ControlAgent, Life, Part, Poster, PARTS};
 use super::delivery::DeliveryAgent;
 use super::feed::{FeedAgent, SnapshotFeed};
-use super::mailbox::mailbox;
+use fairfeed_io::mailbox::mailbox;
 use super::node::{Links, PARK_MAX_NS};
 use super::releases::ReleaseLog;
 use super::snapshots::{SnapshotAgent, SNAPSHOT_MAILBOX_CAPACITY};

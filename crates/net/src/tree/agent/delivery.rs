@@ -18,7 +18,7 @@ use fairfeed_io::agent::{Agent, Turn};
 use serde_json::json;
 
 use super::control::{Life, Poster};
-use super::mailbox::Incoming;
+use fairfeed_io::mailbox::Incoming;
 use super::{wall_ns, AgentError, ReceiverJob, TimeBase};
 use crate::arb::fill::{FillConfig, GapFiller};
 use crate::lasthop::LastHopOut;

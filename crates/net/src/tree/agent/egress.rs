@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use fairfeed_io::agent::{Agent, Turn};
 
-use super::mailbox::{Incoming, Outgoing};
+use fairfeed_io::mailbox::{Incoming, Outgoing};
 use super::TimeBase;
 use crate::batch::Sent;
 use crate::tuning::Applied;

@@ -15,7 +15,7 @@ use fairfeed_tree::ingress::{Ingress, Verdict};
 use serde_json::json;
 
 use super::control::{Life, Poster};
-use super::mailbox::Outgoing;
+use fairfeed_io::mailbox::Outgoing;
 use super::{wall_ns, AgentError, SenderJob, TimeBase};
 use crate::arb::live::bind_udp;
 use crate::publish::JsonSlot;

@@ -37,7 +37,6 @@ mod delivery;
 mod egress;
 mod feed;
 pub mod keys;
-mod mailbox;
 pub mod membership;
 mod node;
 mod releases;
@@ -48,7 +47,7 @@ pub use control::{Board, ControlAgent, ControlStats, Life, ANSWER_WAIT_NS, PENDI
 pub use delivery::{Delivered, DeliveryAgent};
 pub use egress::{Copy, Tap, TxCounters, DELAY_QUEUE_MAX, TAP_PATH_LINKS_MAX};
 pub use feed::FeedAgent;
-pub use mailbox::{mailbox, Incoming, Outgoing};
+pub use fairfeed_io::mailbox::{mailbox, Incoming, Outgoing};
 pub use node::{AgentError, Links, NodeAgent};
 pub use releases::{parse_page, Release, ReleaseLog, RELEASES_PER_ANSWER, RELEASE_LOG_MAX};
 pub use snapshots::{SnapshotAgent, SNAPSHOT_MAILBOX_CAPACITY};

@@ -18,7 +18,7 @@ use serde_json::json;
 use super::control::{summary, Life, NodePart, Poster};
 use super::delivery::Delivered;
 use super::egress::{Copy, Egress, EgressAgent, EgressHandle, TxCounters};
-use super::mailbox::{mailbox, Incoming, Outgoing};
+use fairfeed_io::mailbox::{mailbox, Incoming, Outgoing};
 use super::membership::{Membership, IDS_MAX};
 use super::releases::{Release, ReleaseLog};
 use super::{

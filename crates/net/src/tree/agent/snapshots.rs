@@ -11,7 +11,7 @@ use std::sync::Arc;
 use fairfeed_io::agent::{Agent, Turn};
 
 use super::control::Life;
-use super::mailbox::Incoming;
+use fairfeed_io::mailbox::Incoming;
 use super::{wall_ns, AgentError};
 use crate::publish::{publish, JsonSlot, PUBLISH_INTERVAL};
 use crate::snapshot::{ServiceConfig, SnapshotService};
