@@ -20,7 +20,9 @@ use fairfeed_wire::moldudp64::{PacketBuilder, PacketRepr, Session, COUNT_END_OF_
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use fairfeed_net::arb::live::{bind_udp, run_live, IdleStrategy, LiveConfig};
+use fairfeed_io::idle::IdleStrategy;
+use fairfeed_io::socket::bind_udp;
+use fairfeed_net::arb::live::{run_live, LiveConfig};
 
 /// Latency percentiles of one path, µs.
 #[derive(Debug, Clone, Serialize)]

@@ -17,8 +17,8 @@ use fairfeed_tree::plan::{plan, PlanRequest, Role, Topology};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use fairfeed_io::idle::IdleStrategy;
 use fairfeed_io::tuning::Tuning;
-use fairfeed_net::arb::live::IdleStrategy;
 use fairfeed_net::tree::agent::AgentError;
 use fairfeed_net::tree::agent::{run_agent, wall_ns, AgentConfig, ClockOpts, Job, ReceiverJob, SenderJob, Threading};
 

@@ -407,7 +407,7 @@ fn collect(ns: String, receiver: usize, stop: Arc<AtomicBool>) -> Result<Collect
     let what = format!("{DELIVER} in {ns}");
     let thread = std::thread::spawn(move || {
         let opened = fairfeed_xdp::netns::enter(&ns).and_then(|()| {
-            let s = fairfeed_net::arb::live::bind_udp(DELIVER.parse().expect("an address"), 8 << 20)?;
+            let s = fairfeed_io::socket::bind_udp(DELIVER.parse().expect("an address"), 8 << 20)?;
             s.set_nonblocking(false)?;
             s.set_read_timeout(Some(Duration::from_millis(50)))?;
             Ok(s)

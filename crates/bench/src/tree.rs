@@ -21,9 +21,9 @@ use serde::Serialize;
 
 use crate::arb::{latency, measure, Latency};
 use fairfeed_io::batch::BatchSend;
+use fairfeed_io::idle::IdleStrategy;
 use fairfeed_io::send::Backend;
 use fairfeed_io::tuning::Tuning;
-use fairfeed_net::arb::live::IdleStrategy;
 use fairfeed_net::tree::agent::{run_agent, AgentConfig, AgentError, AgentReport, Job, Threading};
 
 /// A proxy node running in a thread of this process.

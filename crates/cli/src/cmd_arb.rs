@@ -10,7 +10,8 @@ use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
 use fairfeed_arb::{Arbitrator, Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_feed::capture::{CaptureWriter, Datagram};
-use fairfeed_net::arb::live::{run_live, run_retransmit_server, IdleStrategy, LiveConfig};
+use fairfeed_io::idle::IdleStrategy;
+use fairfeed_net::arb::live::{run_live, run_retransmit_server, LiveConfig};
 use fairfeed_net::arb::offline::run_offline;
 use fairfeed_net::publish::JsonSlot;
 

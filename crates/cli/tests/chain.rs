@@ -95,7 +95,7 @@ fn the_exchange_reaches_every_application_through_arbitrator_and_tree_message_fo
     let stop = Arc::new(AtomicBool::new(false));
     let mut apps = Vec::new();
     for id in c.ids("receiver") {
-        let sock = fairfeed_net::arb::live::bind_udp("127.0.7.2:0".parse().unwrap(), 8 << 20).unwrap();
+        let sock = fairfeed_io::socket::bind_udp("127.0.7.2:0".parse().unwrap(), 8 << 20).unwrap();
         sock.set_nonblocking(false).unwrap();
         let deliver = sock.local_addr().unwrap().to_string();
         apps.push((id, common::collect_datagrams(sock, stop.clone())));

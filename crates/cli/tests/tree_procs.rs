@@ -115,7 +115,7 @@ fn start_delivering(
 ) -> Vec<(u32, std::thread::JoinHandle<Vec<Vec<u8>>>)> {
     let mut collectors = Vec::new();
     for id in c.ids("receiver") {
-        let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
+        let sock = fairfeed_io::socket::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
         sock.set_nonblocking(false).unwrap();
         let deliver = sock.local_addr().unwrap().to_string();
         collectors.push((id, common::collect_datagrams(sock, stop.clone())));
@@ -341,7 +341,7 @@ fn unhedged_tree_detects_a_crashed_proxy_and_fills_from_retransmission() {
     for id in c.ids("receiver") {
         // A filled gap arrives as one burst of held packets: give the
         // application's socket room for it (as a real feed handler would).
-        let sock = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 4 << 20).unwrap();
+        let sock = fairfeed_io::socket::bind_udp("127.0.0.1:0".parse().unwrap(), 4 << 20).unwrap();
         sock.set_nonblocking(false).unwrap();
         let deliver = sock.local_addr().unwrap().to_string();
         collectors.push((id, collect(sock, stop.clone())));

@@ -52,7 +52,7 @@ pub enum CaptureFail {
 /// Binds `listen` (before anything is sent to it: call this first, then start the sender).
 pub fn bind(listen: SocketAddr) -> Result<UdpSocket, CaptureFail> {
     let SocketAddr::V4(_) = listen else { return Err(CaptureFail::NotIpv4(listen)) };
-    let s = crate::arb::live::bind_udp(listen, CAPTURE_RECV_BUFFER).map_err(|e| CaptureFail::Bind(listen, e))?;
+    let s = fairfeed_io::socket::bind_udp(listen, CAPTURE_RECV_BUFFER).map_err(|e| CaptureFail::Bind(listen, e))?;
     s.set_nonblocking(false).map_err(|e| CaptureFail::Bind(listen, e))?;
     s.set_read_timeout(Some(POLL)).map_err(|e| CaptureFail::Bind(listen, e))?;
     Ok(s)

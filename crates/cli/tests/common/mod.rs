@@ -108,7 +108,7 @@ pub fn collect_datagrams(
 }
 
 pub fn delivery_socket() -> (std::net::UdpSocket, String) {
-    let s = fairfeed_net::arb::live::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
+    let s = fairfeed_io::socket::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20).unwrap();
     s.set_nonblocking(false).unwrap();
     let a = s.local_addr().unwrap().to_string();
     (s, a)

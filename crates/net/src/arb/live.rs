@@ -56,9 +56,8 @@ pub struct LiveConfig {
 
 pub use crate::publish::{publish, JsonSlot, PUBLISH_INTERVAL};
 
-pub use crate::idle::IdleStrategy;
-
-pub use fairfeed_io::socket::bind_udp;
+use crate::idle::IdleStrategy;
+use fairfeed_io::socket::bind_udp;
 
 struct UdpSink<'a> {
     out: &'a UdpSocket,

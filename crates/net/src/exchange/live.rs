@@ -1128,7 +1128,7 @@ impl Watch {
         let key = cfg.operator_key.clone().ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "deadlines_listen needs the operator key")
         })?;
-        let sock = crate::arb::live::bind_udp(addr, 4 << 20)?;
+        let sock = fairfeed_io::socket::bind_udp(addr, 4 << 20)?;
         rd.watch(&sock, EP_DEADLINES)?;
         let users = cfg.gateway.users.iter().map(|u| u.0.clone()).collect();
         Ok(Some(Watch { watch: Box::new(CheatWatch::new(key, users)), sock, last_rtt_ns: 0 }))

@@ -19,7 +19,7 @@ use fairfeed_tree::controller::{Controller, ControllerStats, Event};
 use serde::Serialize;
 
 use super::store::{KeeperHandle, KeeperStats, Told, Write};
-use crate::arb::live::bind_udp;
+use fairfeed_io::socket::bind_udp;
 
 /// Datagrams read per turn at most (the rest wait for the next turn).
 pub const READS_PER_TURN: usize = 256;

@@ -46,8 +46,9 @@ use serde::Serialize;
 
 use super::agent::{wall_ns, AgentConfig, ClockOpts, Job, NodeAgents, ReceiverJob, ReleaseAt, SenderJob};
 use super::agent::{PublishSlot, Tap, Threading, TimeBase};
-use crate::arb::live::{bind_udp, IdleStrategy};
 use crate::tuning::Tuning;
+use fairfeed_io::idle::IdleStrategy;
+use fairfeed_io::socket::bind_udp;
 
 /// Nodes a loopback cluster may have (each one a socket).
 pub const NODES_MAX: usize = 4_096;

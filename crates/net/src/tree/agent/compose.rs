@@ -20,16 +20,16 @@ use fairfeed_tree::node::Released;
 use super::control::{Board, ControlAgent, Life, Part, Poster, PARTS};
 use super::delivery::DeliveryAgent;
 use super::feed::{FeedAgent, SnapshotFeed};
-use fairfeed_io::mailbox::mailbox;
 use super::node::{Links, PARK_MAX_NS};
 use super::releases::ReleaseLog;
 use super::snapshots::{SnapshotAgent, SNAPSHOT_MAILBOX_CAPACITY};
 use super::{wall_ns, AgentConfig, AgentError, AgentReport, Job, NodeAgent, ReleaseAt, SenderJob, Threading};
 use super::{RING_CAPACITY, SPIN_AHEAD_NS};
-use crate::arb::live::bind_udp;
 use crate::idle::IdleStrategy;
 use crate::publish::JsonSlot;
 use crate::tuning::report;
+use fairfeed_io::mailbox::mailbox;
+use fairfeed_io::socket::bind_udp;
 
 /// Messages waiting between a feed and its node, or a node and its delivery, at most.
 pub const MAILBOX_CAPACITY: usize = RING_CAPACITY;

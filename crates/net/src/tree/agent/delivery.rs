@@ -18,11 +18,11 @@ use fairfeed_io::agent::{Agent, Turn};
 use serde_json::json;
 
 use super::control::{Life, Poster};
-use fairfeed_io::mailbox::Incoming;
 use super::{wall_ns, AgentError, ReceiverJob, TimeBase};
 use crate::arb::fill::{FillConfig, GapFiller};
 use crate::lasthop::LastHopOut;
 use crate::snapshot::SnapshotClient;
+use fairfeed_io::mailbox::Incoming;
 
 /// How long the filling arbitrator holds a message behind a gap.
 const FILL_HOLD_NS: u64 = 200_000_000;

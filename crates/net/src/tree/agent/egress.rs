@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 
 use fairfeed_io::agent::{Agent, Turn};
 
-use fairfeed_io::mailbox::{Incoming, Outgoing};
 use super::TimeBase;
 use crate::batch::Sent;
 use crate::tuning::Applied;
+use fairfeed_io::mailbox::{Incoming, Outgoing};
 use fairfeed_io::send::SendPath;
 
 /// Copies waiting in the delay queue at most; beyond it copies are dropped and counted.

@@ -15,10 +15,10 @@ use fairfeed_tree::ingress::{Ingress, Verdict};
 use serde_json::json;
 
 use super::control::{Life, Poster};
-use fairfeed_io::mailbox::Outgoing;
 use super::{wall_ns, AgentError, SenderJob, TimeBase};
-use crate::arb::live::bind_udp;
 use crate::publish::JsonSlot;
+use fairfeed_io::mailbox::Outgoing;
+use fairfeed_io::socket::bind_udp;
 
 /// Packets handed to the node in one turn at most (the rest next turn).
 const TURN_PACKETS_MAX: usize = 64;

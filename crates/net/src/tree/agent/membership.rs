@@ -15,7 +15,7 @@ use fairfeed_tree::controller::{MemberClient, MemberConfig, Told};
 use fairfeed_tree::membership::{Assign, RefuseReason};
 
 use super::{wall_ns, SOCKET_RECV_BUFFER};
-use crate::arb::live::bind_udp;
+use fairfeed_io::socket::bind_udp;
 
 /// Membership datagrams a node keeps from one turn's reads at most (the
 /// controller sends a handful; the rest are counted and dropped).

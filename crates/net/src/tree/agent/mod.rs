@@ -46,8 +46,8 @@ pub use compose::{run_agent, NodeAgents, MAILBOX_CAPACITY};
 pub use control::{Board, ControlAgent, ControlStats, Life, ANSWER_WAIT_NS, PENDING_MAX};
 pub use delivery::{Delivered, DeliveryAgent};
 pub use egress::{Copy, Tap, TxCounters, DELAY_QUEUE_MAX, TAP_PATH_LINKS_MAX};
-pub use feed::FeedAgent;
 pub use fairfeed_io::mailbox::{mailbox, Incoming, Outgoing};
+pub use feed::FeedAgent;
 pub use node::{AgentError, Links, NodeAgent};
 pub use releases::{parse_page, Release, ReleaseLog, RELEASES_PER_ANSWER, RELEASE_LOG_MAX};
 pub use snapshots::{SnapshotAgent, SNAPSHOT_MAILBOX_CAPACITY};
@@ -62,8 +62,8 @@ use fairfeed_tree::node::{DeadlineRule, NodeConfig};
 use fairfeed_tree::plan::Topology;
 use serde::Serialize;
 
-use crate::arb::live::IdleStrategy;
 use crate::tuning::Tuning;
+use fairfeed_io::idle::IdleStrategy;
 
 /// A release this close is waited for by spinning on the clock.
 pub const SPIN_AHEAD_NS: u64 = 50_000;

@@ -18,18 +18,18 @@ use serde_json::json;
 use super::control::{summary, Life, NodePart, Poster};
 use super::delivery::Delivered;
 use super::egress::{Copy, Egress, EgressAgent, EgressHandle, TxCounters};
-use fairfeed_io::mailbox::{mailbox, Incoming, Outgoing};
 use super::membership::{Membership, IDS_MAX};
 use super::releases::{Release, ReleaseLog};
 use super::{
     wall_ns, AgentConfig, AgentReport, Job, ReleaseAt, ReleaseRow, SenderJob, Threading, LOG_ROWS_MAX, RING_CAPACITY,
 };
 use super::{SOCKET_RECV_BUFFER, SPIN_AHEAD_NS};
-use crate::arb::live::bind_udp;
 use crate::idle::IdleStrategy;
 use crate::tuning::{report, Applied};
+use fairfeed_io::mailbox::{mailbox, Incoming, Outgoing};
 use fairfeed_io::resolve::Resolver;
 use fairfeed_io::send::{RecvPath, SendPath};
+use fairfeed_io::socket::bind_udp;
 
 /// Why a node could not start.
 #[derive(Debug)]

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use fairfeed_io::agent::{Agent, Turn};
 
 use super::control::Life;
-use fairfeed_io::mailbox::Incoming;
 use super::{wall_ns, AgentError};
 use crate::publish::{publish, JsonSlot, PUBLISH_INTERVAL};
 use crate::snapshot::{ServiceConfig, SnapshotService};
+use fairfeed_io::mailbox::Incoming;
 
 /// Copies of sent packets waiting for the snapshot agent, at most.
 pub const SNAPSHOT_MAILBOX_CAPACITY: usize = 65_536;
