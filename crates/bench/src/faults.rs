@@ -7,8 +7,11 @@
 //! `nats-server` in its own namespace; the embedded store and one controller
 //! where none is installed), a sender with its retransmission journal and
 //! snapshot service, proxies (one a spare) and receivers, all with H = 1 —
-//! carries a generated ITCH feed while a seeded schedule does, each seed,
-//! every one of these at least once, at seeded times and in a seeded order:
+//! carries a generated ITCH feed while a seeded schedule does these, each
+//! kind scheduled at least once a seed, at seeded times and in a seeded
+//! order, **one at a time** (a fault of a proxy, the controller or the store
+//! waits until the last one settled; joins and leaves do not wait; one the
+//! feed has no time left for is dropped and counted):
 //!
 //! - **proxy kill** — SIGKILL; restarted with the same id half a hold-down
 //!   later (refused until its hold-down ends, then a spare);
@@ -74,6 +77,10 @@ const PORT_CONTROLLER: u16 = 9000;
 const PORT_RETRANSMIT: u16 = 9101;
 const PORT_SNAPSHOT: u16 = 9102;
 const PORT_STORE: u16 = 4222;
+/// A step of the schedule slower than this is noted in the timeline.
+const SLOW_STEP: Duration = Duration::from_millis(300);
+/// A killed process is not started again this close to the run's end.
+const RESTART_BEFORE_END: Duration = Duration::from_millis(3_000);
 /// The feed starts this long after the sender (everyone has joined by then).
 const START_DELAY: Duration = Duration::from_millis(3_000);
 /// Nodes run this long past the feed's end (gaps filled, stats written).
@@ -454,8 +461,9 @@ struct Seed<'a> {
     /// Receivers started (the initial ones, then joiners), and those stopped.
     joined: usize,
     left: Vec<usize>,
-    /// Last proxy fault's end.
-    proxies_calm_at: Instant,
+    /// When the last fault of a proxy, the controller or the store has
+    /// settled: the next waits for it (faults one at a time).
+    calm_at: Instant,
     feed_at: Instant,
     timeline: Vec<String>,
 }
@@ -494,7 +502,7 @@ impl<'a> Seed<'a> {
             dropped: BTreeMap::new(),
             joined: 0,
             left: Vec::new(),
-            proxies_calm_at: now,
+            calm_at: now,
             feed_at: now,
             timeline: Vec::new(),
         })
@@ -536,6 +544,16 @@ impl<'a> Seed<'a> {
         Ok(())
     }
 
+    /// Notes a step of the schedule that took long (a loaded host: a
+    /// killed process slow to go, an `ip` command slow to answer), so the
+    /// timeline shows why faults came later than drawn.
+    fn note_slow(&mut self, since: Instant) {
+        let took = since.elapsed();
+        if took > SLOW_STEP {
+            self.note(format!("(that step took {:.1} s)", took.as_secs_f64()));
+        }
+    }
+
     fn note(&mut self, what: String) {
         let at = Instant::now().saturating_duration_since(self.feed_at).as_secs_f64();
         self.timeline.push(format!("+{at:.3} s {what}"));
@@ -546,10 +564,17 @@ impl<'a> Seed<'a> {
         if let Some(p) = self.procs.iter_mut().rev().find(|p| p.name == name && !p.stopped) {
             p.stopped = true;
             let pid = nix::unistd::Pid::from_raw(i32::try_from(p.child.id()).unwrap_or(i32::MAX));
+            // Not reaped here: a process takes its time to die on a loaded
+            // host (seconds, seen), and the schedule must not stall on it. Its
+            // restart reaps it first ([`Seed::reap`]), as its port must be free.
             let _ = nix::sys::signal::kill(pid, sig);
-            if sig == nix::sys::signal::Signal::SIGKILL {
-                let _ = p.child.wait();
-            }
+        }
+    }
+
+    /// Waits for the stopped processes named `name` to be gone.
+    fn reap(&mut self, name: &str) {
+        for p in self.procs.iter_mut().filter(|p| p.name == name && p.stopped) {
+            let _ = p.child.wait();
         }
     }
 
@@ -578,10 +603,10 @@ impl<'a> Seed<'a> {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        a.extend(
-            ["--key-file", path(&self.key), "--idle", "park", "--link", "cloud", "--join-wait-s", "10"]
-                .map(String::from),
-        );
+        a.extend(["--key-file", path(&self.key), "--idle", "park", "--link", "cloud"].map(String::from));
+        // Never waiting to join past the run's end.
+        let left = self.until.saturating_duration_since(Instant::now()).as_secs_f64();
+        a.extend(["--join-wait-s".into(), format!("{:.3}", left.clamp(0.5, 10.0))]);
         a.extend(["--seed".into(), self.seed.to_string(), "--stats-out".into(), path(&stats).to_string()]);
         a
     }
@@ -772,7 +797,17 @@ impl Seed<'_> {
     ) -> Result<bool, FaultsError> {
         let now = Instant::now();
         let live = self.live_proxies();
-        if f.touches_proxies() && (now < self.proxies_calm_at || live.len() < self.lay.proxies_run()) {
+        // Faults come one at a time (a double kill is one): a proxy, the
+        // leading controller or the store goes down only once the last such
+        // fault settled — the killed proxies back past their hold-down, a
+        // controller leading again. H = 1 masks one proxy's death and the
+        // controller repairs two at once within dead-after; two proxies killed
+        // while no controller leads (its kill, a store outage) are a compound
+        // fault beyond what the tree promises (docs/results/chain.md).
+        if f.touches_proxies() && live.len() < self.lay.proxies_run() {
+            return Ok(false);
+        }
+        if !matches!(f, Fault::Join | Fault::Leave) && now < self.calm_at {
             return Ok(false);
         }
         let half_hold = Duration::from_millis(HOLD_DOWN_MS / 2);
@@ -781,30 +816,41 @@ impl Seed<'_> {
         match f {
             Fault::ProxyKill | Fault::DoubleKill => {
                 let n = if f == Fault::DoubleKill { 2 } else { 1 };
-                for &p in live.choose_multiple(rng, n) {
+                let victims: Vec<usize> = live.choose_multiple(rng, n).copied().collect();
+                for p in &victims {
                     self.signal(&format!("proxy{p}"), nix::sys::signal::Signal::SIGKILL);
-                    later.push((now + half_hold, Later::Proxy(p)));
                 }
-                self.proxies_calm_at = now + half_hold.max(held_down) + PROXY_FAULT_GAP;
+                let t = Instant::now();
+                for p in victims {
+                    later.push((t + half_hold, Later::Proxy(p)));
+                }
+                self.calm_at = t + half_hold.max(held_down) + PROXY_FAULT_GAP;
             }
             Fault::Partition => {
                 let p = live[rng.gen_range(0..live.len())];
                 self.note(format!("cable of proxy{p} pulled"));
                 self.fab.cable(self.lay.proxy(p), false)?;
-                later.push((now + PARTITION, Later::Cable(self.lay.proxy(p))));
-                self.proxies_calm_at = now + PARTITION.max(held_down) + PROXY_FAULT_GAP;
+                let t = Instant::now();
+                later.push((t + PARTITION, Later::Cable(self.lay.proxy(p))));
+                self.calm_at = t + PARTITION.max(held_down) + PROXY_FAULT_GAP;
             }
             Fault::ControllerKill => {
                 let Some(i) = self.leader() else { return Ok(false) };
                 self.signal(["ctl-a", "ctl-b"][i], nix::sys::signal::Signal::SIGKILL);
-                later.push((now + CONTROLLER_DOWN, Later::Controller(i)));
+                let t = Instant::now();
+                later.push((t + CONTROLLER_DOWN, Later::Controller(i)));
+                // The follower leads within two leases (the other is down for CONTROLLER_DOWN).
+                self.calm_at = t + Duration::from_millis(3 * LEASE_MS) + PROXY_FAULT_GAP;
             }
             Fault::StoreRestart => {
                 if !self.running("store") {
                     return Ok(false);
                 }
                 self.signal("store", nix::sys::signal::Signal::SIGKILL);
-                later.push((now + STORE_DOWN, Later::Store));
+                let t = Instant::now();
+                later.push((t + STORE_DOWN, Later::Store));
+                // Back, and a controller leading within two leases after.
+                self.calm_at = t + STORE_DOWN + Duration::from_millis(2 * LEASE_MS) + PROXY_FAULT_GAP;
             }
             Fault::Join => {
                 // Only as many receivers as the tree has room for.
@@ -827,20 +873,37 @@ impl Seed<'_> {
     }
 
     fn restart(&mut self, l: Later) -> Result<(), FaultsError> {
+        // A process started this close to the end would outlive the run.
+        let late = self.until.saturating_duration_since(Instant::now()) < RESTART_BEFORE_END;
         match l {
-            Later::Proxy(p) => {
-                self.note(format!("restart proxy{p}"));
-                self.start_proxy(p)
-            }
             Later::Cable(slot) => {
                 self.note(format!("cable of slot {slot} back"));
                 self.fab.cable(slot, true)
             }
+            _ if late => {
+                self.note("too close to the end to restart".into());
+                Ok(())
+            }
+            Later::Proxy(p) => {
+                self.reap(&format!("proxy{p}"));
+                if self.until.saturating_duration_since(Instant::now()) < RESTART_BEFORE_END {
+                    self.note(format!("proxy{p} went too late to restart"));
+                    return Ok(());
+                }
+                self.note(format!("restart proxy{p}"));
+                // Back in the tree once its hold-down ends (half of it is left,
+                // if the restart came on time); the next fault waits for that.
+                let back = Instant::now() + Duration::from_millis(HOLD_DOWN_MS / 2 + DEAD_AFTER_MS) + PROXY_FAULT_GAP;
+                self.calm_at = self.calm_at.max(back);
+                self.start_proxy(p)
+            }
             Later::Controller(i) => {
+                self.reap(["ctl-a", "ctl-b"][i]);
                 self.note(format!("restart {}", ["ctl-a", "ctl-b"][i]));
                 self.start_controller(i)
             }
             Later::Store => {
+                self.reap("store");
                 self.note("restart store".into());
                 // The killed one's entry is marked stopped; start it again on its directory.
                 self.start_store()
@@ -863,7 +926,9 @@ impl Seed<'_> {
             while i < later.len() {
                 if later[i].0 <= now {
                     let (_, l) = later.swap_remove(i);
+                    let t = Instant::now();
                     self.restart(l)?;
+                    self.note_slow(t);
                 } else {
                     i += 1;
                 }
@@ -878,7 +943,10 @@ impl Seed<'_> {
             }
             for i in 0..pending.len() {
                 let (at, f) = pending[i];
-                if at <= now && self.apply(f, &mut rng, &mut later)? {
+                let t = Instant::now();
+                let applied = at <= now && self.apply(f, &mut rng, &mut later)?;
+                self.note_slow(t);
+                if applied {
                     *self.faults.entry(f.name()).or_default() += 1;
                     pending.remove(i);
                     break;
@@ -983,11 +1051,19 @@ fn stats(dir: &Path, name: &str) -> Option<serde_json::Value> {
 impl Seed<'_> {
     /// Waits for every node to stop, then checks what each application read.
     fn finish(&mut self) -> SeedReport {
-        let deadline = self.until + Duration::from_secs(5);
-        for p in &mut self.procs {
-            if p.stopped || p.name.starts_with("ctl") || p.name == "store" {
-                continue;
+        // Nodes stop at their `--seconds`, counted from when they joined: one
+        // that joined late (held down, or while no controller led) runs on,
+        // and is told to stop at the run's end — as an operator would.
+        let nodes = |p: &Proc| !(p.stopped || p.name.starts_with("ctl") || p.name == "store");
+        std::thread::sleep(self.until.saturating_duration_since(Instant::now()) + Duration::from_millis(500));
+        for p in self.procs.iter_mut().filter(|p| nodes(p)) {
+            if p.child.try_wait().ok().flatten().is_none() {
+                let pid = nix::unistd::Pid::from_raw(i32::try_from(p.child.id()).unwrap_or(i32::MAX));
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
             }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for p in self.procs.iter_mut().filter(|p| nodes(p)) {
             while p.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -1009,7 +1085,7 @@ impl Seed<'_> {
                 let tail: Vec<&str> = log.lines().rev().take(3).collect();
                 let status = match done {
                     Some(st) => st.to_string(),
-                    None => format!("still running past its --seconds ({})", threads_of(p.child.id())),
+                    None => format!("still running 5 s after SIGTERM ({})", threads_of(p.child.id())),
                 };
                 r.failures.push(format!("{} (slot {}): {status}: {}", p.name, p.slot, tail.join(" | ")));
             }

@@ -421,7 +421,12 @@ fn faults_cmd(b: Bench) -> anyhow::Result<()> {
     let s = fairfeed_bench::faults::run(&cfg, &mut |seed, r| {
         pb.inc(1);
         if !r.ok {
-            pb.println(format!("seed {seed}: FAILED {}", serde_json::to_string(r).unwrap_or_default()));
+            let line = format!("seed {seed}: FAILED {}", serde_json::to_string(r).unwrap_or_default());
+            if pb.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                pb.println(line);
+            }
         }
     })?;
     pb.finish_and_clear();

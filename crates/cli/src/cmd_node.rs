@@ -1259,6 +1259,9 @@ pub fn run_receiver(mut a: ReceiverArgs) -> anyhow::Result<()> {
     });
     let mut cfg = config(&a.common, DeadlineRule::Paper { margin_ns: 0 }, job)?;
     cfg.node.order = ReleaseOrder::Sequence { gap_wait_ns: a.gap_wait_us * 1_000 };
+    // A receiver joining from a snapshot joins a running session: its line
+    // starts where it joined, at that message's deadline.
+    cfg.node.joins_running = a.snapshot.is_some();
     cfg.node.release_lead_ns = a.cheat_us * 1_000;
     if a.cheat_us > 0 {
         tracing::warn!(

@@ -306,7 +306,12 @@ impl World {
     fn start(&mut self, id: u32, role: MemberRole) {
         let gen = self.procs.get(&id).map_or(0, |p| p.gen + 1);
         let addr = SocketAddr::from(([10, (gen % 250) as u8, (id >> 8) as u8, id as u8], 9100));
-        let ncfg = NodeConfig { order: ReleaseOrder::Sequence { gap_wait_ns: 20_000_000 }, ..NodeConfig::default() };
+        // Receivers started while the feed runs join a running session.
+        let ncfg = NodeConfig {
+            order: ReleaseOrder::Sequence { gap_wait_ns: 20_000_000 },
+            joins_running: self.now > 0,
+            ..NodeConfig::default()
+        };
         let node = match role {
             MemberRole::Sender => {
                 let rule = match self.cfg.target_pf {

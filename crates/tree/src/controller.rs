@@ -635,7 +635,10 @@ impl Controller {
         let Some(m) = self.members.remove(&id) else { return };
         self.waiting.remove(&id);
         self.dirty.remove(&id);
-        self.leaving.remove(&id);
+        if let Some((o, _)) = self.leaving.remove(&id) {
+            // Its old parent stops feeding it.
+            self.dirty.insert(o);
+        }
         self.leaving.retain(|_, (o, _)| *o != id);
         let rec = m.rec;
         if let Some(q) = rec.parent {
@@ -1312,6 +1315,8 @@ mod tests {
                 register_retry_ns: 10 * MS,
             };
             self.down.remove(&id);
+            // A new process: what the old one ran is not what this one runs.
+            self.views.remove(&id);
             self.clients.insert(id, MemberClient::new(cfg, self.c.auth.clone()));
         }
 
@@ -1356,6 +1361,11 @@ mod tests {
             }
             for rec in self.c.records() {
                 if self.down.contains(&rec.id) {
+                    continue;
+                }
+                // A record of a process the id's node replaced (restarted with a
+                // new incarnation): gone, and declared dead within dead-after.
+                if self.clients.get(&rec.id).is_some_and(|cl| cl.cfg.incarnation != rec.incarnation) {
                     continue;
                 }
                 let v = &self.views[&rec.id];
@@ -1572,7 +1582,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
+        #![proptest_config(ProptestConfig::with_cases(256))]
         /// Whatever joins, dies and comes back in whatever order, every
         /// node runs the controller's topology and the planner accepts it.
         #[test]

@@ -119,6 +119,15 @@ pub struct NodeConfig {
     /// node. Releases still report the deadline the sender set.
     #[serde(default)]
     pub release_lead_ns: u64,
+    /// A sequence-ordered receiver that joins a running session (a late
+    /// joiner: its first packet is not the session's first): its line
+    /// starts with the lowest sequence held at the head's deadline, released
+    /// then, as every other receiver releases it — not after a gap wait for
+    /// predecessors it was never sent (which made its first gap-wait's worth
+    /// of messages late, and the feed unfair for them). Off (a receiver up
+    /// before the session): it waits for message 1 as for any missing one.
+    #[serde(default)]
+    pub joins_running: bool,
 }
 
 /// The largest release lead a (cheating, test-mode) receiver takes, ns.
@@ -162,6 +171,7 @@ impl Default for NodeConfig {
             hold_and_release: true,
             order: ReleaseOrder::Deadline,
             release_lead_ns: 0,
+            joins_running: false,
         }
     }
 }
@@ -976,9 +986,20 @@ impl Receiver {
         // What this arrival made due goes now (a late arrival at the head:
         // at once); gaps are given up only at a timeout, so that a batch of
         // packets read together is all taken in before any gap is judged.
-        while self.held.peek().is_some_and(|Reverse(h)| h.sequence <= self.next_seq.unwrap_or(1))
+        while self.held.peek().is_some_and(|Reverse(h)| h.sequence <= self.line_start())
             && self.release_head(now, false)
         {}
+    }
+
+    /// The next sequence the line expects: after the last released; before
+    /// the first release, 1 — or, for a receiver that joins a running
+    /// session, whatever is at the head (nothing before it is waited for).
+    fn line_start(&self) -> u64 {
+        match self.next_seq {
+            Some(n) => n,
+            None if self.cfg.joins_running => self.held.peek().map_or(1, |Reverse(h)| h.sequence),
+            None => 1,
+        }
     }
 
     /// Sequence order: releases the head of the held set, giving up the gap
@@ -989,9 +1010,10 @@ impl Receiver {
         let Some(Reverse(head)) = self.held.peek() else { return false };
         // Before the first release the line starts at 1 (a sender numbers its
         // session from 1): a receiver up before the session waits for message 1
-        // as for any other; one that joins a running session waits the gap
-        // wait once, then starts where it joined (not counted as a gap).
-        let gap = head.sequence.saturating_sub(self.next_seq.unwrap_or(1));
+        // as for any other; one that joins a running session starts where it
+        // joined (not counted as a gap) — after one gap wait, or, told it joins
+        // a running session (`joins_running`), at the head's deadline.
+        let gap = head.sequence.saturating_sub(self.line_start());
         let due = if gap == 0 { head.deadline_ns } else { head.deadline_ns.saturating_add(gap_wait_ns) };
         if !force && due > now {
             return false;
@@ -1027,7 +1049,7 @@ impl Receiver {
         while self.release_head(now, false) {}
         // Whether a missing message now holds back one that is past its deadline.
         self.gap_blocking =
-            self.held.peek().is_some_and(|Reverse(h)| h.sequence > self.next_seq.unwrap_or(1) && h.deadline_ns <= now);
+            self.held.peek().is_some_and(|Reverse(h)| h.sequence > self.line_start() && h.deadline_ns <= now);
     }
 
     /// Releases `h`, due at its deadline or arrival, or at `floor` if later.
@@ -1080,7 +1102,7 @@ impl Receiver {
     /// head of a sequence-ordered receiver, behind a gap — the gap wait's end.
     fn due_ns(&self, h: &Hold) -> u64 {
         match self.cfg.order {
-            ReleaseOrder::Sequence { gap_wait_ns } if h.sequence > self.next_seq.unwrap_or(1) => {
+            ReleaseOrder::Sequence { gap_wait_ns } if h.sequence > self.line_start() => {
                 h.deadline_ns.saturating_add(gap_wait_ns)
             }
             _ => h.deadline_ns,

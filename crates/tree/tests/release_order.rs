@@ -260,3 +260,43 @@ fn a_late_joiner_starts_where_it_joined_after_one_gap_wait() {
     assert_eq!(seqs, (1_000..1_005).collect::<Vec<_>>());
     assert_eq!((rx.stats.gaps, rx.stats.gap_packets, rx.stats.after_gap), (0, 0, 0));
 }
+
+/// The same joiner told it joins a running session (`joins_running`: a
+/// receiver joining from a snapshot, or placed while the feed runs) starts
+/// at its first message's deadline, as every other receiver releases it —
+/// one that waited the gap wait released a gap wait's worth of messages
+/// that much late. A predecessor arriving before that deadline still comes
+/// first; one arriving after is behind the line's start.
+#[test]
+fn a_joiner_of_a_running_session_starts_at_its_first_deadline() {
+    let cfg = NodeConfig {
+        order: ReleaseOrder::Sequence { gap_wait_ns: GAP_WAIT_NS },
+        joins_running: true,
+        ..NodeConfig::default()
+    };
+    let mut rx = Receiver::new(1, 0, cfg);
+    for seq in 1_001u64..1_005 {
+        rx.handle_packet(seq * 1_000, &packet(seq, 0, 2_000_000 + seq));
+    }
+    assert_eq!(rx.next_timeout(), 2_000_000 + 1_001, "no gap wait before the first release");
+    // 1,000 comes (a slower path) before 1,001's deadline: the line starts there.
+    rx.handle_packet(1_500_000, &packet(1_000, 0, 2_000_000 + 1_000));
+    assert_eq!(rx.next_timeout(), 2_000_000 + 1_000);
+    let mut released = Vec::new();
+    for _ in 0..8 {
+        let t = rx.next_timeout();
+        if t == u64::MAX || t > 2_100_000 {
+            break;
+        }
+        rx.handle_timeout(t, &mut Discard);
+        while let Some(r) = rx.poll_release() {
+            released.push((r.sequence, r.due_ns));
+        }
+    }
+    let want: Vec<(u64, u64)> = (1_000u64..1_005).map(|s| (s, 2_000_000 + s)).collect();
+    assert_eq!(released, want, "each at its own deadline");
+    // 999 after the start: not delivered out of order.
+    rx.handle_packet(2_050_000, &packet(999, 0, 2_000_000 + 999));
+    assert_eq!(rx.stats.after_gap, 1);
+    assert_eq!((rx.stats.gaps, rx.stats.gap_packets, rx.stats.late), (0, 0, 0));
+}
