@@ -173,16 +173,14 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> FaultsError {
     move |err| FaultsError::Io { what, err }
 }
 
-/// One seed's outcome.
+/// What a seed counts, and a campaign sums over its seeds.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct SeedReport {
-    pub seed: u64,
+pub struct Counts {
     /// Faults applied, by kind; and those the schedule had no time left for.
     pub faults: BTreeMap<&'static str, u64>,
     pub faults_dropped: BTreeMap<&'static str, u64>,
     /// The feed's messages (the reference receiver's line).
     pub messages: u64,
-    pub receivers: u64,
     /// Messages missing from a receiver's line while it was a member.
     pub lost: u64,
     pub duplicated: u64,
@@ -196,13 +194,48 @@ pub struct SeedReport {
     pub books_equal: Option<bool>,
     /// Gaps the receivers' trees left, all filled from the journal.
     pub tree_gaps: u64,
-    /// Controller events in the logs: repairs (a spare in a dead proxy's place, or its children moved) and leads taken.
+    /// Controller events in the logs: repairs (a spare in a dead proxy's
+    /// place, or its children moved), leads taken, and children moved off
+    /// overloaded proxies onto one that came back (odd seeds' tight trees).
     pub repairs: u64,
     pub leads_taken: u64,
-    /// Whether a spare proxy ran (even seeds), and children moved off
-    /// overloaded proxies onto one that came back (odd seeds' tight trees).
-    pub spare: bool,
     pub rebalanced: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        for (k, v) in &o.faults {
+            *self.faults.entry(k).or_default() += v;
+        }
+        for (k, v) in &o.faults_dropped {
+            *self.faults_dropped.entry(k).or_default() += v;
+        }
+        self.messages += o.messages;
+        self.lost += o.lost;
+        self.duplicated += o.duplicated;
+        self.out_of_order += o.out_of_order;
+        self.corrupted += o.corrupted;
+        self.unfinished += o.unfinished;
+        self.joins += o.joins;
+        self.tree_gaps += o.tree_gaps;
+        self.repairs += o.repairs;
+        self.leads_taken += o.leads_taken;
+        self.rebalanced += o.rebalanced;
+        if let Some(eq) = o.books_equal {
+            self.books_equal = Some(self.books_equal.unwrap_or(true) && eq);
+        }
+    }
+}
+
+/// One seed's outcome.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SeedReport {
+    pub seed: u64,
+    #[serde(flatten)]
+    pub c: Counts,
+    pub receivers: u64,
+    /// Whether a spare proxy ran (even seeds).
+    pub spare: bool,
     /// Processes the schedule did not stop that failed, with their logs' last lines.
     pub failures: Vec<String>,
     /// What was done when, from the feed's start: `+1.234 s proxy_kill proxy2`.
@@ -218,20 +251,8 @@ pub struct FaultsSummary {
     pub nodes: usize,
     pub hedge: usize,
     pub fill: bool,
-    pub faults: BTreeMap<&'static str, u64>,
-    pub faults_dropped: BTreeMap<&'static str, u64>,
-    pub messages: u64,
-    pub lost: u64,
-    pub duplicated: u64,
-    pub out_of_order: u64,
-    pub corrupted: u64,
-    pub unfinished: u64,
-    pub joins: u64,
-    pub books_equal: Option<bool>,
-    pub tree_gaps: u64,
-    pub repairs: u64,
-    pub leads_taken: u64,
-    pub rebalanced: u64,
+    #[serde(flatten)]
+    pub c: Counts,
     pub failed_seeds: Vec<u64>,
     pub per_seed: Vec<SeedReport>,
 }
@@ -1070,8 +1091,7 @@ impl Seed<'_> {
         }
         let mut r = SeedReport {
             seed: self.seed,
-            faults: self.faults.clone(),
-            faults_dropped: self.dropped.clone(),
+            c: Counts { faults: self.faults.clone(), faults_dropped: self.dropped.clone(), ..Counts::default() },
             timeline: std::mem::take(&mut self.timeline),
             ..SeedReport::default()
         };
@@ -1097,9 +1117,9 @@ impl Seed<'_> {
         self.stop.store(true, Ordering::Relaxed);
         for c in ["ctl-a", "ctl-b"] {
             let log = self.log(c);
-            r.repairs += (log.matches("takes the place of").count() + log.matches("children moved").count()) as u64;
-            r.leads_taken += log.matches("controller: leading").count() as u64;
-            r.rebalanced += log
+            r.c.repairs += (log.matches("takes the place of").count() + log.matches("children moved").count()) as u64;
+            r.c.leads_taken += log.matches("controller: leading").count() as u64;
+            r.c.rebalanced += log
                 .lines()
                 .filter_map(|l| {
                     l.split("controller: ").nth(1)?.split(" children moved off").next()?.parse::<u64>().ok()
@@ -1108,10 +1128,10 @@ impl Seed<'_> {
         }
         r.spare = self.spare();
         self.check_lines(&mut r);
-        r.ok = r.lost + r.duplicated + r.out_of_order + r.corrupted + r.unfinished == 0
+        r.ok = r.c.lost + r.c.duplicated + r.c.out_of_order + r.c.corrupted + r.c.unfinished == 0
             && r.failures.is_empty()
-            && r.books_equal != Some(false)
-            && r.messages > 0;
+            && r.c.books_equal != Some(false)
+            && r.c.messages > 0;
         r
     }
 
@@ -1121,27 +1141,27 @@ impl Seed<'_> {
             let packets = c.thread.join().unwrap_or_default();
             let st = stats(&self.dir, &format!("receiver{}", c.receiver));
             let live_from = st.as_ref().and_then(|s| s["counters"]["join"]["joined_at_sequence"].as_u64()).unwrap_or(0);
-            r.tree_gaps += st.as_ref().and_then(|s| s["node"]["gaps"].as_u64()).unwrap_or(0);
+            r.c.tree_gaps += st.as_ref().and_then(|s| s["node"]["gaps"].as_u64()).unwrap_or(0);
             lines.insert(c.receiver, read_line(&packets, live_from));
         }
         r.receivers = lines.len() as u64;
         let Some(reference) = lines.get(&0) else { return };
         let end = reference.end;
-        r.messages = end.saturating_sub(1);
+        r.c.messages = end.saturating_sub(1);
         // The reference itself must start at the feed's first message.
-        r.lost += reference.first.map_or(r.messages, |f| f - 1);
+        r.c.lost += reference.first.map_or(r.c.messages, |f| f - 1);
         let mut union: BTreeMap<u64, &Vec<u8>> = BTreeMap::new();
         for (&i, l) in &lines {
-            r.lost += l.lost;
-            r.duplicated += l.duplicated;
-            r.out_of_order += l.out_of_order;
+            r.c.lost += l.lost;
+            r.c.duplicated += l.duplicated;
+            r.c.out_of_order += l.out_of_order;
             let member_at_end = !self.left.contains(&i);
             if member_at_end && l.end != end {
-                r.unfinished += 1;
+                r.c.unfinished += 1;
             }
             for (s, m) in &l.messages {
                 match union.get(s) {
-                    Some(x) if *x != m => r.corrupted += 1,
+                    Some(x) if *x != m => r.c.corrupted += 1,
                     Some(_) => {}
                     None => {
                         union.insert(*s, m);
@@ -1150,9 +1170,9 @@ impl Seed<'_> {
             }
         }
         let joiners: Vec<&Line> = lines.range(self.lay.receivers..).map(|(_, l)| l).collect();
-        r.joins = joiners.len() as u64;
+        r.c.joins = joiners.len() as u64;
         if !joiners.is_empty() {
-            r.books_equal = Some(match &reference.books {
+            r.c.books_equal = Some(match &reference.books {
                 Some(want) => joiners.iter().all(|l| l.books.as_ref().is_some_and(|b| b.diff(want).is_none())),
                 None => false,
             });
@@ -1207,26 +1227,7 @@ pub fn run(cfg: &FaultsConfig, progress: &mut dyn FnMut(u64, &SeedReport)) -> Re
         run.run_schedule(feed_at, plan)?;
         let r = run.finish();
         drop(run);
-        for (k, v) in &r.faults {
-            *s.faults.entry(k).or_default() += v;
-        }
-        for (k, v) in &r.faults_dropped {
-            *s.faults_dropped.entry(k).or_default() += v;
-        }
-        s.messages += r.messages;
-        s.lost += r.lost;
-        s.duplicated += r.duplicated;
-        s.out_of_order += r.out_of_order;
-        s.corrupted += r.corrupted;
-        s.unfinished += r.unfinished;
-        s.joins += r.joins;
-        s.tree_gaps += r.tree_gaps;
-        s.repairs += r.repairs;
-        s.leads_taken += r.leads_taken;
-        s.rebalanced += r.rebalanced;
-        if let Some(eq) = r.books_equal {
-            s.books_equal = Some(s.books_equal.unwrap_or(true) && eq);
-        }
+        s.c.add(&r.c);
         if !r.ok {
             s.failed_seeds.push(seed);
         }
