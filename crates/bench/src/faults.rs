@@ -552,17 +552,7 @@ impl<'a> Seed<'a> {
 
     /// Waits (10 s at most) for `needle` in `name`'s log.
     fn wait_log(&self, name: &str, needle: &str) -> Result<(), FaultsError> {
-        let t = Instant::now();
-        while !self.log(name).contains(needle) {
-            if t.elapsed() > Duration::from_secs(10) {
-                return Err(FaultsError::Config(format!(
-                    "{name} did not log {needle:?} within 10 s:\n{}",
-                    self.log(name)
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
+        self.wait_log_count(name, needle, 1)
     }
 
     /// Notes a step of the schedule that took long (a loaded host: a
@@ -656,6 +646,7 @@ impl Seed<'_> {
         self.log(name).matches(needle).count()
     }
 
+    /// Waits (10 s at most) for `needle` to appear `n` times in `name`'s log.
     fn wait_log_count(&self, name: &str, needle: &str, n: usize) -> Result<(), FaultsError> {
         let t = Instant::now();
         while self.count_in(name, needle) < n {
