@@ -58,6 +58,8 @@ struct Request {
     from: u64,
     to: u64,
     sent_ns: u64,
+    /// When this range was first asked for (patience is counted from here).
+    first_ns: u64,
     attempts: u32,
     /// A short answer came: send again for the rest without waiting for the timeout.
     resend: bool,
@@ -83,6 +85,13 @@ pub struct Arbitrator {
     held_bytes: usize,
     holes: BTreeMap<u64, Hole>,
     requests: Vec<Request>,
+    /// Request pacing (GCRA): the theoretical time of the next request
+    /// slot; a request may go while it is no more than the burst ahead of now.
+    pace_tat: u64,
+    /// The last request wanted was refused a slot (a wait is counted once).
+    pace_waiting: bool,
+    /// When the server last answered anything.
+    last_answer_ns: u64,
     session: Option<Alpha<10>>,
     last_data_ns: u64,
     /// The window expired on the first gap and a retransmission answer is awaited.
@@ -110,6 +119,9 @@ impl Arbitrator {
         if cfg.buffer_packets_max == 0 || cfg.buffer_bytes_max == 0 {
             return Err(ConfigError::Buffers);
         }
+        if cfg.retransmit.is_some_and(|r| r.requests_per_s == 0 || r.request_burst == 0) {
+            return Err(ConfigError::RequestRate);
+        }
         let (next_ll, next_hr) = match cfg.start {
             Start::First => (None, None),
             Start::Seq(s) => (Some(s), Some(s)),
@@ -126,6 +138,9 @@ impl Arbitrator {
             held_bytes: 0,
             holes: BTreeMap::new(),
             requests: Vec::new(),
+            pace_tat: 0,
+            pace_waiting: false,
+            last_answer_ns: 0,
             session: None,
             last_data_ns: 0,
             waiting_on_retransmit: false,
@@ -239,14 +254,15 @@ impl Arbitrator {
             }
         }
         if let Some(rt) = self.cfg.retransmit {
+            let slot = self.pace_next(&rt);
             if self.requests.len() < REQUESTS_IN_FLIGHT_MAX {
                 let grace = self.grace_ns(&rt);
                 for (_, h) in self.holes.iter().filter(|(&f, h)| !h.abandoned && !self.covered(f)) {
-                    at(h.opened_ns.saturating_add(grace));
+                    at(h.opened_ns.saturating_add(grace).max(slot));
                 }
             }
             for r in &self.requests {
-                at(if r.resend { 0 } else { r.sent_ns.saturating_add(rt.timeout_ns) });
+                at(if r.resend { slot } else { r.sent_ns.saturating_add(rt.timeout_ns).max(slot) });
             }
         }
         t
@@ -295,6 +311,7 @@ impl Arbitrator {
         let next = *self.next_hr.get_or_insert(info.seq);
         if source == Source::Retransmit {
             // Even a late answer tells which request it answered.
+            self.last_answer_ns = now;
             self.answered(info.seq, info.end());
         }
         if info.end() <= next {
@@ -548,6 +565,10 @@ impl Arbitrator {
             self.requests[i].to = to;
             let r = self.requests[i];
             if r.resend {
+                if !self.pace(now, &rt) {
+                    i += 1; // its turn comes with the next request slot
+                    continue;
+                }
                 self.requests[i] = Request { sent_ns: now, resend: false, ..r };
                 self.send_request(sink, session, r.from, r.to);
                 i += 1;
@@ -557,8 +578,16 @@ impl Arbitrator {
                 i += 1;
                 continue;
             }
-            self.stats.request_timeouts += 1;
-            if r.attempts >= rt.attempts_max {
+            // A time-out counts as an attempt only if the server answered
+            // others meanwhile (then this range may be gone from its
+            // journal); while it answers nothing at all — the client's
+            // network or the server down for a while — the range is asked
+            // for again, uncounted, for the patience; a partition is waited
+            // out, not given up.
+            let silent = self.last_answer_ns < r.sent_ns;
+            let patient = silent && now.saturating_sub(r.first_ns) < rt.patience_ns;
+            if r.attempts >= rt.attempts_max && !patient {
+                self.stats.request_timeouts += 1;
                 self.requests.swap_remove(i);
                 for h in self.holes.range_mut(..r.to).filter(|(_, h)| h.to > r.from) {
                     h.1.abandoned = true;
@@ -566,7 +595,13 @@ impl Arbitrator {
                 self.stats.requests_abandoned += 1;
                 continue;
             }
-            self.requests[i] = Request { sent_ns: now, attempts: r.attempts + 1, ..r };
+            if !self.pace(now, &rt) {
+                i += 1;
+                continue;
+            }
+            self.stats.request_timeouts += 1;
+            self.stats.requests_waited_out += u64::from(patient);
+            self.requests[i] = Request { sent_ns: now, attempts: r.attempts + u32::from(!patient), ..r };
             self.send_request(sink, session, r.from, r.to);
             i += 1;
         }
@@ -585,13 +620,42 @@ impl Arbitrator {
                     from = r.to;
                     continue;
                 }
+                if !self.pace(now, &rt) {
+                    return; // the rest goes with the next request slots
+                }
                 let limit = self.requests.iter().filter(|r| r.from > from).map(|r| r.from).min().unwrap_or(u64::MAX);
                 let end = to.min(limit).min(from + u64::from(rt.request_count_max));
-                self.requests.push(Request { from, to: end, sent_ns: now, attempts: 1, resend: false });
+                self.requests.push(Request { from, to: end, sent_ns: now, first_ns: now, attempts: 1, resend: false });
                 self.send_request(sink, session, from, end);
                 from = end;
             }
         }
+    }
+
+    /// Takes a request slot at `now` if one is free (GCRA: at most
+    /// `requests_per_s` on average, `request_burst` back to back).
+    fn pace(&mut self, now: u64, rt: &RetransmitConfig) -> bool {
+        let (interval, tolerance) = Self::pace_shape(rt);
+        let tat = self.pace_tat.max(now);
+        if tat - now > tolerance {
+            self.stats.requests_paced += u64::from(!self.pace_waiting);
+            self.pace_waiting = true;
+            return false;
+        }
+        self.pace_waiting = false;
+        self.pace_tat = tat + interval;
+        true
+    }
+
+    /// When the next request slot is free.
+    fn pace_next(&self, rt: &RetransmitConfig) -> u64 {
+        self.pace_tat.saturating_sub(Self::pace_shape(rt).1)
+    }
+
+    /// (ns between slots, how far ahead of now the schedule may run).
+    fn pace_shape(rt: &RetransmitConfig) -> (u64, u64) {
+        let interval = 1_000_000_000 / u64::from(rt.requests_per_s.max(1));
+        (interval, interval * u64::from(rt.request_burst.max(1) - 1))
     }
 
     fn send_request(&mut self, sink: &mut impl Sink, session: Alpha<10>, from: u64, to: u64) {

@@ -135,6 +135,8 @@ pub enum ConfigError {
     NoSession(String),
     #[error("buffer limits must be positive")]
     Buffers,
+    #[error("retransmission requests per second and their burst must be positive")]
+    RequestRate,
 }
 
 impl SeqSpec {

@@ -64,6 +64,13 @@ pub struct Stats {
     pub lost_messages: u64,
     pub requests_sent: u64,
     pub request_timeouts: u64,
+    /// Times the requests ran into their rate (`RetransmitConfig::requests_per_s`)
+    /// and the next had to wait for its slot.
+    pub requests_paced: u64,
+    /// Requests repeated without counting an attempt because the server had
+    /// answered nothing at all meanwhile (an outage waited out, within the
+    /// patience).
+    pub requests_waited_out: u64,
     pub requests_abandoned: u64,
     pub partial_answers: u64,
     /// Gauges, as of the last `stats_now`.
@@ -127,6 +134,8 @@ impl Stats {
             lost_messages: 0,
             requests_sent: 0,
             request_timeouts: 0,
+            requests_paced: 0,
+            requests_waited_out: 0,
             requests_abandoned: 0,
             partial_answers: 0,
             buffer_packets: 0,

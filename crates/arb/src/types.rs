@@ -16,6 +16,14 @@ pub const BUFFER_BYTES_DEFAULT_MAX: usize = 64 << 20;
 pub const HOLES_MAX: usize = 4_096;
 /// Retransmission requests alive at once at most.
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 64;
+/// Requests a client sends per second by default: three quarters of the
+/// retransmission server's default per-requester rate, so jitter between
+/// the two buckets never has the server drop a request.
+pub const REQUESTS_PER_S_DEFAULT: u32 = 1_500;
+/// Requests a client sends back to back by default (the server's burst is 200).
+pub const REQUEST_BURST_DEFAULT: u32 = 64;
+/// How long a client keeps asking a silent server by default.
+pub const PATIENCE_DEFAULT_NS: u64 = 5_000_000_000;
 /// A control packet (heartbeat, end of session) with the same sequence number
 /// as the last one forwarded on a stream is forwarded again only after this long,
 /// so A and B copies of one heartbeat yield one.
@@ -55,6 +63,21 @@ pub struct RetransmitConfig {
     /// p99 lead between lines) before asking, so gaps the other line will fill
     /// anyway are not requested.
     pub adaptive_grace: bool,
+    /// Requests sent per second at most, on average (new, repeated and
+    /// "the rest" requests alike). A server drops what comes over its
+    /// per-requester rate unanswered, and a dropped request only times out:
+    /// a client that outruns the server abandons a gap the server would
+    /// have filled. Keep it under the server's rate (its default:
+    /// [`crate::retransmit::ServerConfig`]'s 2,000/s).
+    pub requests_per_s: u32,
+    /// Requests that may go at once after a quiet spell (the bucket's depth).
+    pub request_burst: u32,
+    /// How long a range keeps being asked for, past `attempts_max`, while the
+    /// server answers nothing at all (the client's network or the server
+    /// down for a while: a partition is waited out, not given up). A server
+    /// that answers other requests meanwhile has lost the range: then
+    /// `attempts_max` alone decides. 0: `attempts_max` always decides.
+    pub patience_ns: u64,
 }
 
 impl Default for RetransmitConfig {
@@ -65,6 +88,9 @@ impl Default for RetransmitConfig {
             attempts_max: 5,
             request_count_max: 1_000,
             adaptive_grace: true,
+            requests_per_s: REQUESTS_PER_S_DEFAULT,
+            request_burst: REQUEST_BURST_DEFAULT,
+            patience_ns: PATIENCE_DEFAULT_NS,
         }
     }
 }

@@ -171,6 +171,7 @@ proptest! {
         let sc = scenario(&sizes, &[a, b], seed);
         let rt = RetransmitConfig {
             grace_ns: grace, timeout_ns: 500_000, attempts_max: 4, request_count_max: 50, adaptive_grace: adaptive,
+            ..RetransmitConfig::default()
         };
         let cfg = Config { window: w, idle_flush_ns: 1_000_000, retransmit: Some(rt), ..wide() };
         let server = ServerConfig { count_max, rate_per_s: 1e9, burst: 1e9, ..ServerConfig::default() };

@@ -32,6 +32,8 @@ fn rt() -> RetransmitConfig {
         attempts_max: 3,
         request_count_max: 100,
         adaptive_grace: false,
+        patience_ns: 0,
+        ..RetransmitConfig::default()
     }
 }
 
@@ -161,4 +163,103 @@ fn adaptive_grace_learns_the_line_lag() {
     assert_eq!(fixed_requests, 9); // 2100..2900; nothing after 3000 reveals its gap
     assert_eq!(adaptive_requests, 0);
     assert_eq!(filled_by_line, 9);
+}
+
+/// A receiver's gap filler (`net::arb::fill`): one line, a 200-ms hold,
+/// 1-ms grace, the default request limits.
+fn filler() -> Config {
+    Config {
+        lines: 1,
+        window: Window { mode: Mode::Time, max_hold_ns: 200_000 * US, max_count_msgs: 1_000_000 },
+        start: Start::Seq(1),
+        retransmit: Some(RetransmitConfig { grace_ns: 1_000 * US, adaptive_grace: false, ..Default::default() }),
+        ..Config::default()
+    }
+}
+
+/// A subtree cut off for `outage` packets (no path while no controller
+/// could lead): the line resumes and the whole gap must come back from a
+/// server that keeps its default limits (2,000 requests/s per requester),
+/// at `per_s` packets/s of feed.
+fn long_outage(cfg: Config, n: u64, per_s: u64, outage: std::ops::Range<u64>) -> Harness {
+    cut_off(cfg, n, per_s, outage, 0..0)
+}
+
+/// As [`long_outage`], and the receiver's own network cut off for
+/// `blackout` (ns) as well: nothing reaches it then, line or answers.
+fn cut_off(cfg: Config, n: u64, per_s: u64, outage: std::ops::Range<u64>, blackout: std::ops::Range<u64>) -> Harness {
+    let mut h = Harness::new(cfg).with_server(&clean(n), ServerConfig::default(), 200 * US);
+    let gap = 1_000_000_000 / per_s;
+    for s in (1..=n).filter(|s| !outage.contains(s) && !blackout.contains(&(s * gap))) {
+        h.arrive(s * gap, 0, packet(s, 1));
+    }
+    h.blackout = blackout;
+    h.run(u64::MAX);
+    h
+}
+
+#[test]
+fn a_partition_in_the_middle_of_a_fill_is_waited_out() {
+    // 2.4 s lost, the fill under way, then the receiver's cable pulled for
+    // 0.7 s (bench faults: a compound fault, then its subtree cut off).
+    // Every request then times out; the server answered nothing meanwhile,
+    // so the ranges are asked for again until it answers — not given up
+    // after five tries (100 ms).
+    let blackout = 4_000_000 * US..4_700_000 * US;
+    let h = cut_off(filler(), 8_000, 1_000, 1_000..3_400, blackout.clone());
+    let s = h.arb.stats();
+    assert_eq!((s.lost_messages, s.requests_abandoned, s.gaps_given_up), (0, 0, 0));
+    assert!(s.requests_waited_out > 0, "the blackout outlasted the attempts");
+    // What the blackout itself took is asked for once it ends, like the rest.
+    assert!(h.out.hr_seqs() == (1..=8_000).collect::<Vec<_>>(), "the line is not whole and in order");
+    // Without patience, the same blackout costs what the fill had left.
+    let mut cfg = filler();
+    cfg.retransmit.as_mut().unwrap().patience_ns = 0;
+    let s = cut_off(cfg, 8_000, 1_000, 1_000..3_400, blackout).arb.stats().clone();
+    assert!(
+        s.requests_abandoned > 0 && s.lost_messages > 1_000,
+        "{} abandoned, {} lost",
+        s.requests_abandoned,
+        s.lost_messages
+    );
+}
+
+#[test]
+fn a_long_outage_is_filled_whole_from_a_rate_limited_server() {
+    // 2.4 s of a 1,000 packets/s line lost (bench faults' compound fault).
+    let h = long_outage(filler(), 6_000, 1_000, 1_000..3_400);
+    let s = h.arb.stats();
+    assert_eq!((s.lost_messages, s.requests_abandoned, s.gaps_given_up), (0, 0, 0));
+    assert!(h.out.hr_seqs() == (1..=6_000).collect::<Vec<_>>(), "the line is not whole and in order");
+}
+
+#[test]
+fn a_long_outage_is_filled_at_the_paced_rate() {
+    // The 2,400 missing packets need 2,400 requests (the server answers
+    // packet by packet); at 1,500/s the line is whole ≈ 1.6 s after it
+    // resumed, and no request was wasted on the server's rate limit.
+    let h = long_outage(filler(), 6_000, 1_000, 1_000..3_400);
+    let last_filled = h.out.hr_times().into_iter().find(|&(_, seq)| seq == 3_399).map(|(t, _)| t).unwrap();
+    let resumed = 3_400 * 1_000 * US;
+    let took = last_filled - resumed;
+    assert!((1_500_000 * US..1_800_000 * US).contains(&took), "the gap took {took} ns to fill");
+    assert_eq!(h.arb.stats().request_timeouts, 0);
+}
+
+#[test]
+fn a_client_that_outruns_the_server_abandons_the_gap() {
+    // The same outage with pacing far above the server's 2,000/s: the
+    // server drops what comes over its rate, those requests time out, and
+    // after their attempts the gap is given up — why the client paces.
+    let mut cfg = filler();
+    cfg.retransmit.as_mut().unwrap().requests_per_s = 1_000_000;
+    cfg.retransmit.as_mut().unwrap().request_burst = 1_000;
+    let h = long_outage(cfg, 6_000, 1_000, 1_000..3_400);
+    let s = h.arb.stats();
+    assert!(
+        s.requests_abandoned > 0 && s.lost_messages > 0,
+        "{} abandoned, {} lost",
+        s.requests_abandoned,
+        s.lost_messages
+    );
 }

@@ -24,7 +24,16 @@
 //! - **store restart** — the `nats-server` killed and started again on its
 //!   JetStream directory [`STORE_DOWN`] later;
 //! - **join** — a receiver started mid-feed with `--snapshot` from the sender;
-//! - **leave** — a receiver stopped (SIGTERM: it says goodbye).
+//! - **leave** — a receiver stopped (SIGTERM: it says goodbye);
+//! - **subtree partition** — a proxy and the receivers it parents (from the
+//!   leading controller's `--topology-out`) cut off together for
+//!   [`PARTITION`]: all are declared dead, come back as new members after
+//!   their hold-down, and the receivers fill what they missed from the journal;
+//! - **compound** (`--compound`, with the store) — a zone's outage: the
+//!   store node, the leading controller and two proxies at once. No
+//!   controller can lead until the store is back; the two proxies' common
+//!   children have no path until one leads and repairs (≈ 1–2 s), and fill
+//!   the whole gap from the sender's journal, paced under its rate.
 //!
 //! Every receiver hands its application (a UDP socket the bench holds in the
 //! receiver's namespace) the MoldUDP64 line an unmodified ITCH program would
@@ -114,6 +123,8 @@ pub struct FaultsConfig {
     /// Share the membership through a `nats-server` (JetStream KV) with
     /// two controllers; `None`: the embedded store and one controller.
     pub nats: Option<PathBuf>,
+    /// Schedule compound faults too ([`Fault::Compound`], with the store).
+    pub compound: bool,
 }
 
 /// A fault the schedule applies.
@@ -127,10 +138,18 @@ pub enum Fault {
     StoreRestart,
     Join,
     Leave,
+    /// Two proxies killed while no controller can lead (the store down):
+    /// their common children have no path until the store is back and a
+    /// controller repairs, and fill the whole gap from the journal.
+    Compound,
+    /// A proxy and the receivers it parents cut off together (their cables
+    /// pulled for [`PARTITION`]): the receivers are declared dead, come back
+    /// as new members after their hold-down, and fill what they missed.
+    Subtree,
 }
 
 impl Fault {
-    const ALL: [Fault; 7] = [
+    const ALL: [Fault; 9] = [
         Fault::ProxyKill,
         Fault::DoubleKill,
         Fault::Partition,
@@ -138,6 +157,8 @@ impl Fault {
         Fault::StoreRestart,
         Fault::Join,
         Fault::Leave,
+        Fault::Compound,
+        Fault::Subtree,
     ];
 
     pub fn name(self) -> &'static str {
@@ -149,11 +170,18 @@ impl Fault {
             Fault::StoreRestart => "store_restart",
             Fault::Join => "join",
             Fault::Leave => "leave",
+            Fault::Compound => "compound",
+            Fault::Subtree => "subtree_partition",
         }
     }
 
     fn touches_proxies(self) -> bool {
-        matches!(self, Fault::ProxyKill | Fault::DoubleKill | Fault::Partition)
+        matches!(self, Fault::ProxyKill | Fault::DoubleKill | Fault::Partition | Fault::Compound | Fault::Subtree)
+    }
+
+    /// Faults that need the shared store (and its two controllers).
+    fn needs_store(self) -> bool {
+        matches!(self, Fault::ControllerKill | Fault::StoreRestart | Fault::Compound)
     }
 }
 
@@ -394,7 +422,8 @@ fn schedule(cfg: &FaultsConfig, seed: u64) -> Vec<(Duration, Fault)> {
     let mut rng = ChaCha12Rng::seed_from_u64(seed ^ 0x000f_a017);
     let kinds: Vec<Fault> = Fault::ALL
         .into_iter()
-        .filter(|k| cfg.nats.is_some() || !matches!(k, Fault::ControllerKill | Fault::StoreRestart))
+        .filter(|k| cfg.nats.is_some() || !k.needs_store())
+        .filter(|k| cfg.compound || *k != Fault::Compound)
         .collect();
     let mut faults = kinds.clone();
     let span = (cfg.feed_s - 2.0).max(0.5);
@@ -675,6 +704,7 @@ impl Seed<'_> {
         a.extend(["--depth", "2", "--dead-after-ms", &DEAD_AFTER_MS.to_string(), "--hold-down-ms"].map(String::from));
         a.extend([HOLD_DOWN_MS.to_string(), "--key-file".into(), path(&self.key).into(), "--name".into(), name.into()]);
         a.extend(["--seconds".into(), self.seconds_left()]);
+        a.extend(["--topology-out".into(), path(&self.dir.join(format!("{name}.topology.toml"))).into()]);
         if self.cfg.nats.is_some() {
             let url = format!("nats://{}:{PORT_STORE}", self.fab.addr(Layout::STORE));
             a.extend(["--store".into(), url, "--lease-ms".into(), LEASE_MS.to_string()]);
@@ -814,8 +844,8 @@ impl Seed<'_> {
         // fault settled — the killed proxies back past their hold-down, a
         // controller leading again. H = 1 masks one proxy's death and the
         // controller repairs two at once within dead-after; two proxies killed
-        // while no controller leads (its kill, a store outage) are a compound
-        // fault beyond what the tree promises (docs/results/chain.md).
+        // while no controller leads (a store outage) are the compound fault:
+        // nothing masks it, and the journal fill must bring back the whole gap.
         if f.touches_proxies() && live.len() < self.lay.proxies_run() {
             return Ok(false);
         }
@@ -826,16 +856,16 @@ impl Seed<'_> {
         // Declared dead, then refused for the hold-down: back in the tree after.
         let held_down = Duration::from_millis(DEAD_AFTER_MS + HOLD_DOWN_MS);
         match f {
-            Fault::ProxyKill | Fault::DoubleKill => {
-                let n = if f == Fault::DoubleKill { 2 } else { 1 };
-                let victims: Vec<usize> = live.choose_multiple(rng, n).copied().collect();
-                for p in &victims {
-                    self.signal(&format!("proxy{p}"), nix::sys::signal::Signal::SIGKILL);
-                }
+            Fault::DoubleKill => {
                 let t = Instant::now();
-                for p in victims {
-                    later.push((t + half_hold, Later::Proxy(p)));
-                }
+                self.kill_two(&live, None, rng, t + half_hold, later);
+                self.calm_at = t + half_hold.max(held_down) + PROXY_FAULT_GAP;
+            }
+            Fault::ProxyKill => {
+                let p = live[rng.gen_range(0..live.len())];
+                self.signal(&format!("proxy{p}"), nix::sys::signal::Signal::SIGKILL);
+                let t = Instant::now();
+                later.push((t + half_hold, Later::Proxy(p)));
                 self.calm_at = t + half_hold.max(held_down) + PROXY_FAULT_GAP;
             }
             Fault::Partition => {
@@ -846,6 +876,20 @@ impl Seed<'_> {
                 later.push((t + PARTITION, Later::Cable(self.lay.proxy(p))));
                 self.calm_at = t + PARTITION.max(held_down) + PROXY_FAULT_GAP;
             }
+            Fault::Subtree => {
+                let Some((p, kids)) = self.subtree(&live, rng) else { return Ok(false) };
+                let names: Vec<String> = kids.iter().map(|r| format!("receiver{r}")).collect();
+                self.note(format!("cables of proxy{p} and its children {} pulled", names.join(", ")));
+                let slots: Vec<usize> =
+                    std::iter::once(self.lay.proxy(p)).chain(kids.iter().map(|&r| self.lay.receiver(r))).collect();
+                for &slot in &slots {
+                    self.fab.cable(slot, false)?;
+                }
+                let t = Instant::now();
+                later.extend(slots.into_iter().map(|slot| (t + PARTITION, Later::Cable(slot))));
+                // The receivers too are declared dead and held down; back after.
+                self.calm_at = t + PARTITION.max(held_down) + PROXY_FAULT_GAP;
+            }
             Fault::ControllerKill => {
                 let Some(i) = self.leader() else { return Ok(false) };
                 self.signal(["ctl-a", "ctl-b"][i], nix::sys::signal::Signal::SIGKILL);
@@ -854,8 +898,15 @@ impl Seed<'_> {
                 // The follower leads within two leases (the other is down for CONTROLLER_DOWN).
                 self.calm_at = t + Duration::from_millis(3 * LEASE_MS) + PROXY_FAULT_GAP;
             }
-            Fault::StoreRestart => {
+            Fault::StoreRestart | Fault::Compound => {
                 if !self.running("store") {
+                    return Ok(false);
+                }
+                // A zone's outage: the store node, the leading controller
+                // and two proxies at once. No controller can lead until the
+                // store is back; the proxies' children have no path till then.
+                let leader = if f == Fault::Compound { self.leader() } else { None };
+                if f == Fault::Compound && leader.is_none() {
                     return Ok(false);
                 }
                 self.signal("store", nix::sys::signal::Signal::SIGKILL);
@@ -863,6 +914,12 @@ impl Seed<'_> {
                 later.push((t + STORE_DOWN, Later::Store));
                 // Back, and a controller leading within two leases after.
                 self.calm_at = t + STORE_DOWN + Duration::from_millis(2 * LEASE_MS) + PROXY_FAULT_GAP;
+                if let Some(i) = leader {
+                    self.signal(["ctl-a", "ctl-b"][i], nix::sys::signal::Signal::SIGKILL);
+                    later.push((t + CONTROLLER_DOWN, Later::Controller(i)));
+                    self.kill_two(&live, leader, rng, t + half_hold, later);
+                    self.calm_at = self.calm_at.max(t + half_hold.max(held_down) + PROXY_FAULT_GAP);
+                }
             }
             Fault::Join => {
                 // Only as many receivers as the tree has room for.
@@ -882,6 +939,77 @@ impl Seed<'_> {
             }
         }
         Ok(true)
+    }
+
+    /// Pairs of live proxies that are both of some receiver's paths (its
+    /// parent and a sibling hedging for it), from the topology `leader`
+    /// wrote last; empty where it has written none.
+    fn shared_paths(&self, leader: usize, live: &[usize]) -> Vec<[usize; 2]> {
+        let Some(tree) = self.topology(leader) else { return Vec::new() };
+        let index = |id: u32| live.iter().copied().find(|&p| Layout::proxy_id(p) == id);
+        let proxies = || tree.nodes.iter().filter(|n| n.role == fairfeed_tree::plan::Role::Proxy);
+        let mut pairs = BTreeSet::new();
+        for parent in proxies() {
+            for hedger in proxies().filter(|h| h.id != parent.id) {
+                let shared = parent.children.iter().any(|c| hedger.hedge_targets.contains(c));
+                if let (true, Some(a), Some(b)) = (shared, index(parent.id), index(hedger.id)) {
+                    pairs.insert([a.min(b), a.max(b)]);
+                }
+            }
+        }
+        pairs.into_iter().collect()
+    }
+
+    /// The tree `leader` last wrote (`--topology-out`), if it wrote one.
+    fn topology(&self, leader: usize) -> Option<fairfeed_tree::plan::Tree> {
+        let file = self.dir.join(format!("{}.topology.toml", ["ctl-a", "ctl-b"][leader]));
+        let text = std::fs::read_to_string(file).ok()?;
+        toml::from_str::<fairfeed_tree::plan::Topology>(&text).ok()?.trees.into_iter().next()
+    }
+
+    /// A live proxy and the running receivers it parents (never the
+    /// reference, receiver 0), from the leader's topology.
+    fn subtree(&self, live: &[usize], rng: &mut ChaCha12Rng) -> Option<(usize, Vec<usize>)> {
+        let tree = self.topology(self.leader()?)?;
+        let running = |r: &usize| !self.left.contains(r) && self.running(&format!("receiver{r}"));
+        let mut cands: Vec<(usize, Vec<usize>)> = tree
+            .nodes
+            .iter()
+            .filter(|n| n.role == fairfeed_tree::plan::Role::Proxy && !n.children.is_empty())
+            .filter_map(|n| {
+                let p = live.iter().copied().find(|&p| Layout::proxy_id(p) == n.id)?;
+                let kids: Vec<usize> =
+                    n.children.iter().map(|&c| c.saturating_sub(Layout::receiver_id(0)) as usize).collect();
+                (!kids.contains(&0)).then(|| (p, kids.into_iter().filter(running).collect()))
+            })
+            .collect();
+        cands.retain(|(_, kids)| !kids.is_empty());
+        cands.choose(rng).cloned()
+    }
+
+    /// Two of the live proxies killed at once, restarted at `back`: for a
+    /// compound fault (`leader` given), two that share a receiver where the
+    /// leader's topology shows any.
+    fn kill_two(
+        &mut self,
+        live: &[usize],
+        leader: Option<usize>,
+        rng: &mut ChaCha12Rng,
+        back: Instant,
+        later: &mut Vec<(Instant, Later)>,
+    ) {
+        let shared = leader.map(|l| self.shared_paths(l, live)).unwrap_or_default();
+        let victims: Vec<usize> = match shared.choose(rng) {
+            Some(pair) => {
+                self.note(format!("proxy{} and proxy{} both feed a receiver", pair[0], pair[1]));
+                pair.to_vec()
+            }
+            None => live.choose_multiple(rng, 2).copied().collect(),
+        };
+        for p in &victims {
+            self.signal(&format!("proxy{p}"), nix::sys::signal::Signal::SIGKILL);
+        }
+        later.extend(victims.into_iter().map(|p| (back, Later::Proxy(p))));
     }
 
     fn restart(&mut self, l: Later) -> Result<(), FaultsError> {
@@ -1247,6 +1375,7 @@ mod tests {
             hedge: 1,
             fill: true,
             nats: nats.then(|| PathBuf::from("nats-server")),
+            compound: true,
         }
     }
 
@@ -1260,7 +1389,7 @@ mod tests {
             assert!(p.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
             assert!(p.iter().all(|(t, _)| t.as_secs_f64() >= 0.5 && t.as_secs_f64() <= 6.5), "{p:?}");
             let q = schedule(&cfg(false), seed);
-            assert!(!q.iter().any(|(_, f)| matches!(f, Fault::ControllerKill | Fault::StoreRestart)));
+            assert!(!q.iter().any(|(_, f)| f.needs_store()));
         }
         assert_eq!(schedule(&cfg(true), 7), schedule(&cfg(true), 7), "seeded");
     }

@@ -147,8 +147,17 @@ pub struct Args {
     #[arg(long, default_value_t = 20.0, value_parser = crate::fmt::ms)]
     retransmit_timeout_ms: f64,
     /// Asks per range before giving it up.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     retransmit_attempts: u32,
+    /// Requests per second at most (paced, bursts of up to 64): keep it
+    /// under the server's `--rate-per-s`, which drops what comes over it.
+    #[arg(long, default_value_t = fairfeed_arb::types::REQUESTS_PER_S_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    retransmit_rate: u32,
+    /// Keep asking this long while the server answers nothing at all (a
+    /// partition is waited out; attempts count only while it answers others), ms.
+    #[arg(long, default_value_t = 5_000.0, value_parser = |s: &str| crate::fmt::f64_in(s, 0.0, 600_000.0, "ms"))]
+    retransmit_patience_ms: f64,
     /// Use exactly --retransmit-grace-us; by default the grace grows to the
     /// measured p99 lag between the lines, so gaps the slower line fills are not requested.
     #[arg(long)]
@@ -174,6 +183,8 @@ fn config(a: &Args, lines: usize, start: Start, retransmit: bool) -> Config {
             timeout_ns: (a.retransmit_timeout_ms * 1e6) as u64,
             attempts_max: a.retransmit_attempts,
             adaptive_grace: !a.retransmit_fixed_grace,
+            requests_per_s: a.retransmit_rate,
+            patience_ns: (a.retransmit_patience_ms * 1e6) as u64,
             ..RetransmitConfig::default()
         }),
         ..Config::default()

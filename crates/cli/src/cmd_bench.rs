@@ -63,8 +63,8 @@ pub enum Bench {
         json: bool,
     },
     /// Issue 43's fault campaign on node processes in network namespaces (root, iproute2): proxies killed,
-    /// two at once, cut off; the leading controller killed; the store restarted; receivers joining from a
-    /// snapshot and leaving — then every receiver's delivered line checked: nothing lost, twice or out of
+    /// two at once, cut off, cut off with their receivers; the leading controller killed; the store
+    /// restarted; receivers joining from a snapshot and leaving (with --compound: a zone's outage) — then every receiver's delivered line checked: nothing lost, twice or out of
     /// order, joiners' books equal to a receiver's that saw the whole feed.
     Faults {
         /// Seeds (runs, one after another, about 10 s + the feed each), 1..=1,000.
@@ -97,6 +97,10 @@ pub enum Bench {
         /// Receivers do not fill gaps from the sender's journal (what the tree lost stays lost).
         #[arg(long)]
         no_fill: bool,
+        /// Compound faults too: the store node killed and, while no controller can lead, two
+        /// proxies — their common children's whole gap comes from the journal (needs the store).
+        #[arg(long)]
+        compound: bool,
         /// Where every seed's logs, stats and node files go.
         #[arg(long, default_value = "faults-out")]
         out: std::path::PathBuf,
@@ -386,6 +390,7 @@ fn faults_cmd(b: Bench) -> anyhow::Result<()> {
         change_every_ms,
         hedge,
         no_fill,
+        compound,
         out,
         store,
         json,
@@ -400,6 +405,9 @@ fn faults_cmd(b: Bench) -> anyhow::Result<()> {
             anyhow::anyhow!("--store jetstream: nats-server is not installed (Debian: apt-get install nats-server)")
         })?),
     };
+    if compound && nats.is_none() {
+        anyhow::bail!("--compound needs the shared store (nats-server, --store jetstream): its faults kill the store");
+    }
     let exe = anyhow::Context::context(std::env::current_exe(), "finding the fairfeed binary the nodes run as")?;
     let change_every = std::time::Duration::from_millis(change_every_ms);
     let cfg = fairfeed_bench::faults::FaultsConfig {
@@ -416,6 +424,7 @@ fn faults_cmd(b: Bench) -> anyhow::Result<()> {
         hedge,
         fill: !no_fill,
         nats,
+        compound,
     };
     let pb = crate::fmt::progress(seeds, "bench faults: seeds");
     let s = fairfeed_bench::faults::run(&cfg, &mut |seed, r| {

@@ -1,8 +1,11 @@
 //! Goal (issue 43, the fault campaign): a controlled tree on node processes,
 //! one network namespace each, keeps every receiver's delivered line whole
 //! while proxies are killed (one, or two at once), a proxy is cut off, the
-//! leading controller is killed, the store node restarts — one fault at a
-//! time — and receivers join from a snapshot and leave.
+//! leading controller is killed, the store node restarts, a proxy and its
+//! receivers are cut off together — one fault at a
+//! time — receivers join from a snapshot and leave, and a zone's outage
+//! (the store, the leader and two proxies sharing receivers) leaves a gap
+//! of seconds that the receivers fill whole from the sender's journal.
 //! Method: `fairfeed bench faults` in reduced form (2 seeds); it checks each
 //! receiver's line (nothing lost, twice, out of order or different from the
 //! others') and each joiner's books, and says which faults it applied.
@@ -22,16 +25,23 @@ fn the_fault_campaign_keeps_every_receivers_line_whole() {
     }
     let dir = tmp();
     let out = dir.path().to_str().unwrap();
-    let args = ["bench", "faults", "--seeds", "2", "--feed-seconds", "10", "--receivers", "8", "--joiners", "2"];
-    let o = fairfeed(&[&args[..], &["--proxies", "3", "--change-every-ms", "3000", "--out", out, "--json"]].concat());
+    let jetstream = fairfeed_bridge::server::find_server().is_some();
+    let mut args =
+        vec!["bench", "faults", "--seeds", "2", "--feed-seconds", "10", "--receivers", "8", "--joiners", "2"];
+    args.extend(["--proxies", "3", "--change-every-ms", "3000", "--out", out, "--json"]);
+    if jetstream {
+        // A zone's outage too: the store, the leader and two proxies that
+        // share receivers, whose whole gap then comes from the journal.
+        args.push("--compound");
+    }
+    let o = fairfeed(&args);
     let s = json(&o);
     // Exit 1 when a seed broke an invariant (the summary is printed first).
     assert!(matches!(o.status.code(), Some(0 | 1)), "{s}\n{}", String::from_utf8_lossy(&o.stderr));
-    let jetstream = fairfeed_bridge::server::find_server().is_some();
     assert_eq!(s["store"], if jetstream { "jetstream" } else { "embedded" });
-    let mut kinds = vec!["proxy_kill", "double_kill", "partition", "join", "leave"];
+    let mut kinds = vec!["proxy_kill", "double_kill", "partition", "subtree_partition", "join", "leave"];
     if jetstream {
-        kinds.extend(["controller_kill", "store_restart"]);
+        kinds.extend(["controller_kill", "store_restart", "compound"]);
     }
     // Every kind is scheduled each seed; faults come one at a time, so one
     // the feed had no time left for is dropped (and counted).

@@ -92,6 +92,9 @@ pub struct Harness {
     pub rtt_ns: u64,
     /// Requests the server never answers (to test time-outs), counted from the first.
     pub drop_requests: usize,
+    /// Requests made in this time window get no answer (the client's
+    /// network cut off: the request, or its answer, lost on the way).
+    pub blackout: std::ops::Range<u64>,
     events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
     order: u64,
     requests_seen: usize,
@@ -107,6 +110,7 @@ impl Harness {
             server: None,
             rtt_ns: 0,
             drop_requests: 0,
+            blackout: 0..0,
             events: BinaryHeap::new(),
             order: 0,
             requests_seen: 0,
@@ -173,6 +177,9 @@ impl Harness {
         let pending: Vec<_> = self.out.requests[self.requests_seen..].to_vec();
         self.requests_seen = self.out.requests.len();
         for (_, r) in pending {
+            if self.blackout.contains(&now) {
+                continue;
+            }
             if self.drop_requests > 0 {
                 self.drop_requests -= 1;
                 continue;
