@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the tests need and runs all of them:
-#   - Debian's tshark (independent MoldUDP64 dissector) and PyPI's itchfeed
-#     (independent ITCH 5.0 decoder), which the tests compare us against;
+#   - Debian's tshark (independent MoldUDP64 dissector), PyPI's itchfeed
+#     (independent ITCH 5.0 decoder) and MeatPy (independent ITCH 5.0 order
+#     book builder), which the tests compare us against;
 #   - formatting and clippy checks;
 #   - iproute2, for the test that runs the tree across network namespaces;
 #   - Debian's nats-server, the broker the bridge's tests publish into (each
@@ -64,6 +65,7 @@ fi
 
 need_pip=()
 python3 -c "import itch.messages" >/dev/null 2>&1 || need_pip+=(itchfeed)
+python3 -c "import meatpy.itch50" >/dev/null 2>&1 || need_pip+=(meatpy==0.5.0)
 command -v kubernetes-validate >/dev/null 2>&1 || need_pip+=(kubernetes-validate)
 command -v check-jsonschema >/dev/null 2>&1 || need_pip+=(check-jsonschema)
 if [ ${#need_pip[@]} -gt 0 ]; then

@@ -92,8 +92,9 @@ const SLOW_STEP: Duration = Duration::from_millis(300);
 const RESTART_BEFORE_END: Duration = Duration::from_millis(3_000);
 /// The feed starts this long after the sender (everyone has joined by then).
 const START_DELAY: Duration = Duration::from_millis(3_000);
-/// Nodes run this long past the feed's end (gaps filled, stats written).
-const TAIL: Duration = Duration::from_millis(4_000);
+/// Nodes run this long past the feed's end (gaps filled, stats written);
+/// the sender lingers, answering and sending heartbeats, all but the last second of it.
+const TAIL: Duration = Duration::from_millis(5_000);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -770,7 +771,7 @@ impl Seed<'_> {
         args.extend(["--capacity".into(), placed.to_string(), "--rate".into(), self.cfg.rate.to_string()]);
         args.extend(["--feed-seconds".into(), format!("{}", self.cfg.feed_s)]);
         args.extend(["--start-delay-ms".into(), START_DELAY.as_millis().to_string()]);
-        args.extend(["--linger-ms".into(), (TAIL.as_millis() / 2).to_string()]);
+        args.extend(["--linger-ms".into(), (TAIL.as_millis() - 1_000).to_string()]);
         args.extend(["--retransmit-listen".into(), format!("{me}:{PORT_RETRANSMIT}")]);
         args.extend(["--snapshot-listen".into(), format!("{me}:{PORT_SNAPSHOT}")]);
         self.spawn("sender", slot, &self.cfg.exe.clone(), &args)
@@ -1073,6 +1074,8 @@ impl Seed<'_> {
                     i += 1;
                 }
             }
+            // A restart may have taken seconds on a loaded host: look again.
+            let now = Instant::now();
             if now > last {
                 if !pending.is_empty() {
                     self.note(format!("{} faults dropped", pending.len()));

@@ -94,7 +94,8 @@ fn a_receiver_started_mid_feed_delivers_the_whole_feeds_books() {
     let (early_books, first, end) = app_books(&early_got.join().unwrap());
     assert_eq!((first, end - 1), (1, messages), "the early receiver delivers the whole session");
     assert_eq!(early_books.diff(&want), None);
-    let (late_books, first, end) = app_books(&late_got.join().unwrap());
+    let late_packets = late_got.join().unwrap();
+    let (late_books, first, end) = app_books(&late_packets);
     let s = c.stats(late);
     let join = &s["counters"]["join"];
     eprintln!("late receiver: line {first}..{end}, join {join}");
@@ -106,6 +107,67 @@ fn a_receiver_started_mid_feed_delivers_the_whole_feeds_books() {
     assert_eq!(late_books.diff(&want), None, "the late receiver's books are the whole feed's");
     let report = std::fs::read_to_string(&snap_err).unwrap();
     assert!(report.contains("\"snapshots_sent\": 1"), "{report}");
+    meatpy_agrees(&c, &feed, &late_packets, &want);
+}
+
+/// Writes the messages of MoldUDP64 packets as a NASDAQ binary ITCH file
+/// (each message after its 2-byte length).
+fn itch_file(packets: impl IntoIterator<Item = Vec<u8>>, path: &std::path::Path) {
+    let mut out = Vec::new();
+    for p in packets {
+        for m in Packet::new_checked(&p[..]).unwrap().messages() {
+            let m = m.unwrap();
+            out.extend_from_slice(&u16::try_from(m.len()).unwrap().to_be_bytes());
+            out.extend_from_slice(m);
+        }
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+/// An order-book builder nobody here wrote (PyPI's MeatPy) rebuilds the
+/// busiest stocks' books from the whole feed and from what the joiner's
+/// application got (snapshot, then live): they must agree with each other,
+/// order by order in queue priority, and with fairfeed's books.
+fn meatpy_agrees(c: &Cluster, feed: &std::path::Path, joined: &[Vec<u8>], want: &Books) {
+    if !common::have_tool("python3", &["-c", "import meatpy.itch50"]) {
+        return;
+    }
+    let (whole_itch, joined_itch) = (c.path("whole.itch"), c.path("joined.itch"));
+    let datagrams = fairfeed_feed::capture::read_datagrams(feed, None).unwrap().0;
+    itch_file(datagrams.into_iter().map(|d| d.payload.to_vec()), &whole_itch);
+    itch_file(joined.iter().cloned(), &joined_itch);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/meatpy_books.py");
+    let o = Command::new("python3")
+        .args([script, whole_itch.to_str().unwrap(), joined_itch.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let r: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("MeatPy's report ({e}): {err}"));
+    eprintln!("MeatPy: equal {}, out of priority {}, skipped {}", r["equal"], r["out_of_priority"], r["skipped_whole"]);
+    assert!(
+        o.status.success() && r["equal"] == true,
+        "MeatPy: snapshot + live differ from the whole feed: {}",
+        r["first_difference"]
+    );
+    // MeatPy checks that each execution takes the first order in time
+    // priority at the best price: the generator's feed does (the whole
+    // feed), and so do the snapshot's Add Orders, priority for priority
+    // (the joined line).
+    assert_eq!(r["out_of_priority"], serde_json::json!({"whole": 0, "joined": 0}), "executions out of priority");
+    let stocks = r["stocks"].as_object().unwrap();
+    assert!(!stocks.is_empty());
+    let mut orders = 0;
+    for (locate, sides) in stocks {
+        let locate: u16 = locate.parse().unwrap();
+        for (side, key) in [(b'B', "bids"), (b'S', "asks")] {
+            let ours: Vec<(u32, Vec<(u64, u32)>)> = want.queues(locate, side);
+            let theirs: Vec<(u32, Vec<(u64, u32)>)> = serde_json::from_value(sides[key].clone()).unwrap();
+            orders += theirs.iter().map(|(_, q)| q.len()).sum::<usize>();
+            assert_eq!(ours, theirs, "stock {locate} {key}: fairfeed's books against MeatPy's");
+        }
+    }
+    assert!(orders > 0, "MeatPy's books hold no order: nothing was compared");
 }
 
 /// The same join against the sender's own snapshot service (`sender

@@ -461,30 +461,24 @@ impl Generator {
         Order { order_ref, side, shares: self.shares(), price }
     }
 
-    /// Index of an aggressive order (best of a few random picks on one side).
-    fn aggressive_order(&mut self, b: usize) -> usize {
-        let n = self.books[b].orders.len();
-        let side = if self.rng.gen_bool(0.5) { b'B' } else { b'S' };
-        let mut best = self.rng.gen_range(0..n);
-        for _ in 0..4 {
-            let i = self.rng.gen_range(0..n);
-            let (o, cur) = (self.books[b].orders[i], self.books[b].orders[best]);
-            let better = match (o.side == side, cur.side == side) {
-                (true, false) => true,
-                (true, true) => {
-                    if side == b'B' {
-                        o.price > cur.price
-                    } else {
-                        o.price < cur.price
-                    }
-                }
-                _ => false,
-            };
-            if better {
-                best = i;
-            }
-        }
-        best
+    /// Index of the order an execution takes: the first in time priority
+    /// at the best price of a side (the other side when one is empty), as a
+    /// marketable order meets the book on NASDAQ. (A best-of-a-few random
+    /// pick executed orders out of priority: MeatPy, an independent book
+    /// builder, counted 1,372 such in a 40,000-message feed.)
+    fn front_of_book(&mut self, b: usize) -> usize {
+        let orders = &self.books[b].orders;
+        let want = if self.rng.gen_bool(0.5) { b'B' } else { b'S' };
+        let side = if orders.iter().any(|o| o.side == want) { want } else { orders[0].side };
+        // Best price first (highest bid, lowest offer), then the oldest reference.
+        let key = |o: &Order| (if side == b'B' { u32::MAX - o.price } else { o.price }, o.order_ref);
+        let (i, _) = orders
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.side == side)
+            .min_by_key(|(_, o)| key(o))
+            .expect("the side has an order");
+        i
     }
 
     fn move_mid(&mut self, b: usize) {
@@ -590,7 +584,7 @@ impl Generator {
 
     /// Executes (part of) an aggressive order, sometimes at a better price (`C`).
     fn execute(&mut self, b: usize, h: Hdr) -> MessageRepr {
-        let i = self.aggressive_order(b);
+        let i = self.front_of_book(b);
         let o = self.books[b].orders[i];
         let executed = if self.rng.gen_bool(0.5) { o.shares } else { o.shares.min(100 * self.rng.gen_range(1..=3)) };
         if executed == o.shares {

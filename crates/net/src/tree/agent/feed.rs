@@ -29,6 +29,13 @@ const LIVE_READ_MAX: usize = 256;
 pub const LIVE_BACKLOG_MAX: usize = 65_536;
 /// Receive buffer of the live feed's socket (bursts at the open).
 const LIVE_RECV_BUFFER: usize = 8 << 20;
+/// A sender with a journal sends a MoldUDP64 heartbeat (the session and the
+/// next sequence number, no message) down the tree after this long without
+/// a packet, as a MoldUDP64 server does while its feed is idle: a receiver
+/// whose last packets were lost — a subtree cut off at the feed's end, a
+/// joiner that came after it — learns where the line ends, and fills the
+/// rest from the journal. Not journaled; no sequence number of its own.
+pub const HEARTBEAT_NS: u64 = 250_000_000;
 
 /// A live feed: its socket, what it checks, what waits for the node.
 struct Live {
@@ -88,6 +95,11 @@ pub struct FeedAgent {
     scratch: Vec<u8>,
     /// Copies of what it sends, for the snapshot agent (`--snapshot-listen`).
     snapshot: Option<SnapshotFeed>,
+    /// The line's session and next sequence number, after the last packet handed.
+    line_end: Option<(fairfeed_wire::moldudp64::Session, u64)>,
+    /// Local time of the last heartbeat, and how many went.
+    last_beat_ns: u64,
+    heartbeats: u64,
 }
 
 /// The copies a sender hands its snapshot agent.
@@ -164,6 +176,9 @@ impl FeedAgent {
             poster,
             scratch: vec![0u8; 2048],
             snapshot: None,
+            line_end: None,
+            last_beat_ns: local,
+            heartbeats: 0,
         })
     }
 
@@ -205,6 +220,7 @@ impl FeedAgent {
             if let Some(s) = &mut self.snapshot {
                 s.copy(p);
             }
+            self.line_end = line_end(p).or(self.line_end);
             self.next += 1;
             self.last_sent_ns = local;
             n += 1;
@@ -269,6 +285,7 @@ impl FeedAgent {
             if let Some(s) = &mut self.snapshot {
                 s.copy(p);
             }
+            self.line_end = line_end(p).or(self.line_end);
             self.next += 1;
             self.last_sent_ns = local;
             if !l.backlog.is_empty() {
@@ -289,6 +306,34 @@ impl FeedAgent {
         n
     }
 
+    /// When the next heartbeat is due (local ns; `u64::MAX`: none — no
+    /// journal to fill from, or no packet yet).
+    fn beat_due(&self) -> u64 {
+        match (&self.journal, self.line_end) {
+            (Some(_), Some(_)) => self.last_sent_ns.max(self.last_beat_ns).saturating_add(HEARTBEAT_NS),
+            _ => u64::MAX,
+        }
+    }
+
+    /// Sends a heartbeat down the tree if one is due at `local`.
+    fn beat(&mut self, local: u64) -> usize {
+        let Some((session, next)) = self.line_end else { return 0 };
+        if local < self.beat_due() || self.out.is_closed() {
+            return 0;
+        }
+        let mut b = [0u8; fairfeed_wire::moldudp64::HEADER_LEN];
+        let Ok(hb) = fairfeed_wire::moldudp64::PacketBuilder::new(&mut b, session, next) else { return 0 };
+        let len = hb.finish();
+        if self.out.push(b[..len].to_vec()).is_err() {
+            self.queue_full += 1;
+            return 0;
+        }
+        self.out.wake();
+        self.last_beat_ns = local;
+        self.heartbeats += 1;
+        1
+    }
+
     fn all_handed(&self) -> bool {
         self.live.is_none() && self.next >= self.job.payloads.len()
     }
@@ -299,6 +344,7 @@ impl FeedAgent {
             "feed_sent": self.next,
             "feed_total": self.job.payloads.len(),
             "feed_queue_full": self.queue_full,
+            "heartbeats": self.heartbeats,
         });
         if let Some(l) = &self.live {
             c["feed_total"] = serde_json::Value::Null;
@@ -331,10 +377,18 @@ impl FeedAgent {
     }
 }
 
+/// The session of a MoldUDP64 data packet and the sequence number after it.
+fn line_end(p: &[u8]) -> Option<(fairfeed_wire::moldudp64::Session, u64)> {
+    let pk = fairfeed_wire::moldudp64::Packet::new_checked(p).ok()?;
+    let n = pk.message_count();
+    (n != 0 && n != fairfeed_wire::moldudp64::COUNT_END_OF_SESSION).then(|| (pk.session(), pk.next_sequence()))
+}
+
 impl Agent for FeedAgent {
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         let local = self.local_at(now);
         let mut work = if self.live.is_some() { self.take_live(local) } else { self.hand_over(local) };
+        work += self.beat(local);
         if turn == Turn::All {
             work += self.serve(local);
         }
@@ -357,9 +411,14 @@ impl Agent for FeedAgent {
 
     fn next_due(&self) -> u64 {
         let poster = self.poster.as_ref().map_or(u64::MAX, Poster::next_ns);
+        let beat = if self.out.is_closed() || self.beat_due() == u64::MAX {
+            u64::MAX
+        } else {
+            self.wall_at_local(self.beat_due())
+        };
         if let Some(l) = &self.live {
             // Woken by its socket; a backlog is retried at once.
-            return if l.backlog.is_empty() { poster } else { 0 };
+            return if l.backlog.is_empty() { poster.min(beat) } else { 0 };
         }
         let l = if self.all_handed() {
             self.last_sent_ns.saturating_add(self.job.linger_ns)
@@ -367,7 +426,7 @@ impl Agent for FeedAgent {
             self.t0 + self.next as u64 * self.gap_ns
         };
         let due = if self.out.is_closed() { u64::MAX } else { self.wall_at_local(l) };
-        due.min(poster)
+        due.min(poster).min(beat)
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
