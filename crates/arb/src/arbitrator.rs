@@ -58,8 +58,6 @@ struct Request {
     from: u64,
     to: u64,
     sent_ns: u64,
-    /// When this range was first asked for (patience is counted from here).
-    first_ns: u64,
     attempts: u32,
     /// A short answer came: send again for the rest without waiting for the timeout.
     resend: bool,
@@ -92,6 +90,10 @@ pub struct Arbitrator {
     pace_waiting: bool,
     /// When the server last answered anything.
     last_answer_ns: u64,
+    /// The first request sent since its last answer (patience runs from
+    /// here: a server silent that long is down, and every range is then
+    /// judged by its attempts alone, until it answers again).
+    unanswered_since: Option<u64>,
     session: Option<Alpha<10>>,
     last_data_ns: u64,
     /// The window expired on the first gap and a retransmission answer is awaited.
@@ -141,6 +143,7 @@ impl Arbitrator {
             pace_tat: 0,
             pace_waiting: false,
             last_answer_ns: 0,
+            unanswered_since: None,
             session: None,
             last_data_ns: 0,
             waiting_on_retransmit: false,
@@ -312,6 +315,7 @@ impl Arbitrator {
         if source == Source::Retransmit {
             // Even a late answer tells which request it answered.
             self.last_answer_ns = now;
+            self.unanswered_since = None;
             self.answered(info.seq, info.end());
         }
         if info.end() <= next {
@@ -570,7 +574,7 @@ impl Arbitrator {
                     continue;
                 }
                 self.requests[i] = Request { sent_ns: now, resend: false, ..r };
-                self.send_request(sink, session, r.from, r.to);
+                self.send_request(now, sink, session, r.from, r.to);
                 i += 1;
                 continue;
             }
@@ -585,7 +589,7 @@ impl Arbitrator {
             // for again, uncounted, for the patience; a partition is waited
             // out, not given up.
             let silent = self.last_answer_ns < r.sent_ns;
-            let patient = silent && now.saturating_sub(r.first_ns) < rt.patience_ns;
+            let patient = silent && now.saturating_sub(self.unanswered_since.unwrap_or(now)) < rt.patience_ns;
             if r.attempts >= rt.attempts_max && !patient {
                 self.stats.request_timeouts += 1;
                 self.requests.swap_remove(i);
@@ -602,7 +606,7 @@ impl Arbitrator {
             self.stats.request_timeouts += 1;
             self.stats.requests_waited_out += u64::from(patient);
             self.requests[i] = Request { sent_ns: now, attempts: r.attempts + u32::from(!patient), ..r };
-            self.send_request(sink, session, r.from, r.to);
+            self.send_request(now, sink, session, r.from, r.to);
             i += 1;
         }
         // New holes.
@@ -625,8 +629,8 @@ impl Arbitrator {
                 }
                 let limit = self.requests.iter().filter(|r| r.from > from).map(|r| r.from).min().unwrap_or(u64::MAX);
                 let end = to.min(limit).min(from + u64::from(rt.request_count_max));
-                self.requests.push(Request { from, to: end, sent_ns: now, first_ns: now, attempts: 1, resend: false });
-                self.send_request(sink, session, from, end);
+                self.requests.push(Request { from, to: end, sent_ns: now, attempts: 1, resend: false });
+                self.send_request(now, sink, session, from, end);
                 from = end;
             }
         }
@@ -658,7 +662,8 @@ impl Arbitrator {
         (interval, interval * u64::from(rt.request_burst.max(1) - 1))
     }
 
-    fn send_request(&mut self, sink: &mut impl Sink, session: Alpha<10>, from: u64, to: u64) {
+    fn send_request(&mut self, now: u64, sink: &mut impl Sink, session: Alpha<10>, from: u64, to: u64) {
+        self.unanswered_since.get_or_insert(now);
         let count = (to - from).min(u64::from(u16::MAX - 1)) as u16;
         sink.request(RequestRepr { session, sequence: from, count });
         self.stats.requests_sent += 1;

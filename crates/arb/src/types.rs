@@ -72,11 +72,14 @@ pub struct RetransmitConfig {
     pub requests_per_s: u32,
     /// Requests that may go at once after a quiet spell (the bucket's depth).
     pub request_burst: u32,
-    /// How long a range keeps being asked for, past `attempts_max`, while the
-    /// server answers nothing at all (the client's network or the server
-    /// down for a while: a partition is waited out, not given up). A server
-    /// that answers other requests meanwhile has lost the range: then
-    /// `attempts_max` alone decides. 0: `attempts_max` always decides.
+    /// How long the server may answer nothing at all, from the first request
+    /// it left unanswered, before its silence counts: until then a timed-out
+    /// request is asked again without using an attempt (the client's network
+    /// or the server down for a while — a partition is waited out, not
+    /// given up). After it the server counts as down, and every range is
+    /// judged by `attempts_max` alone until it answers again; a server that
+    /// answers other requests has lost the range, and `attempts_max`
+    /// decides too. 0: `attempts_max` always decides.
     pub patience_ns: u64,
 }
 

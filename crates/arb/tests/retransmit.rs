@@ -263,3 +263,24 @@ fn a_client_that_outruns_the_server_abandons_the_gap() {
         s.lost_messages
     );
 }
+
+#[test]
+fn a_server_that_is_down_holds_the_line_for_the_patience_once_not_per_gap() {
+    // The retransmission server answers nothing at all. The first gap is
+    // waited on for the patience (1 s here): it may be a partition that
+    // heals. After that the server counts as down, and a later gap is
+    // given up after its attempts alone (5 × 20 ms), as before patience.
+    let mut cfg = filler();
+    cfg.retransmit.as_mut().unwrap().patience_ns = 1_000_000 * US;
+    let mut h = Harness::new(cfg).with_server(&clean(6_000), ServerConfig::default(), 200 * US);
+    h.drop_requests = usize::MAX;
+    for s in (1..=6_000u64).filter(|&s| s != 1_000 && s != 4_000) {
+        h.arrive(s * 1_000 * US, 0, packet(s, 1));
+    }
+    h.run(u64::MAX);
+    let out = |seq: u64| h.out.hr_times().into_iter().find(|&(_, s)| s == seq).map(|(t, _)| t).unwrap();
+    let held = |seq: u64| out(seq) - seq * 1_000 * US;
+    assert!(held(1_001) >= 1_000_000 * US, "the first gap was not waited on: {} ns", held(1_001));
+    assert!(held(4_001) < 300_000 * US, "the second gap waited on a server known down: {} ns", held(4_001));
+    assert_eq!(h.arb.stats().lost_messages, 2);
+}

@@ -178,14 +178,20 @@ pub struct Common {
     /// With `--clock system`: where the host clock's error bound comes from.
     /// `chrony`: chrony's tracking report (`chronyc -c tracking`, every
     /// second; |offset| + root delay/2 + root dispersion, grown by the skew
-    /// since its last measurement), refused at start if chrony does not
-    /// answer; `auto`: chrony's where it answers, else none; `none`: the
-    /// clock is trusted as it is (bound 0).
+    /// since its last measurement); `clockbound`: AWS ClockBound's
+    /// shared-memory segment (every 100 ms; its bound grown by its maximum
+    /// drift, none once it says unknown or disrupted or stops updating);
+    /// either is refused at start if it cannot be read. `auto`: ClockBound's
+    /// where its segment is, else chrony's where it answers, else none;
+    /// `none`: the clock is trusted as it is (bound 0).
     #[arg(long, value_enum, default_value_t = HostClockArg::Auto)]
     host_clock: HostClockArg,
     /// chronyd's command socket for `--host-clock` (default: chronyc's own, /run/chrony/chronyd.sock).
     #[arg(long)]
     chrony_socket: Option<PathBuf>,
+    /// ClockBound's shared-memory segment for `--host-clock`.
+    #[arg(long, default_value = fairfeed_io::hostclock::CLOCKBOUND_SHM_DEFAULT)]
+    clockbound_shm: PathBuf,
     /// A receiver whose clock error bound is above this (ns) is left out of fairness figures.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     clock_bound_limit_ns: u64,
@@ -470,6 +476,7 @@ fn xdp_counters(x: &std::sync::Mutex<fairfeed_xdp::XdpDedup>) -> serde_json::Val
 pub enum HostClockArg {
     Auto,
     Chrony,
+    Clockbound,
     None,
 }
 
@@ -478,16 +485,28 @@ fn host_bound(c: &Common) -> anyhow::Result<Option<Arc<std::sync::atomic::Atomic
     if c.clock != ClockArg::System || c.host_clock == HostClockArg::None {
         return Ok(None);
     }
-    match fairfeed_io::hostclock::HostClockWatch::start(c.chrony_socket.clone()) {
+    use fairfeed_io::hostclock::{HostClockSource, HostClockWatch};
+    let source = match c.host_clock {
+        HostClockArg::Clockbound => HostClockSource::ClockBound(c.clockbound_shm.clone()),
+        HostClockArg::Auto if c.clockbound_shm.exists() => HostClockSource::ClockBound(c.clockbound_shm.clone()),
+        _ => HostClockSource::Chrony(c.chrony_socket.clone()),
+    };
+    let name = source.name();
+    match HostClockWatch::start(source) {
         Ok(w) => {
             let b = w.bound().load(std::sync::atomic::Ordering::Relaxed);
             let said =
-                if b == u64::MAX { "none yet: chrony is not synchronized".to_string() } else { format!("{b} ns") };
-            tracing::info!(node = c.id, host_bound_ns = b, "node {}: clock error bound from chrony: {said}", c.id);
+                if b == u64::MAX { format!("none yet: {name} cannot bound the clock") } else { format!("{b} ns") };
+            tracing::info!(node = c.id, host_bound_ns = b, "node {}: clock error bound from {name}: {said}", c.id);
             Ok(Some(w.detach()))
         }
         Err(e) if c.host_clock == HostClockArg::Chrony => {
             anyhow::bail!("--host-clock chrony: {e} (is chronyd running? --chrony-socket names its command socket)")
+        }
+        Err(e) if c.host_clock == HostClockArg::Clockbound => {
+            anyhow::bail!(
+                "--host-clock clockbound: {e} (is the clockbound daemon running? --clockbound-shm names its segment)"
+            )
         }
         Err(e) => {
             tracing::info!(node = c.id, "node {}: no host clock bound ({e}); the clock is trusted as it is", c.id);
@@ -559,7 +578,9 @@ pub struct SenderArgs {
     /// Keep serving reports and retransmissions after the last packet, ms; 0..=3,600,000.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     linger_ms: u64,
-    /// Serve MoldUDP64 retransmission requests from a journal of the feed here.
+    /// Serve MoldUDP64 retransmission requests from a journal of the feed here
+    /// (and send a MoldUDP64 heartbeat down the tree after 250 ms without a
+    /// packet, so a receiver that lost the last packets learns where the line ends).
     #[arg(long, value_parser = crate::fmt::listen_addr)]
     retransmit_listen: Option<SocketAddr>,
     /// Serve GLIMPSE-style snapshots of the books of what it sends here

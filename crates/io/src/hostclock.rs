@@ -8,6 +8,15 @@
 //!
 //! `chronyc -c tracking` (its CSV report) is read on a thread of its own,
 //! never on the data path, which reads one atomic.
+//!
+//! On a host that runs AWS ClockBound, its daemon's shared-memory segment
+//! ([`ClockBoundReading`], layout version 2) is read instead: the bound the
+//! daemon published, grown by its maximum drift since, void once the daemon
+//! stops updating it or says the clock is unknown or disrupted.
+//!
+//! Either way the bound published is the one that holds at the *end* of the
+//! poll interval (it only grows until the next reading), so it is never
+//! smaller than the truth's between two readings.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -24,11 +33,29 @@ pub const HOST_CLOCK_TIMEOUT: Duration = Duration::from_secs(2);
 /// is added to the skew chrony measured rather than replacing it).
 pub const AGE_PPM: f64 = 1.0;
 
+/// How often the watcher reads ClockBound's segment (a memory read).
+pub const CLOCKBOUND_POLL: Duration = Duration::from_millis(100);
+/// Where ClockBound 2's daemon publishes its segment.
+pub const CLOCKBOUND_SHM_DEFAULT: &str = "/var/run/clockbound/shm0";
+/// ClockBound's segment: its magic numbers and the layout version read here.
+pub const CLOCKBOUND_MAGIC: [u32; 2] = [0x414D_5A4E, 0x4342_0200];
+pub const CLOCKBOUND_VERSION: u16 = 2;
+/// Bytes of the header and the error-bound record (64-bit Linux).
+pub const CLOCKBOUND_SEGMENT_LEN: usize = 80;
+/// How long after `as_of` the daemon's status is trusted as written (its
+/// restart grace period); after it, up to `void_after`, the clock counts as
+/// free running — still bounded.
+pub const CLOCKBOUND_GRACE: Duration = Duration::from_secs(5);
+/// Reads of a segment being rewritten before giving up.
+const CLOCKBOUND_READS_MAX: usize = 8;
+
 /// Why no estimate was read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HostClockError {
     #[error("chronyc: {0}")]
     Run(String),
+    #[error("ClockBound's segment {0}: {1}")]
+    ClockBound(String, String),
     #[error("chronyc's tracking report has {0} fields, not 14: {1:?}")]
     Fields(usize, String),
     #[error("chronyc's tracking report field {0} is not a number: {1:?}")]
@@ -130,6 +157,181 @@ pub fn chrony_tracking(socket: Option<&Path>) -> Result<ChronyTracking, HostCloc
     ChronyTracking::parse(text.lines().next().unwrap_or(""))
 }
 
+/// ClockBound's clock status (its `ClockStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum ClockBoundStatus {
+    Unknown,
+    Synchronized,
+    FreeRunning,
+    Disrupted,
+}
+
+/// One consistent reading of ClockBound's shared-memory segment. Times are
+/// CLOCK_MONOTONIC_COARSE ns, as the daemon writes them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ClockBoundReading {
+    pub generation: u16,
+    pub as_of_ns: u64,
+    pub void_after_ns: u64,
+    /// The bound on CLOCK_REALTIME's error at `as_of`, ns.
+    pub bound_ns: u64,
+    pub disruption_marker: u64,
+    pub max_drift_ppb: u32,
+    pub status: ClockBoundStatus,
+}
+
+impl ClockBoundReading {
+    /// Parses the segment's bytes: the header (magic, size, layout version,
+    /// generation), then the error-bound record. A generation of 0 (not yet
+    /// written) or odd (being written) is refused: read again.
+    pub fn parse(b: &[u8]) -> Result<ClockBoundReading, HostClockError> {
+        let bad = |why: &str| HostClockError::ClockBound(String::new(), why.to_string());
+        if b.len() < CLOCKBOUND_SEGMENT_LEN {
+            return Err(bad(&format!("{} bytes, not {CLOCKBOUND_SEGMENT_LEN}", b.len())));
+        }
+        let u16_at = |o: usize| u16::from_ne_bytes([b[o], b[o + 1]]);
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let i64_at = |o: usize| i64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        if [u32_at(0), u32_at(4)] != CLOCKBOUND_MAGIC {
+            return Err(bad("no ClockBound magic number"));
+        }
+        if (u32_at(8) as usize) < CLOCKBOUND_SEGMENT_LEN {
+            return Err(bad(&format!("its header says {} bytes", u32_at(8))));
+        }
+        match u16_at(12) {
+            0 => return Err(bad("not initialized yet (layout version 0)")),
+            CLOCKBOUND_VERSION => {}
+            v => return Err(bad(&format!("layout version {v}; this reads version {CLOCKBOUND_VERSION}"))),
+        }
+        let generation = u16_at(14);
+        if generation == 0 || generation % 2 == 1 {
+            return Err(bad("being written"));
+        }
+        let timespec = |o: usize| -> Result<u64, HostClockError> {
+            let (sec, nsec) = (i64_at(o), i64_at(o + 8));
+            let ns = u64::try_from(sec).ok().zip(u64::try_from(nsec).ok().filter(|&n| n < 1_000_000_000));
+            ns.and_then(|(s, n)| s.checked_mul(1_000_000_000)?.checked_add(n)).ok_or_else(|| bad("a bad timestamp"))
+        };
+        let status = match u32_at(68) {
+            0 => ClockBoundStatus::Unknown,
+            1 => ClockBoundStatus::Synchronized,
+            2 => ClockBoundStatus::FreeRunning,
+            3 => ClockBoundStatus::Disrupted,
+            s => return Err(bad(&format!("clock status {s}"))),
+        };
+        let bound_ns = u64::try_from(i64_at(48)).map_err(|_| bad("a negative bound"))?;
+        let max_drift_ppb = u32_at(64);
+        if max_drift_ppb >= 1_000_000_000 {
+            return Err(bad(&format!("a drift of {max_drift_ppb} ppb")));
+        }
+        Ok(ClockBoundReading {
+            generation,
+            as_of_ns: timespec(16)?,
+            void_after_ns: timespec(32)?,
+            bound_ns,
+            disruption_marker: u64::from_ne_bytes(b[56..64].try_into().expect("8 bytes")),
+            max_drift_ppb,
+            status,
+        })
+    }
+
+    /// The bound on CLOCK_REALTIME's error at monotonic time `mono_ns`, ns,
+    /// as ClockBound's own client computes it (the bound grown by the drift
+    /// since `as_of`); `None` when the clock cannot be bounded: the daemon
+    /// says unknown or disrupted, or stopped updating past `void_after`.
+    pub fn bound_ns_at(&self, mono_ns: u64) -> Option<u64> {
+        match self.status {
+            ClockBoundStatus::Unknown | ClockBoundStatus::Disrupted => return None,
+            ClockBoundStatus::Synchronized | ClockBoundStatus::FreeRunning => {}
+        }
+        if mono_ns >= self.void_after_ns {
+            return None;
+        }
+        let age = mono_ns.saturating_sub(self.as_of_ns);
+        let drift = (u128::from(age) * u128::from(self.max_drift_ppb)).div_ceil(1_000_000_000);
+        Some(self.bound_ns.saturating_add(u64::try_from(drift).unwrap_or(u64::MAX)))
+    }
+}
+
+/// Reads ClockBound's segment at `path` until a read is consistent (two
+/// reads equal, the generation even): the daemon rewrites it in place.
+pub fn clockbound_read(path: &Path) -> Result<ClockBoundReading, HostClockError> {
+    let named = |e: HostClockError| match e {
+        HostClockError::ClockBound(_, why) => HostClockError::ClockBound(path.display().to_string(), why),
+        e => e,
+    };
+    let read =
+        || std::fs::read(path).map_err(|e| HostClockError::ClockBound(path.display().to_string(), e.to_string()));
+    let mut last = HostClockError::ClockBound(path.display().to_string(), "being written".into());
+    for _ in 0..CLOCKBOUND_READS_MAX {
+        let (a, b) = (read()?, read()?);
+        match ClockBoundReading::parse(&a) {
+            Ok(r) if a == b => return Ok(r),
+            Ok(_) => {}
+            Err(e) => last = named(e),
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    Err(last)
+}
+
+/// CLOCK_MONOTONIC_COARSE now, ns (the clock ClockBound's times are on).
+pub fn monotonic_coarse_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+        .map(|t| u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0))
+        .unwrap_or(0)
+}
+
+/// Where a host's clock-error estimate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostClockSource {
+    /// chrony's tracking report (`chronyc -c tracking`; its command socket, or chronyc's default).
+    Chrony(Option<PathBuf>),
+    /// AWS ClockBound's shared-memory segment.
+    ClockBound(PathBuf),
+}
+
+impl HostClockSource {
+    fn poll(&self) -> Duration {
+        match self {
+            HostClockSource::Chrony(_) => HOST_CLOCK_POLL,
+            HostClockSource::ClockBound(_) => CLOCKBOUND_POLL,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            HostClockSource::Chrony(_) => "chrony",
+            HostClockSource::ClockBound(_) => "ClockBound",
+        }
+    }
+
+    /// Reads the source once: the bound that holds until `ahead` from now
+    /// (`None`: none — unsynchronized, disrupted), and what was read.
+    fn read(&self, ahead: Duration) -> Result<(Option<u64>, HostClockReading), HostClockError> {
+        match self {
+            HostClockSource::Chrony(socket) => {
+                let t = chrony_tracking(socket.as_deref())?;
+                let at_s = crate::clock::wall_ns() as f64 / 1e9 + ahead.as_secs_f64();
+                Ok((t.bound_ns(at_s), HostClockReading::Chrony(t)))
+            }
+            HostClockSource::ClockBound(path) => {
+                let r = clockbound_read(path)?;
+                let at = monotonic_coarse_ns().saturating_add(u64::try_from(ahead.as_nanos()).unwrap_or(u64::MAX));
+                Ok((r.bound_ns_at(at), HostClockReading::ClockBound(r)))
+            }
+        }
+    }
+}
+
+/// The last thing a source said.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum HostClockReading {
+    Chrony(ChronyTracking),
+    ClockBound(ClockBoundReading),
+}
+
 /// What the watcher saw so far.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct HostClockStats {
@@ -137,11 +339,13 @@ pub struct HostClockStats {
     pub failures: u64,
     pub unsynchronized: u64,
     pub last_error: Option<String>,
-    pub last: Option<ChronyTracking>,
+    pub last: Option<HostClockReading>,
 }
 
-/// A thread that asks chrony every [`HOST_CLOCK_POLL`] and publishes the
-/// bound (ns; `u64::MAX`: none — unsynchronized, or no answer) in an atomic.
+/// A thread that reads the host's source every poll interval
+/// ([`HOST_CLOCK_POLL`] for chrony, [`CLOCKBOUND_POLL`] for ClockBound) and
+/// publishes the bound (ns; `u64::MAX`: none — unsynchronized, or no
+/// answer) in an atomic.
 pub struct HostClockWatch {
     bound: Arc<AtomicU64>,
     stats: Arc<std::sync::Mutex<HostClockStats>>,
@@ -150,10 +354,13 @@ pub struct HostClockWatch {
 }
 
 impl HostClockWatch {
-    /// Asks once now (an error if chrony cannot be asked at all: the
-    /// operator named it), then keeps asking on a thread.
-    pub fn start(socket: Option<PathBuf>) -> Result<HostClockWatch, HostClockError> {
-        let first = chrony_tracking(socket.as_deref())?;
+    /// Reads once now (an error if the source cannot be read at all: the
+    /// operator named it), then keeps reading on a thread.
+    pub fn start(source: HostClockSource) -> Result<HostClockWatch, HostClockError> {
+        let poll = source.poll();
+        // Slack for a late poll: the thread may wake a little after the interval.
+        let ahead = poll + poll / 2;
+        let first = source.read(ahead)?;
         let bound = Arc::new(AtomicU64::new(u64::MAX));
         let stats = Arc::new(std::sync::Mutex::new(HostClockStats::default()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -165,11 +372,11 @@ impl HostClockWatch {
                 // Until stopped, or every other holder of the bound let it go (detached).
                 while !st.load(Ordering::Relaxed) && Arc::strong_count(&b) > 1 {
                     let t0 = Instant::now();
-                    while t0.elapsed() < HOST_CLOCK_POLL && !st.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(20));
+                    while t0.elapsed() < poll && !st.load(Ordering::Relaxed) {
+                        std::thread::sleep(Duration::from_millis(10).min(poll));
                     }
                     if !st.load(Ordering::Relaxed) {
-                        record(&b, &s, chrony_tracking(socket.as_deref()));
+                        record(&b, &s, source.read(ahead));
                     }
                 }
             })
@@ -202,13 +409,15 @@ impl Drop for HostClockWatch {
     }
 }
 
-fn record(bound: &AtomicU64, stats: &std::sync::Mutex<HostClockStats>, got: Result<ChronyTracking, HostClockError>) {
-    let now_s = crate::clock::wall_ns() as f64 / 1e9;
+fn record(
+    bound: &AtomicU64,
+    stats: &std::sync::Mutex<HostClockStats>,
+    got: Result<(Option<u64>, HostClockReading), HostClockError>,
+) {
     let Ok(mut s) = stats.lock() else { return };
     s.queries += 1;
     match got {
-        Ok(t) => {
-            let b = t.bound_ns(now_s);
+        Ok((b, t)) => {
             s.unsynchronized += u64::from(b.is_none());
             bound.store(b.unwrap_or(u64::MAX), Ordering::Relaxed);
             s.last = Some(t);
