@@ -286,7 +286,12 @@ proptest! {
         let r = run(trees, hedge, 12, 150, Links { loss, spike, spike_ns: 700_000 }, seed);
         check(&r, false);
         // Receivers where everything was on time delivered the same stream.
-        let clean: Vec<&Vec<Vec<u8>>> = r.clean.iter().filter_map(|id| r.delivered.get(id)).collect();
+        // A receiver that lost the feed's last packets on every path saw no
+        // gap (nothing came after them to show one) and nothing late, yet
+        // missed them: it is not one of these (seed 94 at one tree found
+        // it). On the live path the sender's heartbeats reveal such a loss.
+        let whole = |d: &&Vec<Vec<u8>>| messages_of(d).len() == r.feed.len();
+        let clean: Vec<&Vec<Vec<u8>>> = r.clean.iter().filter_map(|id| r.delivered.get(id)).filter(whole).collect();
         for d in &clean {
             prop_assert!(*d == clean[0], "two receivers with every message on time differ");
         }
