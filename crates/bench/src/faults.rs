@@ -139,9 +139,10 @@ pub enum Fault {
     StoreRestart,
     Join,
     Leave,
-    /// Two proxies killed while no controller can lead (the store down):
-    /// their common children have no path until the store is back and a
-    /// controller repairs, and fill the whole gap from the journal.
+    /// A zone's outage: the store node, the leading controller and two
+    /// proxies that share a receiver, at once. No controller can lead until
+    /// the store is back; their common children have no path until one
+    /// repairs, and fill the whole gap from the journal.
     Compound,
     /// A proxy and the receivers it parents cut off together (their cables
     /// pulled for [`PARTITION`]): the receivers are declared dead, come back

@@ -504,6 +504,13 @@ fn node_processes_explain_bad_configurations() {
     fails_with(&["proxy", "--topology", topo, "--id", "99"], "no node 99");
     let receiver = c.ids("receiver")[0].to_string();
     fails_with(&["proxy", "--topology", topo, "--id", &receiver], "start it with `fairfeed receiver`");
+    // A host clock source that is named but cannot be read: refused at start, in words.
+    let junk = c.path("junk.shm");
+    std::fs::write(&junk, [0x5a_u8; 80]).unwrap();
+    for (shm, why) in [("/nonexistent/shm0", "No such file"), (junk.to_str().unwrap(), "no ClockBound magic")] {
+        let cb = ["--clock", "system", "--host-clock", "clockbound", "--clockbound-shm", shm, "--seconds", "1"];
+        fails_with(&[&["receiver", "--topology", topo, "--id", &receiver][..], &cb[..]].concat(), why);
+    }
     // Its address is taken.
     let addr = c.node(c.ids("receiver")[0]).addr.clone();
     let _squatter = UdpSocket::bind(&addr).unwrap();

@@ -42,10 +42,6 @@ pub const CLOCKBOUND_MAGIC: [u32; 2] = [0x414D_5A4E, 0x4342_0200];
 pub const CLOCKBOUND_VERSION: u16 = 2;
 /// Bytes of the header and the error-bound record (64-bit Linux).
 pub const CLOCKBOUND_SEGMENT_LEN: usize = 80;
-/// How long after `as_of` the daemon's status is trusted as written (its
-/// restart grace period); after it, up to `void_after`, the clock counts as
-/// free running — still bounded.
-pub const CLOCKBOUND_GRACE: Duration = Duration::from_secs(5);
 /// Reads of a segment being rewritten before giving up.
 const CLOCKBOUND_READS_MAX: usize = 8;
 
@@ -56,6 +52,9 @@ pub enum HostClockError {
     Run(String),
     #[error("ClockBound's segment {0}: {1}")]
     ClockBound(String, String),
+    /// The daemon was rewriting the segment (odd generation, or two reads differ).
+    #[error("ClockBound's segment {0}: being written")]
+    ClockBoundBusy(String),
     #[error("chronyc's tracking report has {0} fields, not 14: {1:?}")]
     Fields(usize, String),
     #[error("chronyc's tracking report field {0} is not a number: {1:?}")]
@@ -182,8 +181,9 @@ pub struct ClockBoundReading {
 
 impl ClockBoundReading {
     /// Parses the segment's bytes: the header (magic, size, layout version,
-    /// generation), then the error-bound record. A generation of 0 (not yet
-    /// written) or odd (being written) is refused: read again.
+    /// generation), then the error-bound record. A generation of 0 (never
+    /// written) is refused; an odd one (being written) is `ClockBoundBusy`:
+    /// read again.
     pub fn parse(b: &[u8]) -> Result<ClockBoundReading, HostClockError> {
         let bad = |why: &str| HostClockError::ClockBound(String::new(), why.to_string());
         if b.len() < CLOCKBOUND_SEGMENT_LEN {
@@ -204,8 +204,11 @@ impl ClockBoundReading {
             v => return Err(bad(&format!("layout version {v}; this reads version {CLOCKBOUND_VERSION}"))),
         }
         let generation = u16_at(14);
-        if generation == 0 || generation % 2 == 1 {
-            return Err(bad("being written"));
+        if generation == 0 {
+            return Err(bad("never written (generation 0)"));
+        }
+        if generation % 2 == 1 {
+            return Err(HostClockError::ClockBoundBusy(String::new()));
         }
         let timespec = |o: usize| -> Result<u64, HostClockError> {
             let (sec, nsec) = (i64_at(o), i64_at(o + 8));
@@ -254,25 +257,21 @@ impl ClockBoundReading {
 }
 
 /// Reads ClockBound's segment at `path` until a read is consistent (two
-/// reads equal, the generation even): the daemon rewrites it in place.
+/// reads equal, the generation even): the daemon rewrites it in place. What
+/// is not a usable segment is refused at the first read.
 pub fn clockbound_read(path: &Path) -> Result<ClockBoundReading, HostClockError> {
-    let named = |e: HostClockError| match e {
-        HostClockError::ClockBound(_, why) => HostClockError::ClockBound(path.display().to_string(), why),
-        e => e,
-    };
-    let read =
-        || std::fs::read(path).map_err(|e| HostClockError::ClockBound(path.display().to_string(), e.to_string()));
-    let mut last = HostClockError::ClockBound(path.display().to_string(), "being written".into());
+    let name = || path.display().to_string();
+    let read = || std::fs::read(path).map_err(|e| HostClockError::ClockBound(name(), e.to_string()));
     for _ in 0..CLOCKBOUND_READS_MAX {
         let (a, b) = (read()?, read()?);
         match ClockBoundReading::parse(&a) {
             Ok(r) if a == b => return Ok(r),
-            Ok(_) => {}
-            Err(e) => last = named(e),
+            Ok(_) | Err(HostClockError::ClockBoundBusy(_)) => std::thread::sleep(Duration::from_micros(50)),
+            Err(HostClockError::ClockBound(_, why)) => return Err(HostClockError::ClockBound(name(), why)),
+            Err(e) => return Err(e),
         }
-        std::thread::sleep(Duration::from_micros(50));
     }
-    Err(last)
+    Err(HostClockError::ClockBoundBusy(name()))
 }
 
 /// CLOCK_MONOTONIC_COARSE now, ns (the clock ClockBound's times are on).

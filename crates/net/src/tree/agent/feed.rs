@@ -95,8 +95,6 @@ pub struct FeedAgent {
     scratch: Vec<u8>,
     /// Copies of what it sends, for the snapshot agent (`--snapshot-listen`).
     snapshot: Option<SnapshotFeed>,
-    /// The line's session and next sequence number, after the last packet handed.
-    line_end: Option<(fairfeed_wire::moldudp64::Session, u64)>,
     /// Local time of the last heartbeat, and how many went.
     last_beat_ns: u64,
     heartbeats: u64,
@@ -176,7 +174,6 @@ impl FeedAgent {
             poster,
             scratch: vec![0u8; 2048],
             snapshot: None,
-            line_end: None,
             last_beat_ns: local,
             heartbeats: 0,
         })
@@ -220,7 +217,6 @@ impl FeedAgent {
             if let Some(s) = &mut self.snapshot {
                 s.copy(p);
             }
-            self.line_end = line_end(p).or(self.line_end);
             self.next += 1;
             self.last_sent_ns = local;
             n += 1;
@@ -285,7 +281,6 @@ impl FeedAgent {
             if let Some(s) = &mut self.snapshot {
                 s.copy(p);
             }
-            self.line_end = line_end(p).or(self.line_end);
             self.next += 1;
             self.last_sent_ns = local;
             if !l.backlog.is_empty() {
@@ -306,18 +301,25 @@ impl FeedAgent {
         n
     }
 
+    /// Where the journal's line ends: its session and the next sequence
+    /// number (what a heartbeat announces; `None`: no journal, or nothing in it).
+    fn line_end(&self) -> Option<(fairfeed_wire::moldudp64::Session, u64)> {
+        let j = self.journal.as_ref()?.server.journal();
+        Some((j.session()?, j.next_seq()))
+    }
+
     /// When the next heartbeat is due (local ns; `u64::MAX`: none — no
     /// journal to fill from, or no packet yet).
     fn beat_due(&self) -> u64 {
-        match (&self.journal, self.line_end) {
-            (Some(_), Some(_)) => self.last_sent_ns.max(self.last_beat_ns).saturating_add(HEARTBEAT_NS),
-            _ => u64::MAX,
+        match self.line_end() {
+            Some(_) => self.last_sent_ns.max(self.last_beat_ns).saturating_add(HEARTBEAT_NS),
+            None => u64::MAX,
         }
     }
 
     /// Sends a heartbeat down the tree if one is due at `local`.
     fn beat(&mut self, local: u64) -> usize {
-        let Some((session, next)) = self.line_end else { return 0 };
+        let Some((session, next)) = self.line_end() else { return 0 };
         if local < self.beat_due() || self.out.is_closed() {
             return 0;
         }
@@ -375,13 +377,6 @@ impl FeedAgent {
         }
         c
     }
-}
-
-/// The session of a MoldUDP64 data packet and the sequence number after it.
-fn line_end(p: &[u8]) -> Option<(fairfeed_wire::moldudp64::Session, u64)> {
-    let pk = fairfeed_wire::moldudp64::Packet::new_checked(p).ok()?;
-    let n = pk.message_count();
-    (n != 0 && n != fairfeed_wire::moldudp64::COUNT_END_OF_SESSION).then(|| (pk.session(), pk.next_sequence()))
 }
 
 impl Agent for FeedAgent {
