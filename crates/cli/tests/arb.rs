@@ -113,15 +113,11 @@ fn offline_without_journal_loses_exactly_what_both_lines_lost() {
     assert_eq!(s["lost_messages"].as_u64().unwrap(), lost);
 }
 
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 #[test]
 fn live_udp_with_retransmission_server_loses_nothing() {
     let d = tmp();
     let (clean, a, b) = lines(d.path(), "60000");
-    let (pa, pb, pr, pc) = (free_port(), free_port(), free_port(), free_port());
+    let (pa, pb, pr, pc) = (free_port(false), free_port(false), free_port(false), free_port(false));
     let hr = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket2::SockRef::from(&hr).set_recv_buffer_size(16 << 20).unwrap();
     hr.set_read_timeout(Some(Duration::from_millis(200))).unwrap();

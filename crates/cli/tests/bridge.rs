@@ -69,7 +69,7 @@ fn replayed_capture_reaches_a_subscriber_through_the_bridge() {
     let server = fairfeed_bridge::server::LocalServer::start(0, None).unwrap();
     let pcap = d.path().join("feed.pcap");
     fairfeed(&["gen", "--seed", "3", "--messages", "20000", "--symbols", "50", "--out", pcap.to_str().unwrap()]);
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(false);
     let listen = format!("127.0.0.1:{port}");
     let stats = d.path().join("bridge.json");
     let bridge = Command::new(bin())
@@ -136,7 +136,7 @@ fn lossy_line(d: &tempfile::TempDir) -> (std::path::PathBuf, std::path::PathBuf,
 
 /// A free loopback UDP address.
 fn free_udp() -> String {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+    free_addr(false).to_string()
 }
 
 /// `bridge run` at message granularity for 8 s, its report to `stats`.
@@ -268,8 +268,7 @@ fn bridge_and_subscriber_log_in_and_a_wrong_password_is_refused() {
     };
     let pcap = d.path().join("feed.pcap");
     fairfeed(&["gen", "--seed", "2", "--messages", "3000", "--symbols", "10", "--out", pcap.to_str().unwrap()]);
-    let listen =
-        format!("127.0.0.1:{}", std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+    let listen = format!("127.0.0.1:{}", free_port(false));
     let stats = d.path().join("bridge.json");
     let bridge = Command::new(bin())
         .args(["bridge", "run", "--listen", &listen, "--nats", &server.url, "--seconds", "5"])

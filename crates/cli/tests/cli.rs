@@ -977,7 +977,7 @@ fn deadline_records_need_one_tree_and_the_operator_key() {
 #[test]
 fn subscribe_without_a_server_gives_up_with_a_clear_error() {
     // It once printed nothing and never returned (issue 17).
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(true);
     let url = format!("nats://127.0.0.1:{port}");
     let t0 = std::time::Instant::now();
     let (code, err) = run_limited(
@@ -994,7 +994,7 @@ fn replay_to_nothing_fails_and_says_why_and_decode_flags_do_not_cancel_out() {
     // Replay once reported "N send errors" and exited 0 (issue 17).
     let d = tmp();
     let pcap = gen(d.path(), "r.pcap", &["--messages", "500"]);
-    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(false);
     let to = format!("127.0.0.1:{port}");
     let (code, err) = run_limited(
         &["replay".into(), pcap.to_str().unwrap().into(), "--to".into(), to.clone(), "--rate".into(), "5000".into()],
@@ -1100,7 +1100,7 @@ fn every_file_input_refuses_bad_files_in_one_line() {
     std::fs::write(&pcapng, [0x0a, 0x0d, 0x0d, 0x0a, 0x1c, 0, 0, 0, 0x4d, 0x3c, 0x2b, 0x1a, 1, 0]).unwrap();
     let out = d.path().join("o");
     let o = out.to_str().unwrap();
-    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let port = free_addr(false).to_string();
     // A valid sharded topology and shard map, for the files a node of several trees reads.
     let sharded = d.path().join("sharded.toml");
     let st = sharded.to_str().unwrap();

@@ -43,8 +43,8 @@ fn the_dashboard_draws_the_tree_updates_and_shows_a_dead_node() {
         return;
     }
     let d = tmp();
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mport = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(false);
+    let mport = free_port(true);
     let topo = small_tree(d.path(), port);
     let t = topo.to_str().unwrap();
     let key = d.path().join("tree.key");
@@ -70,7 +70,7 @@ fn the_dashboard_draws_the_tree_updates_and_shows_a_dead_node() {
     }
     std::thread::sleep(Duration::from_millis(300));
     nodes.push((4, spawn("sender", 4, &["--rate", "500", "--feed-seconds", "25", "--target-pf", "0.99"])));
-    let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let listen = free_addr(true);
     let mut dash = Command::new(bin())
         .args(["dashboard", "--topology", t, "--listen", &listen.to_string(), "--metrics-port", &mport.to_string()])
         .stderr(Stdio::null())

@@ -122,12 +122,12 @@ fn session_in_tshark(pipeline: &str) {
         return;
     }
     let d = tmp();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(true);
     let line = UdpSocket::bind("127.0.0.1:0").unwrap();
     line.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
     let line_b = UdpSocket::bind("127.0.0.1:0").unwrap();
     line_b.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    let retrans = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let retrans = free_addr(false);
     let cfg = format!(
         "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_a = \"{}\"\nitch_b = \"{}\"\nretransmit_listen = \"{retrans}\"\n\
          itch_session = \"FFTEST0001\"\npipeline = \"{pipeline}\"\n\n\
@@ -572,7 +572,7 @@ fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
 #[test]
 fn hostile_clients_neither_lock_others_out_nor_make_the_exchange_hold_their_output() {
     let d = tmp();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(true);
     let cfg = format!(
         "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_session = \"FFTEST0001\"\nout_buffer_max_bytes = 65536\n\n\
          [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"], [\"BOB\", \"pw2\"]]\nsymbols = [\"AAPL\"]\n\
@@ -641,7 +641,7 @@ fn start_exchange(d: &tempfile::TempDir, cfg: &str, seconds: &str) -> std::proce
 #[test]
 fn lurkers_from_many_addresses_cannot_take_every_slot() {
     let d = tmp();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(true);
     let cfg = format!(
         "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_session = \"FFTEST0001\"\n\n\
          [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"]]\nsymbols = [\"AAPL\"]\n\
@@ -670,7 +670,7 @@ fn lurkers_from_many_addresses_cannot_take_every_slot() {
 #[test]
 fn a_quiet_itch_line_carries_heartbeats_with_the_next_sequence_number() {
     let d = tmp();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(true);
     let line = UdpSocket::bind("127.0.0.1:0").unwrap();
     line.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
     let cfg = format!(
@@ -712,7 +712,7 @@ fn a_quiet_itch_line_carries_heartbeats_with_the_next_sequence_number() {
 #[test]
 fn password_guessing_from_one_address_is_slowed_to_five_tries_a_second() {
     let d = tmp();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(true);
     let cfg = format!(
         "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_session = \"FFTEST0001\"\n\n\
          [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"], [\"BOB\", \"pw2\"]]\nsymbols = [\"AAPL\"]\n\
@@ -825,7 +825,7 @@ fn order_as(port: u16, password: &str, args: &[&str]) -> (Option<i32>, String, S
 #[test]
 fn orders_by_hand_trade_cancel_replace_and_say_why_when_refused() {
     let d = tmp();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(true);
     let cfg = format!(
         "listen = \"127.0.0.1:{port}\"\nengines = 1\nitch_session = \"FFTEST0001\"\n\n\
          [gateway]\nsession = \"S1\"\nusers = [[\"ALICE\", \"pw1\"]]\nsymbols = [\"AAPL\", \"MSFT\"]\n\

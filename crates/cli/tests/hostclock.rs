@@ -45,7 +45,7 @@ fn chrony_pair(dir_path: &std::path::Path) -> (Daemon, Daemon, std::path::PathBu
     // chronyd refuses a command socket in a directory others can enter.
     std::fs::set_permissions(dir_path, std::fs::Permissions::from_mode(0o700)).unwrap();
     let dir = dir_path.display().to_string();
-    let ntp_port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ntp_port = free_port(false);
     let server = chronyd(
         dir_path,
         "server",

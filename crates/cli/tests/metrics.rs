@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    free_addr(true)
 }
 
 /// `GET /metrics` from `from` (a loopback source address); (status line, body).
@@ -140,7 +140,7 @@ fn every_node_serves_metrics_promtool_accepts_and_a_hostile_client_cannot_starve
         return;
     }
     let d = tmp();
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(false);
     let topo = small_tree(d.path(), port);
     let key = d.path().join("tree.key");
     std::fs::write(&key, "11".repeat(32)).unwrap();
@@ -288,7 +288,7 @@ fn exchange_arb_retransmit_server_and_bridge_serve_metrics_promtool_accepts() {
         "--loss-a",
         "0.05",
     ]);
-    let free_udp = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let free_udp = || free_addr(false);
     let (mut checked, mut bodies) = (Vec::new(), Vec::new());
     let mut check = |what: &str, m: SocketAddr, metric: &str, c: &mut Child| {
         let body = scrape_until(m, metric);
@@ -378,7 +378,7 @@ fn the_snapshot_server_serves_metrics_promtool_accepts() {
     let d = tmp();
     let pcap = d.path().join("feed.pcap");
     fairfeed(&["gen", "--seed", "5", "--messages", "20000", "--symbols", "20", "--out", pcap.to_str().unwrap()]);
-    let sf = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let sf = free_addr(false);
     let (sl, sm) = (free_tcp(), free_tcp());
     let mut snap = Command::new(bin())
         .args(["snapshot-server", "--listen", &sl.to_string(), "--feed", &sf.to_string()])

@@ -71,18 +71,18 @@ fn final_report(dir: &Path, name: &str) -> serde_json::Value {
 }
 
 fn free_udp() -> String {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+    free_addr(false).to_string()
 }
 
 fn free_tcp() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+    free_addr(true).to_string()
 }
 
 #[test]
 fn long_running_commands_stop_on_sigterm_report_and_log_json() {
     let d = tmp();
     let dir = d.path();
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port(false);
     let topo = small_tree(dir, port);
     let key = dir.join("tree.key");
     std::fs::write(&key, "33".repeat(32)).unwrap();

@@ -135,3 +135,31 @@ pub fn app_books(packets: &[Vec<u8>]) -> (fairfeed_feed::book::Books, u64, u64) 
     }
     (b, first.unwrap_or(0), next.unwrap_or(0))
 }
+
+/// A free loopback port (TCP or UDP) that no other caller in this test
+/// process has been handed. The kernel's "bind port 0" answer is free only
+/// until it is dropped: asked twice before the first child process binds its
+/// port, it may give the same port again, and the second child then fails to
+/// bind while a scrape of "its" port reaches the first (CI, stop 56).
+pub fn free_port(tcp: bool) -> u16 {
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1_000 {
+        let port = if tcp {
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        } else {
+            std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        };
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no fresh loopback port after 1,000 tries");
+}
+
+/// [`free_port`] as `127.0.0.1:PORT`.
+pub fn free_addr(tcp: bool) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port(tcp)))
+}
