@@ -38,6 +38,13 @@ pub struct ClockBenchConfig {
     /// The feed the sender multicasts meanwhile, messages/s.
     pub rate_per_s: f64,
     pub seed: u64,
+    /// Share of the nodes other than the reference whose clocks step by
+    /// `step_ns` halfway through the measured seconds, announced as a
+    /// host announces its own steps (at least one node when above 0).
+    pub step_share: f64,
+    pub step_ns: i64,
+    /// The steps are told to nobody: only the probes can find them.
+    pub step_silent: bool,
 }
 
 impl Default for ClockBenchConfig {
@@ -50,6 +57,9 @@ impl Default for ClockBenchConfig {
             max_drift_ppm: 100.0,
             rate_per_s: 1_000.0,
             seed: 1,
+            step_share: 0.0,
+            step_ns: 0,
+            step_silent: false,
         }
     }
 }
@@ -64,8 +74,10 @@ pub struct ClockBenchReport {
     pub error_p99_ns: f64,
     pub error_max_ns: f64,
     pub samples: usize,
-    /// Samples whose node reported itself synchronized.
+    /// Samples whose node reported itself synchronized ...
     pub synced_share: f64,
+    /// ... and whose |error| was within the bound the node reported.
+    pub within_bound_share: f64,
     /// Probe packets (sent + received) as a share of all packets, over all
     /// nodes, during the measured seconds (after the warm-up, whose first
     /// seconds probe fast).
@@ -80,6 +92,18 @@ pub struct ClockBenchReport {
     pub feed_rate_per_s: f64,
     /// Per node: id, role, median and largest |error| (ns), level, pure pairs.
     pub per_node: Vec<NodeError>,
+    /// The nodes whose clocks stepped (by `step_ns`, at `step_at_s` from
+    /// the start; told to nobody when `step_silent`).
+    pub stepped: Vec<u32>,
+    pub step_ns: i64,
+    pub step_silent: bool,
+    pub step_at_s: f64,
+    /// Over the stepped nodes' samples from the step on: the largest
+    /// |error| (ns), the share in which the node said it was synchronized,
+    /// and the share in which |error| was within the bound it reported.
+    pub stepped_error_max_ns: f64,
+    pub stepped_synced_share: f64,
+    pub stepped_within_bound_share: f64,
 }
 
 /// One node's errors in a run.
@@ -87,6 +111,7 @@ pub struct ClockBenchReport {
 pub struct NodeError {
     pub id: u32,
     pub role: String,
+    pub stepped: bool,
     pub error_p50_ns: f64,
     pub error_max_ns: f64,
     pub peers_used: u64,
@@ -126,25 +151,18 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
         node.addr = Some(format!("127.0.0.1:{}", ports[i]));
         max_id = max_id.max(node.id as usize);
     }
-    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(c.seed);
-    let epoch = wall_ns();
-    let mut skews = vec![Skew::NONE; max_id + 1];
-    for s in skews.iter_mut() {
-        *s = Skew {
-            offset_ns: rng.gen_range(-c.max_offset_ns..=c.max_offset_ns),
-            drift_ppm: rng.gen_range(-c.max_drift_ppm..=c.max_drift_ppm),
-            epoch_ns: epoch,
-        };
-    }
     let reference = topo.trees[0].nodes.iter().find(|n| n.role == Role::Sender).map_or(0, |n| n.id);
     let total_s = c.warmup_s + c.seconds;
+    let step_at_s = c.warmup_s + c.seconds / 2.0;
+    let (skews, stepped) = draw_clocks(c, &topo, max_id, reference, step_at_s);
+    let (mut after_step, mut after_synced, mut after_within, mut after_max) = (0usize, 0usize, 0usize, 0.0f64);
     let stop = Arc::new(AtomicBool::new(false));
     let (handles, controls) = spawn_nodes(c, &topo, &ports, &skews, total_s, &stop)?;
     let asker = UdpSocket::bind("127.0.0.1:0")?;
     asker.set_read_timeout(Some(Duration::from_millis(200)))?;
     let start = wall_ns();
     let mut errors = Vec::new();
-    let (mut synced, mut asked) = (0usize, 0usize);
+    let (mut synced, mut within, mut asked) = (0usize, 0usize, 0usize);
     let mut last: Vec<serde_json::Value> = Vec::new();
     // Each node's first snapshot after the warm-up: counters are measured from it.
     let mut first: std::collections::BTreeMap<u32, serde_json::Value> = Default::default();
@@ -164,10 +182,20 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
             if measuring && id != reference {
                 if let (Some(est), Some(t)) = (clock["offset_now_ns"].as_f64(), clock["true_ns"].as_u64()) {
                     let truth = skews[id as usize].error_at(t) - skews[reference as usize].error_at(t);
-                    errors.push((est - truth).abs());
-                    by_node.entry(id).or_default().push((est - truth).abs());
+                    let e = (est - truth).abs();
+                    errors.push(e);
+                    by_node.entry(id).or_default().push(e);
                     asked += 1;
-                    synced += usize::from(clock["stats"]["synced"].as_bool() == Some(true));
+                    let is_synced = clock["stats"]["synced"].as_bool() == Some(true);
+                    synced += usize::from(is_synced);
+                    let bound = clock["bound_now_ns"].as_f64().unwrap_or(f64::INFINITY);
+                    within += usize::from(e <= bound);
+                    if stepped.contains(&id) && skews[id as usize].step_by(t).is_some() {
+                        after_step += 1;
+                        after_synced += usize::from(is_synced);
+                        after_within += usize::from(e <= bound);
+                        after_max = after_max.max(e);
+                    }
                 }
             }
             last.push(v);
@@ -181,7 +209,12 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
             Err(_) => return Err(ClockBenchError::Panicked),
         }
     }
-    let mut r = summarize(c, n, errors, (synced, asked), (&first, &last));
+    let mut r = summarize(c, n, errors, (synced, within, asked), (&first, &last));
+    let share = |k: usize| if after_step > 0 { k as f64 / after_step as f64 } else { 0.0 };
+    (r.stepped_error_max_ns, r.stepped_synced_share, r.stepped_within_bound_share) =
+        (after_max, share(after_synced), share(after_within));
+    (r.step_ns, r.step_silent, r.step_at_s) =
+        (c.step_ns, c.step_silent, if stepped.is_empty() { 0.0 } else { step_at_s });
     for (id, mut e) in by_node {
         e.sort_by(f64::total_cmp);
         let snap = last.iter().find(|v| v["id"].as_u64() == Some(u64::from(id)));
@@ -189,6 +222,7 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
         r.per_node.push(NodeError {
             id,
             role: snap.and_then(|v| v["role"].as_str()).unwrap_or("?").to_string(),
+            stepped: stepped.contains(&id),
             error_p50_ns: e[e.len() / 2],
             error_max_ns: e[e.len() - 1],
             peers_used: st["peers_used"].as_u64().unwrap_or(0),
@@ -197,7 +231,43 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
             probes_received: st["probes_received"].as_u64().unwrap_or(0),
         });
     }
+    r.stepped = stepped;
     Ok(r)
+}
+
+/// Every node's injected clock (by id), and the nodes whose clocks step:
+/// at `step_at_s`, a random share of the nodes other than the reference.
+fn draw_clocks(
+    c: &ClockBenchConfig,
+    topo: &Topology,
+    max_id: usize,
+    reference: u32,
+    step_at_s: f64,
+) -> (Vec<Skew>, Vec<u32>) {
+    let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(c.seed);
+    let epoch = wall_ns();
+    let mut skews = vec![Skew::NONE; max_id + 1];
+    for s in skews.iter_mut() {
+        *s = Skew::new(
+            rng.gen_range(-c.max_offset_ns..=c.max_offset_ns),
+            rng.gen_range(-c.max_drift_ppm..=c.max_drift_ppm),
+            epoch,
+        );
+    }
+    let mut stepped: Vec<u32> = Vec::new();
+    if c.step_share > 0.0 && c.step_ns != 0 {
+        let mut others: Vec<u32> = topo.trees[0].nodes.iter().map(|n| n.id).filter(|&i| i != reference).collect();
+        let k = ((others.len() as f64 * c.step_share).ceil() as usize).clamp(1, others.len());
+        for _ in 0..k {
+            stepped.push(others.swap_remove(rng.gen_range(0..others.len())));
+        }
+        stepped.sort_unstable();
+        for &id in &stepped {
+            let s = &mut skews[id as usize];
+            (s.step_ns, s.step_at_ns, s.step_silent) = (c.step_ns, epoch + (step_at_s * 1e9) as u64, c.step_silent);
+        }
+    }
+    (skews, stepped)
 }
 
 type Spawned = (Vec<thread::JoinHandle<Result<(), AgentError>>>, Vec<(u32, SocketAddr)>);
@@ -296,7 +366,7 @@ fn summarize(
     c: &ClockBenchConfig,
     n: usize,
     mut errors: Vec<f64>,
-    (synced, asked): (usize, usize),
+    (synced, within, asked): (usize, usize, usize),
     (first, last): (&std::collections::BTreeMap<u32, serde_json::Value>, &[serde_json::Value]),
 ) -> ClockBenchReport {
     errors.sort_by(f64::total_cmp);
@@ -338,6 +408,7 @@ fn summarize(
         error_max_ns: errors.last().copied().unwrap_or(f64::NAN),
         samples: errors.len(),
         synced_share: if asked > 0 { synced as f64 / asked as f64 } else { 0.0 },
+        within_bound_share: if asked > 0 { within as f64 / asked as f64 } else { 0.0 },
         probe_share: if packets > 0 { probes as f64 / packets as f64 } else { 0.0 },
         probe_share_max: worst,
         pure_fraction: if pairs > 0 { pure as f64 / pairs as f64 } else { 0.0 },
@@ -347,6 +418,13 @@ fn summarize(
         max_drift_ppm: c.max_drift_ppm,
         feed_rate_per_s: c.rate_per_s,
         per_node: Vec::new(),
+        stepped: Vec::new(),
+        step_ns: 0,
+        step_silent: false,
+        step_at_s: 0.0,
+        stepped_error_max_ns: 0.0,
+        stepped_synced_share: 0.0,
+        stepped_within_bound_share: 0.0,
     }
 }
 

@@ -195,6 +195,20 @@ pub enum Bench {
         /// Seed of the injected clocks.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Share of the nodes (not the reference) whose clocks step by
+        /// `--step-ns` halfway through the measured seconds, announced as a
+        /// host announces its own steps (at least one node when above 0).
+        #[arg(long, default_value_t = 0.0, value_parser = crate::fmt::share, requires = "step_ns")]
+        step_share: f64,
+        /// The size of those steps, ns (either sign, ±10 s).
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true, requires = "step_share",
+              value_parser = clap::value_parser!(i64).range(-10_000_000_000..=10_000_000_000))]
+        step_ns: i64,
+        /// Tell nobody of those steps (a paused VM, a hypervisor's
+        /// correction): only the probes can find them. The baseline for
+        /// steps the host announces.
+        #[arg(long, requires = "step_share")]
+        step_silent: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -291,7 +305,20 @@ fn bench_rate(s: &str) -> Result<f64, String> {
 
 /// `fairfeed bench clock-sync`.
 fn clock_sync_cmd(b: Bench) -> anyhow::Result<()> {
-    let Bench::ClockSync { nodes, seconds, warmup, max_offset_ns, max_drift_ppm, rate, seed, json } = b else {
+    let Bench::ClockSync {
+        nodes,
+        seconds,
+        warmup,
+        max_offset_ns,
+        max_drift_ppm,
+        rate,
+        seed,
+        step_share,
+        step_ns,
+        step_silent,
+        json,
+    } = b
+    else {
         anyhow::bail!("internal: clock_sync_cmd takes the clock-sync bench");
     };
     let c = fairfeed_bench::clock::ClockBenchConfig {
@@ -302,6 +329,9 @@ fn clock_sync_cmd(b: Bench) -> anyhow::Result<()> {
         max_drift_ppm,
         rate_per_s: rate,
         seed,
+        step_share,
+        step_ns,
+        step_silent,
     };
     let pb = crate::fmt::progress(((seconds + warmup) * 10.0) as u64, "clock-sync: warming up, then measuring");
     let r =
@@ -327,6 +357,19 @@ fn clock_sync_cmd(b: Bench) -> anyhow::Result<()> {
             r.probe_share * 100.0,
             r.pure_fraction * 100.0
         );
+        if !r.stepped.is_empty() {
+            println!(
+                "  nodes {:?} stepped{} by {} ns at {:.1} s: from then on |error| max {:.0} ns, synchronized in {:.1} %, \
+                 within their bound in {:.1} % of samples",
+                r.stepped,
+                if r.step_silent { " silently" } else { "" },
+                r.step_ns,
+                r.step_at_s,
+                r.stepped_error_max_ns,
+                r.stepped_synced_share * 100.0,
+                r.stepped_within_bound_share * 100.0
+            );
+        }
     }
     Ok(())
 }

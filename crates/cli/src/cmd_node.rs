@@ -219,6 +219,19 @@ pub struct Common {
     /// Testing: make this node's clock run fast (or slow, negative) by this many ppm (±1,000).
     #[arg(long, default_value_t = 0.0, allow_hyphen_values = true, value_parser = ppm_range)]
     clock_drift_ppm: f64,
+    /// Testing: step this node's clock by this many ns (either sign, ±1 hour)
+    /// `--clock-step-after-ms` after start, announced as the host announces
+    /// its own steps (the size known; see `--clock sync`).
+    #[arg(long, allow_hyphen_values = true, requires = "clock_step_after_ms",
+          value_parser = clap::value_parser!(i64).range(-3_600_000_000_000..=3_600_000_000_000))]
+    clock_step_ns: Option<i64>,
+    /// Testing: when `--clock-step-ns` steps the clock, ms after start.
+    #[arg(long, requires = "clock_step_ns", value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    clock_step_after_ms: Option<u64>,
+    /// Testing: tell nobody of that step (a paused VM, a hypervisor's
+    /// correction): only the probes can find it.
+    #[arg(long, requires = "clock_step_ns")]
+    clock_step_silent: bool,
 }
 
 /// How the XDP de-duplicator is attached.
@@ -542,10 +555,14 @@ fn clock_opts(c: &Common) -> fairfeed_net::tree::agent::ClockOpts {
             ..SyncConfig::default()
         },
         random_peers: usize::from(c.clock_peers),
-        skew: fairfeed_clock::skew::Skew {
-            offset_ns: c.clock_offset_ns,
-            drift_ppm: c.clock_drift_ppm,
-            epoch_ns: fairfeed_net::tree::agent::wall_ns(),
+        skew: {
+            let epoch = fairfeed_net::tree::agent::wall_ns();
+            fairfeed_clock::skew::Skew {
+                step_ns: c.clock_step_ns.unwrap_or(0),
+                step_at_ns: epoch.saturating_add(c.clock_step_after_ms.unwrap_or(0).saturating_mul(1_000_000)),
+                step_silent: c.clock_step_silent,
+                ..fairfeed_clock::skew::Skew::new(c.clock_offset_ns, c.clock_drift_ppm, epoch)
+            }
         },
         host_bound: None,
     }

@@ -158,7 +158,11 @@ fn every_node_serves_metrics_promtool_accepts_and_a_hostile_client_cannot_starve
     let mut nodes: Vec<(u32, SocketAddr, Child)> = Vec::new();
     for id in 0..4 {
         let m = free_tcp();
-        nodes.push((id, m, spawn("receiver", id, m, &["--seconds", "7"])));
+        // Receiver 3's clock steps 1 ms forward a second in, the size known
+        // (as a host's own steps are told): it keeps its estimate.
+        let step: &[&str] =
+            if id == 3 { &["--clock-step-ns", "1000000", "--clock-step-after-ms", "1000"] } else { &[] };
+        nodes.push((id, m, spawn("receiver", id, m, &[&["--seconds", "7"][..], step].concat())));
     }
     for id in [5, 6] {
         let m = free_tcp();
@@ -185,6 +189,12 @@ fn every_node_serves_metrics_promtool_accepts_and_a_hostile_client_cannot_starve
             let (a, b) = (value(&first[k], metric, &label), value(&body, metric, &label));
             assert!(a.is_some() && b > a, "node {id}: {metric} {a:?} → {b:?}");
         };
+        // Steps: receiver 3's, told and kept; no node saw a jump on its edges.
+        let steps = value(&body, "fairfeed_agent_clock_steps_total", &label);
+        let kept = value(&body, "fairfeed_node_clock_stats_own_steps_kept_total", &label);
+        let want = if *id == 3 { 1.0 } else { 0.0 };
+        assert_eq!((steps, kept), (Some(want), Some(want)), "node {id}: clock steps told and kept");
+        assert_eq!(value(&body, "fairfeed_node_clock_stats_steps_total", &label), Some(0.0), "node {id}: jumps seen");
         match id {
             0..=3 => {
                 moved("fairfeed_node_released_total");

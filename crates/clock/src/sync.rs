@@ -83,8 +83,13 @@
 //!   another peer sits on its fit, the node's bound is unknown (`suspect`).
 //!   Jumps on the edges to [`OWN_STEP_PEERS`] peers at once (and to more
 //!   than half the peers heard from), or a step the
-//!   host announces ([`ClockSync::clock_stepped`]), are the node's own: every
-//!   edge restarts and it is unsynchronized until they refit.
+//!   host announces without its size ([`ClockSync::clock_stepped`]), are the
+//!   node's own: every edge restarts and it is unsynchronized until they
+//!   refit. A step whose size the host measured
+//!   ([`ClockSync::clock_stepped_by`]) is taken out instead: inside, the
+//!   node runs on its raw clock less every such step, so nothing it holds
+//!   and nothing its peers see jumps; its bound grows by the measurement's
+//!   uncertainty for a window.
 //!
 //! Bad probes — misdirected, from a node that is not a peer, replayed,
 //! malformed, or with absurd timestamps — are refused and counted, and never
@@ -367,6 +372,9 @@ pub struct SyncStats {
     pub last_step: Option<(u32, bool, i64)>,
     /// Jumps of our own clock (seen on the edges to several peers at once, or announced by the host).
     pub own_steps: u64,
+    /// ... of which the host told their size, so the estimate was kept
+    /// ([`ClockSync::clock_stepped_by`]).
+    pub own_steps_kept: u64,
     /// Updates whose sources' intervals had no common point (one of them
     /// wrong): the bound then spans them all.
     pub inconsistent_updates: u64,
@@ -394,7 +402,8 @@ pub struct SyncStats {
     /// Bound above the limit now, and how often it went there.
     pub over_limit: bool,
     pub over_limit_events: u64,
-    /// Raw local time of the last estimate update.
+    /// Local time of the last estimate update (the raw clock less the steps
+    /// of known size: `ClockSync::clock_stepped_by`).
     pub last_update_ns: u64,
 }
 
@@ -611,6 +620,15 @@ pub struct ClockSync {
     /// `SyncMode::Off` on a host whose clock daemon publishes its error
     /// estimate: that bound, ns (`u64::MAX`: the daemon is unsynchronized).
     host_bound: Option<u64>,
+    /// The steps of our raw clock whose size we were told, summed (new −
+    /// old, ns). Inside, every time is on the raw clock less this — a
+    /// timescale with no step in it: neither our windows nor our peers' see
+    /// one; only the public calls convert.
+    moved: i64,
+    /// How far off those sizes may be, and until when (inside time): the
+    /// windows hold samples from before the last step until then, and the
+    /// bound says so.
+    step_slack: (u64, f64),
     pub stats: SyncStats,
 }
 
@@ -648,6 +666,8 @@ impl ClockSync {
             drift_unc: DRIFT_UNCERTAINTY,
             suspect: false,
             host_bound: None,
+            moved: 0,
+            step_slack: (0, 0.0),
             stats,
         };
         c.reschedule();
@@ -709,28 +729,65 @@ impl ClockSync {
 
     /// The estimated offset of our raw clock against the reference at raw time `x`, ns.
     pub fn offset_at(&self, x: u64) -> f64 {
+        self.offset_in(self.inside(x)) + self.moved as f64
+    }
+
+    /// The offset at inside time `x` (the raw clock less the steps of known size).
+    fn offset_in(&self, x: u64) -> f64 {
         self.offset_ns + self.drift * (x as f64 - self.at as f64)
     }
 
-    fn corrects(&self) -> bool {
-        self.cfg.mode == SyncMode::Sync && !self.reference
+    /// Inside time (see `moved`) at raw time `raw`.
+    fn inside(&self, raw: u64) -> u64 {
+        if raw == u64::MAX {
+            raw
+        } else {
+            raw.saturating_add_signed(self.moved.saturating_neg())
+        }
+    }
+
+    /// Raw time at inside time `x`.
+    fn outside(&self, x: u64) -> u64 {
+        if x == u64::MAX {
+            x
+        } else {
+            x.saturating_add_signed(self.moved).min(u64::MAX - 1)
+        }
     }
 
     /// The synchronized clock at raw time `local`.
     pub fn now_sync(&self, local: u64) -> u64 {
-        if !self.corrects() {
+        if self.cfg.mode != SyncMode::Sync {
             return local;
         }
-        (local as f64 - self.offset_at(local)).round().max(0.0) as u64
+        // The reference's timescale is its raw clock less the steps it was told of.
+        let x = self.inside(local);
+        if self.reference {
+            return x;
+        }
+        self.sync_in(x)
+    }
+
+    /// The synchronized clock at inside time `x`.
+    fn sync_in(&self, x: u64) -> u64 {
+        (x as f64 - self.offset_in(x)).round().max(0.0) as u64
     }
 
     /// The raw time at which the synchronized clock reads `sync`: the first
     /// raw time whose synchronized reading is at or after it (a timer due a
     /// nanosecond early would be re-armed at the same instant for ever).
     pub fn to_local(&self, sync: u64) -> u64 {
-        if !self.corrects() || sync == u64::MAX {
+        if self.cfg.mode != SyncMode::Sync || sync == u64::MAX {
             return sync;
         }
+        if self.reference {
+            return self.outside(sync);
+        }
+        self.outside(self.to_inside(sync))
+    }
+
+    /// The inside time at which the synchronized clock reads `sync`.
+    fn to_inside(&self, sync: u64) -> u64 {
         // now_sync(x) = x − offset − drift·(x − at) = sync, solved for x in
         // small numbers (absolute ns lose precision in f64). A fixed-point
         // iteration converges by a factor of `drift` per step: two steps left
@@ -741,13 +798,13 @@ impl ClockSync {
         // Rounding lands a few ns either side: step up to the first raw time
         // that reads at or after `sync`, then back while the one before does too.
         let mut step = 1u64;
-        while self.now_sync(local) < sync && local < u64::MAX - 1 {
+        while self.sync_in(local) < sync && local < u64::MAX - 1 {
             local = local.saturating_add(step).min(u64::MAX - 1);
             step = step.saturating_mul(2);
         }
         let mut step = 1u64;
         while step > 0 {
-            if local >= step && self.now_sync(local - step) >= sync {
+            if local >= step && self.sync_in(local - step) >= sync {
                 local -= step;
                 step = step.saturating_mul(2);
             } else {
@@ -782,11 +839,16 @@ impl ClockSync {
 
     /// The statistical error bound at raw time `local`, ns (`u64::MAX` before any estimate).
     pub fn bound_ns(&self, local: u64) -> u64 {
+        self.bound_in(self.inside(local))
+    }
+
+    /// The bound at inside time `local`.
+    fn bound_in(&self, local: u64) -> u64 {
         if self.cfg.mode == SyncMode::Off {
             return self.host_bound.unwrap_or(0);
         }
         if self.reference {
-            return 0;
+            return if local < self.step_slack.0 { self.step_slack.1.ceil() as u64 } else { 0 };
         }
         if self.suspect {
             return u64::MAX;
@@ -801,10 +863,14 @@ impl ClockSync {
 
     /// True while the estimate is usable and its bound within the limit.
     pub fn within_limit(&self, local: u64) -> bool {
+        self.within_in(self.inside(local))
+    }
+
+    fn within_in(&self, local: u64) -> bool {
         if self.cfg.mode == SyncMode::Off {
             return self.host_bound.is_none_or(|b| b <= self.cfg.bound_limit_ns);
         }
-        self.synced && !self.suspect && self.bound_ns(local) <= self.cfg.bound_limit_ns
+        self.synced && !self.suspect && self.bound_in(local) <= self.cfg.bound_limit_ns
     }
 
     /// True while the bound is within [`USABLE_FACTOR`] × the limit, over
@@ -825,7 +891,7 @@ impl ClockSync {
         if self.cfg.mode == SyncMode::Off || self.peers.is_empty() {
             return u64::MAX;
         }
-        self.seconds.iter().map(|s| s.0).min().unwrap_or(u64::MAX).min(self.next_round)
+        self.outside(self.seconds.iter().map(|s| s.0).min().unwrap_or(u64::MAX).min(self.next_round))
     }
 
     /// The probing interval at `now`: `startup_interval_ns` during start-up,
@@ -854,6 +920,8 @@ impl ClockSync {
         if self.cfg.mode == SyncMode::Off || self.peers.is_empty() {
             return;
         }
+        // Probes carry inside time: a step of known size never shows on the wire.
+        let now = self.inside(now);
         if self.started.is_none() {
             self.started = Some(now);
             self.fast_until = now + self.cfg.startup_ns;
@@ -896,7 +964,7 @@ impl ClockSync {
     }
 
     fn send_probe(&mut self, now: u64, p: usize, pair: u64, index: u8, send: &mut dyn FnMut(u32, &ProbeRepr)) {
-        let off = self.offset_at(now);
+        let off = self.offset_in(now);
         let peer = &mut self.peers[p];
         let (echo_tx_ns, echo_rx_ns) = peer.echo.pop_front().unwrap_or((0, 0));
         peer.sent[peer.sent_next % SENT_RING] = now;
@@ -924,6 +992,7 @@ impl ClockSync {
 
     /// A probe from node `from` arrived at raw time `now`.
     pub fn handle_probe(&mut self, now: u64, from: u32, p: &ProbeRepr) -> Result<(), ProbeError> {
+        let now = self.inside(now);
         let r = self.admit(now, from, p);
         match r {
             Ok(i) => {
@@ -1084,13 +1153,53 @@ impl ClockSync {
         if self.cfg.mode == SyncMode::Off || self.reference {
             return;
         }
+        let now = self.inside(now);
         self.own_step(now);
         self.update(now);
+    }
+
+    /// Our own clock was stepped by `delta_ns` (its reading after the step
+    /// minus the reading it would have had), known to within
+    /// `uncertainty_ns`: the host measured it — CLOCK_REALTIME against
+    /// CLOCK_MONOTONIC, which no step moves
+    /// (`fairfeed_io::clock::HostStepWatch`) — or a test injected it. `now`
+    /// is a reading after the step. The estimate is kept: inside, the node
+    /// runs on its raw clock less every step of known size, a timescale with
+    /// no step in it, so neither its windows nor its peers' (its probes'
+    /// stamps are inside time) see one; only the public calls convert. That
+    /// timescale may itself have moved by the uncertainty, so the bound grows
+    /// by it until every sample taken before the step has left the windows
+    /// (`window_ns`). A size known no better than `step_ns`: as
+    /// [`ClockSync::clock_stepped`]. The reference keeps its timescale the
+    /// same way and says its bound is the uncertainty meanwhile.
+    pub fn clock_stepped_by(&mut self, now: u64, delta_ns: i64, uncertainty_ns: u64) {
+        if self.cfg.mode == SyncMode::Off {
+            return;
+        }
+        if uncertainty_ns > self.cfg.step_ns && !self.reference {
+            self.clock_stepped(now);
+            return;
+        }
+        self.moved = self.moved.saturating_add(delta_ns);
+        let x = self.inside(now);
+        let slack = if x < self.step_slack.0 { self.step_slack.1 } else { 0.0 };
+        let u = uncertainty_ns as f64;
+        self.step_slack = (x.saturating_add(self.cfg.window_ns), slack + u);
+        if self.reference {
+            (self.bound_ns, self.hard_ns) = (self.step_slack.1, self.step_slack.1);
+        } else {
+            self.bound_ns += u;
+            self.hard_ns += u;
+        }
+        self.stats.own_steps += 1;
+        self.stats.own_steps_kept += 1;
+        self.refresh_stats(x, self.stats.peers_used as usize, self.last_rms);
     }
 
     fn own_step(&mut self, now: u64) {
         self.jumps.clear();
         self.suspect = false;
+        self.step_slack = (0, 0.0);
         self.stats.own_steps += 1;
         for p in &mut self.peers {
             p.reset();
@@ -1104,9 +1213,14 @@ impl ClockSync {
         self.next_round = self.next_round.min(now + self.cfg.startup_interval_ns);
     }
 
-    /// Recomputes the estimate from the peers; called each round.
-    pub fn update(&mut self, now: u64) {
+    /// Recomputes the estimate from the peers (at inside time `now`); called each round.
+    fn update(&mut self, now: u64) {
         self.stats.last_update_ns = now;
+        if self.reference {
+            // After a step of known size, the timescale's own uncertainty for a window.
+            let b = if now < self.step_slack.0 { self.step_slack.1 } else { 0.0 };
+            (self.bound_ns, self.hard_ns) = (b, b);
+        }
         if self.reference || self.cfg.mode == SyncMode::Off {
             self.refresh_stats(now, 0, 0.0);
             return;
@@ -1225,7 +1339,10 @@ impl ClockSync {
         // loops of peers of one level once fed each other's bounds to
         // milliseconds.
         let hard = used.iter().map(|c| (c.theta - theta).abs() + c.hard).fold(f64::INFINITY, f64::min);
-        ((BOUND_FLOOR_NS + spread.max(residuals) + slope).min(hard), hard)
+        // Samples from before a step of our clock, moved by a size known
+        // only within `step_slack`, may still be in the windows.
+        let slack = if self.stats.last_update_ns < self.step_slack.0 { self.step_slack.1 } else { 0.0 };
+        ((BOUND_FLOOR_NS + spread.max(residuals) + slope).min(hard) + slack, hard + slack)
     }
 
     /// The level we take: one below our nearest anchors, or — when every
@@ -1445,15 +1562,16 @@ impl ClockSync {
     }
 
     fn refresh_stats(&mut self, now: u64, used: usize, rms: f64) {
-        let over = !self.within_limit(now);
+        let over = !self.within_in(now);
         if over && !self.stats.over_limit && self.started.is_some() {
             self.stats.over_limit_events += 1;
         }
-        let bound = self.bound_ns(now);
+        let bound = self.bound_in(now);
         let asymmetric = self.peers.iter().filter(|p| p.asymmetric).count() as u64;
         let s = &mut self.stats;
         s.over_limit = over;
-        s.offset_ns = self.offset_ns;
+        // Against the raw clock, as the public calls are.
+        s.offset_ns = self.offset_ns + self.moved as f64;
         s.drift_ppm = self.drift * 1e6;
         s.bound_ns = bound;
         s.hard_bound_ns = if self.hard_ns.is_finite() { self.hard_ns.ceil() as u64 } else { u64::MAX };

@@ -436,7 +436,7 @@ impl<F: FnMut(f64)> Agent for Stopwatch<F> {
 /// A model clock as the skew a node agent applies to its time (the model's
 /// clock steps, if any, are not emulated here).
 fn skew_of(c: &Clock) -> Skew {
-    Skew { offset_ns: c.offset_ns.round() as i64, drift_ppm: c.drift * 1e6, epoch_ns: 0 }
+    Skew::new(c.offset_ns.round() as i64, c.drift * 1e6, 0)
 }
 
 /// One node agent's configuration in the demo: the topology with every

@@ -220,7 +220,7 @@ impl Agent for DeliveryAgent {
             return 0;
         }
         let arb = self.fill.as_ref().and_then(GapFiller::next_timeout);
-        let due = arb.map_or(u64::MAX, |l| self.time.wall_at(self.skew.true_at(l)));
+        let due = arb.map_or(u64::MAX, |l| super::wall_at_local(&self.skew, &self.time, l));
         let join = self.app.join.as_ref().map_or(u64::MAX, SnapshotClient::next_due);
         let hop = self.app.out.hop.as_ref().map_or(u64::MAX, LastHopOut::next_due);
         due.min(join).min(hop).min(self.poster.as_ref().map_or(u64::MAX, Poster::next_ns))

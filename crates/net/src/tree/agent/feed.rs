@@ -195,7 +195,7 @@ impl FeedAgent {
     }
 
     fn wall_at_local(&self, local: u64) -> u64 {
-        self.time.wall_at(self.skew.true_at(local))
+        super::wall_at_local(&self.skew, &self.time, local)
     }
 
     /// Hands over the packets due at `local`; returns how many.

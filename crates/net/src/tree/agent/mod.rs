@@ -123,6 +123,14 @@ impl TimeBase {
     }
 }
 
+/// Wall time at which a clock skewed by `skew` on time base `time` reads
+/// `local` (the first from now on: after a backward step readings repeat,
+/// and a timer must wait for the clock to get there again).
+pub fn wall_at_local(skew: &fairfeed_clock::skew::Skew, time: &TimeBase, local: u64) -> u64 {
+    let t = if skew.step_ns == 0 { skew.true_at(local) } else { skew.true_at_from(local, time.at(wall_ns())) };
+    time.wall_at(t)
+}
+
 /// When a receiver released a message: wall clock, true time (the time
 /// base's; the wall clock unless dilated) and the receiver's own clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

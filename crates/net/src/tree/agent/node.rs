@@ -199,6 +199,29 @@ pub struct NodeAgent<'c> {
     deadlines: Option<DeadlineTap>,
     /// Under a controller: registration, heartbeats, new views.
     membership: Option<Membership>,
+    /// Steps of this node's clock, found and told to the clock sync.
+    steps: ClockSteps,
+}
+
+/// How often a node with its own clock sync looks for a step of the host's
+/// clock (two vDSO reads of CLOCK_MONOTONIC and one of CLOCK_REALTIME).
+pub const STEP_CHECK_NS: u64 = 1_000_000;
+
+/// Finds steps of a node's clock — the host's (CLOCK_REALTIME against
+/// CLOCK_MONOTONIC, every [`STEP_CHECK_NS`]) or one injected for a test
+/// (`Skew::step_ns`) — and tells the clock sync their size at once
+/// (`ClockSync::clock_stepped_by`), so it keeps its estimate.
+#[derive(Debug, Default)]
+struct ClockSteps {
+    watch: fairfeed_io::clock::HostStepWatch,
+    next_check_wall: u64,
+    injected_told: bool,
+    /// A kernel receive stamp that reads below this (local) may be from
+    /// before the last step (read after it): its packet takes the time it is
+    /// read at instead — later than its arrival, so at worst a queued-looking
+    /// sample, never one below the floor.
+    stale_below: u64,
+    told: u64,
 }
 
 /// A sender's deadline records on their way to the exchange (`SenderJob::deadlines_to`).
@@ -538,6 +561,7 @@ impl<'c> NodeAgent<'c> {
             tuning,
             // Unsynchronized at start is expected, not an alarm.
             clock_over_limit: true,
+            steps: ClockSteps::default(),
             on_release: Box::new(on_release),
             releases,
             release_batch: Vec::new(),
@@ -650,6 +674,7 @@ impl NodeAgent<'_> {
         let hists = &mut self.hists;
         let (skew, time, tap, me) = (self.cfg.clock.skew, self.cfg.time, self.cfg.tap.as_deref(), self.addr);
         let membership = &mut self.membership;
+        let stale_below = self.steps.stale_below;
         let n = self.recv.recv_stamped(&self.sock, |b, stamp| {
             if let Some(m) = membership.as_mut().filter(|_| b.get(3) == Some(&MEMBERSHIP_KIND)) {
                 m.keep(b);
@@ -658,8 +683,13 @@ impl NodeAgent<'_> {
             if let Some(t) = tap {
                 t.read(me, time.at(wall_ns()));
             }
-            // The kernel's arrival time where it gave one (clock sync asks for it).
-            let now = stamp.map_or(now, |w| skew.local(time.at(w)));
+            // The kernel's arrival time where it gave one (clock sync asks
+            // for it), unless it may be from before a step of the clock.
+            let now = match stamp.map(|w| skew.local(time.at(w))) {
+                Some(s) if s >= stale_below => s,
+                Some(_) => skew.local(time.at(wall_ns())),
+                None => now,
+            };
             if let (true, Outcome::New { owd_ns, hops, .. }) = (live.is_receiver(), live.handle_packet(now, b, &mut tx))
             {
                 if let Some(h) = hists.as_deref_mut() {
@@ -679,6 +709,43 @@ impl NodeAgent<'_> {
 
     fn sync(&self) -> &ClockSync {
         self.live.sync()
+    }
+
+    /// Tells the clock sync of a step of this node's clock the moment one is
+    /// seen (see [`ClockSteps`]); `now` is wall time.
+    fn watch_steps(&mut self, now: u64) {
+        if self.cfg.clock.sync.mode == fairfeed_clock::SyncMode::Off {
+            return;
+        }
+        let skew = self.cfg.clock.skew;
+        let mut step: Option<(i64, u64, &str)> = None;
+        if !self.steps.injected_told && !skew.step_silent {
+            if let Some((_, d)) = skew.step_by(self.cfg.time.at(now)) {
+                self.steps.injected_told = true;
+                step = Some((d, 0, "injected (--clock-step-ns)"));
+            }
+        }
+        if now >= self.steps.next_check_wall {
+            self.steps.next_check_wall = now.saturating_add(STEP_CHECK_NS);
+            if let Some(s) = self.steps.watch.observe(fairfeed_io::clock::realtime_minus_monotonic()) {
+                // Wall ns to this node's clock: through the time base's dilation and the skew's drift.
+                let scale = (1.0 + skew.drift_ppm * 1e-6) / self.cfg.time.dilation;
+                let d = (s.delta_ns as f64 * scale).round() as i64;
+                step = Some((d, (s.uncertainty_ns as f64 * scale).ceil() as u64 + 1, "the host's"));
+            }
+        }
+        let Some((d, u, whose)) = step else { return };
+        let local = self.local_at(wall_ns());
+        self.live.sync_mut().clock_stepped_by(local, d, u);
+        self.steps.stale_below = local.saturating_add(d.min(0).unsigned_abs());
+        self.steps.told += 1;
+        tracing::warn!(
+            node = self.cfg.id,
+            step_ns = d,
+            uncertainty_ns = u,
+            "{}: {whose} clock stepped by {d} ns (± {u} ns); the clock estimate moves with it (counter clock_steps)",
+            self.who
+        );
     }
 
     /// Says so, once per change, when the clock's bound goes above its limit or comes back.
@@ -825,7 +892,7 @@ impl NodeAgent<'_> {
 
     /// Wall time at which this node's clock reads `local`.
     fn wall_at_local(&self, local: u64) -> u64 {
-        self.cfg.time.wall_at(self.cfg.clock.skew.true_at(local))
+        super::wall_at_local(&self.cfg.clock.skew, &self.cfg.time, local)
     }
 
     /// Sends what is still waiting, stops the send thread, and reports
@@ -889,6 +956,7 @@ impl NodeAgent<'_> {
 
 impl Agent for NodeAgent<'_> {
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
+        self.watch_steps(now);
         self.post(now);
         self.follow_names();
         let local = self.local_at(now);
@@ -989,6 +1057,39 @@ impl NodeAgent<'_> {
         p.post_node(gen, NodePart { report: self.snapshot(false), hists });
     }
 
+    /// The node's clock in its report: the host's bound, or the
+    /// synchronization's estimate against what was injected.
+    fn clock_json(&self) -> Option<serde_json::Value> {
+        let sync = self.live.sync();
+        let mut clock = None;
+        if let Some(b) = sync.host_bound() {
+            clock = Some(json!({
+                "mode": "system",
+                "host_bound_ns": (b != u64::MAX).then_some(b),
+                "stats": sync.stats,
+            }));
+        }
+        if self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
+            let skew = self.cfg.clock.skew;
+            let mut t = self.cfg.time.at(wall_ns());
+            // An injected step this agent has not yet told its clock of (it
+            // does, first thing, next turn): as of just before the step.
+            if let (false, false, Some((at, _))) = (self.steps.injected_told, skew.step_silent, skew.step_by(t)) {
+                t = at.saturating_sub(1);
+            }
+            let local = skew.local(t);
+            clock = Some(json!({
+                "true_ns": t,
+                "mode": self.cfg.clock.sync.mode,
+                "stats": sync.stats,
+                "offset_now_ns": sync.offset_at(local),
+                "bound_now_ns": sync.bound_ns(local),
+                "injected_offset_ns": skew.error_at(t),
+            }));
+        }
+        clock
+    }
+
     /// The node's report; `with_latency`: with the histograms' quantiles.
     fn snapshot(&self, with_latency: bool) -> AgentReport {
         let now = wall_ns();
@@ -1003,6 +1104,7 @@ impl NodeAgent<'_> {
             "send_failed": l(&tx.send_failed),
             "queue_full": l(&tx.queue_full),
             "unknown_destination": self.unknown_destination,
+            "clock_steps": self.steps.told,
         });
         if let Some(r) = &self.resolver {
             counters["resolve"] = serde_json::to_value(r.resolver.stats()).unwrap_or_default();
@@ -1039,26 +1141,8 @@ impl NodeAgent<'_> {
             }),
         }
         .unwrap_or_default();
-        let sync = self.live.sync();
-        if let Some(b) = sync.host_bound() {
-            node["clock"] = json!({
-                "mode": "system",
-                "host_bound_ns": (b != u64::MAX).then_some(b),
-                "stats": sync.stats,
-            });
-        }
-        if self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off {
-            let skew = self.cfg.clock.skew;
-            let t = self.cfg.time.at(wall_ns());
-            let local = skew.local(t);
-            node["clock"] = json!({
-                "true_ns": t,
-                "mode": self.cfg.clock.sync.mode,
-                "stats": sync.stats,
-                "offset_now_ns": sync.offset_at(local),
-                "bound_now_ns": sync.bound_ns(local),
-                "injected_offset_ns": skew.error_at(t),
-            });
+        if let Some(c) = self.clock_json() {
+            node["clock"] = c;
         }
         let mut latency = json!({});
         if self.live.is_receiver() {
