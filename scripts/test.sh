@@ -48,6 +48,9 @@ command -v clang >/dev/null 2>&1 || need_apt+=(clang)
 command -v ethtool >/dev/null 2>&1 || [ -x /usr/sbin/ethtool ] || [ -x /sbin/ethtool ] || need_apt+=(ethtool)
 # chrony: a test starts two chronyd of its own (-x: never the host's clock).
 command -v chronyc >/dev/null 2>&1 || need_apt+=(chrony)
+# linuxptp: a test runs two ptp4l (a grandmaster and a free-running slave,
+# never the host's clock) in network namespaces it makes, read through pmc.
+command -v pmc >/dev/null 2>&1 || [ -x /usr/sbin/pmc ] || need_apt+=(linuxptp)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing ${need_apt[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive

@@ -92,6 +92,9 @@ pub struct ClockBenchReport {
     pub feed_rate_per_s: f64,
     /// Per node: id, role, median and largest |error| (ns), level, pure pairs.
     pub per_node: Vec<NodeError>,
+    /// The first [`OUTSIDE_MAX`] samples whose |error| was beyond the bound
+    /// the node reported.
+    pub outside_bound: Vec<Outside>,
     /// The nodes whose clocks stepped (by `step_ns`, at `step_at_s` from
     /// the start; told to nobody when `step_silent`).
     pub stepped: Vec<u32>,
@@ -104,6 +107,20 @@ pub struct ClockBenchReport {
     pub stepped_error_max_ns: f64,
     pub stepped_synced_share: f64,
     pub stepped_within_bound_share: f64,
+}
+
+/// Samples outside their bound a report lists at most.
+pub const OUTSIDE_MAX: usize = 20;
+
+/// A sample whose |error| was beyond the bound its node reported.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outside {
+    pub id: u32,
+    /// Seconds from the start.
+    pub at_s: f64,
+    pub error_ns: f64,
+    pub bound_ns: f64,
+    pub synced: bool,
 }
 
 /// One node's errors in a run.
@@ -163,6 +180,7 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
     let start = wall_ns();
     let mut errors = Vec::new();
     let (mut synced, mut within, mut asked) = (0usize, 0usize, 0usize);
+    let mut outside = Vec::new();
     let mut last: Vec<serde_json::Value> = Vec::new();
     // Each node's first snapshot after the warm-up: counters are measured from it.
     let mut first: std::collections::BTreeMap<u32, serde_json::Value> = Default::default();
@@ -190,6 +208,9 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
                     synced += usize::from(is_synced);
                     let bound = clock["bound_now_ns"].as_f64().unwrap_or(f64::INFINITY);
                     within += usize::from(e <= bound);
+                    if e > bound && outside.len() < OUTSIDE_MAX {
+                        outside.push(Outside { id, at_s: elapsed, error_ns: e, bound_ns: bound, synced: is_synced });
+                    }
                     if stepped.contains(&id) && skews[id as usize].step_by(t).is_some() {
                         after_step += 1;
                         after_synced += usize::from(is_synced);
@@ -232,6 +253,7 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
         });
     }
     r.stepped = stepped;
+    r.outside_bound = outside;
     Ok(r)
 }
 
@@ -418,6 +440,7 @@ fn summarize(
         max_drift_ppm: c.max_drift_ppm,
         feed_rate_per_s: c.rate_per_s,
         per_node: Vec::new(),
+        outside_bound: Vec::new(),
         stepped: Vec::new(),
         step_ns: 0,
         step_silent: false,

@@ -181,9 +181,14 @@ pub struct Common {
     /// since its last measurement); `clockbound`: AWS ClockBound's
     /// shared-memory segment (every 100 ms; its bound grown by its maximum
     /// drift, none once it says unknown or disrupted or stops updating);
-    /// either is refused at start if it cannot be read. `auto`: ClockBound's
-    /// where its segment is, else chrony's where it answers, else none;
-    /// `none`: the clock is trusted as it is (bound 0).
+    /// `ptp`: linuxptp's ptp4l through `pmc` (every second; |offset from
+    /// the grandmaster| + mean path delay + the grandmaster's advertised
+    /// accuracy, grown since the last Sync; ptp4l must discipline
+    /// CLOCK_REALTIME itself, `-S`: with a NIC clock, phc2sys's error is not
+    /// in it); each is refused at start if it cannot be read. `auto`:
+    /// ClockBound's where its segment is, else chrony's where it answers,
+    /// else ptp4l's where its socket is, else none; `none`: the clock is
+    /// trusted as it is (bound 0).
     #[arg(long, value_enum, default_value_t = HostClockArg::Auto)]
     host_clock: HostClockArg,
     /// chronyd's command socket for `--host-clock` (default: chronyc's own, /run/chrony/chronyd.sock).
@@ -192,6 +197,9 @@ pub struct Common {
     /// ClockBound's shared-memory segment for `--host-clock`.
     #[arg(long, default_value = fairfeed_io::hostclock::CLOCKBOUND_SHM_DEFAULT)]
     clockbound_shm: PathBuf,
+    /// linuxptp's ptp4l management socket for `--host-clock` (its `uds_address`).
+    #[arg(long, default_value = fairfeed_io::hostclock::PTP4L_SOCKET_DEFAULT)]
+    ptp_socket: PathBuf,
     /// A receiver whose clock error bound is above this (ns) is left out of fairness figures.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     clock_bound_limit_ns: u64,
@@ -490,6 +498,7 @@ pub enum HostClockArg {
     Auto,
     Chrony,
     Clockbound,
+    Ptp,
     None,
 }
 
@@ -499,13 +508,27 @@ fn host_bound(c: &Common) -> anyhow::Result<Option<Arc<std::sync::atomic::Atomic
         return Ok(None);
     }
     use fairfeed_io::hostclock::{HostClockSource, HostClockWatch};
-    let source = match c.host_clock {
-        HostClockArg::Clockbound => HostClockSource::ClockBound(c.clockbound_shm.clone()),
-        HostClockArg::Auto if c.clockbound_shm.exists() => HostClockSource::ClockBound(c.clockbound_shm.clone()),
-        _ => HostClockSource::Chrony(c.chrony_socket.clone()),
+    let chrony = HostClockSource::Chrony(c.chrony_socket.clone());
+    let ptp = HostClockSource::Ptp(c.ptp_socket.clone());
+    let sources = match c.host_clock {
+        HostClockArg::Clockbound => vec![HostClockSource::ClockBound(c.clockbound_shm.clone())],
+        HostClockArg::Chrony => vec![chrony],
+        HostClockArg::Ptp => vec![ptp],
+        // ClockBound where its segment is, else chrony, else ptp4l where its socket is.
+        _ if c.clockbound_shm.exists() => vec![HostClockSource::ClockBound(c.clockbound_shm.clone())],
+        _ if c.ptp_socket.exists() => vec![chrony, ptp],
+        _ => vec![chrony],
     };
-    let name = source.name();
-    match HostClockWatch::start(source) {
+    let mut started = Err(fairfeed_io::hostclock::HostClockError::Run("no source".into()));
+    let mut name = "";
+    for source in sources {
+        name = source.name();
+        started = HostClockWatch::start(source);
+        if started.is_ok() {
+            break;
+        }
+    }
+    match started {
         Ok(w) => {
             let b = w.bound().load(std::sync::atomic::Ordering::Relaxed);
             let said =
@@ -520,6 +543,9 @@ fn host_bound(c: &Common) -> anyhow::Result<Option<Arc<std::sync::atomic::Atomic
             anyhow::bail!(
                 "--host-clock clockbound: {e} (is the clockbound daemon running? --clockbound-shm names its segment)"
             )
+        }
+        Err(e) if c.host_clock == HostClockArg::Ptp => {
+            anyhow::bail!("--host-clock ptp: {e} (is ptp4l running? --ptp-socket names its management socket)")
         }
         Err(e) => {
             tracing::info!(node = c.id, "node {}: no host clock bound ({e}); the clock is trusted as it is", c.id);

@@ -2,7 +2,10 @@
 //! own error estimate as its clock bound (issue 40, item 7). The test starts
 //! two chronyd of its own on loopback — a server with a local reference and a
 //! client that follows it with `-x` (it never touches the host's clock) —
-//! and points the tree's nodes at the client's command socket.
+//! and points the tree's nodes at the client's command socket. Likewise
+//! linuxptp's ptp4l: a grandmaster and a free-running slave over a veth pair
+//! between two network namespaces the test makes, the node reading the
+//! slave through `pmc`.
 
 mod common;
 use common::*;
@@ -146,4 +149,124 @@ fn clock_system_takes_chronys_bound_and_the_sender_covers_it() {
     let shown = fleet["clock_bound_max_ns"].as_u64().unwrap_or_else(|| panic!("fleet: {fleet}"));
     assert!(shown > 0 && shown < 1_000_000, "fleet: {fleet}");
     eprintln!("chrony before: {first}; receiver 0's bound {b} ns; the sender covers {covered} ns; fleet {shown} ns");
+}
+
+/// Two network namespaces joined by a veth pair, each with a ptp4l on its
+/// end (software time stamps): a grandmaster and a free-running slave
+/// (`free_running 1`: it measures, never adjusts the host's clock). Torn
+/// down when dropped.
+struct PtpPair {
+    ns: [String; 2],
+    daemons: Vec<Daemon>,
+    /// The slave's management socket.
+    sock: std::path::PathBuf,
+}
+
+impl Drop for PtpPair {
+    fn drop(&mut self) {
+        self.daemons.clear();
+        for ns in &self.ns {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+fn ip(args: &[&str]) {
+    let ok = Command::new("ip").args(args).status().is_ok_and(|s| s.success());
+    assert!(ok, "ip {args:?}");
+}
+
+fn ptp_pair(dir: &std::path::Path) -> PtpPair {
+    let tag = std::process::id() % 100_000;
+    let ns = [format!("ffptpa{tag}"), format!("ffptpb{tag}")];
+    let ifs = [format!("ffpa{tag}"), format!("ffpb{tag}")];
+    let mut pair = PtpPair { ns: ns.clone(), daemons: Vec::new(), sock: dir.join("ptpb.sock") };
+    for n in &ns {
+        ip(&["netns", "add", n]);
+    }
+    ip(&["link", "add", &ifs[0], "type", "veth", "peer", "name", &ifs[1]]);
+    for (n, i) in ns.iter().zip(&ifs) {
+        ip(&["link", "set", i, "netns", n]);
+        ip(&["-n", n, "link", "set", i, "up"]);
+    }
+    for (k, (n, i)) in ns.iter().zip(&ifs).enumerate() {
+        let name = if k == 0 { "ptpa" } else { "ptpb" };
+        let role = if k == 0 { "priority1 1\n" } else { "slaveOnly 1\n" };
+        let conf = dir.join(format!("{name}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "[global]\n{role}free_running 1\nlogSyncInterval -3\nuds_address {}\n",
+                dir.join(format!("{name}.sock")).display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", n, "ptp4l", "-2", "-S", "-m", "-i", i, "-f"])
+            .arg(&conf)
+            .stdout(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ptp4l");
+        pair.daemons.push(Daemon(child));
+    }
+    pair
+}
+
+#[test]
+fn clock_system_takes_ptp4ls_bound() {
+    let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    if !have_tool("ptp4l", &["-v"]) || !have_tool("pmc", &["-v"]) || !have_tool("ip", &["-V"]) || !is_root {
+        eprintln!("SKIPPED: needs linuxptp (ptp4l, pmc), iproute2 and root (network namespaces)");
+        return;
+    }
+    // Nobody steps the host's clock meanwhile: the slave only measures.
+    let mut steps = fairfeed_io::clock::HostStepWatch::default();
+    let _ = steps.observe(fairfeed_io::clock::realtime_minus_monotonic());
+    let d = tmp();
+    let pair = ptp_pair(d.path());
+    let topo = small_tree_with(d.path(), 9860, &["--control-port", "9870"]);
+    let t = topo.to_str().unwrap();
+    // Where no ptp4l answers, a node told to read one refuses to start, in one line.
+    let bad = Command::new(bin())
+        .args(["receiver", "--topology", t, "--id", "0", "--host-clock", "ptp", "--ptp-socket"])
+        .arg(d.path().join("nobody.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("--host-clock ptp"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
+    // The slave follows the grandmaster once the announce timeout has passed.
+    let t0 = Instant::now();
+    let status = loop {
+        if let Ok(s) = fairfeed_io::hostclock::ptp_status(&pair.sock) {
+            if s.bound_ns(fairfeed_io::clock::wall_ns()).is_some() {
+                break s;
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the test's ptp4l never followed its grandmaster");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let node = Command::new(bin())
+        .args(["receiver", "--topology", t, "--id", "0", "--idle", "park", "--clock", "system"])
+        .args(["--host-clock", "ptp", "--clock-bound-limit-ns", "1000000", "--seconds", "6", "--ptp-socket"])
+        .arg(&pair.sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _node = Daemon(node);
+    std::thread::sleep(Duration::from_secs(2));
+    let r = json(&fairfeed(&["stat", "127.1.0.1:9870"]));
+    let b = r["node"]["clock"]["host_bound_ns"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("receiver 0's host bound: {}", r["node"]["clock"]));
+    assert_eq!(r["node"]["clock"]["mode"], "system");
+    // |offset| + mean path delay (and a second of age at most 1 ppm and the
+    // rate offset), from what ptp4l said: µs over a veth pair.
+    let floor = status.master_offset_ns.unsigned_abs() as f64 + status.mean_path_delay_ns;
+    assert!(b > 0 && b < 1_000_000, "ptp4l's bound over a veth pair is µs: {b} ns ({status:?})");
+    assert!(b as f64 >= floor * 0.5, "{b} ns against |offset| + delay {floor} ns a moment earlier ({status:?})");
+    assert_eq!(steps.observe(fairfeed_io::clock::realtime_minus_monotonic()), None, "the host's clock was stepped");
+    eprintln!("ptp4l: {status:?}; receiver 0's bound {b} ns");
 }

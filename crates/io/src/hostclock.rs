@@ -14,6 +14,13 @@
 //! daemon published, grown by its maximum drift since, void once the daemon
 //! stops updating it or says the clock is unknown or disrupted.
 //!
+//! On a host whose clock linuxptp's `ptp4l` disciplines, its own view is
+//! read through `pmc` ([`PtpStatus`]): the offset from the grandmaster at the
+//! last Sync, plus the mean path delay (a PTP offset assumes symmetric paths;
+//! how asymmetric they are is unknown, and at most the whole delay), plus the
+//! grandmaster's advertised accuracy, grown since by the rate offset and
+//! [`AGE_PPM`].
+//!
 //! Either way the bound published is the one that holds at the *end* of the
 //! poll interval (it only grows until the next reading), so it is never
 //! smaller than the truth's between two readings.
@@ -59,6 +66,11 @@ pub enum HostClockError {
     Fields(usize, String),
     #[error("chronyc's tracking report field {0} is not a number: {1:?}")]
     Number(&'static str, String),
+    #[error("pmc: {0}")]
+    Pmc(String),
+    /// A field `pmc` should have printed is missing or not a number.
+    #[error("pmc's answer has no usable {0}: {1:?}")]
+    PtpField(&'static str, String),
 }
 
 /// The fields of `chronyc -c tracking` that the bound needs (seconds, ppm).
@@ -128,13 +140,19 @@ pub fn chrony_tracking(socket: Option<&Path>) -> Result<ChronyTracking, HostCloc
     if let Some(s) = socket {
         cmd.arg("-h").arg(s);
     }
+    let text = run_tool(cmd.arg("tracking")).map_err(HostClockError::Run)?;
+    ChronyTracking::parse(text.lines().next().unwrap_or(""))
+}
+
+/// Runs a daemon's query tool within [`HOST_CLOCK_TIMEOUT`]: its output, or
+/// why there is none (it could not run, timed out, failed or said nothing).
+fn run_tool(cmd: &mut Command) -> Result<String, String> {
     let mut child = cmd
-        .arg("tracking")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| HostClockError::Run(format!("cannot run it ({e})")))?;
+        .map_err(|e| format!("cannot run it ({e})"))?;
     let t0 = Instant::now();
     loop {
         match child.try_wait() {
@@ -143,17 +161,140 @@ pub fn chrony_tracking(socket: Option<&Path>) -> Result<ChronyTracking, HostCloc
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(HostClockError::Run(format!("no answer within {HOST_CLOCK_TIMEOUT:?}")));
+                return Err(format!("no answer within {HOST_CLOCK_TIMEOUT:?}"));
             }
         }
     }
-    let out = child.wait_with_output().map_err(|e| HostClockError::Run(e.to_string()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() || text.trim().is_empty() {
         let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        return Err(HostClockError::Run(if err.is_empty() { format!("exit {}", out.status) } else { err }));
+        return Err(if err.is_empty() { format!("exit {}", out.status) } else { err });
     }
-    ChronyTracking::parse(text.lines().next().unwrap_or(""))
+    Ok(text)
+}
+
+/// Where linuxptp's `ptp4l` answers management queries by default.
+pub const PTP4L_SOCKET_DEFAULT: &str = "/var/run/ptp4l";
+
+/// What `ptp4l` says of the clock it disciplines, through `pmc` (TIME_STATUS_NP,
+/// CURRENT_DATA_SET and PARENT_DATA_SET).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PtpStatus {
+    /// The clock minus the grandmaster at the last Sync, ns.
+    pub master_offset_ns: i64,
+    /// When that Sync arrived, CLOCK_REALTIME ns (0: none yet).
+    pub ingress_time_ns: u64,
+    /// The rate of the clock against the grandmaster, minus 1 (ptp4l's
+    /// `cumulativeScaledRateOffset`, as a fraction).
+    pub rate_offset: f64,
+    pub gm_present: bool,
+    /// Half the measured round trip to the master, ns.
+    pub mean_path_delay_ns: f64,
+    /// The grandmaster's advertised `clockAccuracy`, ns (`None`: unknown, 0xFE).
+    pub gm_accuracy_ns: Option<f64>,
+}
+
+/// IEEE 1588 `clockAccuracy` (0x17–0x31) as the worst error it allows, ns.
+pub fn ptp_clock_accuracy_ns(code: u8) -> Option<f64> {
+    // 0x17: 1 ps, then 2.5, 10, 25, 100, 250 ps, 1 ns, … 0x2F: 1 s, 0x30:
+    // 10 s, 0x31: over 10 s (IEEE 1588-2019, table 5).
+    const NS: [f64; 27] = [
+        0.001,
+        0.0025,
+        0.01,
+        0.025,
+        0.1,
+        0.25,
+        1.0,
+        2.5,
+        10.0,
+        25.0,
+        100.0,
+        250.0,
+        1e3,
+        2.5e3,
+        1e4,
+        2.5e4,
+        1e5,
+        2.5e5,
+        1e6,
+        2.5e6,
+        1e7,
+        2.5e7,
+        1e8,
+        2.5e8,
+        1e9,
+        1e10,
+        f64::INFINITY,
+    ];
+    code.checked_sub(0x17).and_then(|i| NS.get(usize::from(i)).copied())
+}
+
+impl PtpStatus {
+    /// Parses `pmc`'s answer to TIME_STATUS_NP, CURRENT_DATA_SET and
+    /// PARENT_DATA_SET (its plain "name value" lines).
+    pub fn parse(text: &str) -> Result<PtpStatus, HostClockError> {
+        let field = |name: &'static str| -> Result<&str, HostClockError> {
+            text.lines()
+                .map(str::trim)
+                .find_map(|l| l.strip_prefix(name).filter(|r| r.starts_with([' ', '\t'])).map(str::trim))
+                .ok_or_else(|| HostClockError::PtpField(name, text.trim().chars().take(200).collect()))
+        };
+        let num = |name: &'static str| -> Result<f64, HostClockError> {
+            let v = field(name)?;
+            v.parse::<f64>().ok().filter(|x| x.is_finite()).ok_or_else(|| HostClockError::PtpField(name, v.into()))
+        };
+        let accuracy = field("gm.ClockAccuracy")?;
+        let code = u8::from_str_radix(accuracy.trim_start_matches("0x"), 16)
+            .map_err(|_| HostClockError::PtpField("gm.ClockAccuracy", accuracy.into()))?;
+        Ok(PtpStatus {
+            master_offset_ns: {
+                let v = field("master_offset")?;
+                v.parse().map_err(|_| HostClockError::PtpField("master_offset", v.into()))?
+            },
+            ingress_time_ns: {
+                let v = field("ingress_time")?;
+                v.parse().map_err(|_| HostClockError::PtpField("ingress_time", v.into()))?
+            },
+            rate_offset: num("cumulativeScaledRateOffset")?,
+            gm_present: match field("gmPresent")? {
+                "true" => true,
+                "false" => false,
+                v => return Err(HostClockError::PtpField("gmPresent", v.into())),
+            },
+            mean_path_delay_ns: num("meanPathDelay")?,
+            gm_accuracy_ns: ptp_clock_accuracy_ns(code),
+        })
+    }
+
+    /// The bound on CLOCK_REALTIME's error at `now_ns` (CLOCK_REALTIME), ns:
+    /// |offset| + mean path delay + the grandmaster's accuracy (where it
+    /// says), grown since the last Sync by the rate offset and
+    /// [`AGE_PPM`]. `None` without a grandmaster or a Sync.
+    pub fn bound_ns(&self, now_ns: u64) -> Option<u64> {
+        if !self.gm_present || self.ingress_time_ns == 0 {
+            return None;
+        }
+        let age = now_ns.saturating_sub(self.ingress_time_ns) as f64;
+        let b = self.master_offset_ns.unsigned_abs() as f64
+            + self.mean_path_delay_ns.abs()
+            + self.gm_accuracy_ns.unwrap_or(0.0)
+            + age * (self.rate_offset.abs() + AGE_PPM * 1e-6);
+        b.is_finite().then(|| b.ceil() as u64)
+    }
+}
+
+/// Asks `ptp4l` once through `pmc -u -b 0 -s SOCKET`, within [`HOST_CLOCK_TIMEOUT`].
+pub fn ptp_status(socket: &Path) -> Result<PtpStatus, HostClockError> {
+    let mut cmd = Command::new("pmc");
+    cmd.args(["-u", "-b", "0", "-s"]).arg(socket);
+    cmd.args(["GET TIME_STATUS_NP", "GET CURRENT_DATA_SET", "GET PARENT_DATA_SET"]);
+    let text = run_tool(&mut cmd).map_err(HostClockError::Pmc)?;
+    if !text.contains("RESPONSE MANAGEMENT") {
+        return Err(HostClockError::Pmc(format!("no answer from ptp4l at {}", socket.display())));
+    }
+    PtpStatus::parse(&text)
 }
 
 /// ClockBound's clock status (its `ClockStatus`).
@@ -288,12 +429,14 @@ pub enum HostClockSource {
     Chrony(Option<PathBuf>),
     /// AWS ClockBound's shared-memory segment.
     ClockBound(PathBuf),
+    /// linuxptp's `ptp4l`, through `pmc` at its management socket.
+    Ptp(PathBuf),
 }
 
 impl HostClockSource {
     fn poll(&self) -> Duration {
         match self {
-            HostClockSource::Chrony(_) => HOST_CLOCK_POLL,
+            HostClockSource::Chrony(_) | HostClockSource::Ptp(_) => HOST_CLOCK_POLL,
             HostClockSource::ClockBound(_) => CLOCKBOUND_POLL,
         }
     }
@@ -302,6 +445,7 @@ impl HostClockSource {
         match self {
             HostClockSource::Chrony(_) => "chrony",
             HostClockSource::ClockBound(_) => "ClockBound",
+            HostClockSource::Ptp(_) => "ptp4l",
         }
     }
 
@@ -319,6 +463,11 @@ impl HostClockSource {
                 let at = monotonic_coarse_ns().saturating_add(u64::try_from(ahead.as_nanos()).unwrap_or(u64::MAX));
                 Ok((r.bound_ns_at(at), HostClockReading::ClockBound(r)))
             }
+            HostClockSource::Ptp(socket) => {
+                let s = ptp_status(socket)?;
+                let at = crate::clock::wall_ns().saturating_add(u64::try_from(ahead.as_nanos()).unwrap_or(u64::MAX));
+                Ok((s.bound_ns(at), HostClockReading::Ptp(s)))
+            }
         }
     }
 }
@@ -329,6 +478,7 @@ impl HostClockSource {
 pub enum HostClockReading {
     Chrony(ChronyTracking),
     ClockBound(ClockBoundReading),
+    Ptp(PtpStatus),
 }
 
 /// What the watcher saw so far.
@@ -448,5 +598,62 @@ mod tests {
         assert!(matches!(ChronyTracking::parse("506 Cannot talk to daemon"), Err(HostClockError::Fields(1, _))));
         let nan = synced.replace("0.000005478", "nan");
         assert!(matches!(ChronyTracking::parse(&nan), Err(HostClockError::Number("root delay", _))));
+    }
+
+    /// `pmc -u -b 0 'GET TIME_STATUS_NP' 'GET CURRENT_DATA_SET' 'GET
+    /// PARENT_DATA_SET'` against linuxptp 3.1.1's ptp4l, a free-running
+    /// slave of a second ptp4l over a veth pair (software timestamps).
+    const PMC: &str = "sending: GET TIME_STATUS_NP
+sending: GET CURRENT_DATA_SET
+sending: GET PARENT_DATA_SET
+\t72b7c9.fffe.4a42d2-0 seq 0 RESPONSE MANAGEMENT TIME_STATUS_NP 
+\t\tmaster_offset              159
+\t\tingress_time               1795972354101861613
+\t\tcumulativeScaledRateOffset +0.000000000
+\t\tscaledLastGmPhaseChange    0
+\t\tgmTimeBaseIndicator        0
+\t\tlastGmPhaseChange          0x0000'0000000000000000.0000
+\t\tgmPresent                  true
+\t\tgmIdentity                 9a57ab.fffe.356fa1
+\t72b7c9.fffe.4a42d2-0 seq 1 RESPONSE MANAGEMENT CURRENT_DATA_SET 
+\t\tstepsRemoved     1
+\t\toffsetFromMaster 159.0
+\t\tmeanPathDelay    2005.0
+\t72b7c9.fffe.4a42d2-0 seq 2 RESPONSE MANAGEMENT PARENT_DATA_SET 
+\t\tparentPortIdentity                    9a57ab.fffe.356fa1-1
+\t\tparentStats                           0
+\t\tobservedParentOffsetScaledLogVariance 0xffff
+\t\tobservedParentClockPhaseChangeRate    0x7fffffff
+\t\tgrandmasterPriority1                  1
+\t\tgm.ClockClass                         248
+\t\tgm.ClockAccuracy                      0xfe
+\t\tgm.OffsetScaledLogVariance            0xffff
+\t\tgrandmasterPriority2                  128
+\t\tgrandmasterIdentity                   9a57ab.fffe.356fa1
+";
+
+    #[test]
+    fn ptp4ls_answers_parse_into_bounds_and_bad_ones_into_errors() {
+        let s = PtpStatus::parse(PMC).unwrap();
+        assert_eq!((s.master_offset_ns, s.ingress_time_ns, s.gm_present), (159, 1_795_972_354_101_861_613, true));
+        assert_eq!((s.mean_path_delay_ns, s.gm_accuracy_ns), (2005.0, None));
+        // 159 + 2,005 at the Sync; then 1 ppm of age.
+        assert_eq!(s.bound_ns(s.ingress_time_ns), Some(2_164));
+        assert_eq!(s.bound_ns(s.ingress_time_ns + 1_000_000_000), Some(3_164));
+        // A grandmaster that says it is within 100 ns (0x21) adds that.
+        let good = PtpStatus::parse(&PMC.replace("0xfe", "0x21")).unwrap();
+        assert_eq!(good.bound_ns(good.ingress_time_ns), Some(2_264));
+        // Before any Sync, or with no grandmaster: no bound.
+        let none = PtpStatus::parse(&PMC.replace("gmPresent                  true", "gmPresent false")).unwrap();
+        assert_eq!(none.bound_ns(u64::MAX), None);
+        let early = PtpStatus::parse(&PMC.replace("1795972354101861613", "0")).unwrap();
+        assert_eq!(early.bound_ns(5), None);
+        assert!(matches!(PtpStatus::parse("sending: GET TIME_STATUS_NP\n"), Err(HostClockError::PtpField(..))));
+        let junk = PMC.replace("2005.0", "lots");
+        assert!(matches!(PtpStatus::parse(&junk), Err(HostClockError::PtpField("meanPathDelay", _))));
+        assert_eq!(ptp_clock_accuracy_ns(0x20), Some(25.0));
+        assert_eq!(ptp_clock_accuracy_ns(0x2f), Some(1e9));
+        assert_eq!(ptp_clock_accuracy_ns(0xfe), None);
+        assert_eq!(ptp_clock_accuracy_ns(0x16), None);
     }
 }
