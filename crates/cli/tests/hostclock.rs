@@ -70,6 +70,20 @@ fn chrony_pair(dir_path: &std::path::Path) -> (Daemon, Daemon, std::path::PathBu
     (server, client, sock)
 }
 
+/// A receiver told to read `source` (`--host-clock chrony|ptp`) at `socket`,
+/// where nothing answers, refuses to start, in one line.
+fn refuses_where_nothing_answers(topology: &str, source: &str, socket: &std::path::Path) {
+    let flag = if source == "ptp" { "--ptp-socket" } else { "--chrony-socket" };
+    let bad = Command::new(bin())
+        .args(["receiver", "--topology", topology, "--id", "0", "--host-clock", source, flag])
+        .arg(socket)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains(&format!("--host-clock {source}")), "{err}");
+    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
+}
+
 #[test]
 fn clock_system_takes_chronys_bound_and_the_sender_covers_it() {
     let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0");
@@ -82,14 +96,7 @@ fn clock_system_takes_chronys_bound_and_the_sender_covers_it() {
     // A node told to read chrony where nothing answers refuses to start, in one line.
     let topo = small_tree_with(d.path(), 9760, &["--control-port", "9770"]);
     let t = topo.to_str().unwrap();
-    let bad = Command::new(bin())
-        .args(["receiver", "--topology", t, "--id", "0", "--host-clock", "chrony", "--chrony-socket"])
-        .arg(d.path().join("nobody.sock"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success() && err.contains("--host-clock chrony"), "{err}");
-    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
+    refuses_where_nothing_answers(t, "chrony", &d.path().join("nobody.sock"));
 
     let common = |id: &str| -> Vec<String> {
         [
@@ -228,14 +235,7 @@ fn clock_system_takes_ptp4ls_bound() {
     let topo = small_tree_with(d.path(), 9860, &["--control-port", "9870"]);
     let t = topo.to_str().unwrap();
     // Where no ptp4l answers, a node told to read one refuses to start, in one line.
-    let bad = Command::new(bin())
-        .args(["receiver", "--topology", t, "--id", "0", "--host-clock", "ptp", "--ptp-socket"])
-        .arg(d.path().join("nobody.sock"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success() && err.contains("--host-clock ptp"), "{err}");
-    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "{err}");
+    refuses_where_nothing_answers(t, "ptp", &d.path().join("nobody.sock"));
     // The slave follows the grandmaster once the announce timeout has passed.
     let t0 = Instant::now();
     let status = loop {

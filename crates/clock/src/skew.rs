@@ -57,8 +57,11 @@ impl Skew {
     /// least `l` (a timer armed after the step must wait for the clock to
     /// get there again, not fire at once for ever).
     pub fn true_at_from(&self, l: u64, from: u64) -> u64 {
-        if self.step_ns == 0 || l == u64::MAX {
-            return self.true_at(l);
+        if l == u64::MAX {
+            return l;
+        }
+        if self.step_ns == 0 {
+            return self.true_at(l).max(from);
         }
         let before = Skew { step_ns: 0, ..*self };
         let after = Skew { step_ns: 0, offset_ns: self.offset_ns.saturating_add(self.step_ns), ..*self };

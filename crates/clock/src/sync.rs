@@ -1176,7 +1176,9 @@ impl ClockSync {
         if self.cfg.mode == SyncMode::Off {
             return;
         }
-        if uncertainty_ns > self.cfg.step_ns && !self.reference {
+        if uncertainty_ns > self.cfg.step_ns {
+            // Known no better than a jump would show: as a step of unknown
+            // size (the reference's clock is then the timescale, as it is).
             self.clock_stepped(now);
             return;
         }
@@ -1725,6 +1727,38 @@ mod tests {
         let mut r = ClockSync::new(0, &[5], true, SyncConfig::default());
         r.clock_stepped(1);
         assert_eq!((r.stats.own_steps, r.bound_ns(1)), (0, 0));
+    }
+
+    #[test]
+    fn a_step_of_known_size_is_taken_out_at_every_public_call() {
+        let t0 = 10_000_000_000u64;
+        let mut s = ClockSync::new(5, &[0, 1], false, SyncConfig::default());
+        (s.synced, s.bound_ns, s.hard_ns, s.at, s.level, s.offset_ns, s.drift) =
+            (true, 50.0, 500.0, t0, 1, 7_000.0, 2e-6);
+        (s.started, s.next_round) = (Some(t0), t0 + 5_000);
+        let (due, before) = (s.next_timeout(), s.now_sync(t0 + 1_000));
+        for d in [1_000_000i64, -3_000_000] {
+            let moved = s.moved;
+            // Our raw clock jumps by `d` at t0 + 1,000 (raw, before the jump), known within 80 ns.
+            s.clock_stepped_by((t0 as i64 + 1_000 + moved + d) as u64, d, 80);
+            let raw = |x: u64| (x as i64 + moved + d) as u64;
+            assert_eq!(s.now_sync(raw(t0 + 1_000)), before, "{d}: the synchronized clock reads on");
+            assert_eq!(s.to_local(before), raw(s.to_local(before).wrapping_sub((moved + d) as u64)));
+            assert!(s.now_sync(s.to_local(before)) >= before);
+            assert_eq!(s.next_timeout(), (due as i64 + moved + d) as u64, "{d}: timers move with the clock");
+            assert!((s.offset_at(raw(t0)) - (7_000.0 + (moved + d) as f64)).abs() < 1e-6, "{d}");
+            assert!(s.within_limit(raw(t0 + 1_000)), "{d}: still synchronized");
+        }
+        // The bound grew by both uncertainties (and by a µs of drift uncertainty, rounded up).
+        assert_eq!(s.bound_ns(s.to_local(before)), 50 + 80 + 80 + 1);
+        assert_eq!((s.stats.own_steps, s.stats.own_steps_kept, s.stats.steps), (2, 2, 0));
+        // Probes go out stamped on the stepless timescale.
+        let mut after = Vec::new();
+        s.handle_timeout(s.next_timeout(), &mut |to, p| after.push((to, p.tx_ns)));
+        assert!(after.iter().all(|a| a.1 >= t0 && a.1 < t0 + 1_000_000_000), "{after:?}");
+        // A size known no better than a jump shows: as a step of unknown size.
+        s.clock_stepped_by(t0, 5_000_000, s.cfg.step_ns + 1);
+        assert!(!s.within_limit(t0) && s.stats.own_steps_kept == 2 && s.stats.own_steps == 3);
     }
 
     #[test]
