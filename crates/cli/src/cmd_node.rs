@@ -1043,12 +1043,6 @@ fn join_controller(
     role: fairfeed_tree::membership::MemberRole,
     stop: &std::sync::atomic::AtomicBool,
 ) -> anyhow::Result<fairfeed_net::tree::agent::membership::Joined> {
-    if c.clock != ClockArg::System {
-        anyhow::bail!(
-            "--clock {}: clock sync probes a graph fixed at start, and a controller moves nodes; under --controller              use --clock system (PTP or chrony on the hosts)",
-            if c.clock == ClockArg::Sync { "sync" } else { "measure" }
-        );
-    }
     if c.xdp_dedup.is_some() || c.tc_replicate.is_some() || matches!(c.io, IoArg::Afxdp | IoArg::XdpSocket) {
         anyhow::bail!("the kernel paths (--xdp-dedup, --tc-replicate, --io afxdp|xdp-socket) are set up for a planned topology, not yet under --controller");
     }

@@ -341,3 +341,78 @@ fn a_receiver_joining_a_controller_mid_feed_starts_from_a_snapshot_with_equal_bo
     assert_eq!(late_end, end, "both lines end at the feed's end");
     assert_eq!(got.diff(&want), None, "the late receiver's books are the early one's");
 }
+
+/// Goal: fairfeed's own clock sync under a controller. Every node of a
+/// controller-placed tree runs `--clock sync`, three receivers on clocks
+/// milliseconds off and drifting; receiver 0's parent is killed mid-feed
+/// and it moves. Each node probes the neighbours its view names, follows
+/// new views, and ends synchronized: its estimate of the injected offset
+/// within its bound, and every message released.
+#[test]
+fn clock_sync_runs_under_a_controller_and_follows_a_moved_receiver() {
+    let mut r = Run::new("6b");
+    let port = std::net::UdpSocket::bind("127.0.13.1:0").unwrap().local_addr().unwrap().port();
+    let ctl = format!("127.0.13.1:{port}");
+    let args = [
+        s(&["controller", "--listen", &ctl, "--fanout", "2", "--hedge", "1", "--depth", "2"]),
+        s(&["--dead-after-ms", "60", "--hold-down-ms", "3000", "--key-file", &r.key, "--seconds", "30"]),
+        s(&["--topology-out", &r.out("topology.toml")]),
+    ];
+    r.spawn("controller", args.concat());
+    std::thread::sleep(Duration::from_millis(300));
+    let sync = ["--clock", "sync"];
+    let feed = ["--rate", "1000", "--feed-seconds", "6", "--start-delay-ms", "2500", "--linger-ms", "1500"];
+    let args = r.node("sender", "100", "127.0.13.2", &ctl, &[&["--capacity", "2"][..], &sync[..], &feed[..]].concat());
+    r.spawn("sender", args);
+    std::thread::sleep(Duration::from_millis(200));
+    for p in [10, 11, 12] {
+        let args = r.node(
+            "proxy",
+            &p.to_string(),
+            &format!("127.0.13.{p}"),
+            &ctl,
+            &[&sync[..], &["--seconds", "12"]].concat(),
+        );
+        r.spawn(&format!("proxy{p}"), args);
+    }
+    let skews = [("3000000", "20"), ("-2000000", "-35"), ("500000", "5"), ("0", "0")];
+    for (i, (offset, drift)) in skews.iter().enumerate() {
+        let wrong = ["--clock-offset-ns", offset, "--clock-drift-ppm", drift, "--seconds", "12"];
+        let args = r.node(
+            "receiver",
+            &i.to_string(),
+            &format!("127.0.13.{}", 20 + i),
+            &ctl,
+            &[&sync[..], &wrong[..]].concat(),
+        );
+        r.spawn(&format!("receiver{i}"), args);
+    }
+    let t0 = Instant::now();
+    let t = four_placed(&r.dir.join("topology.toml"), t0);
+    let victim = parent_of(&t, 0).expect("receiver 0 has a parent");
+    // Two seconds into the feed.
+    std::thread::sleep(Duration::from_millis(4_500).saturating_sub(t0.elapsed().min(Duration::from_millis(4_400))));
+    r.kill(&format!("proxy{victim}"));
+    let dead = format!("proxy{victim}");
+    r.wait_all_but(|n| n == "controller" || n == dead);
+    r.kill("controller");
+    let sent = r.stats("sender100.json")["node"]["packets"].as_u64().unwrap();
+    assert_eq!(sent, 6_000);
+    for i in 0..4 {
+        let st = r.stats(&format!("receiver{i}.json"));
+        let c = &st["node"]["clock"];
+        assert_eq!(c["stats"]["synced"], true, "receiver {i}: {c}");
+        let err = (c["offset_now_ns"].as_f64().unwrap() - c["injected_offset_ns"].as_f64().unwrap()).abs();
+        let bound = c["bound_now_ns"].as_f64().unwrap();
+        assert!(
+            err <= bound && bound < 1e6 && err < 20_000.0,
+            "receiver {i}: {err:.0} ns off under a {bound}-ns bound: {c}"
+        );
+        assert!(c["stats"]["peers_used"].as_u64() >= Some(1), "receiver {i}: {c}");
+        eprintln!("receiver {i}: {err:.0} ns off, bound {bound} ns, {} pairs", c["stats"]["pairs"]);
+        assert_eq!(st["node"]["released"].as_u64(), Some(sent), "receiver {i}: {}", st["node"]);
+    }
+    // Receiver 0 moved and probes its new parent.
+    let moved = r.stats("receiver0.json");
+    assert!(moved["counters"]["membership"]["version"].as_u64() > Some(1), "{}", moved["counters"]);
+}

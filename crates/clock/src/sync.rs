@@ -138,6 +138,13 @@ pub const VOTE_SAME_LEVEL: f64 = 0.75;
 /// needed to set aside an anchor (an edge to a peer nearer the reference)
 /// that disagrees with them: two other anchors, or three of its level.
 pub const OVERRULE_VOTES: f64 = 2.0;
+/// Pairs in a row whose two probes both lie far above an edge's fit before
+/// the edge counts as jumped (our clock forward, or the peer's back). One
+/// such pair is a peer process held off the CPU between stamping its
+/// probes and sending them as often as a jumped clock (8 node processes on
+/// 2 vCPUs: three false "own steps" in 10 s): until the next pair says
+/// which, the node's bound is unknown.
+pub const ABOVE_PAIRS: u8 = 2;
 /// Agreeing peers of a node's own level needed to outvote all its anchors.
 pub const PROMOTE_MIN: usize = 2;
 /// Edge slopes beyond this many robust standard deviations from the median
@@ -446,6 +453,8 @@ struct Peer {
     rev: Envelope,
     /// The first probe of the pair in progress lay far above the fit.
     first_above: bool,
+    /// Pairs in a row with both probes far above the fit.
+    above_pairs: u8,
     /// Samples from the peer to echo, oldest first: (its tx, our rx).
     echo: std::collections::VecDeque<(u64, u64)>,
     /// Newest echo taken in (its tx stamp, ours).
@@ -475,6 +484,7 @@ impl Peer {
             last_rx: None,
             first: None,
             first_above: false,
+            above_pairs: 0,
             fwd: Envelope::default(),
             rev: Envelope::default(),
             echo: std::collections::VecDeque::with_capacity(ECHO_QUEUE),
@@ -537,12 +547,28 @@ impl Peer {
         false
     }
 
+    /// A probe of index `index` lay far above the fit (`above`): (the edge
+    /// jumped — [`ABOVE_PAIRS`] whole pairs in a row far above; the pair sat
+    /// on its fit; this pair alone lay far above).
+    fn pair_above(&mut self, index: u8, above: bool) -> (bool, bool, bool) {
+        if index == 0 {
+            self.first_above = above;
+            return (false, false, false);
+        }
+        let first = std::mem::take(&mut self.first_above);
+        let both = above && first;
+        self.above_pairs = if both { self.above_pairs.saturating_add(1) } else { 0 };
+        let quiet = !above && !first && self.fwd.fit(STEP_SAMPLES).is_some();
+        (both && self.above_pairs >= ABOVE_PAIRS, quiet, both)
+    }
+
     fn reset(&mut self) {
         self.fwd.clear();
         self.rev.clear();
         self.echo.clear();
         self.first = None;
         self.first_above = false;
+        self.above_pairs = 0;
         self.asymmetric = false;
         // Echoes of probes sent before the jump would carry the old clocks'
         // relation into the fresh window (after a step back, below every new
@@ -684,6 +710,43 @@ impl ClockSync {
             }
         }
         self.reschedule();
+    }
+
+    /// The peers change (a controller moved the node, or its neighbours):
+    /// edges to peers still named keep everything they have learnt; new ones
+    /// start empty and are probed at the start-up pace for a while, as at
+    /// start; edges to peers no longer named are dropped (their probes are
+    /// refused from now on, `unknown_peer`). At most [`PEERS_MAX`], the
+    /// lowest ids kept. Strides and rates of new peers are 1; `now` is raw.
+    pub fn set_peers(&mut self, now: u64, peers: &[u32]) {
+        let mut ids: Vec<u32> = peers.iter().copied().filter(|&p| p != self.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.truncate(PEERS_MAX);
+        if ids.iter().eq(self.peers.iter().map(|p| &p.id)) {
+            return;
+        }
+        let mut old = std::mem::take(&mut self.peers);
+        let mut added = false;
+        for id in ids {
+            match old.iter().position(|p| p.id == id) {
+                Some(i) => self.peers.push(old.swap_remove(i)),
+                None => {
+                    self.peers.push(Peer::new(id));
+                    added = true;
+                }
+            }
+        }
+        // Pairs in flight name peers by index: let them go (a half pair is impure anyway).
+        self.seconds.clear();
+        self.next_peer = 0;
+        self.stats.peers = self.peers.len() as u64;
+        self.reschedule();
+        if added && self.started.is_some() {
+            let now = self.inside(now);
+            self.fast_until = self.fast_until.max(now + self.cfg.startup_ns);
+            self.next_round = self.next_round.min(now + self.cfg.startup_interval_ns);
+        }
     }
 
     /// The steady-state round: peer `p`'s k-th turn at k ÷ rate of the way
@@ -973,7 +1036,10 @@ impl ClockSync {
         let probe = ProbeRepr {
             target: peer.id,
             index,
-            flags: if self.synced { PROBE_SYNCED } else { 0 }
+            // While suspect (a jump seen, not yet judged) our bound is
+            // unknown, and so is what we advertise: nobody takes our
+            // estimate on trust meanwhile.
+            flags: if self.synced && !self.suspect { PROBE_SYNCED } else { 0 }
                 | if peer.source { PROBE_ANCHORED } else { 0 }
                 | if self.contested { PROBE_CONTESTED } else { 0 },
             level: self.level,
@@ -983,8 +1049,8 @@ impl ClockSync {
             echo_rx_ns,
             offset_ps: (off * 1e3).round() as i64,
             drift_e15: (self.drift * 1e15).round() as i64,
-            bound_ns: finite(self.bound_ns),
-            hard_bound_ns: finite(self.hard_ns),
+            bound_ns: if self.suspect { u64::MAX } else { finite(self.bound_ns) },
+            hard_bound_ns: if self.suspect { u64::MAX } else { finite(self.hard_ns) },
         };
         self.stats.probes_sent += 1;
         send(peer.id, &probe);
@@ -1049,16 +1115,11 @@ impl ClockSync {
         // Both probes of a pair far above the fit: our clock jumped forward
         // or the peer's back (a down-jump shows below the fit, as a step).
         let above = peer.fwd.far_above(now, y, cfg.step_ns, STEP_SAMPLES);
-        let (mut jumped, quiet) = match p.index {
-            0 => {
-                peer.first_above = above;
-                (false, false)
-            }
-            _ => {
-                let first = std::mem::take(&mut peer.first_above);
-                (above && first, !above && !first && peer.fwd.fit(STEP_SAMPLES).is_some())
-            }
-        };
+        let (mut jumped, quiet, lifted) = peer.pair_above(p.index, above);
+        if lifted && !jumped && !self.reference {
+            // A stalled sender or a jumped clock: unknown until the next pair.
+            self.suspect = true;
+        }
         let mut sample: Option<(u64, i64, u64)> = (!cfg.pure_only).then_some((now, y, p.tx_ns));
         match (p.index, peer.first) {
             (0, _) => peer.first = Some((p.pair, p.tx_ns, now)),

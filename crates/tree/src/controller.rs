@@ -1254,6 +1254,10 @@ pub fn view_topology(a: &Assign) -> Topology {
             n.children.push(a.id);
         } else if a.hedge_parents.contains(&p.id) {
             n.hedge_targets.push(a.id);
+        } else if a.children.contains(&p.id) {
+            // Each link from both ends (the clock's probe graph takes a
+            // node's edges from its children's side).
+            n.parent = Some(a.id);
         }
         nodes.push(n);
     }

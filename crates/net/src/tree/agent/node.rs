@@ -406,7 +406,7 @@ fn spawn_egress(
     Ok(Outbox::Ring(EgressHandle { ring, thread: Some(thread) }))
 }
 
-fn start_sync(cfg: &AgentConfig, me: &PlanNode, sender: u32) -> ClockSync {
+fn start_sync(cfg: &AgentConfig, me: &PlanNode) -> ClockSync {
     if cfg.clock.sync.mode == fairfeed_clock::SyncMode::Off {
         // No probes; the limit still judges a host daemon's bound (--host-clock).
         return ClockSync::new(me.id, &[], true, cfg.clock.sync);
@@ -415,7 +415,9 @@ fn start_sync(cfg: &AgentConfig, me: &PlanNode, sender: u32) -> ClockSync {
     let s = cfg.clock.sync;
     let plan = probe_plan(&cfg.topology, cfg.clock.random_peers, cfg.seed, s.peer_budget, s.rate_max);
     let peers = plan.peers.get(&me.id).cloned().unwrap_or_default();
-    let mut sync = ClockSync::new(me.id, &peers, me.id == sender, s);
+    // The sender's clock is the reference (under a controller a node's view
+    // may not name the sender at all: it is no one's id by default).
+    let mut sync = ClockSync::new(me.id, &peers, me.role == Role::Sender, s);
     sync.set_strides(plan.strides.get(&me.id).map_or(&[][..], |v| &v[..]));
     sync.set_rates(plan.rates.get(&me.id).map_or(&[][..], |v| &v[..]));
     sync
@@ -453,12 +455,11 @@ fn node_socket(cfg: &AgentConfig, me: u32, addr: SocketAddr, sock: Option<UdpSoc
 /// The state machine of node `me`, checked against the job it is started with.
 fn state_machine(cfg: &AgentConfig, me: &PlanNode) -> Result<Node, AgentError> {
     let topo = &cfg.topology;
-    let sender = fairfeed_tree::plan::sender_id(topo).unwrap_or(0);
     match (&me.role, &cfg.job) {
         (Role::Sender, Job::Sender(_)) | (Role::Proxy, Job::Proxy) | (Role::Receiver, Job::Receiver(_)) => {
             let hedge_parents: Vec<_> =
                 (0..topo.trees.len()).map(|k| fairfeed_tree::plan::hedge_parents(topo, k)).collect();
-            let sync = start_sync(cfg, me, sender);
+            let sync = start_sync(cfg, me);
             let node =
                 fairfeed_tree::sharded::node_of(topo, me.id, cfg.node, cfg.rule, sync, &hedge_parents, &cfg.shards)
                     .map_err(|e| AgentError::Config(e.to_string()))?;
@@ -882,7 +883,28 @@ impl NodeAgent<'_> {
                 tracing::warn!(node = self.cfg.id, "{}: topology version {} not applied: {e}", self.who, v.version)
             }
         }
+        self.follow_probe_peers(&v);
         1
+    }
+
+    /// Clock sync under a controller: the node probes the neighbours its
+    /// view names (parent, children, hedge parents and targets — each end
+    /// of an edge names the other), as it would those of a planned topology.
+    fn follow_probe_peers(&mut self, v: &fairfeed_tree::membership::Assign) {
+        let s = self.cfg.clock.sync;
+        // A node out of the tree (a spare, or one leaving) keeps probing
+        // its last neighbours: they may still be its neighbours next.
+        if s.mode == fairfeed_clock::SyncMode::Off || v.layer == fairfeed_tree::membership::UNPLACED {
+            return;
+        }
+        let topo = fairfeed_tree::controller::view_topology(v);
+        let plan = probe_plan(&topo, self.cfg.clock.random_peers, self.cfg.seed, s.peer_budget, s.rate_max);
+        let peers = plan.peers.get(&v.id).cloned().unwrap_or_default();
+        let local = self.local_at(wall_ns());
+        let sync = self.live.sync_mut();
+        sync.set_peers(local, &peers);
+        sync.set_strides(plan.strides.get(&v.id).map_or(&[][..], |x| &x[..]));
+        sync.set_rates(plan.rates.get(&v.id).map_or(&[][..], |x| &x[..]));
     }
 
     /// This node's clock at wall time `wall`.
