@@ -147,17 +147,25 @@ fn start_tree(r: &mut Run, ctl: &str, delay_ms: &str, proxies: &[u32]) {
     }
 }
 
-#[test]
-fn nodes_join_a_controller_a_dead_proxy_is_replaced_and_a_late_receiver_starts_mid_feed() {
-    let mut r = Run::new("5a");
-    let port = std::net::UdpSocket::bind("127.0.9.1:0").unwrap().local_addr().unwrap().port();
-    let ctl = format!("127.0.9.1:{port}");
+/// A controller on `ip` (fan-out `fanout`, hedging 1, two layers; a node
+/// silent 60 ms is dead, held down 3 s), its topology and stats in the
+/// run's directory; its address.
+fn start_controller(r: &mut Run, ip: &str, fanout: &str) -> String {
+    let port = std::net::UdpSocket::bind(format!("{ip}:0")).unwrap().local_addr().unwrap().port();
+    let ctl = format!("{ip}:{port}");
     let args = [
-        s(&["controller", "--listen", &ctl, "--fanout", "3", "--hedge", "1", "--depth", "2"]),
+        s(&["controller", "--listen", &ctl, "--fanout", fanout, "--hedge", "1", "--depth", "2"]),
         s(&["--dead-after-ms", "60", "--hold-down-ms", "3000", "--key-file", &r.key, "--seconds", "30"]),
         s(&["--topology-out", &r.out("topology.toml"), "--stats-out", &r.out("controller.json")]),
     ];
     r.spawn("controller", args.concat());
+    ctl
+}
+
+#[test]
+fn nodes_join_a_controller_a_dead_proxy_is_replaced_and_a_late_receiver_starts_mid_feed() {
+    let mut r = Run::new("5a");
+    let ctl = start_controller(&mut r, "127.0.9.1", "3");
     std::thread::sleep(Duration::from_millis(300));
     // The sender first: its capacity of 2 places two proxies, the third is a spare.
     start_tree(&mut r, &ctl, "2500", &[10, 11, 12]);
@@ -351,14 +359,7 @@ fn a_receiver_joining_a_controller_mid_feed_starts_from_a_snapshot_with_equal_bo
 #[test]
 fn clock_sync_runs_under_a_controller_and_follows_a_moved_receiver() {
     let mut r = Run::new("6b");
-    let port = std::net::UdpSocket::bind("127.0.13.1:0").unwrap().local_addr().unwrap().port();
-    let ctl = format!("127.0.13.1:{port}");
-    let args = [
-        s(&["controller", "--listen", &ctl, "--fanout", "2", "--hedge", "1", "--depth", "2"]),
-        s(&["--dead-after-ms", "60", "--hold-down-ms", "3000", "--key-file", &r.key, "--seconds", "30"]),
-        s(&["--topology-out", &r.out("topology.toml")]),
-    ];
-    r.spawn("controller", args.concat());
+    let ctl = start_controller(&mut r, "127.0.13.1", "2");
     std::thread::sleep(Duration::from_millis(300));
     let sync = ["--clock", "sync"];
     let feed = ["--rate", "1000", "--feed-seconds", "6", "--start-delay-ms", "2500", "--linger-ms", "1500"];
