@@ -911,7 +911,7 @@ impl ClockSync {
             return self.host_bound.unwrap_or(0);
         }
         if self.reference {
-            return if local < self.step_slack.0 { self.step_slack.1.ceil() as u64 } else { 0 };
+            return self.step_slack_at(local).ceil() as u64;
         }
         if self.suspect {
             return u64::MAX;
@@ -1245,9 +1245,8 @@ impl ClockSync {
         }
         self.moved = self.moved.saturating_add(delta_ns);
         let x = self.inside(now);
-        let slack = if x < self.step_slack.0 { self.step_slack.1 } else { 0.0 };
         let u = uncertainty_ns as f64;
-        self.step_slack = (x.saturating_add(self.cfg.window_ns), slack + u);
+        self.step_slack = (x.saturating_add(self.cfg.window_ns), self.step_slack_at(x) + u);
         if self.reference {
             (self.bound_ns, self.hard_ns) = (self.step_slack.1, self.step_slack.1);
         } else {
@@ -1281,7 +1280,7 @@ impl ClockSync {
         self.stats.last_update_ns = now;
         if self.reference {
             // After a step of known size, the timescale's own uncertainty for a window.
-            let b = if now < self.step_slack.0 { self.step_slack.1 } else { 0.0 };
+            let b = self.step_slack_at(now);
             (self.bound_ns, self.hard_ns) = (b, b);
         }
         if self.reference || self.cfg.mode == SyncMode::Off {
@@ -1362,8 +1361,8 @@ impl ClockSync {
         self.drift = slope.clamp(-DRIFT_MAX, DRIFT_MAX);
         self.at = now;
         let (bound, hard) = self.bound_of(&cands, &used, theta, (BOUND_K * rms, BOUND_K * slope_err), dispute);
-        self.bound_ns = bound;
-        self.hard_ns = hard;
+        let slack = self.step_slack_at(now);
+        (self.bound_ns, self.hard_ns) = (bound + slack, hard + slack);
         self.last_rms = rms;
         self.synced = true;
         self.synced_since.get_or_insert(now);
@@ -1402,10 +1401,18 @@ impl ClockSync {
         // loops of peers of one level once fed each other's bounds to
         // milliseconds.
         let hard = used.iter().map(|c| (c.theta - theta).abs() + c.hard).fold(f64::INFINITY, f64::min);
-        // Samples from before a step of our clock, moved by a size known
-        // only within `step_slack`, may still be in the windows.
-        let slack = if self.stats.last_update_ns < self.step_slack.0 { self.step_slack.1 } else { 0.0 };
-        ((BOUND_FLOOR_NS + spread.max(residuals) + slope).min(hard) + slack, hard + slack)
+        ((BOUND_FLOOR_NS + spread.max(residuals) + slope).min(hard), hard)
+    }
+
+    /// How far the stepless timescale may have moved at inside time `x`: the
+    /// uncertainty of steps of known size while samples from before the last
+    /// one may still be in the windows (see [`ClockSync::clock_stepped_by`]).
+    fn step_slack_at(&self, x: u64) -> f64 {
+        if x < self.step_slack.0 {
+            self.step_slack.1
+        } else {
+            0.0
+        }
     }
 
     /// The level we take: one below our nearest anchors, or — when every

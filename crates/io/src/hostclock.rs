@@ -67,10 +67,25 @@ pub enum HostClockError {
     #[error("chronyc's tracking report field {0} is not a number: {1:?}")]
     Number(&'static str, String),
     #[error("pmc: {0}")]
-    Pmc(String),
+    Pmc(ToolError),
     /// A field `pmc` should have printed is missing or not a number.
     #[error("pmc's answer has no usable {0}: {1:?}")]
     PtpField(&'static str, String),
+}
+
+/// Why a daemon's query tool (`chronyc`, `pmc`) gave no answer.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ToolError {
+    #[error("cannot run it ({0})")]
+    Spawn(String),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// It exited with an error, or said nothing (its stderr, or its status).
+    #[error("{0}")]
+    Failed(String),
+    /// It ran, but the daemon behind it did not answer.
+    #[error("no answer from {0}")]
+    Silent(String),
 }
 
 /// The fields of `chronyc -c tracking` that the bound needs (seconds, ppm).
@@ -140,19 +155,19 @@ pub fn chrony_tracking(socket: Option<&Path>) -> Result<ChronyTracking, HostCloc
     if let Some(s) = socket {
         cmd.arg("-h").arg(s);
     }
-    let text = run_tool(cmd.arg("tracking")).map_err(HostClockError::Run)?;
+    let text = run_tool(cmd.arg("tracking")).map_err(|e| HostClockError::Run(e.to_string()))?;
     ChronyTracking::parse(text.lines().next().unwrap_or(""))
 }
 
 /// Runs a daemon's query tool within [`HOST_CLOCK_TIMEOUT`]: its output, or
 /// why there is none (it could not run, timed out, failed or said nothing).
-fn run_tool(cmd: &mut Command) -> Result<String, String> {
+fn run_tool(cmd: &mut Command) -> Result<String, ToolError> {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run it ({e})"))?;
+        .map_err(|e| ToolError::Spawn(e.to_string()))?;
     let t0 = Instant::now();
     loop {
         match child.try_wait() {
@@ -161,15 +176,15 @@ fn run_tool(cmd: &mut Command) -> Result<String, String> {
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("no answer within {HOST_CLOCK_TIMEOUT:?}"));
+                return Err(ToolError::Timeout(HOST_CLOCK_TIMEOUT));
             }
         }
     }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| ToolError::Failed(e.to_string()))?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() || text.trim().is_empty() {
         let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        return Err(if err.is_empty() { format!("exit {}", out.status) } else { err });
+        return Err(ToolError::Failed(if err.is_empty() { format!("exit {}", out.status) } else { err }));
     }
     Ok(text)
 }
@@ -292,7 +307,7 @@ pub fn ptp_status(socket: &Path) -> Result<PtpStatus, HostClockError> {
     cmd.args(["GET TIME_STATUS_NP", "GET CURRENT_DATA_SET", "GET PARENT_DATA_SET"]);
     let text = run_tool(&mut cmd).map_err(HostClockError::Pmc)?;
     if !text.contains("RESPONSE MANAGEMENT") {
-        return Err(HostClockError::Pmc(format!("no answer from ptp4l at {}", socket.display())));
+        return Err(HostClockError::Pmc(ToolError::Silent(format!("ptp4l at {}", socket.display()))));
     }
     PtpStatus::parse(&text)
 }

@@ -412,15 +412,22 @@ fn start_sync(cfg: &AgentConfig, me: &PlanNode) -> ClockSync {
         return ClockSync::new(me.id, &[], true, cfg.clock.sync);
     }
     // One clock per host, whatever its trees (plan::probe_plan).
-    let s = cfg.clock.sync;
-    let plan = probe_plan(&cfg.topology, cfg.clock.random_peers, cfg.seed, s.peer_budget, s.rate_max);
-    let peers = plan.peers.get(&me.id).cloned().unwrap_or_default();
     // The sender's clock is the reference (under a controller a node's view
     // may not name the sender at all: it is no one's id by default).
-    let mut sync = ClockSync::new(me.id, &peers, me.role == Role::Sender, s);
-    sync.set_strides(plan.strides.get(&me.id).map_or(&[][..], |v| &v[..]));
-    sync.set_rates(plan.rates.get(&me.id).map_or(&[][..], |v| &v[..]));
+    let mut sync = ClockSync::new(me.id, &[], me.role == Role::Sender, cfg.clock.sync);
+    probe_as_planned(&mut sync, cfg, &cfg.topology, me.id, 0);
     sync
+}
+
+/// Node `id` probes the peers, at the strides and rates, that `probe_plan`
+/// gives it in `topo` (its planned topology, or a controller's view of it);
+/// `now` is raw (see `ClockSync::set_peers`).
+fn probe_as_planned(sync: &mut ClockSync, cfg: &AgentConfig, topo: &fairfeed_tree::plan::Topology, id: u32, now: u64) {
+    let s = cfg.clock.sync;
+    let plan = probe_plan(topo, cfg.clock.random_peers, cfg.seed, s.peer_budget, s.rate_max);
+    sync.set_peers(now, plan.peers.get(&id).map_or(&[][..], |v| &v[..]));
+    sync.set_strides(plan.strides.get(&id).map_or(&[][..], |v| &v[..]));
+    sync.set_rates(plan.rates.get(&id).map_or(&[][..], |v| &v[..]));
 }
 
 /// What joins a node agent to the other agents of its node.
@@ -891,20 +898,14 @@ impl NodeAgent<'_> {
     /// view names (parent, children, hedge parents and targets — each end
     /// of an edge names the other), as it would those of a planned topology.
     fn follow_probe_peers(&mut self, v: &fairfeed_tree::membership::Assign) {
-        let s = self.cfg.clock.sync;
         // A node out of the tree (a spare, or one leaving) keeps probing
         // its last neighbours: they may still be its neighbours next.
-        if s.mode == fairfeed_clock::SyncMode::Off || v.layer == fairfeed_tree::membership::UNPLACED {
+        if self.cfg.clock.sync.mode == fairfeed_clock::SyncMode::Off || v.layer == fairfeed_tree::membership::UNPLACED {
             return;
         }
         let topo = fairfeed_tree::controller::view_topology(v);
-        let plan = probe_plan(&topo, self.cfg.clock.random_peers, self.cfg.seed, s.peer_budget, s.rate_max);
-        let peers = plan.peers.get(&v.id).cloned().unwrap_or_default();
         let local = self.local_at(wall_ns());
-        let sync = self.live.sync_mut();
-        sync.set_peers(local, &peers);
-        sync.set_strides(plan.strides.get(&v.id).map_or(&[][..], |x| &x[..]));
-        sync.set_rates(plan.rates.get(&v.id).map_or(&[][..], |x| &x[..]));
+        probe_as_planned(self.live.sync_mut(), self.cfg, &topo, v.id, local);
     }
 
     /// This node's clock at wall time `wall`.
