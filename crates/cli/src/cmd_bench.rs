@@ -26,7 +26,8 @@ pub enum IoArg {
 #[derive(clap::Subcommand)]
 pub enum Bench {
     /// A tree that changes while the feed runs (simulated with the controller's, members' and nodes' own
-    /// cores): proxies killed and restarted, receivers joining and leaving; what was lost, repeated, repaired.
+    /// cores): proxies killed and restarted, receivers joining from the sender's snapshot and leaving; what was
+    /// lost, repeated, repaired, and whether the joiners' books equal the whole feed's.
     Churn {
         /// Nodes at the start (sender, proxies, a spare, receivers), 8..=5,000.
         #[arg(long, default_value_t = 30, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(8..=5_000))]
@@ -829,13 +830,24 @@ fn print_churn(header: &str, s: &fairfeed_sim::churn::ChurnSummary) {
         s.kills, s.double_kills, s.restarts, s.repairs, s.repair_p50_ms, s.repair_p99_ms, s.repair_max_ms
     );
     println!(
-        "  joins {} ({} unserved): first message p50 {:.1} ms, p99 {:.1} ms; leaves {}, receiver deaths {}",
+        "  joins {} ({} unserved): first live message after the snapshot p50 {:.1} ms, p99 {:.1} ms; leaves {}, receiver deaths {}",
         s.joins,
         s.joins_unserved,
         s.join_first_message_p50_ms,
         s.join_first_message_p99_ms,
         s.leaves,
         s.receiver_deaths
+    );
+    println!(
+        "  joiners' books against the whole feed's: {} checked, equal {} ({} differ; {} lines with {} messages missing, \
+         counted apart); {} snapshots fetched, {} failed and fetched again",
+        s.books.books_checked,
+        s.books_equal.map_or("n/a".to_string(), |b| b.to_string()),
+        s.books.books_differ,
+        s.books.books_with_gaps,
+        s.books.join_gaps,
+        s.books.snapshot_fetches,
+        s.books.snapshot_fetch_failures
     );
     println!(
         "  P(F@1µs) {:.4} (virtual clocks), window p99 {:.2} µs (worst seed), late releases {:.4} %",

@@ -282,6 +282,10 @@ fn bench_churn_and_bench_controller_report_their_figures() {
     assert_eq!(c["lost_in_single_kills"], 0, "{c}");
     assert_eq!(c["duplicated"], 0);
     assert!(c["repairs"].as_u64() > Some(0) && c["kills"].as_u64() > Some(0), "{c}");
+    // Joiners fetched the sender's snapshot: their books are the whole feed's.
+    assert!(c["books_checked"].as_u64() > Some(0), "{c}");
+    assert_eq!(c["books_equal"], true, "{c}");
+    assert_eq!(c["books_differ"], 0, "{c}");
     assert!(c["pf_1us"].as_f64().is_some_and(|p| p > 0.5 && p <= 1.0), "{c}");
     // On a link model nobody tuned the controller for (Pareto spikes), every
     // kill of one proxy: still nothing lost.
@@ -399,20 +403,27 @@ fn clock_sync_runs_under_a_controller_and_follows_a_moved_receiver() {
     r.kill("controller");
     let sent = r.stats("sender100.json")["node"]["packets"].as_u64().unwrap();
     assert_eq!(sent, 6_000);
+    let mut bounded = 0;
     for i in 0..4 {
         let st = r.stats(&format!("receiver{i}.json"));
         let c = &st["node"]["clock"];
         assert_eq!(c["stats"]["synced"], true, "receiver {i}: {c}");
         let err = (c["offset_now_ns"].as_f64().unwrap() - c["injected_offset_ns"].as_f64().unwrap()).abs();
         let bound = c["bound_now_ns"].as_f64().unwrap();
-        assert!(
-            err <= bound && bound < 1e6 && err < 20_000.0,
-            "receiver {i}: {err:.0} ns off under a {bound}-ns bound: {c}"
-        );
+        // Honest always; unknown (u64::MAX) only in the instant after a
+        // pair of probes came late (a process held off the CPU on a busy
+        // host: ABOVE_PAIRS), until the next pair says which clock moved.
+        assert!(err <= bound && err < 20_000.0, "receiver {i}: {err:.0} ns off under a {bound}-ns bound: {c}");
+        if bound < 1e6 {
+            bounded += 1;
+        } else {
+            eprintln!("receiver {i}: bound unknown at its end (a late pair of probes): {c}");
+        }
         assert!(c["stats"]["peers_used"].as_u64() >= Some(1), "receiver {i}: {c}");
         eprintln!("receiver {i}: {err:.0} ns off, bound {bound} ns, {} pairs", c["stats"]["pairs"]);
         assert_eq!(st["node"]["released"].as_u64(), Some(sent), "receiver {i}: {}", st["node"]);
     }
+    assert!(bounded >= 2, "{bounded} of 4 receivers ended with a known bound");
     // Receiver 0 moved and probes its new parent.
     let moved = r.stats("receiver0.json");
     assert!(moved["counters"]["membership"]["version"].as_u64() > Some(1), "{}", moved["counters"]);

@@ -19,7 +19,11 @@
 //!
 //! A failed fetch (rejected, closed early, not ITCH, timed out, behind, another
 //! session) is counted by kind and tried again after a backoff (100 ms
-//! doubling to 2 s).
+//! doubling to 2 s) — except a snapshot that is behind only because it was
+//! asked for before the live line began to arrive (a joiner fetches at once,
+//! and its place in the tree may come later): that one is fetched again at
+//! once, since the server has followed the feed since. Behind again, the
+//! server lags the live line, and the backoff applies.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -132,6 +136,8 @@ enum State {
         session: Session,
         next: u64,
         got: Got,
+        /// When the snapshot was asked for.
+        asked: u64,
     },
     Joined {
         next: u64,
@@ -152,6 +158,8 @@ pub struct Joiner {
     user: Alpha<6>,
     password: Alpha<10>,
     held: VecDeque<Vec<u8>>,
+    /// When the first of the live packets held now arrived.
+    held_since: Option<u64>,
     retry_ns: u64,
     first_fetch_ns: Option<u64>,
     stats: JoinStats,
@@ -166,6 +174,7 @@ impl Joiner {
             user: Alpha::from_str_padded(user),
             password: Alpha::from_str_padded(password),
             held: VecDeque::new(),
+            held_since: None,
             retry_ns: RETRY_FIRST_NS,
             first_fetch_ns: None,
             stats: JoinStats::default(),
@@ -216,9 +225,13 @@ impl Joiner {
     }
 
     fn fail(&mut self, now: u64, e: JoinError) {
+        self.count_failure(&e);
+        self.retry(now);
+    }
+
+    fn count_failure(&mut self, e: &JoinError) {
         *self.stats.failures.entry(e.kind()).or_default() += 1;
         self.stats.last_failure = Some(e.to_string());
-        self.retry(now);
     }
 
     fn retry(&mut self, now: u64) {
@@ -252,7 +265,8 @@ impl Joiner {
 
     /// Parses whole packets from the fetch's buffer; true at End of Snapshot.
     fn take_packets(&mut self) -> Result<bool, JoinError> {
-        let State::Fetching { inbuf, session, got, .. } = &mut self.state else { return Ok(false) };
+        let State::Fetching { inbuf, session, got, started } = &mut self.state else { return Ok(false) };
+        let asked = *started;
         let mut used_all = 0;
         let mut end = None;
         while end.is_none() {
@@ -289,7 +303,7 @@ impl Joiner {
         if got.count as u64 > next.saturating_sub(1) {
             return Err(JoinError::TooLong { messages: got.count, next_sequence: next });
         }
-        self.state = State::Ready { session, next, got };
+        self.state = State::Ready { session, next, got, asked };
         Ok(true)
     }
 
@@ -331,6 +345,7 @@ impl Joiner {
             self.held.pop_front();
             self.stats.held_dropped += 1;
         }
+        self.held_since.get_or_insert(now);
         self.held.push_back(p.to_vec());
         self.stats.held_max = self.stats.held_max.max(self.held.len());
         self.try_join(now, out);
@@ -338,8 +353,8 @@ impl Joiner {
 
     /// Joins if the snapshot is in and a live packet fits it.
     fn try_join(&mut self, now: u64, out: &mut impl FnMut(&[u8])) {
-        let State::Ready { session, next, .. } = &self.state else { return };
-        let (session, next) = (*session, *next);
+        let State::Ready { session, next, asked, .. } = &self.state else { return };
+        let (session, next, asked) = (*session, *next, *asked);
         // Any packet of the line places it: a data packet by its first message,
         // a heartbeat or the end of the session by the number it announces next.
         let Some(first) = self.held.iter().find_map(|p| Packet::new_checked(&p[..]).ok()) else {
@@ -351,8 +366,14 @@ impl Joiner {
             return;
         }
         if first.sequence() > next {
-            let live_first = first.sequence();
-            self.fail(now, JoinError::Behind { snapshot_next: next, live_first });
+            let e = JoinError::Behind { snapshot_next: next, live_first: first.sequence() };
+            if self.held_since.is_some_and(|t| t > asked) {
+                // Asked for before the live line came: a fresh one fits it.
+                self.count_failure(&e);
+                self.state = State::Waiting { retry_at: now };
+            } else {
+                self.fail(now, e);
+            }
             return;
         }
         let State::Ready { got, .. } = std::mem::replace(&mut self.state, State::Joined { next }) else {
@@ -364,6 +385,7 @@ impl Joiner {
         for p in self.held.drain(..) {
             self.stats.live_trimmed += deliver_from(&p, at, out);
         }
+        self.held_since = None;
         self.stats.joined = true;
         self.stats.joined_at_sequence = next;
         self.stats.join_ns = now - self.first_fetch_ns.unwrap_or(now);

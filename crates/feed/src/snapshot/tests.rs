@@ -329,6 +329,44 @@ fn a_snapshot_behind_the_live_feed_is_fetched_again() {
     assert_eq!(j.stats().join_ns, 100 * MS);
 }
 
+/// A joiner fetches at once, and its place in the tree may come later: a
+/// snapshot asked for before the live line arrived is fetched again at once
+/// (the server has followed the feed since), not after the backoff; behind
+/// again, the server lags the live line, and the backoff applies.
+#[test]
+fn a_snapshot_asked_for_before_the_live_line_came_is_fetched_again_at_once() {
+    let packets = feed(9, 2_000, 4, false);
+    let mut f = Follower::new(GAP_WAIT_DEFAULT_NS, 1 << 20);
+    for p in &packets[..10] {
+        f.on_packet(0, p);
+    }
+    let mut j = Joiner::new(0, "", "");
+    let mut app = App::default();
+    fetch(&mut j, &mut f, 0, 1 << 20, &mut app);
+    for p in &packets[10..30] {
+        f.on_packet(5 * MS, p);
+    }
+    for p in &packets[20..30] {
+        j.on_live(5 * MS, p, &mut |q| app.take(q));
+    }
+    assert_eq!(j.stats().failures.get("behind"), Some(&1));
+    assert!(j.want_fetch(5 * MS), "no backoff: the snapshot was older than the live line");
+    // The server now lags the live line: behind again, and the backoff applies.
+    let mut lagging = Follower::new(GAP_WAIT_DEFAULT_NS, 1 << 20);
+    for p in &packets[..15] {
+        lagging.on_packet(0, p);
+    }
+    fetch(&mut j, &mut lagging, 6 * MS, 1 << 20, &mut app);
+    assert_eq!(j.stats().failures.get("behind"), Some(&2));
+    assert!(!j.want_fetch(50 * MS) && j.want_fetch(106 * MS), "a backoff before the next fetch");
+    fetch(&mut j, &mut f, 106 * MS, 1 << 20, &mut app);
+    assert!(j.joined());
+    for p in &packets[30..] {
+        j.on_live(200 * MS, p, &mut |q| app.take(q));
+    }
+    assert_eq!(app.books.diff(&books_of(&packets)), None);
+}
+
 #[test]
 fn a_joiner_waits_for_a_live_packet_before_it_joins() {
     let packets = feed(10, 1_000, 4, false);

@@ -15,6 +15,11 @@
 //! every child of the dead proxy runs a view with a live parent; a join
 //! from the receiver's start to its first release.
 //!
+//! Receivers that join while the feed runs start from a snapshot of the
+//! sender's books ([`books`]: the snapshot service's and the joiner's own
+//! cores), and their applications' books are checked against the whole
+//! feed's.
+//!
 //! Two proxies killed at once are counted apart: when they hedge for each
 //! other (H = 1), the children of both lose both paths until the repair —
 //! beyond what one hedge can mask, and reported as such.
@@ -31,6 +36,9 @@ use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
 
 use crate::model::{LinkEmulator, LinkModel};
+
+mod books;
+pub use books::BookCheck;
 
 /// Messages sent this soon after a receiver was placed are not counted for it
 /// (its parent may learn of it a link delay later).
@@ -127,6 +135,9 @@ pub struct ChurnResult {
     /// Releases, and of them those past their deadline (released on arrival).
     pub releases: u64,
     pub late_releases: u64,
+    /// Joiners' books (from their snapshot and live line) against the whole feed's.
+    #[serde(flatten)]
+    pub books: BookCheck,
     /// Messages released by two receivers or more, and the share of them
     /// whose releases all fell within 1 µs (P(F), virtual clocks).
     pub windowed_messages: u64,
@@ -185,6 +196,18 @@ enum Ev {
     Restart {
         id: u32,
     },
+    /// A joiner's login reaches the sender's snapshot service.
+    SnapLogin {
+        id: u32,
+        gen: u32,
+        login: Vec<u8>,
+    },
+    /// The snapshot service's answer, all of it, reaches the joiner.
+    SnapStream {
+        id: u32,
+        gen: u32,
+        bytes: std::rc::Rc<[u8]>,
+    },
 }
 
 /// One node process.
@@ -205,6 +228,8 @@ struct Proc {
     last_released: u64,
     out_of_order: u64,
     first_release_ns: Option<u64>,
+    /// A joiner's application (snapshot, then the live line).
+    app: Option<books::App>,
 }
 
 /// A repair being timed: the dead proxy, when, its children then.
@@ -237,10 +262,16 @@ struct World {
     kill_windows: Vec<(u64, u64, bool)>,
     next_id: u32,
     r: ChurnResult,
+    /// The generated ITCH line and the sender's snapshot service.
+    feed: books::Feed,
+    /// Draws the snapshot connections' delays (apart from the run's schedule).
+    snap_rng: ChaCha12Rng,
 }
 
 /// The controller's place in the link emulator's table.
 const CONTROLLER_LINK_ID: u32 = NODES_MAX as u32;
+/// Seeds the snapshot connections' delays from the run's seed.
+const SNAPSHOT_RNG_SALT: u64 = 0x736e_6170_7368_6f74;
 const CONTROLLER_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 255, 255, 1)), 9700);
 
@@ -265,6 +296,8 @@ impl World {
         };
         let mut rng = ChaCha12Rng::seed_from_u64(cfg.seed);
         let links = LinkEmulator::new(cfg.link, ChaCha12Rng::seed_from_u64(rng.gen()), NODES_MAX + 1);
+        let (cfg_seed, rate) = (cfg.seed, cfg.rate_per_s);
+        let packets = (cfg.feed_s * cfg.rate_per_s) as u64 + 1;
         World {
             ctl: Controller::new(ccfg, None).expect("a valid controller configuration"),
             cfg,
@@ -284,6 +317,8 @@ impl World {
             kill_windows: Vec::new(),
             next_id: 0,
             r: ChurnResult::default(),
+            feed: books::Feed::new(cfg_seed, packets, rate),
+            snap_rng: ChaCha12Rng::seed_from_u64(cfg_seed ^ SNAPSHOT_RNG_SALT),
         }
     }
 
@@ -357,6 +392,7 @@ impl World {
                 last_released: 0,
                 out_of_order: 0,
                 first_release_ns: None,
+                app: (role == MemberRole::Receiver && self.now > 0).then(|| books::App::new(self.now)),
             },
         );
         self.push(self.now, Ev::Timer { id, gen });
@@ -422,12 +458,35 @@ impl World {
     /// Re-arms node `id`'s timer if its next due time moved earlier.
     fn arm(&mut self, id: u32) {
         let Some(p) = self.procs.get_mut(&id).filter(|p| p.alive) else { return };
-        let due = p.node.next_timeout().min(p.client.next_timeout());
+        let join_due = p.app.as_ref().map_or(u64::MAX, |a| a.joiner.next_due());
+        let due = p.node.next_timeout().min(p.client.next_timeout()).min(join_due);
         if due < p.timer_at {
             p.timer_at = due;
             let gen = p.gen;
             self.push(due.max(self.now), Ev::Timer { id, gen });
         }
+    }
+
+    /// `n` one-way delays of the run's link model (the snapshot's TCP connection).
+    fn snapshot_delay(&mut self, n: u64) -> u64 {
+        (0..n).map(|_| self.cfg.link.sample_ns(&mut self.snap_rng)).sum()
+    }
+
+    /// A joiner's login at the sender's snapshot service: the answer goes back whole.
+    fn on_snap_login(&mut self, id: u32, gen: u32, login: &[u8]) {
+        let bytes = self.feed.serve(self.now, login);
+        let at = self.now + self.snapshot_delay(1) + bytes.len() as u64 * books::SNAPSHOT_NS_PER_BYTE;
+        self.push(at, Ev::SnapStream { id, gen, bytes: bytes.into() });
+    }
+
+    /// The snapshot service's answer at the joiner.
+    fn on_snap_stream(&mut self, id: u32, gen: u32, bytes: &[u8]) {
+        let now = self.now;
+        let Some(p) = self.procs.get_mut(&id).filter(|p| p.alive && p.gen == gen) else { return };
+        if let Some(a) = &mut p.app {
+            a.stream(now, bytes);
+        }
+        self.arm(id);
     }
 
     /// Releases node `id` has ready.
@@ -449,6 +508,9 @@ impl World {
             }
             p.last_released = p.last_released.max(m.sequence);
             p.first_release_ns.get_or_insert(now);
+            if let Some(a) = &mut p.app {
+                a.live(now, &m.payload);
+            }
         }
     }
 
@@ -493,6 +555,14 @@ impl World {
         }
         if p.client.next_timeout() <= now {
             p.client.handle_timeout(now);
+        }
+        let login = p.app.as_mut().and_then(|a| {
+            a.joiner.on_tick(now);
+            a.joiner.want_fetch(now).then(|| a.joiner.login(now))
+        });
+        if let Some(login) = login {
+            let at = now + self.snapshot_delay(books::CONNECT_ONE_WAYS);
+            self.push(at, Ev::SnapLogin { id, gen, login });
         }
         self.route(id, out);
         self.take_releases(id);
@@ -605,7 +675,7 @@ impl World {
         let Node::Sender(s) = &mut p.node else { return };
         let seq = self.sent.len() as u64;
         let mut out = Out(Vec::new());
-        let got = s.handle_message(now, &seq.to_be_bytes(), &mut out);
+        let got = s.handle_message(now, self.feed.next_packet(now), &mut out);
         s.update(now);
         debug_assert_eq!(got, seq);
         self.sent.push(now);
@@ -620,11 +690,12 @@ impl World {
             let Some(placed) = p.placed_ns else {
                 continue;
             };
-            if p.first_release_ns.is_none() && p.started_ns > 0 {
-                self.r.joins_unserved += 1;
-            }
-            if let (Some(f), true) = (p.first_release_ns, p.started_ns > 0) {
-                self.r.join_first_message_ms.push((f - p.started_ns) as f64 / 1e6);
+            // A joiner's first message is the first live one its application got (after its snapshot).
+            let first = p.app.as_ref().map_or(p.first_release_ns, |a| a.first_live_ns);
+            match first {
+                None if p.started_ns > 0 => self.r.joins_unserved += 1,
+                Some(f) if p.started_ns > 0 => self.r.join_first_message_ms.push((f - p.started_ns) as f64 / 1e6),
+                _ => {}
             }
             let from = placed + JOIN_SETTLE_NS;
             let to = p.stopped_ns.map_or(end, |s| s.saturating_sub(STOP_SETTLE_NS));
@@ -653,6 +724,7 @@ impl World {
         self.r.pf_1us =
             if w.is_empty() { 0.0 } else { w.iter().filter(|&&x| x <= 1.0).count() as f64 / w.len() as f64 };
         self.r.window_p99_us = quantile(&mut w, 0.99);
+        self.r.books = books::check(&self.feed, self.procs.values().filter_map(|p| p.app.as_ref()));
     }
 }
 
@@ -698,6 +770,8 @@ pub fn run(cfg: &ChurnConfig) -> ChurnResult {
                     w.push(t + gap, Ev::Send);
                 }
             }
+            Ev::SnapLogin { id, gen, login } => w.on_snap_login(id, gen, &login),
+            Ev::SnapStream { id, gen, bytes } => w.on_snap_stream(id, gen, &bytes),
             Ev::Restart { id } => {
                 if w.procs.get(&id).is_some_and(|p| !p.alive) {
                     w.r.restarts += 1;
@@ -759,10 +833,12 @@ pub struct ChurnSummary {
     pub window_p99_worst_us: f64,
     /// Releases past their deadline, as a share of all releases.
     pub late_share: f64,
-    /// Joiners here start from the live feed, not a snapshot: their books
-    /// are not compared in this run (`null`); snapshot-then-live joins are
-    /// checked against the exchange's books in the CLI's snapshot tests.
+    /// Every joiner whose line came whole has books equal to the whole
+    /// feed's (`null`: no joiner had a whole line to check). Lines with
+    /// messages missing are counted apart (`books_with_gaps`), with the loss.
     pub books_equal: Option<bool>,
+    #[serde(flatten)]
+    pub books: BookCheck,
     pub per_seed: Vec<ChurnResult>,
 }
 
@@ -803,6 +879,10 @@ pub fn campaign(cfg: &ChurnConfig, seeds: u64, progress: &(dyn Fn(u64) + Sync)) 
     let mut repair: Vec<f64> = per_seed.iter().flat_map(|r| r.repair_ms.iter().copied()).collect();
     let mut join: Vec<f64> = per_seed.iter().flat_map(|r| r.join_first_message_ms.iter().copied()).collect();
     let lost = sum(|r| r.lost);
+    let mut books = BookCheck::default();
+    for r in &per_seed {
+        books.add(&r.books);
+    }
     ChurnSummary {
         seeds,
         receivers: cfg.receivers,
@@ -835,7 +915,8 @@ pub fn campaign(cfg: &ChurnConfig, seeds: u64, progress: &(dyn Fn(u64) + Sync)) 
         },
         window_p99_worst_us: per_seed.iter().map(|r| r.window_p99_us).fold(0.0, f64::max),
         late_share: sum(|r| r.late_releases) as f64 / sum(|r| r.releases).max(1) as f64,
-        books_equal: None,
+        books_equal: (books.books_checked > books.books_with_gaps).then_some(books.books_differ == 0),
+        books,
         per_seed,
     }
 }
@@ -864,6 +945,9 @@ mod tests {
         }
         assert!(s.kills > 0 && s.repairs > 0 && s.joins > 0, "{s:?}");
         assert_eq!(s.lost_in_single_kills, 0, "{s:#?}");
+        // Joiners start from the sender's snapshot: their books are the whole feed's.
+        assert!(s.books.books_checked > 0, "{s:#?}");
+        assert_eq!(s.books_equal, Some(true), "{s:#?}");
         assert_eq!(s.duplicated, 0);
         assert_eq!(s.out_of_order, 0);
     }
