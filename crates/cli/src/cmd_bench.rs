@@ -422,6 +422,21 @@ pub enum FaultsStore {
 }
 
 /// `bench faults`: the campaign's seeds, each reported as it ends.
+/// `bench faults --store`: the nats-server to run as the shared store (none: the embedded one).
+fn faults_store(store: FaultsStore, compound: bool) -> anyhow::Result<Option<std::path::PathBuf>> {
+    let nats = match store {
+        FaultsStore::Embedded => None,
+        FaultsStore::Auto => fairfeed_bridge::server::find_server(),
+        FaultsStore::Jetstream => Some(fairfeed_bridge::server::find_server().ok_or_else(|| {
+            anyhow::anyhow!("--store jetstream: nats-server is not installed (Debian: apt-get install nats-server)")
+        })?),
+    };
+    if compound && nats.is_none() {
+        anyhow::bail!("--compound needs the shared store (nats-server, --store jetstream): its faults kill the store");
+    }
+    Ok(nats)
+}
+
 fn faults_cmd(b: Bench) -> anyhow::Result<()> {
     let Bench::Faults {
         seeds,
@@ -442,16 +457,7 @@ fn faults_cmd(b: Bench) -> anyhow::Result<()> {
     else {
         unreachable!("faults_cmd takes bench faults")
     };
-    let nats = match store {
-        FaultsStore::Embedded => None,
-        FaultsStore::Auto => fairfeed_bridge::server::find_server(),
-        FaultsStore::Jetstream => Some(fairfeed_bridge::server::find_server().ok_or_else(|| {
-            anyhow::anyhow!("--store jetstream: nats-server is not installed (Debian: apt-get install nats-server)")
-        })?),
-    };
-    if compound && nats.is_none() {
-        anyhow::bail!("--compound needs the shared store (nats-server, --store jetstream): its faults kill the store");
-    }
+    let nats = faults_store(store, compound)?;
     let exe = anyhow::Context::context(std::env::current_exe(), "finding the fairfeed binary the nodes run as")?;
     let change_every = std::time::Duration::from_millis(change_every_ms);
     let cfg = fairfeed_bench::faults::FaultsConfig {
@@ -529,19 +535,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         b @ Bench::Faults { .. } => faults_cmd(b),
         b @ Bench::Churn { .. } => churn_cmd(b),
-        Bench::Controller { receivers, joins, json } => {
-            let r = fairfeed_bench::controller::controller_scale(receivers, joins);
-            if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                println!(
-                    "controller: {} receivers and {} proxies (F = {}) placed from registrations in {:.3} s ({} views); \
-                     the planner's one call for the shape: {:.4} s; then {:.0} joins/s",
-                    r.receivers, r.proxies, r.fanout, r.place_all_s, r.views_sent, r.plan_baseline_s, r.joins_per_s
-                );
-            }
-            Ok(())
-        }
+        Bench::Controller { receivers, joins, json } => controller_cmd(receivers, joins, json),
         b @ Bench::ClockSync { .. } => clock_sync_cmd(b),
         Bench::ProxyHop { samples, ladder: true, json, .. } => ladder_cmd(samples, json),
         Bench::ProxyPps {
@@ -561,70 +555,97 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::ProxyPps { fanout, packet_bytes, rounds, round_seconds, split, io, json } => {
             let threads = if split { Threading::Split } else { Threading::One };
             let backend = if io == IoArg::Uring { Backend::Uring } else { Backend::Udp };
-            // Each round times the bare loop, then the proxy.
-            let tick =
-                crate::fmt::ticker(2.0 * rounds as f64 * round_seconds, "bare sendmmsg and proxy, alternating rounds");
-            let r = proxy_pps(fanout, packet_bytes, (rounds, round_seconds), (threads, backend))?;
-            drop(tick);
-            if json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                println!(
-                    "proxy replicating to {fanout} ({:?}): {:.0} copies/s ({:.0} packets/s in); bare sendmmsg loop: {:.0} copies/s; \
-                     ratio {:.2} (medians of {rounds} rounds of {round_seconds} s)",
-                    r.io, r.proxy_pps, r.proxy_input_pps, r.baseline_pps, r.ratio
-                );
-            }
-            Ok(())
+            pps_cmd(fanout, packet_bytes, (rounds, round_seconds), (threads, backend), json)
         }
         Bench::HopLatency { io, samples, rounds, json } => hop_cmd(&io, samples, rounds, json),
         Bench::Attack { receivers, rate, seconds, port, json } => attack_cmd(receivers, rate, seconds, port, json),
         Bench::XdpDedup { hedge, messages, rate, payload_bytes, rounds, json } => {
             xdp_dedup(hedge, (messages, rate, payload_bytes), rounds, json)
         }
-        Bench::ProxyHop { samples, no_busy_poll, json, .. } => {
-            let r = proxy_hop(samples, !no_busy_poll)?;
-            if json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                println!(
-                    "proxy hop adds {:.2} µs at the median; a bare loopback hop takes {:.2} µs (ratio {:.2}); \
-                     via proxy p50/p99 {:.1}/{:.1} µs, direct {:.1}/{:.1} µs",
-                    r.proxy_hop_p50_us,
-                    r.baseline_oneway_p50_us,
-                    r.ratio,
-                    r.via_proxy.p50_us,
-                    r.via_proxy.p99_us,
-                    r.direct.p50_us,
-                    r.direct.p99_us
-                );
-            }
-            Ok(())
-        }
-        Bench::ArbLatency { samples, busy_poll, idle, json } => {
-            let rounds = fairfeed_bench::arb::ARB_LATENCY_ROUNDS as u64 + 1;
-            let pb = crate::fmt::progress(rounds, "timing forwarder and arbitrator, alternating rounds");
-            let r = arb_latency(samples, busy_poll, idle.strategy(), |k| pb.set_position(k as u64))?;
-            pb.finish_and_clear();
-            if json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                println!(
-                    "one-way loopback latency, p50 / p99 (µs): forwarder {:.1} / {:.1}, arbitrator {:.1} / {:.1}; \
-                     added p50 {:.1} µs (ratio {:.2}); arbitrator idle {}{}",
-                    r.baseline_forwarder.p50_us,
-                    r.baseline_forwarder.p99_us,
-                    r.arbitrator.p50_us,
-                    r.arbitrator.p99_us,
-                    r.added_p50_us,
-                    r.ratio_p50,
-                    r.idle,
-                    if busy_poll { ", busy polling" } else { "" }
-                );
-            }
-            Ok(())
-        }
+        Bench::ProxyHop { samples, no_busy_poll, json, .. } => proxy_hop_cmd(samples, !no_busy_poll, json),
+        Bench::ArbLatency { samples, busy_poll, idle, json } => arb_latency_cmd(samples, busy_poll, idle, json),
     }
+}
+
+fn controller_cmd(receivers: usize, joins: usize, json: bool) -> anyhow::Result<()> {
+    let r = fairfeed_bench::controller::controller_scale(receivers, joins);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!(
+            "controller: {} receivers and {} proxies (F = {}) placed from registrations in {:.3} s ({} views); \
+             the planner's one call for the shape: {:.4} s; then {:.0} joins/s",
+            r.receivers, r.proxies, r.fanout, r.place_all_s, r.views_sent, r.plan_baseline_s, r.joins_per_s
+        );
+    }
+    Ok(())
+}
+
+fn pps_cmd(
+    fanout: usize,
+    packet_bytes: usize,
+    (rounds, round_seconds): (usize, f64),
+    how: (Threading, Backend),
+    json: bool,
+) -> anyhow::Result<()> {
+    // Each round times the bare loop, then the proxy.
+    let tick = crate::fmt::ticker(2.0 * rounds as f64 * round_seconds, "bare sendmmsg and proxy, alternating rounds");
+    let r = proxy_pps(fanout, packet_bytes, (rounds, round_seconds), how)?;
+    drop(tick);
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "proxy replicating to {fanout} ({:?}): {:.0} copies/s ({:.0} packets/s in); bare sendmmsg loop: {:.0} copies/s; \
+             ratio {:.2} (medians of {rounds} rounds of {round_seconds} s)",
+            r.io, r.proxy_pps, r.proxy_input_pps, r.baseline_pps, r.ratio
+        );
+    }
+    Ok(())
+}
+
+fn proxy_hop_cmd(samples: usize, busy_poll: bool, json: bool) -> anyhow::Result<()> {
+    let r = proxy_hop(samples, busy_poll)?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "proxy hop adds {:.2} µs at the median; a bare loopback hop takes {:.2} µs (ratio {:.2}); \
+             via proxy p50/p99 {:.1}/{:.1} µs, direct {:.1}/{:.1} µs",
+            r.proxy_hop_p50_us,
+            r.baseline_oneway_p50_us,
+            r.ratio,
+            r.via_proxy.p50_us,
+            r.via_proxy.p99_us,
+            r.direct.p50_us,
+            r.direct.p99_us
+        );
+    }
+    Ok(())
+}
+
+fn arb_latency_cmd(samples: usize, busy_poll: bool, idle: crate::cmd_arb::IdleArg, json: bool) -> anyhow::Result<()> {
+    let rounds = fairfeed_bench::arb::ARB_LATENCY_ROUNDS as u64 + 1;
+    let pb = crate::fmt::progress(rounds, "timing forwarder and arbitrator, alternating rounds");
+    let r = arb_latency(samples, busy_poll, idle.strategy(), |k| pb.set_position(k as u64))?;
+    pb.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!(
+            "one-way loopback latency, p50 / p99 (µs): forwarder {:.1} / {:.1}, arbitrator {:.1} / {:.1}; \
+             added p50 {:.1} µs (ratio {:.2}); arbitrator idle {}{}",
+            r.baseline_forwarder.p50_us,
+            r.baseline_forwarder.p99_us,
+            r.arbitrator.p50_us,
+            r.arbitrator.p99_us,
+            r.added_p50_us,
+            r.ratio_p50,
+            r.idle,
+            if busy_poll { ", busy polling" } else { "" }
+        );
+    }
+    Ok(())
 }
 
 fn xdp_dedup(

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use fairfeed_bench::bridge::{run as bench_run, BenchConfig};
+use fairfeed_bench::bridge::{run as bench_run, BenchConfig, BenchReport};
 use fairfeed_bridge::live::{BridgeAgent, LiveConfig};
 use fairfeed_bridge::publish::{Bridge, Overflow, PublishConfig};
 use fairfeed_bridge::route::{By, Granularity, RouteConfig};
@@ -290,14 +290,25 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
         }
     }
     pb.finish_and_clear();
+    let md = matrix_table(&rows, a.seconds);
+    std::fs::write(a.out.join("summary.md"), &md)?;
+    std::fs::write(a.out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
+    matrix_plots(&a, &rows, &grans, &bys);
+    print!("{md}");
+    eprintln!("bridge matrix: {} rows in {}", rows.len(), a.out.display());
+    Ok(())
+}
+
+/// The matrix as a Markdown table.
+fn matrix_table(rows: &[BenchReport], seconds: f64) -> String {
     let mut md = format!(
         "# Seed 001's experiment with NATS\n\n{} s per row; every subscriber subscribed to everything (`ff.itch.>`); \
          latency from the bridge's ingress tag to the subscriber, ms.\n\n\
          | packets/s | granularity | by | subscribers | publications/s | mean | min | max | p50 | p90 | p99 | lost | dup | Go client p50 / p99 / lost (same load) |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        a.seconds
+        seconds
     );
-    for r in &rows {
+    for r in rows {
         md += &format!(
             "| {:.0} | {:?} | {:?} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} | {} | {} |\n",
             r.rate_pps,
@@ -321,8 +332,11 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
             ))
         );
     }
-    std::fs::write(a.out.join("summary.md"), &md)?;
-    std::fs::write(a.out.join("summary.json"), serde_json::to_string_pretty(&rows)?)?;
+    md
+}
+
+/// p50 and p90 against subscribers, one plot per rate and quantile.
+fn matrix_plots(a: &MatrixArgs, rows: &[BenchReport], grans: &[Granularity], bys: &[By]) {
     for &rate in &a.rates {
         for (q, name) in [(0usize, "p50"), (1, "p90")] {
             let series: Vec<(String, Vec<(f64, f64)>)> = grans
@@ -346,9 +360,6 @@ fn run_matrix(a: MatrixArgs) -> anyhow::Result<()> {
             }
         }
     }
-    print!("{md}");
-    eprintln!("bridge matrix: {} rows in {}", rows.len(), a.out.display());
-    Ok(())
 }
 
 /// The feed's socket: blocking reads, the large buffer asked for, and a

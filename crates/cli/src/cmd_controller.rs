@@ -73,6 +73,47 @@ pub struct Args {
     seconds: Option<f64>,
 }
 
+/// `--key-file`: registrations must be sealed with the tree key (without: anyone may join, warned).
+fn controller_auth(a: &Args) -> anyhow::Result<Option<Auth>> {
+    let Some(p) = &a.key_file else {
+        tracing::warn!("controller: no --key-file: anyone who reaches {} can join the tree", a.listen);
+        return Ok(None);
+    };
+    let text = crate::fmt::key_text(p)?;
+    Ok(Some(Auth::from_text(&text).map_err(|e| anyhow::anyhow!("bad key in {}: {e}", p.display()))?))
+}
+
+/// `--store`: the embedded store, or NATS JetStream KV.
+fn open_store(a: &Args) -> anyhow::Result<Box<dyn KvStore>> {
+    Ok(match a.store.as_str() {
+        "mem" => Box::new(MemStore::default()),
+        url if url.starts_with("nats://") || url.starts_with("tls://") => Box::new(
+            fairfeed_bridge::kv::JetStreamKv::open(
+                url,
+                &fairfeed_bridge::security::Security::default(),
+                &a.bucket,
+                usize::from(a.replicas),
+            )
+            .map_err(|e| anyhow::anyhow!("--store {url}: {e}"))?,
+        ),
+        other => anyhow::bail!("--store {other}: give `mem` or nats://HOST:PORT"),
+    })
+}
+
+/// `--metrics`: the controller's report (published by its agent into `slot`) as Prometheus metrics.
+fn serve_metrics(
+    addr: std::net::SocketAddr,
+    slot: std::sync::Arc<std::sync::Mutex<serde_json::Value>>,
+) -> anyhow::Result<fairfeed_ops::Endpoint> {
+    let ep = fairfeed_ops::serve_metrics(addr, move |e| {
+        let v = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        e.json("fairfeed_controller", &v, &[], "the tree controller (docs/FILES.md)");
+    })
+    .with_context(|| format!("serving metrics on {addr}"))?;
+    tracing::info!(addr = %ep.addr, "controller: metrics at http://{}/metrics", ep.addr);
+    Ok(ep)
+}
+
 pub fn run_controller(a: Args) -> anyhow::Result<()> {
     let outs: Vec<&std::path::Path> = a.topology_out.iter().chain(&a.stats_out).map(PathBuf::as_path).collect();
     let ins: Vec<&std::path::Path> = a.key_file.iter().map(PathBuf::as_path).collect();
@@ -86,32 +127,10 @@ pub fn run_controller(a: Args) -> anyhow::Result<()> {
         members_per_ip_max: a.members_per_ip as usize,
         ..ControllerConfig::default()
     };
-    let auth = match &a.key_file {
-        Some(p) => {
-            let text = crate::fmt::key_text(p)?;
-            Some(Auth::from_text(&text).map_err(|e| anyhow::anyhow!("bad key in {}: {e}", p.display()))?)
-        }
-        None => {
-            tracing::warn!("controller: no --key-file: anyone who reaches {} can join the tree", a.listen);
-            None
-        }
-    };
-    let core = Controller::new(cfg, auth).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let core = Controller::new(cfg, controller_auth(&a)?).map_err(|e| anyhow::anyhow!("{e}"))?;
     let stop = crate::fmt::stop_on_signals()?;
     let end_ns = a.seconds.map_or(u64::MAX, |s| fairfeed_io::clock::wall_ns() + (s * 1e9) as u64);
-    let store: Box<dyn KvStore> = match a.store.as_str() {
-        "mem" => Box::new(MemStore::default()),
-        url if url.starts_with("nats://") || url.starts_with("tls://") => Box::new(
-            fairfeed_bridge::kv::JetStreamKv::open(
-                url,
-                &fairfeed_bridge::security::Security::default(),
-                &a.bucket,
-                usize::from(a.replicas),
-            )
-            .map_err(|e| anyhow::anyhow!("--store {url}: {e}"))?,
-        ),
-        other => anyhow::bail!("--store {other}: give `mem` or nats://HOST:PORT"),
-    };
+    let store = open_store(&a)?;
     let agent = ControllerAgent::new(a.listen, core, a.topology_out.clone(), end_ns)
         .with_context(|| format!("binding {}", a.listen))?;
     let name = a.name.clone().unwrap_or_else(|| agent.addr().to_string());
@@ -123,13 +142,7 @@ pub fn run_controller(a: Args) -> anyhow::Result<()> {
         Some(addr) => {
             let slot = std::sync::Arc::new(std::sync::Mutex::new(serde_json::Value::Null));
             agent = agent.with_publish(slot.clone());
-            let ep = fairfeed_ops::serve_metrics(addr, move |e| {
-                let v = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                e.json("fairfeed_controller", &v, &[], "the tree controller (docs/FILES.md)");
-            })
-            .with_context(|| format!("serving metrics on {addr}"))?;
-            tracing::info!(addr = %ep.addr, "controller: metrics at http://{}/metrics", ep.addr);
-            Some(ep)
+            Some(serve_metrics(addr, slot)?)
         }
         None => None,
     };

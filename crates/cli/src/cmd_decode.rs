@@ -72,30 +72,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.summary_json {
         writeln!(out, "{summary}")?;
     } else if !a.json {
-        let s = dec.summary();
-        let _ = writeln!(
-            out,
-            "\n{} packets ({} data, {} heartbeats, {} end-of-session), {} messages, {} bytes\n\
-             sequence {}..{}  gaps {} ({} messages still missing)  reordered packets {}  duplicate packets {}  errors {}",
-            s.packets,
-            s.data_packets,
-            s.heartbeats,
-            s.end_of_session,
-            s.messages,
-            s.bytes,
-            s.first_seq,
-            s.next_seq,
-            s.gaps,
-            s.missing_messages,
-            s.reordered_packets,
-            s.duplicate_packets,
-            s.errors
-        );
-        let types: Vec<String> = s.types.iter().map(|(t, c)| format!("{t}:{c}")).collect();
-        let _ = writeln!(out, "types {}", types.join(" "));
-        if s.errors > 0 {
-            let _ = writeln!(out, "error kinds {:?}", s.error_kinds);
-        }
+        text_summary(&mut out, &dec);
     }
     let _ = out.flush();
     if let Some(e) = capture_error {
@@ -117,6 +94,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The summary in words (a reader gone away is not an error here).
+fn text_summary(out: &mut impl Write, dec: &FeedDecoder) {
+    let s = dec.summary();
+    let _ = writeln!(
+        out,
+        "\n{} packets ({} data, {} heartbeats, {} end-of-session), {} messages, {} bytes\n\
+         sequence {}..{}  gaps {} ({} messages still missing)  reordered packets {}  duplicate packets {}  errors {}",
+        s.packets,
+        s.data_packets,
+        s.heartbeats,
+        s.end_of_session,
+        s.messages,
+        s.bytes,
+        s.first_seq,
+        s.next_seq,
+        s.gaps,
+        s.missing_messages,
+        s.reordered_packets,
+        s.duplicate_packets,
+        s.errors
+    );
+    let types: Vec<String> = s.types.iter().map(|(t, c)| format!("{t}:{c}")).collect();
+    let _ = writeln!(out, "types {}", types.join(" "));
+    if s.errors > 0 {
+        let _ = writeln!(out, "error kinds {:?}", s.error_kinds);
+    }
 }
 
 fn text_packet(

@@ -201,33 +201,66 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         order: ReleaseOrder::Sequence { gap_wait_ns: fairfeed_tree::node::GAP_WAIT_DEFAULT_NS },
         ..NodeConfig::default()
     };
-    let show = |what: &str, t: &Topology, dilation: f64| {
-        dash.as_ref().map_or_else(HashMap::new, |d| {
-            let title = format!(
-                "demo: {what} — {} receivers, F = {}, D = {}, H = {}; emulated time ({}× dilated)",
-                t.receiver_ids.len(),
-                t.fanout,
-                t.depth,
-                t.hedge,
-                dilation
-            );
-            d.show(title, t)
-        })
+    let (jasper, base, payloads, fell_behind_at) = run_fair_tree(&a, &tree, &mut cal, node, dash.as_ref())?;
+    let pb = crate::fmt::progress(100, "direct unicast");
+    let du_cfg = ClusterConfig {
+        node: NodeConfig { hold_and_release: false, ..node },
+        track: traders(&direct.receiver_ids).to_vec(),
+        publish: show(dash.as_ref(), "direct unicast (the baseline)", &direct, cal.dilation),
+        stop_if_behind_in_warmup: false,
+        ..base.clone()
     };
-    // The calibration can be short of what this host gives the loop now: if
-    // the host falls behind the emulation during the warm-up, the run stops
-    // there and starts again with more dilation (auto only; a few times).
+    let du = run_cluster(&direct, &du_cfg, &payloads, |f| pb.set_position((f * 100.0) as u64))?;
+    pb.finish_and_clear();
+    if let Some(d) = &dash {
+        d.note("finished; writing the report");
+    }
+    report(&a, &Run { tree, cal, jasper, du, fell_behind_at })
+}
+
+/// The dashboard's view of one configuration (none without `--dashboard`).
+fn show(
+    dash: Option<&DemoDashboard>,
+    what: &str,
+    t: &Topology,
+    dilation: f64,
+) -> HashMap<u32, fairfeed_net::tree::agent::PublishSlot> {
+    dash.map_or_else(HashMap::new, |d| {
+        let title = format!(
+            "demo: {what} — {} receivers, F = {}, D = {}, H = {}; emulated time ({}× dilated)",
+            t.receiver_ids.len(),
+            t.fanout,
+            t.depth,
+            t.hedge,
+            dilation
+        );
+        d.show(title, t)
+    })
+}
+
+/// The fair tree's run. The calibration can be short of what this host
+/// gives the loop now: if the host falls behind the emulation during the
+/// warm-up, the run stops there and starts again with more dilation (auto
+/// only; a few times). Returns the run, its configuration, the payloads and
+/// the dilations the host fell behind at.
+fn run_fair_tree(
+    a: &Args,
+    tree: &Topology,
+    cal: &mut Calibration,
+    node: NodeConfig,
+    dash: Option<&DemoDashboard>,
+) -> anyhow::Result<(ClusterResult, ClusterConfig, Vec<Vec<u8>>, Vec<f64>)> {
     let mut fell_behind_at = Vec::new();
-    let (jasper, base, payloads) = loop {
+    loop {
         let messages = ((a.seconds * a.rate / cal.dilation) as u64).max(MESSAGES_MIN);
-        let payloads = payloads(&a, messages)?;
+        let payloads = payloads(a, messages)?;
         let retry = matches!(a.dilation, Dilation::Auto)
             && cal.dilation < DILATION_MAX
             && fell_behind_at.len() < DILATION_RETRIES_MAX;
         let base = ClusterConfig {
             messages,
             rate_per_s: a.rate,
-            link,
+            link: LinkModel::CLOUD,
             clock: ClockModel::default(),
             node,
             rule: DeadlineRule::Quantile { target_pf: a.target_pf },
@@ -236,7 +269,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             // Models 2 and 3 follow every receiver's releases over its last hop.
             track: if a.model > 1 { tree.receiver_ids.clone() } else { traders(&tree.receiver_ids).to_vec() },
             dilation: cal.dilation,
-            publish: show("fair tree (hedging + hold-and-release)", &tree, cal.dilation),
+            publish: show(dash, "fair tree (hedging + hold-and-release)", tree, cal.dilation),
             stop_if_behind_in_warmup: retry,
         };
         eprintln!(
@@ -251,10 +284,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             cal.dilation
         );
         let pb = crate::fmt::progress(100, "fair tree (hedging + hold-and-release)");
-        let r = run_cluster(&tree, &base, &payloads, |f| pb.set_position((f * 100.0) as u64))?;
+        let r = run_cluster(tree, &base, &payloads, |f| pb.set_position((f * 100.0) as u64))?;
         pb.finish_and_clear();
         if !r.fell_behind_in_warmup {
-            break (r, base, payloads);
+            return Ok((r, base, payloads, fell_behind_at));
         }
         let late = r.lag_timeline.last().map_or(0.0, |t| t.1);
         let next = (cal.dilation * 1.5).ceil().min(DILATION_MAX);
@@ -266,21 +299,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
         fell_behind_at.push(cal.dilation);
         cal.dilation = next;
-    };
-    let pb = crate::fmt::progress(100, "direct unicast");
-    let du_cfg = ClusterConfig {
-        node: NodeConfig { hold_and_release: false, ..node },
-        track: traders(&direct.receiver_ids).to_vec(),
-        publish: show("direct unicast (the baseline)", &direct, cal.dilation),
-        stop_if_behind_in_warmup: false,
-        ..base.clone()
-    };
-    let du = run_cluster(&direct, &du_cfg, &payloads, |f| pb.set_position((f * 100.0) as u64))?;
-    pb.finish_and_clear();
-    if let Some(d) = &dash {
-        d.note("finished; writing the report");
     }
-    report(&a, &Run { tree, cal, jasper, du, fell_behind_at })
 }
 
 /// Per-tree packets per feed packet when `tree`'s trees split `payloads` (1 on one tree).

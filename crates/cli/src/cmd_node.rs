@@ -1082,19 +1082,19 @@ fn join_controller(
     Ok(j)
 }
 
-fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfig> {
-    if let (Some(p), Some(t)) = (&c.stats_out, &c.topology) {
-        crate::fmt::check_outputs(&[p], &[t])?;
-    }
-    let stop = crate::fmt::stop_on_signals()?;
-    let (topology, membership) = match (&c.topology, &c.joined) {
-        (Some(p), _) => (load_topology(p)?, None),
-        (None, Some(j)) => (fairfeed_tree::controller::view_topology(&j.view), Some(j.clone())),
-        (None, None) => anyhow::bail!("give --topology FILE or --controller ADDR"),
-    };
-    let plan = resolve_io(c, &topology)?;
-    let xdp = attach_xdp(c, &topology, plan.xdp_dedup.as_ref())?;
-    let tc = attach_tc(c, &topology, plan.tc_replicate.as_ref())?;
+/// What `--io` and the kernel programs come to: the back-end, the counters
+/// they add, the TC replicator and the AF_XDP sender.
+struct KernelPaths {
+    io: fairfeed_net::send::Backend,
+    extra: Vec<ExtraCounters>,
+    replicate: Option<Replicate>,
+    external: Option<fairfeed_net::send::External>,
+}
+
+fn kernel_paths(c: &Common, topology: &Topology) -> anyhow::Result<KernelPaths> {
+    let plan = resolve_io(c, topology)?;
+    let xdp = attach_xdp(c, topology, plan.xdp_dedup.as_ref())?;
+    let tc = attach_tc(c, topology, plan.tc_replicate.as_ref())?;
     let mut extra: Vec<ExtraCounters> = Vec::new();
     if let Some(x) = xdp {
         extra.push(ExtraCounters { name: "xdp", read: Arc::new(move || xdp_counters(&x)) });
@@ -1105,25 +1105,46 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
     });
     let afxdp = match (plan.io, plan.afxdp) {
         (_, Some(x)) => Some(x),
-        (IoArg::Afxdp, None) => Some(attach_afxdp(c, &topology)?),
+        (IoArg::Afxdp, None) => Some(attach_afxdp(c, topology)?),
         _ => None,
     };
     let external = afxdp.map(|(x, e)| {
         extra.push(e);
         x
     });
-    // The command line's --control, else the topology's control address for this node.
-    let control = match c.control {
-        Some(a) => Some(a),
-        None => {
-            match fairfeed_tree::plan::node_in_trees(&topology, c.id).first().and_then(|(_, n)| n.control.as_deref()) {
-                Some(s) => Some(
-                    crate::fmt::listen_addr(s).map_err(|e| anyhow::anyhow!("node {}'s control address: {e}", c.id))?,
-                ),
-                None => None,
-            }
-        }
+    let io = match plan.io {
+        IoArg::Udp | IoArg::XdpSocket | IoArg::Auto => fairfeed_net::send::Backend::Udp,
+        IoArg::Uring => fairfeed_net::send::Backend::Uring,
+        IoArg::Afxdp => fairfeed_net::send::Backend::AfXdp,
     };
+    Ok(KernelPaths { io, extra, replicate, external })
+}
+
+/// The command line's --control, else the topology's control address for this node.
+fn control_addr(c: &Common, topology: &Topology) -> anyhow::Result<Option<SocketAddr>> {
+    if let Some(a) = c.control {
+        return Ok(Some(a));
+    }
+    match fairfeed_tree::plan::node_in_trees(topology, c.id).first().and_then(|(_, n)| n.control.as_deref()) {
+        Some(s) => {
+            Ok(Some(crate::fmt::listen_addr(s).map_err(|e| anyhow::anyhow!("node {}'s control address: {e}", c.id))?))
+        }
+        None => Ok(None),
+    }
+}
+
+fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfig> {
+    if let (Some(p), Some(t)) = (&c.stats_out, &c.topology) {
+        crate::fmt::check_outputs(&[p], &[t])?;
+    }
+    let stop = crate::fmt::stop_on_signals()?;
+    let (topology, membership) = match (&c.topology, &c.joined) {
+        (Some(p), _) => (load_topology(p)?, None),
+        (None, Some(j)) => (fairfeed_tree::controller::view_topology(&j.view), Some(j.clone())),
+        (None, None) => anyhow::bail!("give --topology FILE or --controller ADDR"),
+    };
+    let KernelPaths { io, extra, replicate, external } = kernel_paths(c, &topology)?;
+    let control = control_addr(c, &topology)?;
     // A key file is watched: a new keyring in it is put in force while the node runs.
     let auth = load_auth(c)?;
     let keys = match (&c.key_file, &auth) {
@@ -1169,11 +1190,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         extra,
         replicate,
         shards: Default::default(),
-        io: match plan.io {
-            IoArg::Udp | IoArg::XdpSocket | IoArg::Auto => fairfeed_net::send::Backend::Udp,
-            IoArg::Uring => fairfeed_net::send::Backend::Uring,
-            IoArg::Afxdp => fairfeed_net::send::Backend::AfXdp,
-        },
+        io,
         external,
         membership,
     })
@@ -1336,27 +1353,7 @@ pub fn run_receiver(mut a: ReceiverArgs) -> anyhow::Result<()> {
         cfg.shards.symbols = Some(load_symbols(p)?);
     }
     let cell = Arc::new(fairfeed_net::order_proxy::ClockCell::default());
-    let proxy = match (a.order_proxy, a.exchange) {
-        (Some(listen), Some(exchange)) => {
-            let idle = fairfeed_net::order_proxy::PROXY_IDLE_MAX;
-            let p =
-                fairfeed_net::order_proxy::OrderProxy::start(listen, exchange, cell.clone(), cfg.stop.clone(), idle)
-                    .with_context(|| format!("--order-proxy {listen}"))?;
-            tracing::info!(
-                "receiver {}: stamping the orders of firms connected to {} for {exchange}",
-                a.common.id,
-                p.addr
-            );
-            let p = Arc::new(p);
-            let q = p.clone();
-            cfg.extra.push(ExtraCounters {
-                name: "order_proxy",
-                read: Arc::new(move || serde_json::to_value(q.stats()).unwrap_or_default()),
-            });
-            Some(p)
-        }
-        _ => None,
-    };
+    let proxy = start_order_proxy(&a, &mut cfg, &cell)?;
     let _metrics = metrics_endpoint(&a.common, &cfg)?;
     let stamps = proxy.is_some();
     // Behind a last hop the firm's host has the data at the deadline, not at the release.
@@ -1372,6 +1369,27 @@ pub fn run_receiver(mut a: ReceiverArgs) -> anyhow::Result<()> {
         write_rows(p, &r.rows).with_context(|| format!("writing {}", p.display()))?;
     }
     finish(&a.common, &cfg, r)
+}
+
+/// `--order-proxy` with `--exchange`: the firms' orders stamped with this
+/// receiver's delivery clock (`cell`) on their way to the exchange.
+fn start_order_proxy(
+    a: &ReceiverArgs,
+    cfg: &mut AgentConfig,
+    cell: &Arc<fairfeed_net::order_proxy::ClockCell>,
+) -> anyhow::Result<Option<Arc<fairfeed_net::order_proxy::OrderProxy>>> {
+    let (Some(listen), Some(exchange)) = (a.order_proxy, a.exchange) else { return Ok(None) };
+    let idle = fairfeed_net::order_proxy::PROXY_IDLE_MAX;
+    let p = fairfeed_net::order_proxy::OrderProxy::start(listen, exchange, cell.clone(), cfg.stop.clone(), idle)
+        .with_context(|| format!("--order-proxy {listen}"))?;
+    tracing::info!("receiver {}: stamping the orders of firms connected to {} for {exchange}", a.common.id, p.addr);
+    let p = Arc::new(p);
+    let q = p.clone();
+    cfg.extra.push(ExtraCounters {
+        name: "order_proxy",
+        read: Arc::new(move || serde_json::to_value(q.stats()).unwrap_or_default()),
+    });
+    Ok(Some(p))
 }
 
 /// `stat --topology`: the fleet view.

@@ -398,6 +398,50 @@ fn verdict(m: &[u8], action: &Action, token: u32) -> Option<bool> {
     }
 }
 
+/// The request `a` asks for, into `b`; returns the order token its answer names.
+fn build_request(a: &Args, s: &mut Session, px: Option<i64>, b: &mut Vec<u8>) -> anyhow::Result<u32> {
+    Ok(match &a.action {
+        Action::Buy(o) | Action::Sell(o) => {
+            let token = match o.token {
+                Some(t) => t,
+                None => next_token(s)?,
+            };
+            let side = if matches!(a.action, Action::Buy(_)) { b'B' } else { b'S' };
+            let order = client::Order {
+                token,
+                side,
+                qty: o.qty,
+                symbol: &o.symbol,
+                price: px.unwrap_or_default(),
+                ioc: o.ioc,
+                hidden: o.hidden,
+                stamp: None,
+                clock: o.delivery_clock,
+                min_qty: o.min_qty.unwrap_or(0),
+            };
+            client::enter_order(&order, b);
+            token
+        }
+        Action::Cancel { token, leave } => {
+            client::cancel_order(*token, *leave, b);
+            *token
+        }
+        Action::Replace { token, qty, new_token, .. } => {
+            let new = match new_token {
+                Some(t) => *t,
+                None => next_token(s)?,
+            };
+            client::replace_order(*token, new, *qty, px.unwrap_or_default(), b);
+            *token
+        }
+        Action::NextToken => {
+            client::account_query(b);
+            0
+        }
+        Action::History | Action::Flow(_) => 0,
+    })
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     if let Action::Flow(f) = &a.action {
         return run_flow(&a, f);
@@ -421,46 +465,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Ok(())
     };
     let mut b = Vec::new();
-    let token = match &a.action {
-        Action::Buy(o) | Action::Sell(o) => {
-            let token = match o.token {
-                Some(t) => t,
-                None => next_token(&mut s)?,
-            };
-            let side = if matches!(a.action, Action::Buy(_)) { b'B' } else { b'S' };
-            let order = client::Order {
-                token,
-                side,
-                qty: o.qty,
-                symbol: &o.symbol,
-                price: px.unwrap_or_default(),
-                ioc: o.ioc,
-                hidden: o.hidden,
-                stamp: None,
-                clock: o.delivery_clock,
-                min_qty: o.min_qty.unwrap_or(0),
-            };
-            client::enter_order(&order, &mut b);
-            token
-        }
-        Action::Cancel { token, leave } => {
-            client::cancel_order(*token, *leave, &mut b);
-            *token
-        }
-        Action::Replace { token, qty, new_token, .. } => {
-            let new = match new_token {
-                Some(t) => *t,
-                None => next_token(&mut s)?,
-            };
-            client::replace_order(*token, new, *qty, px.unwrap_or_default(), &mut b);
-            *token
-        }
-        Action::NextToken => {
-            client::account_query(&mut b);
-            0
-        }
-        Action::History | Action::Flow(_) => 0,
-    };
+    let token = build_request(&a, &mut s, px, &mut b)?;
     s.send(&b)?;
     let wait = Duration::from_secs_f64(a.wait_ms / 1e3);
     let mut verdict_seen: Option<bool> = if matches!(a.action, Action::History) { Some(true) } else { None };
@@ -560,7 +565,27 @@ fn run_flow(a: &Args, f: &FlowArgs) -> anyhow::Result<()> {
             }
         }
     }
-    // Every order answered (accepted or rejected), then what trades follow closely.
+    drain_answers(a, &mut s, &mut sum, (first, last))?;
+    sum.unanswered = sum.sent - sum.accepted - sum.rejected;
+    sum.seconds = start.elapsed().as_secs_f64();
+    let mut bye = Vec::new();
+    client::logout(&mut bye);
+    let _ = s.send(&bye);
+    if a.json {
+        println!("{}", serde_json::to_string(&sum)?);
+    } else {
+        println!(
+            "flow: {} orders sent (tokens {first}..={last}) in {:.2} s: {} accepted, {} rejected, {} executions ({} shares), {} unanswered",
+            sum.sent, sum.seconds, sum.accepted, sum.rejected, sum.executions, sum.executed_shares, sum.unanswered
+        );
+    }
+    anyhow::ensure!(sum.unanswered == 0, "{} orders were not answered within {:?}", sum.unanswered, s.timeout);
+    Ok(())
+}
+
+/// Every order answered (accepted or rejected), then what trades follow
+/// closely (until `--wait-ms` passes without one).
+fn drain_answers(a: &Args, s: &mut Session, sum: &mut FlowSummary, (first, last): (u32, u32)) -> anyhow::Result<()> {
     let until = Instant::now() + s.timeout;
     while sum.accepted + sum.rejected < sum.sent {
         match s.next(until)? {
@@ -577,20 +602,6 @@ fn run_flow(a: &Args, f: &FlowArgs) -> anyhow::Result<()> {
             quiet = Instant::now() + wait;
         }
     }
-    sum.unanswered = sum.sent - sum.accepted - sum.rejected;
-    sum.seconds = start.elapsed().as_secs_f64();
-    let mut bye = Vec::new();
-    client::logout(&mut bye);
-    let _ = s.send(&bye);
-    if a.json {
-        println!("{}", serde_json::to_string(&sum)?);
-    } else {
-        println!(
-            "flow: {} orders sent (tokens {first}..={last}) in {:.2} s: {} accepted, {} rejected, {} executions ({} shares), {} unanswered",
-            sum.sent, sum.seconds, sum.accepted, sum.rejected, sum.executions, sum.executed_shares, sum.unanswered
-        );
-    }
-    anyhow::ensure!(sum.unanswered == 0, "{} orders were not answered within {:?}", sum.unanswered, s.timeout);
     Ok(())
 }
 

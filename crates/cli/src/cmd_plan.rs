@@ -158,44 +158,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let mut topo = plan(&req).map_err(|e| anyhow::anyhow!("invalid plan: {e}"))?;
     if let Some(rate) = a.rate {
-        let l = fairfeed_tree::plan::loads(&topo, rate, a.copy_us * 1e3);
-        eprintln!(
-            "plan: {rate} msg/s over {} tree(s): the busiest proxy's send queue at {:.2}; the sender's at {:.2} on one \
-             queue, {:.2} with a queue per tree{}",
-            req.trees,
-            l.proxy,
-            l.sender,
-            l.sender_per_tree,
-            if l.sender > a.load_max {
-                " — one queue cannot carry it: give the sender a Tx queue per tree, or fewer first-layer proxies"
-            } else {
-                ""
-            }
-        );
+        say_loads(&a, &topo, rate);
     }
-    for n in topo.trees.iter_mut().flat_map(|t| &mut t.nodes) {
-        if let Some(port) = a.loopback_port {
-            n.addr = Some(format!("{}:{port}", fairfeed_net::tree::demo::node_addr(n.id)));
-        }
-        if let Some((_, addr)) = a.address.iter().rev().find(|(id, _)| *id == n.id) {
-            n.addr = Some(addr.to_string());
-        }
-    }
-    if matches!(a.emit, Some(EmitArg::K8s)) {
-        // Kubernetes places the nodes given no address, by name.
-        fairfeed_ops::deploy::name_nodes(&mut topo, &fairfeed_ops::deploy::DeployOptions::default().namespace);
-    }
-    if let Some(port) = a.control_port {
-        for n in topo.trees.iter_mut().flat_map(|t| &mut t.nodes) {
-            let host = n.addr.as_deref().and_then(|s| fairfeed_tree::addr::HostPort::parse(s, false).ok());
-            n.control = host.map(|h| fairfeed_tree::addr::HostPort { host: h.host, port }.to_string());
-        }
-    }
-    let ids: std::collections::HashSet<u32> = topo.trees.iter().flat_map(|t| &t.nodes).map(|n| n.id).collect();
-    if let Some((id, _)) = a.address.iter().find(|(id, _)| !ids.contains(id)) {
-        anyhow::bail!("--address {id}=…: no node {id} in this plan");
-    }
-    fairfeed_tree::plan::validate(&topo).map_err(|e| anyhow::anyhow!("--address: {e}"))?;
+    address_nodes(&a, &mut topo)?;
     if let Some(which) = a.emit {
         return emit(&a, which, &topo);
     }
@@ -217,20 +182,73 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.out.display()
     );
     if let Some(first) = &a.dot {
-        // Tree 0 in the file named; over several trees each further tree beside it (NAME-tree1.dot, …).
-        for k in 0..topo.trees.len() {
-            let dot = if k == 0 {
-                first.clone()
-            } else {
-                let stem = first.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
-                first.with_file_name(format!("{stem}-tree{k}.dot"))
-            };
-            std::fs::write(&dot, to_dot(&topo, k)).with_context(|| format!("writing {}", dot.display()))?;
-            let svg = dot.with_extension("svg");
-            match std::process::Command::new("dot").arg("-Tsvg").arg(&dot).arg("-o").arg(&svg).status() {
-                Ok(s) if s.success() => eprintln!("plan: drew {}", svg.display()),
-                _ => eprintln!("plan: wrote {} (install graphviz's `dot` to draw it)", dot.display()),
-            }
+        write_dots(&topo, first)?;
+    }
+    Ok(())
+}
+
+/// `--rate`: how loaded the busiest proxy and the sender are.
+fn say_loads(a: &Args, topo: &fairfeed_tree::plan::Topology, rate: f64) {
+    let l = fairfeed_tree::plan::loads(topo, rate, a.copy_us * 1e3);
+    eprintln!(
+        "plan: {rate} msg/s over {} tree(s): the busiest proxy's send queue at {:.2}; the sender's at {:.2} on one \
+         queue, {:.2} with a queue per tree{}",
+        topo.trees.len(),
+        l.proxy,
+        l.sender,
+        l.sender_per_tree,
+        if l.sender > a.load_max {
+            " — one queue cannot carry it: give the sender a Tx queue per tree, or fewer first-layer proxies"
+        } else {
+            ""
+        }
+    );
+}
+
+/// The nodes' addresses (`--loopback-port`, `--address`, Kubernetes names)
+/// and control addresses (`--control-port`), checked.
+fn address_nodes(a: &Args, topo: &mut fairfeed_tree::plan::Topology) -> anyhow::Result<()> {
+    for n in topo.trees.iter_mut().flat_map(|t| &mut t.nodes) {
+        if let Some(port) = a.loopback_port {
+            n.addr = Some(format!("{}:{port}", fairfeed_net::tree::demo::node_addr(n.id)));
+        }
+        if let Some((_, addr)) = a.address.iter().rev().find(|(id, _)| *id == n.id) {
+            n.addr = Some(addr.to_string());
+        }
+    }
+    if matches!(a.emit, Some(EmitArg::K8s)) {
+        // Kubernetes places the nodes given no address, by name.
+        fairfeed_ops::deploy::name_nodes(topo, &fairfeed_ops::deploy::DeployOptions::default().namespace);
+    }
+    if let Some(port) = a.control_port {
+        for n in topo.trees.iter_mut().flat_map(|t| &mut t.nodes) {
+            let host = n.addr.as_deref().and_then(|s| fairfeed_tree::addr::HostPort::parse(s, false).ok());
+            n.control = host.map(|h| fairfeed_tree::addr::HostPort { host: h.host, port }.to_string());
+        }
+    }
+    let ids: std::collections::HashSet<u32> = topo.trees.iter().flat_map(|t| &t.nodes).map(|n| n.id).collect();
+    if let Some((id, _)) = a.address.iter().find(|(id, _)| !ids.contains(id)) {
+        anyhow::bail!("--address {id}=…: no node {id} in this plan");
+    }
+    fairfeed_tree::plan::validate(topo).map_err(|e| anyhow::anyhow!("--address: {e}"))?;
+    Ok(())
+}
+
+/// `--dot`: tree 0 in the file named; over several trees each further tree
+/// beside it (NAME-tree1.dot, …), each drawn as SVG where graphviz is installed.
+fn write_dots(topo: &fairfeed_tree::plan::Topology, first: &std::path::Path) -> anyhow::Result<()> {
+    for k in 0..topo.trees.len() {
+        let dot = if k == 0 {
+            first.to_path_buf()
+        } else {
+            let stem = first.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+            first.with_file_name(format!("{stem}-tree{k}.dot"))
+        };
+        std::fs::write(&dot, to_dot(topo, k)).with_context(|| format!("writing {}", dot.display()))?;
+        let svg = dot.with_extension("svg");
+        match std::process::Command::new("dot").arg("-Tsvg").arg(&dot).arg("-o").arg(&svg).status() {
+            Ok(s) if s.success() => eprintln!("plan: drew {}", svg.display()),
+            _ => eprintln!("plan: wrote {} (install graphviz's `dot` to draw it)", dot.display()),
         }
     }
     Ok(())

@@ -411,65 +411,65 @@ pub fn run(s: Sim) -> anyhow::Result<()> {
             hedging_mc(seed, &out, iterations, fanout, lo_us, hi_us)
         }
         Sim::Experiment(e @ Experiment::Fairness { .. }) => fairness_entry(e),
-        Sim::Experiment(Experiment::Regime {
-            receivers,
-            seed,
-            out,
-            rate,
-            seconds,
-            target_pf,
-            slow_share,
-            slow_us,
-            latency_model,
-        }) => {
-            let model = model_or_default(latency_model.as_deref())?;
-            let base =
-                FairnessConfig { receivers, seed, rate_per_s: rate, target_pf, model, ..FairnessConfig::default() };
-            let c = RegimeConfig { base, seconds, change_s: seconds / 2.0, slow_share, slow_us };
-            regime_cmd(&c, &out)
-        }
-        Sim::Experiment(Experiment::Calibration {
-            receivers,
-            seed,
-            out,
-            hedge,
-            messages,
-            rates,
-            targets,
-            latency_model,
-        }) => {
-            let model = model_or_default(latency_model.as_deref())?;
-            let base = FairnessConfig { receivers, hedge, seed, messages, model, ..FairnessConfig::default() };
-            let label = latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string());
-            calibration_cmd(&CalibrationConfig { base, rates, targets }, &out, &label)
-        }
-        Sim::Experiment(Experiment::Clock {
-            receivers,
-            seed,
-            out,
-            latency_model,
-            seconds,
-            rate,
-            clock_peers,
-            clock_rate_max,
-            target_pf,
-        }) => {
-            let mut c = ClockConfig {
-                receivers: receivers as usize,
-                seed,
-                seconds,
-                rate_per_s: rate,
-                target_pf,
-                ..ClockConfig::default()
-            };
-            c.sync.random_peers = clock_peers;
-            c.sync.cfg.rate_max = clock_rate_max;
-            if let Some(p) = &latency_model {
-                c.model = read_model(p)?;
-            }
-            clock_cmd(&c, &out)
-        }
+        Sim::Experiment(e @ Experiment::Regime { .. }) => regime_entry(e),
+        Sim::Experiment(e @ Experiment::Calibration { .. }) => calibration_entry(e),
+        Sim::Experiment(e @ Experiment::Clock { .. }) => clock_entry(e),
     }
+}
+
+/// `sim experiment regime`: its flags into a configuration.
+fn regime_entry(e: Experiment) -> anyhow::Result<()> {
+    let Experiment::Regime { receivers, seed, out, rate, seconds, target_pf, slow_share, slow_us, latency_model } = e
+    else {
+        unreachable!("regime_entry takes sim experiment regime")
+    };
+    let model = model_or_default(latency_model.as_deref())?;
+    let base = FairnessConfig { receivers, seed, rate_per_s: rate, target_pf, model, ..FairnessConfig::default() };
+    let c = RegimeConfig { base, seconds, change_s: seconds / 2.0, slow_share, slow_us };
+    regime_cmd(&c, &out)
+}
+
+/// `sim experiment calibration`: its flags into a configuration.
+fn calibration_entry(e: Experiment) -> anyhow::Result<()> {
+    let Experiment::Calibration { receivers, seed, out, hedge, messages, rates, targets, latency_model } = e else {
+        unreachable!("calibration_entry takes sim experiment calibration")
+    };
+    let model = model_or_default(latency_model.as_deref())?;
+    let base = FairnessConfig { receivers, hedge, seed, messages, model, ..FairnessConfig::default() };
+    let label = latency_model.as_ref().map_or("calibrated cloud".to_string(), |p| p.display().to_string());
+    calibration_cmd(&CalibrationConfig { base, rates, targets }, &out, &label)
+}
+
+/// `sim experiment clock`: its flags into a configuration.
+fn clock_entry(e: Experiment) -> anyhow::Result<()> {
+    let Experiment::Clock {
+        receivers,
+        seed,
+        out,
+        latency_model,
+        seconds,
+        rate,
+        clock_peers,
+        clock_rate_max,
+        target_pf,
+    } = e
+    else {
+        unreachable!("clock_entry takes sim experiment clock")
+    };
+    let mut c = ClockConfig {
+        receivers: receivers as usize,
+        seed,
+        seconds,
+        rate_per_s: rate,
+        target_pf,
+        ..ClockConfig::default()
+    };
+    c.sync.random_peers = clock_peers;
+    c.sync.cfg.rate_max = clock_rate_max;
+    if let Some(p) = &latency_model {
+        c.model = read_model(p)?;
+    }
+    clock_cmd(&c, &out)
 }
 
 /// `sim experiment trading`: seed 000's table of schemes, or (with any of
@@ -1028,6 +1028,12 @@ fn hedging_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
         ));
     }
     write_json(out, &rows, &md)?;
+    hedging_plots(&rows, receivers, rate, out);
+    Ok(())
+}
+
+/// Figures 8 and 9: CDFs of OML, delivery window and receivers' OWD, and OML over time.
+fn hedging_plots(rows: &[fairfeed_sim::experiment::HedgingRow], receivers: usize, rate: f64, out: &std::path::Path) {
     let runs: Vec<(usize, &fairfeed_sim::engine::RunResult)> =
         rows.iter().filter_map(|r| r.run.as_ref().map(|x| (r.hedge, x))).collect();
     let name = |h: usize| format!("H = {h}");
@@ -1081,7 +1087,6 @@ fn hedging_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
         Ok(()) => eprintln!("sim: drew {}", out.join("oml_over_time.svg").display()),
         Err(e) => eprintln!("sim: could not draw OML over time: {e}"),
     }
-    Ok(())
 }
 
 fn trading_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
