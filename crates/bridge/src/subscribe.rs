@@ -241,13 +241,11 @@ pub const CONSUMER_ERRORS_MAX: u32 = 20;
 /// How long a subscriber waits for its server at most (less with a shorter `stop.after`).
 pub const CONNECT_WAIT_MAX: Duration = Duration::from_secs(10);
 
-/// Subscribes and counts until `cfg.stop`; `each` sees every publication and
-/// its latency (µs). Returns the summary and the latency histogram (µs).
-pub async fn subscribe(
-    cfg: &SubscribeConfig,
-    ready: Option<tokio::sync::oneshot::Sender<()>>,
-    mut each: impl FnMut(&async_nats::Message, Option<u64>),
-) -> Result<(SubscribeReport, Histogram<u64>), BridgeError> {
+/// Connects as `cfg` says and waits for the connection (at most
+/// [`CONNECT_WAIT_MAX`], less with a shorter `stop.after`): the client
+/// retries in the background (the server may start just after us), but a
+/// server that never answers must not keep us waiting for ever.
+async fn connect(cfg: &SubscribeConfig) -> Result<async_nats::Client, BridgeError> {
     let last = crate::security::LastError::default();
     let l = last.clone();
     let o =
@@ -262,8 +260,6 @@ pub async fn subscribe(
         .connect(crate::security::servers(&cfg.url)?)
         .await
         .map_err(|e| BridgeError::Connect(format!("connecting to {}: {e}", cfg.url)))?;
-    // The client retries in the background (the server may start just after
-    // us), but a server that never answers must not keep us waiting for ever.
     let limit = cfg.stop.after.unwrap_or(CONNECT_WAIT_MAX).min(CONNECT_WAIT_MAX);
     let connected = async {
         while client.connection_state() != async_nats::connection::State::Connected {
@@ -279,6 +275,17 @@ pub async fn subscribe(
             why.map_or_else(|| last.suffix(), |w| format!(" (last error: {w})"))
         )));
     }
+    Ok(client)
+}
+
+/// Subscribes and counts until `cfg.stop`; `each` sees every publication and
+/// its latency (µs). Returns the summary and the latency histogram (µs).
+pub async fn subscribe(
+    cfg: &SubscribeConfig,
+    ready: Option<tokio::sync::oneshot::Sender<()>>,
+    mut each: impl FnMut(&async_nats::Message, Option<u64>),
+) -> Result<(SubscribeReport, Histogram<u64>), BridgeError> {
+    let client = connect(cfg).await?;
     let mut t = Tally::default();
     let started = Instant::now();
     let wait = cfg.stop.idle.unwrap_or(Duration::from_millis(200)).min(Duration::from_millis(200));

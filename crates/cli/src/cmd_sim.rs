@@ -893,27 +893,19 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
     let r = clock(c).map_err(anyhow::Error::msg)?;
     pb.finish_and_clear();
     let wall = t0.elapsed().as_secs_f64();
-    let k = &r.clock;
-    let md = format!(
+    let md = format!("{}{}", clock_model_md(c, &r), clock_table_md(&r, wall));
+    write_json(out, &r, &md)?;
+    clock_series(&r.series, out)
+}
+
+/// The clock report's opening: the model it ran on.
+fn clock_model_md(c: &ClockConfig, r: &fairfeed_sim::experiment::ClockSummary) -> String {
+    format!(
         "# Clock synchronization, N = {} receivers ({} nodes), seed {}\n\n\
          Raw clocks: ±{} µs offsets, ±{} ppm drift, {} ns mean timestamp noise; links: floor {} µs \
          ({:.0} % unqueued), {:.1} % of directed links {} µs longer one way. Sync warm-up {} s, then \
          {} s of feed at {} msg/s (Jasper + controller). Each node probes its parents and {} random peers; \
-         an edge to a parent up to {} pairs per interval.\n\n\
-         | measure | value |\n|---|---|\n\
-         | sync error p50 (ns) | {:.0} |\n| sync error p99 (ns) | {:.0} |\n| sync error max (ns) | {:.0} |\n\
-         | converged (s) | {} |\n| bound covers the true error | {:.1} % |\n\
-         | probe share of packets during the feed (mean node / worst receiver / worst proxy / sender) | {:.3} % / {:.3} % / {:.3} % / {:.3} % |\n\
-         | probes sent per node per s | {:.1} |\n| pure pairs | {:.1} % |\n\
-         | asymmetric links in the probe graph / flaggings | {} / {} |\n\
-         | nodes contested at the end / updates bounded by an unsettled dispute's hull | {} / {} |\n\
-         | clock steps detected | {} |\n\
-         | releases while over the bound limit (share of all releases) | {} ({:.4} %) |\n\
-         | feed: P(F@1µs) (target) / DWS p99 µs / late share / OML p50 µs / lost | {:.4} ({}) / {:.2} / {:.5} / {:.1} / {} |\n\
-         | feed: P(F@5µs) / P(F@10µs) | {:.4} / {:.4} |\n\
-         | feed, every receiver (synchronized or not): P(F@1µs) / P(F@5µs) / P(F@10µs) | {:.4} / {:.4} / {:.4} |\n\
-         | feed: smallest window fair at the target, synchronized receivers / all (µs) | {:.2} / {:.2} |\n\n\
-         {} events in {wall:.1} s.{}\n",
+         an edge to a parent up to {} pairs per interval.\n\n",
         r.receivers,
         r.nodes,
         r.seed,
@@ -929,6 +921,27 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         c.rate_per_s,
         c.sync.random_peers,
         c.sync.cfg.rate_max,
+    )
+}
+
+/// The clock report's table of figures.
+fn clock_table_md(r: &fairfeed_sim::experiment::ClockSummary, wall: f64) -> String {
+    let k = &r.clock;
+    format!(
+        "| measure | value |\n|---|---|\n\
+         | sync error p50 (ns) | {:.0} |\n| sync error p99 (ns) | {:.0} |\n| sync error max (ns) | {:.0} |\n\
+         | converged (s) | {} |\n| bound covers the true error | {:.1} % |\n\
+         | probe share of packets during the feed (mean node / worst receiver / worst proxy / sender) | {:.3} % / {:.3} % / {:.3} % / {:.3} % |\n\
+         | probes sent per node per s | {:.1} |\n| pure pairs | {:.1} % |\n\
+         | asymmetric links in the probe graph / flaggings | {} / {} |\n\
+         | nodes contested at the end / updates bounded by an unsettled dispute's hull | {} / {} |\n\
+         | clock steps detected | {} |\n\
+         | releases while over the bound limit (share of all releases) | {} ({:.4} %) |\n\
+         | feed: P(F@1µs) (target) / DWS p99 µs / late share / OML p50 µs / lost | {:.4} ({}) / {:.2} / {:.5} / {:.1} / {} |\n\
+         | feed: P(F@5µs) / P(F@10µs) | {:.4} / {:.4} |\n\
+         | feed, every receiver (synchronized or not): P(F@1µs) / P(F@5µs) / P(F@10µs) | {:.4} / {:.4} / {:.4} |\n\
+         | feed: smallest window fair at the target, synchronized receivers / all (µs) | {:.2} / {:.2} |\n\n\
+         {} events in {wall:.1} s.{}\n",
         k.sync_error_p50_ns,
         k.sync_error_p99_ns,
         k.sync_error_max_ns,
@@ -962,9 +975,7 @@ fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
         r.fair_window_all_us,
         r.events,
         stall_note(r.timer_stalls),
-    );
-    write_json(out, &r, &md)?;
-    clock_series(&r.series, out)
+    )
 }
 
 /// `error.csv` and `error.svg`: the sync error over time.

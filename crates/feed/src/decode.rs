@@ -56,6 +56,37 @@ pub struct SessionState {
 pub const OPEN_GAPS_MAX: usize = 4096;
 
 impl SessionState {
+    /// One packet's sequence numbers (`seq`..`next`): the gap it opens, or
+    /// how many missing messages it fills.
+    fn account(&mut self, seq: u64, next: u64, has_messages: bool, end: bool) -> (Option<(u64, u64)>, u64) {
+        self.packets += 1;
+        let mut gap = None;
+        let mut filled = 0;
+        if end {
+            self.ended = true;
+        }
+        if seq > self.next_seq {
+            gap = Some((self.next_seq, seq));
+            self.gaps += 1;
+            self.missing_messages += seq - self.next_seq;
+            if self.open_gaps.len() < OPEN_GAPS_MAX {
+                self.open_gaps.push((self.next_seq, seq));
+            }
+        } else if seq < self.next_seq && has_messages {
+            // Late: either it fills (part of) an open gap — reordering — or it
+            // repeats messages already seen.
+            filled = self.fill(seq, next);
+            if filled > 0 {
+                self.reordered_packets += 1;
+                self.missing_messages -= filled;
+            } else {
+                self.duplicate_packets += 1;
+            }
+        }
+        self.next_seq = self.next_seq.max(next);
+        (gap, filled)
+    }
+
     /// Removes [from, to) from the open gaps; returns how many missing messages it filled.
     fn fill(&mut self, from: u64, to: u64) -> u64 {
         let mut filled = 0;
@@ -154,31 +185,7 @@ impl FeedDecoder {
             next_seq: seq,
             ..Default::default()
         });
-        st.packets += 1;
-        let mut gap = None;
-        let mut filled = 0;
-        if p.is_end_of_session() {
-            st.ended = true;
-        }
-        if seq > st.next_seq {
-            gap = Some((st.next_seq, seq));
-            st.gaps += 1;
-            st.missing_messages += seq - st.next_seq;
-            if st.open_gaps.len() < OPEN_GAPS_MAX {
-                st.open_gaps.push((st.next_seq, seq));
-            }
-        } else if seq < st.next_seq && p.message_count() > 0 {
-            // Late: either it fills (part of) an open gap — reordering — or it
-            // repeats messages already seen.
-            filled = st.fill(seq, next);
-            if filled > 0 {
-                st.reordered_packets += 1;
-                st.missing_messages -= filled;
-            } else {
-                st.duplicate_packets += 1;
-            }
-        }
-        st.next_seq = st.next_seq.max(next);
+        let (gap, filled) = st.account(seq, next, p.message_count() > 0, p.is_end_of_session());
         let (first_seq, next_seq) = (st.first_seq, st.next_seq);
         if session == first {
             self.summary.first_seq = first_seq;

@@ -270,6 +270,30 @@ impl Generator {
         self.queue.push_back(m);
         let m = self.system_event(b'S');
         self.queue.push_back(m);
+        self.queue_directory();
+        let timestamp = self.ts();
+        self.queue.push_back(
+            itch::MwcbDeclineLevelRepr {
+                stock_locate: 0,
+                tracking_number: 0,
+                timestamp,
+                level1: Price8(MWCB_REFERENCE * 93 / 100),
+                level2: Price8(MWCB_REFERENCE * 87 / 100),
+                level3: Price8(MWCB_REFERENCE * 80 / 100),
+            }
+            .into(),
+        );
+        self.queue_trading_states();
+        if self.cfg.all_types {
+            self.queue_rare_types();
+        }
+        self.now_ns = self.now_ns.max(self.cfg.start_ns);
+        let m = self.system_event(b'Q');
+        self.queue.push_back(m);
+    }
+
+    /// A Stock Directory message per symbol.
+    fn queue_directory(&mut self) {
         for i in 0..self.books.len() {
             let (locate, stock) = (self.books[i].locate, self.books[i].stock);
             let timestamp = self.ts();
@@ -297,18 +321,10 @@ impl Generator {
                 .into(),
             );
         }
-        let timestamp = self.ts();
-        self.queue.push_back(
-            itch::MwcbDeclineLevelRepr {
-                stock_locate: 0,
-                tracking_number: 0,
-                timestamp,
-                level1: Price8(MWCB_REFERENCE * 93 / 100),
-                level2: Price8(MWCB_REFERENCE * 87 / 100),
-                level3: Price8(MWCB_REFERENCE * 80 / 100),
-            }
-            .into(),
-        );
+    }
+
+    /// Every symbol trading, and market makers on the first ten.
+    fn queue_trading_states(&mut self) {
         for i in 0..self.books.len() {
             let (locate, stock) = (self.books[i].locate, self.books[i].stock);
             let timestamp = self.ts();
@@ -341,12 +357,6 @@ impl Generator {
                 );
             }
         }
-        if self.cfg.all_types {
-            self.queue_rare_types();
-        }
-        self.now_ns = self.now_ns.max(self.cfg.start_ns);
-        let m = self.system_event(b'Q');
-        self.queue.push_back(m);
     }
 
     /// One of each type a short feed would otherwise rarely show.
