@@ -237,22 +237,25 @@ pub fn run(agents: &mut [&mut dyn Agent], cfg: &RunConfig) -> std::io::Result<Ru
                 if agents.iter().all(|a| a.is_done()) {
                     break;
                 }
-                if agents.iter_mut().all(|a| a.before_park()) {
-                    let wait = (next - now - cfg.spin_ahead_ns).min(cfg.park_max_ns);
-                    rd.park(agents, wait);
-                    stats.parks += 1;
-                }
-                for a in agents.iter_mut() {
-                    a.after_park();
-                }
-                // Whatever woke the park, the next pass looks at everything.
-                if single {
-                    continue;
-                }
+                let wait = (next - now - cfg.spin_ahead_ns).min(cfg.park_max_ns);
+                park(agents, &mut rd, wait, &mut stats);
             }
         }
     }
     Ok(stats)
+}
+
+/// Parks the runner for up to `wait_ns` (every agent agreeing), until one
+/// of their descriptors has input; whatever woke it, the next pass looks at
+/// everything.
+fn park(agents: &mut [&mut dyn Agent], rd: &mut Readiness, wait_ns: u64, stats: &mut RunStats) {
+    if agents.iter_mut().all(|a| a.before_park()) {
+        rd.park(agents, wait_ns);
+        stats.parks += 1;
+    }
+    for a in agents.iter_mut() {
+        a.after_park();
+    }
 }
 
 /// Turns agent `i` at `now`; returns its work and the clock after it (read

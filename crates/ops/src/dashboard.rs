@@ -198,39 +198,13 @@ impl Poller {
         let Some(tree) = self.topology.trees.first() else { return st };
         let (mut late, mut released, mut late_min, mut released_min) = (0.0, 0.0, 0.0, 0.0);
         let (mut owd, mut hold): (Buckets, Buckets) = (Vec::new(), Vec::new());
-        let add = |acc: &mut Vec<(f64, f64)>, d: Vec<(f64, f64)>| {
-            if acc.is_empty() {
-                *acc = d;
-            } else {
-                for (a, b) in acc.iter_mut().zip(d) {
-                    a.1 += b.1;
-                }
-            }
-        };
         for n in &tree.nodes {
             let (now, prev, oldest) = self.latest(n.id);
             let delta = |name: &str, base: Option<&Sample>| {
                 let v = now?.get(name)?;
                 Some(v - base.and_then(|b| b.get(name)).unwrap_or(0.0))
             };
-            let mut v = NodeView {
-                id: n.id,
-                role: match n.role {
-                    Role::Sender => "sender",
-                    Role::Proxy => "proxy",
-                    Role::Receiver => "receiver",
-                },
-                layer: n.layer,
-                index: n.index,
-                children: n.children.clone(),
-                hedge_targets: n.hedge_targets.clone(),
-                health: "ok",
-                why: String::new(),
-                late_share: None,
-                clock_bound_s: now.and_then(|s| s.get("fairfeed_node_clock_stats_bound_seconds")),
-                children_silent: now.and_then(|s| s.get("fairfeed_node_children_silent")),
-                release_error_p99_s: None,
-            };
+            let mut v = node_view(n, now);
             if n.role == Role::Receiver {
                 let (l, r) = (delta("fairfeed_node_late_total", prev), delta("fairfeed_node_released_total", prev));
                 if let (Some(l), Some(r)) = (l, r) {
@@ -269,16 +243,51 @@ impl Poller {
         }
         st.late_share = (released > 0.0).then(|| late / released);
         st.on_time_share_minute = (released_min > 0.0).then(|| 1.0 - late_min / released_min);
-        let cdf = |b: &[(f64, f64)]| -> Vec<(f64, f64)> {
-            let total = b.iter().map(|x| x.1).fold(0.0, f64::max);
-            if total <= 0.0 {
-                return Vec::new();
-            }
-            b.iter().filter(|x| x.0.is_finite()).map(|x| (x.0, x.1 / total)).collect()
-        };
         st.owd_cdf = cdf(&owd);
         st.hold_cdf = cdf(&hold);
         st
+    }
+}
+
+/// Adds histogram buckets `d` into `acc` (the first taken as they are).
+fn add(acc: &mut Vec<(f64, f64)>, d: Vec<(f64, f64)>) {
+    if acc.is_empty() {
+        *acc = d;
+    } else {
+        for (a, b) in acc.iter_mut().zip(d) {
+            a.1 += b.1;
+        }
+    }
+}
+
+/// Cumulative buckets as a CDF (the `+Inf` bucket left out).
+fn cdf(b: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let total = b.iter().map(|x| x.1).fold(0.0, f64::max);
+    if total <= 0.0 {
+        return Vec::new();
+    }
+    b.iter().filter(|x| x.0.is_finite()).map(|x| (x.0, x.1 / total)).collect()
+}
+
+/// A node's place in the tree and what its latest scrape says of it.
+fn node_view(n: &fairfeed_tree::plan::Node, now: Option<&Sample>) -> NodeView {
+    NodeView {
+        id: n.id,
+        role: match n.role {
+            Role::Sender => "sender",
+            Role::Proxy => "proxy",
+            Role::Receiver => "receiver",
+        },
+        layer: n.layer,
+        index: n.index,
+        children: n.children.clone(),
+        hedge_targets: n.hedge_targets.clone(),
+        health: "ok",
+        why: String::new(),
+        late_share: None,
+        clock_bound_s: now.and_then(|s| s.get("fairfeed_node_clock_stats_bound_seconds")),
+        children_silent: now.and_then(|s| s.get("fairfeed_node_children_silent")),
+        release_error_p99_s: None,
     }
 }
 

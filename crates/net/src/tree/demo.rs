@@ -529,6 +529,28 @@ fn unique_nodes(topo: &Topology) -> Vec<&fairfeed_tree::plan::Node> {
     topo.trees.iter().flat_map(|t| &t.nodes).filter(|n| seen.insert(n.id)).collect()
 }
 
+/// Every node's agents, each release at a receiver tallied.
+fn build_agents<'c>(
+    configs: &'c [AgentConfig],
+    socks: &mut [Option<UdpSocket>],
+    tally: &Rc<RefCell<Tally>>,
+    time: TimeBase,
+    hold: bool,
+) -> std::io::Result<Vec<NodeAgents<'c>>> {
+    let mut agents = Vec::with_capacity(configs.len());
+    for c in configs {
+        let (t, id, skew) = (tally.clone(), c.id, c.clock.skew);
+        let on_release = move |m: &Released, at: ReleaseAt| {
+            let due_wall = time.wall_at(skew.true_at(m.deadline_ns));
+            t.borrow_mut().release(id, m, (at.wall_ns, at.true_ns, at.local_ns), hold, due_wall);
+        };
+        let a = NodeAgents::new(c, socks[c.id as usize].take(), on_release)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        agents.push(a);
+    }
+    Ok(agents)
+}
+
 /// Runs tree 0 of `topo` on loopback, sending `cfg.messages` of `payloads`
 /// (MoldUDP64 packets, cycled) at `cfg.rate_per_s` emulated messages per
 /// second: one [`NodeAgents`] per node — the agents `fairfeed sender|proxy|
@@ -567,17 +589,7 @@ pub fn run_cluster(
     let slots = Slots::new(&topo, &shared.payloads, cfg.warmup_messages.min(total.saturating_sub(1)));
     let tally = Rc::new(RefCell::new(Tally::new(slots, &cfg.track, shared.skews[sender_id as usize])));
     let mut socks = socks;
-    let mut agents = Vec::with_capacity(configs.len());
-    for c in &configs {
-        let (t, id, skew, hold) = (tally.clone(), c.id, c.clock.skew, cfg.node.hold_and_release);
-        let on_release = move |m: &Released, at: ReleaseAt| {
-            let due_wall = time.wall_at(skew.true_at(m.deadline_ns));
-            t.borrow_mut().release(id, m, (at.wall_ns, at.true_ns, at.local_ns), hold, due_wall);
-        };
-        let a = NodeAgents::new(c, socks[c.id as usize].take(), on_release)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        agents.push(a);
-    }
+    let mut agents = build_agents(&configs, &mut socks, &tally, time, cfg.node.hold_and_release)?;
     let end_emu = (total as f64 * 1e9 / cfg.rate_per_s) as u64 + shared.drain_ns;
     let mut watch = Stopwatch {
         start_wall: time.origin_wall_ns,
@@ -736,39 +748,52 @@ fn delivered_hashes(tally: &Tally, receivers: &[u32]) -> (Vec<String>, Vec<Strin
     (all, on_time)
 }
 
-fn summarize(agents: &[NodeAgents<'_>], topo: &Topology, cfg: &ClusterConfig, tally: &mut Tally) -> ClusterResult {
-    let n = topo.receiver_ids.len() as u32;
-    let warmup = tally.slots.warmup;
-    let mut m = message_measures(tally, n);
-    let (mut late, mut released) = (0u64, 0u64);
-    let mut deadline_offset_us = 0.0;
-    let (mut packets_sent, mut send_errors) = (0, 0);
-    let mut merge = fairfeed_tree::merge::MergeStats::default();
+/// What the nodes' own counters add up to.
+#[derive(Default)]
+struct NodeSums {
+    late: u64,
+    released: u64,
+    deadline_offset_us: f64,
+    packets_sent: u64,
+    send_errors: u64,
+    merge: fairfeed_tree::merge::MergeStats,
+}
+
+fn node_sums(agents: &[NodeAgents<'_>]) -> NodeSums {
+    let mut t = NodeSums::default();
     for a in agents.iter().map(|a| &a.node) {
         let (sent, failed) = a.sent();
-        packets_sent += sent;
-        send_errors += failed;
+        t.packets_sent += sent;
+        t.send_errors += failed;
         match a.node() {
             Node::Receiver(r) => {
-                late += r.stats.late;
-                released += r.stats.released;
+                t.late += r.stats.late;
+                t.released += r.stats.released;
             }
             Node::ShardReceiver(r) => {
                 let s = r.stats();
-                late += s.late;
-                released += s.released;
+                t.late += s.late;
+                t.released += s.released;
                 let g = r.merge_stats();
-                merge.barriers += g.barriers;
-                merge.barrier_timeouts += g.barrier_timeouts;
-                merge.lost_messages += g.lost_messages;
+                t.merge.barriers += g.barriers;
+                t.merge.barrier_timeouts += g.barrier_timeouts;
+                t.merge.lost_messages += g.lost_messages;
             }
-            Node::Sender(s) => deadline_offset_us = s.deadline_offset_ns() as f64 / 1e3,
+            Node::Sender(s) => t.deadline_offset_us = s.deadline_offset_ns() as f64 / 1e3,
             Node::ShardSender(s) => {
-                deadline_offset_us = s.deadline_offsets_ns().into_iter().max().unwrap_or(0) as f64 / 1e3;
+                t.deadline_offset_us = s.deadline_offsets_ns().into_iter().max().unwrap_or(0) as f64 / 1e3;
             }
             Node::Proxy(_) => {}
         }
     }
+    t
+}
+
+fn summarize(agents: &[NodeAgents<'_>], topo: &Topology, cfg: &ClusterConfig, tally: &mut Tally) -> ClusterResult {
+    let n = topo.receiver_ids.len() as u32;
+    let warmup = tally.slots.warmup;
+    let mut m = message_measures(tally, n);
+    let NodeSums { late, released, deadline_offset_us, packets_sent, send_errors, merge } = node_sums(agents);
     let (delivered_sha256, on_time) = delivered_hashes(tally, &topo.receiver_ids);
     let delivered_identical = delivered_sha256.windows(2).all(|w| w[0] == w[1]);
     let delivered_streams = delivered_sha256.iter().collect::<std::collections::HashSet<_>>().len();

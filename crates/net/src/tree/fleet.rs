@@ -223,6 +223,54 @@ fn n(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
+/// The sender's deadline offset from its stats: the tail estimate, else
+/// OWD_G plus margin, plus its clock bound (several trees: the largest).
+fn deadline_offset(node: &serde_json::Value) -> u64 {
+    if let Some(v) = node["deadline_offsets_ns"].as_array() {
+        return v.iter().filter_map(serde_json::Value::as_u64).max().unwrap_or(0);
+    }
+    let tail = n(&node["tail"]["estimate_ns"]);
+    let owd = n(&node["owd_g_ns"]) as i64 + node["margin_ns"].as_i64().unwrap_or(0);
+    (if tail > 0 { tail } else { owd.max(0) as u64 }) + n(&node["clock_bound_ns"])
+}
+
+/// Over the messages every receiver released: each one's window, how far
+/// behind the first each receiver was, and who was last how often.
+struct Windows {
+    complete: usize,
+    windows: Vec<u64>,
+    behind: HashMap<u32, Vec<u64>>,
+    last_count: HashMap<u32, u64>,
+}
+
+fn windows_of(releases: &HashMap<u32, Vec<Release>>) -> Windows {
+    let receivers = releases.len();
+    // Per message: each receiver's release instant.
+    let mut at: BTreeMap<u64, Vec<(u32, u64)>> = BTreeMap::new();
+    for (&id, rs) in releases {
+        for r in rs {
+            at.entry(r.sequence).or_default().push((id, r.at_ns));
+        }
+    }
+    let complete: Vec<&Vec<(u32, u64)>> = at.values().filter(|v| v.len() == receivers && receivers > 0).collect();
+    let mut w = Windows {
+        complete: complete.len(),
+        windows: Vec::with_capacity(complete.len()),
+        behind: HashMap::new(),
+        last_count: HashMap::new(),
+    };
+    for v in &complete {
+        let lo = v.iter().map(|x| x.1).min().unwrap_or(0);
+        let (last_id, hi) = v.iter().max_by_key(|x| x.1).map_or((0, 0), |x| (x.0, x.1));
+        w.windows.push(hi - lo);
+        *w.last_count.entry(last_id).or_default() += 1;
+        for &(id, t) in v.iter() {
+            w.behind.entry(id).or_default().push(t - lo);
+        }
+    }
+    w
+}
+
 /// The view from the answers (pure: the tests feed it directly).
 pub fn view(
     topo: &Topology,
@@ -231,31 +279,7 @@ pub fn view(
     down: Vec<u32>,
     (first, last): (u64, u64),
 ) -> FleetView {
-    let rx: Vec<u32> = {
-        let mut v: Vec<u32> = releases.keys().copied().collect();
-        v.sort_unstable();
-        v
-    };
-    // Per message: each receiver's release instant.
-    let mut at: BTreeMap<u64, Vec<(u32, u64)>> = BTreeMap::new();
-    for (&id, rs) in releases {
-        for r in rs {
-            at.entry(r.sequence).or_default().push((id, r.at_ns));
-        }
-    }
-    let complete: Vec<&Vec<(u32, u64)>> = at.values().filter(|v| v.len() == rx.len() && !rx.is_empty()).collect();
-    let mut windows: Vec<u64> = Vec::with_capacity(complete.len());
-    let mut behind: HashMap<u32, Vec<u64>> = HashMap::new();
-    let mut last_count: HashMap<u32, u64> = HashMap::new();
-    for v in &complete {
-        let lo = v.iter().map(|x| x.1).min().unwrap_or(0);
-        let (last_id, hi) = v.iter().max_by_key(|x| x.1).map_or((0, 0), |x| (x.0, x.1));
-        windows.push(hi - lo);
-        *last_count.entry(last_id).or_default() += 1;
-        for &(id, t) in v.iter() {
-            behind.entry(id).or_default().push(t - lo);
-        }
-    }
+    let Windows { complete, mut windows, mut behind, last_count } = windows_of(releases);
     let count = windows.len().max(1) as f64;
     let within = |ns: u64| windows.iter().filter(|&&w| w <= ns).count() as f64 / count;
     let (pf_1us, pf_10us, pf_100us) = (within(1_000), within(10_000), within(100_000));
@@ -287,23 +311,14 @@ pub fn view(
     rows.sort_by_key(|r| (std::cmp::Reverse(r.behind_p99_ns), r.id));
     let (rel, late): (u64, u64) = rows.iter().fold((0, 0), |a, r| (a.0 + r.released, a.1 + r.late));
     let sender = fairfeed_tree::plan::sender_id(topo).and_then(|id| stats.get(&id));
-    let deadline_offset_ns = sender.map(|s| {
-        let node = &s["node"];
-        // A sender of several trees: the largest of its trees' offsets.
-        if let Some(v) = node["deadline_offsets_ns"].as_array() {
-            return v.iter().filter_map(serde_json::Value::as_u64).max().unwrap_or(0);
-        }
-        let tail = n(&node["tail"]["estimate_ns"]);
-        let owd = n(&node["owd_g_ns"]) as i64 + node["margin_ns"].as_i64().unwrap_or(0);
-        (if tail > 0 { tail } else { owd.max(0) as u64 }) + n(&node["clock_bound_ns"])
-    });
+    let deadline_offset_ns = sender.map(|s| deadline_offset(&s["node"]));
     FleetView {
         nodes: topo.trees.iter().flat_map(|t| &t.nodes).map(|n| n.id).collect::<std::collections::HashSet<_>>().len(),
         down,
         receivers: rows.len(),
-        compared: complete.len(),
-        first_sequence: if complete.is_empty() { 0 } else { first },
-        last_sequence: if complete.is_empty() { 0 } else { last },
+        compared: complete,
+        first_sequence: if complete == 0 { 0 } else { first },
+        last_sequence: if complete == 0 { 0 } else { last },
         window_p50_ns: quantile(&mut windows, 0.5),
         window_p99_ns: quantile(&mut windows, 0.99),
         window_max_ns: windows.iter().copied().max().unwrap_or(0),

@@ -49,6 +49,14 @@ fn io(what: &'static str) -> impl Fn(std::io::Error) -> AgentError {
     move |e| AgentError::Io(what.to_string(), e)
 }
 
+/// The node's control socket, where one is asked for (a non-loopback
+/// address only with an operator key).
+fn control_socket(cfg: &AgentConfig) -> Result<Option<UdpSocket>, AgentError> {
+    let Some(c) = cfg.control else { return Ok(None) };
+    fairfeed_tree::operator::check_bind(c, cfg.operator.is_some()).map_err(|e| AgentError::Config(e.to_string()))?;
+    Ok(Some(bind_udp(c, 1 << 16).map_err(|e| AgentError::Io(format!("binding the control socket {c}"), e))?))
+}
+
 impl<'c> NodeAgents<'c> {
     /// The agents of node `cfg.id` (on `sock`, or bound to its address in the
     /// topology); each release at a receiver is also handed to `on_release`.
@@ -59,14 +67,7 @@ impl<'c> NodeAgents<'c> {
     ) -> Result<Self, AgentError> {
         let now = wall_ns();
         let life = Arc::new(Life::new(cfg.stop.clone(), now, cfg.max_seconds));
-        let ctl = match cfg.control {
-            Some(c) => {
-                fairfeed_tree::operator::check_bind(c, cfg.operator.is_some())
-                    .map_err(|e| AgentError::Config(e.to_string()))?;
-                Some(bind_udp(c, 1 << 16).map_err(|e| AgentError::Io(format!("binding the control socket {c}"), e))?)
-            }
-            None => None,
-        };
+        let ctl = control_socket(cfg)?;
         let delivers = matches!(&cfg.job, Job::Receiver(j) if j.deliver.is_some() || j.retransmit.is_some() || j.snapshot.is_some() || j.last_hop.is_some());
         // A last hop's largest lead, from the delivery to the node.
         let last_hop =
