@@ -299,24 +299,45 @@ pub fn ifindex(iface: &str) -> Result<u32, XdpError> {
     }
 }
 
+/// A new AF_XDP socket.
+fn xdp_socket() -> Result<OwnedFd, XdpError> {
+    // SAFETY: plain socket(2).
+    let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::EAFNOSUPPORT) {
+            XdpError::Load("this kernel has no AF_XDP (CONFIG_XDP_SOCKETS)".into())
+        } else {
+            os("socket")(e)
+        });
+    }
+    // SAFETY: a descriptor we own from here.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Where the kernel put the rings in the socket's mappings.
+fn mmap_offsets(raw: libc::c_int) -> Result<libc::xdp_mmap_offsets, XdpError> {
+    // SAFETY: zeroed plain-old-data, filled by getsockopt.
+    let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
+    // SAFETY: `off` has `len` bytes of room.
+    let r = unsafe {
+        libc::getsockopt(raw, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS, &mut off as *mut _ as *mut libc::c_void, &mut len)
+    };
+    if r != 0 {
+        return Err(os("ring offsets")(std::io::Error::last_os_error()));
+    }
+    Ok(off)
+}
+
 impl Xsk {
     /// Opens a socket on queue `queue` of `iface`: zero-copy if the driver
     /// can, else copy mode (`zero_copy: Some(true)` insists, `Some(false)`
     /// asks for copy mode).
     pub fn open(iface: &str, queue: u32, zero_copy: Option<bool>) -> Result<Xsk, XdpError> {
         let ifindex = ifindex(iface)?;
-        // SAFETY: plain socket(2).
-        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::EAFNOSUPPORT) {
-                XdpError::Load("this kernel has no AF_XDP (CONFIG_XDP_SOCKETS)".into())
-            } else {
-                os("socket")(e)
-            });
-        }
-        // SAFETY: a descriptor we own from here.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = xdp_socket()?;
+        let raw = fd.as_raw_fd();
         let umem_len = (FRAMES * FRAME_SIZE) as usize;
         // SAFETY: an anonymous private mapping of our own.
         let umem = unsafe {
@@ -346,22 +367,7 @@ impl Xsk {
         for opt in [libc::XDP_UMEM_FILL_RING, libc::XDP_UMEM_COMPLETION_RING, libc::XDP_RX_RING, libc::XDP_TX_RING] {
             setsockopt(raw, opt, &RING_SIZE).map_err(os("ring size"))?;
         }
-        // SAFETY: zeroed plain-old-data, filled by getsockopt.
-        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
-        // SAFETY: `off` has `len` bytes of room.
-        let r = unsafe {
-            libc::getsockopt(
-                raw,
-                libc::SOL_XDP,
-                libc::XDP_MMAP_OFFSETS,
-                &mut off as *mut _ as *mut libc::c_void,
-                &mut len,
-            )
-        };
-        if r != 0 {
-            return Err(os("ring offsets")(std::io::Error::last_os_error()));
-        }
+        let off = mmap_offsets(raw)?;
         let d = std::mem::size_of::<libc::xdp_desc>();
         let fill = Ring::map(raw, &off.fr, libc::XDP_UMEM_PGOFF_FILL_RING, 8).map_err(os("fill ring mmap"))?;
         let comp =

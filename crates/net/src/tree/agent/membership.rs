@@ -159,6 +159,17 @@ impl Membership {
         Some((m, sock))
     }
 
+    /// Its counters, as they go into the node's report.
+    pub fn counters(&self) -> serde_json::Value {
+        serde_json::json!({
+            "version": self.client.version(),
+            "views": self.views,
+            "inbox_full": self.inbox_full,
+            "send_errors": self.send_errors,
+            "client": self.client.stats,
+        })
+    }
+
     /// Keeps a membership datagram for this turn.
     pub fn keep(&mut self, b: &[u8]) {
         if self.inbox.len() < INBOX_MAX {
@@ -216,9 +227,5 @@ impl Membership {
 
     pub fn next_due(&self) -> u64 {
         self.client.next_timeout()
-    }
-
-    pub fn client(&self) -> &MemberClient {
-        &self.client
     }
 }

@@ -480,6 +480,50 @@ fn state_machine(cfg: &AgentConfig, me: &PlanNode) -> Result<Node, AgentError> {
     }
 }
 
+/// The node's receive path and send thread: on its socket (UDP or
+/// io_uring), or on the AF_XDP back-end made for its interface.
+fn io_paths(cfg: &AgentConfig, sock: &UdpSocket, tx: &Arc<TxCounters>) -> Result<(RecvPath, Outbox), AgentError> {
+    let external = match (cfg.io, &cfg.external) {
+        (fairfeed_io::send::Backend::AfXdp, Some(e)) => Some(
+            e.take()
+                .ok_or_else(|| AgentError::Config(format!("the {} back-end was handed to a node already", e.name)))?,
+        ),
+        (fairfeed_io::send::Backend::AfXdp, None) => {
+            return Err(AgentError::Config("AF_XDP needs its back-end made for the node's interface".into()))
+        }
+        _ => None,
+    };
+    let (ext_recv, ext_send) = external.unzip();
+    let outbox = start_outbox(cfg, sock, tx, ext_send)?;
+    let stamps = cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off;
+    let recv = match ext_recv {
+        Some(r) => RecvPath::External(r),
+        None => RecvPath::new(cfg.io, sock, stamps)
+            .map_err(|e| AgentError::Io(format!("starting the {:?} receive back-end", cfg.io), e))?,
+    };
+    Ok((recv, outbox))
+}
+
+/// The tree core's own statistics, by kind of node.
+fn node_stats(live: &Node) -> serde_json::Value {
+    match live {
+        Node::Sender(s) => serde_json::to_value(&s.stats),
+        Node::Proxy(p) => serde_json::to_value(&p.stats),
+        Node::Receiver(r) => serde_json::to_value(&r.stats),
+        Node::ShardSender(s) => Ok(json!({
+            "trees": s.stats(),
+            "shard": s.shard_stats(),
+            "deadline_offsets_ns": s.deadline_offsets_ns(),
+        })),
+        Node::ShardReceiver(r) => serde_json::to_value(r.stats()).map(|mut v| {
+            v["merge"] = serde_json::to_value(r.merge_stats()).unwrap_or_default();
+            v["trees"] = r.trees.iter().map(|(t, _)| *t).collect::<Vec<_>>().into();
+            v
+        }),
+    }
+    .unwrap_or_default()
+}
+
 impl<'c> NodeAgent<'c> {
     /// Node `cfg.id` on `sock` (bound to its address in the topology when
     /// `None`), joined to its other agents by `links`; each release at a
@@ -509,24 +553,7 @@ impl<'c> NodeAgent<'c> {
         }
         let deadlines = deadline_tap(cfg, &live)?;
         let tx = Arc::new(TxCounters::default());
-        let external =
-            match (cfg.io, &cfg.external) {
-                (fairfeed_io::send::Backend::AfXdp, Some(e)) => Some(e.take().ok_or_else(|| {
-                    AgentError::Config(format!("the {} back-end was handed to a node already", e.name))
-                })?),
-                (fairfeed_io::send::Backend::AfXdp, None) => {
-                    return Err(AgentError::Config("AF_XDP needs its back-end made for the node's interface".into()))
-                }
-                _ => None,
-            };
-        let (ext_recv, ext_send) = external.unzip();
-        let outbox = start_outbox(cfg, &sock, &tx, ext_send)?;
-        let stamps = cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off;
-        let recv = match ext_recv {
-            Some(r) => RecvPath::External(r),
-            None => RecvPath::new(cfg.io, &sock, stamps)
-                .map_err(|e| AgentError::Io(format!("starting the {:?} receive back-end", cfg.io), e))?,
-        };
+        let (recv, outbox) = io_paths(cfg, &sock, &tx)?;
         let emu = cfg
             .link
             .map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
@@ -1140,30 +1167,9 @@ impl NodeAgent<'_> {
                 json!({ "records": d.records, "datagrams": d.datagrams, "send_errors": d.send_errors });
         }
         if let Some(m) = &self.membership {
-            counters["membership"] = json!({
-                "version": m.client().version(),
-                "views": m.views,
-                "inbox_full": m.inbox_full,
-                "send_errors": m.send_errors,
-                "client": m.client().stats,
-            });
+            counters["membership"] = m.counters();
         }
-        let mut node = match &self.live {
-            Node::Sender(s) => serde_json::to_value(&s.stats),
-            Node::Proxy(p) => serde_json::to_value(&p.stats),
-            Node::Receiver(r) => serde_json::to_value(&r.stats),
-            Node::ShardSender(s) => Ok(json!({
-                "trees": s.stats(),
-                "shard": s.shard_stats(),
-                "deadline_offsets_ns": s.deadline_offsets_ns(),
-            })),
-            Node::ShardReceiver(r) => serde_json::to_value(r.stats()).map(|mut v| {
-                v["merge"] = serde_json::to_value(r.merge_stats()).unwrap_or_default();
-                v["trees"] = r.trees.iter().map(|(t, _)| *t).collect::<Vec<_>>().into();
-                v
-            }),
-        }
-        .unwrap_or_default();
+        let mut node = node_stats(&self.live);
         if let Some(c) = self.clock_json() {
             node["clock"] = c;
         }
