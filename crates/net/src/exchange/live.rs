@@ -239,37 +239,8 @@ impl ExchangeConfig {
         if !(1..=Self::ENGINES_MAX).contains(&self.engines) {
             return bad("engines", format!("engines must be 1..={}, got {}", Self::ENGINES_MAX, self.engines));
         }
+        self.validate_gateway()?;
         let g = &self.gateway;
-        if g.symbols.is_empty() || g.symbols.len() > self.limits.symbols {
-            return bad(
-                "gateway.symbols",
-                format!(
-                    "gateway.symbols: 1..={} symbols (limits.symbols), got {}",
-                    self.limits.symbols,
-                    g.symbols.len()
-                ),
-            );
-        }
-        let mut seen = std::collections::HashSet::new();
-        for s in &g.symbols {
-            if s.is_empty() || s.len() > 8 || !s.bytes().all(|b| b.is_ascii_graphic()) {
-                return bad(
-                    "gateway.symbols",
-                    format!("gateway.symbols: {s:?} is not 1–8 printable ASCII characters (ITCH stock)"),
-                );
-            }
-            if !seen.insert(s) {
-                return bad("gateway.symbols", format!("gateway.symbols: {s:?} appears twice"));
-            }
-        }
-        for (u, p) in &g.users {
-            if u.is_empty() || u.len() > 6 || p.len() > 10 || !u.is_ascii() || !p.is_ascii() {
-                return bad(
-                    "gateway.users",
-                    format!("gateway.users: {u:?} — usernames are 1–6 ASCII characters, passwords up to 10"),
-                );
-            }
-        }
         for (what, s) in [("gateway.session", &g.session), ("itch_session", &self.itch_session)] {
             if s.is_empty() || s.len() > 10 || !s.is_ascii() {
                 return bad(what, format!("{what}: {s:?} is not 1–10 ASCII characters"));
@@ -314,6 +285,43 @@ impl ExchangeConfig {
                 "gateway.login_timeout_ns",
                 format!("gateway.login_timeout_ns must be in (0, 600 s], got {}", g.login_timeout_ns),
             );
+        }
+        Ok(())
+    }
+
+    /// The gateway's symbols and users.
+    fn validate_gateway(&self) -> Result<(), ConfigError> {
+        let bad = |key: &'static str, message: String| Err(ConfigError { key, message });
+        let g = &self.gateway;
+        if g.symbols.is_empty() || g.symbols.len() > self.limits.symbols {
+            return bad(
+                "gateway.symbols",
+                format!(
+                    "gateway.symbols: 1..={} symbols (limits.symbols), got {}",
+                    self.limits.symbols,
+                    g.symbols.len()
+                ),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for s in &g.symbols {
+            if s.is_empty() || s.len() > 8 || !s.bytes().all(|b| b.is_ascii_graphic()) {
+                return bad(
+                    "gateway.symbols",
+                    format!("gateway.symbols: {s:?} is not 1–8 printable ASCII characters (ITCH stock)"),
+                );
+            }
+            if !seen.insert(s) {
+                return bad("gateway.symbols", format!("gateway.symbols: {s:?} appears twice"));
+            }
+        }
+        for (u, p) in &g.users {
+            if u.is_empty() || u.len() > 6 || p.len() > 10 || !u.is_ascii() || !p.is_ascii() {
+                return bad(
+                    "gateway.users",
+                    format!("gateway.users: {u:?} — usernames are 1–6 ASCII characters, passwords up to 10"),
+                );
+            }
         }
         Ok(())
     }
@@ -1271,39 +1279,8 @@ fn accept(g: &mut GatewayLoop, sessions: &mut Vec<Option<Session>>) -> bool {
         };
         any = true;
         let peer = from.ip();
-        let waiting = sessions.iter().flatten().filter(|s| s.peer == peer && s.conn.user.is_none()).count();
-        let slot = sessions.iter().position(Option::is_none);
-        let now = ns(g.start);
-        let guessing = g
-            .login_failures
-            .get(&peer)
-            .is_some_and(|&(since, n)| now - since < 1_000_000_000 && n >= LOGIN_FAILURES_PER_S_MAX);
-        if guessing {
-            g.gw.stats.login_rate_limited += 1;
-            continue;
-        }
-        if waiting >= PRELOGIN_PER_ADDRESS_MAX {
-            g.gw.stats.refused_connections += 1;
-            continue; // dropped: the client sees the connection closed
-        }
-        let slot = match slot {
-            Some(i) => Some(i),
-            None if sessions.len() < CONNECTIONS_MAX => None,
-            // Every slot taken: the oldest connection that has not logged in
-            // makes room (a real client logs in within a round trip; one that
-            // holds a slot without logging in is the cheapest to lose).
-            None => match oldest_prelogin(sessions) {
-                Some(i) => {
-                    g.gw.stats.prelogin_evicted += 1;
-                    sessions[i] = None;
-                    Some(i)
-                }
-                None => {
-                    g.gw.stats.refused_connections += 1;
-                    continue;
-                }
-            },
-        };
+        // Refused: dropped, the client sees the connection closed.
+        let Some(slot) = admit(g, sessions, peer) else { continue };
         let _ = sock.set_nodelay(true);
         let _ = sock.set_nonblocking(true);
         // The gateway's clock is the wall clock (OUCH stamps nanoseconds since midnight).
@@ -1333,6 +1310,44 @@ fn accept(g: &mut GatewayLoop, sessions: &mut Vec<Option<Session>>) -> bool {
         }
     }
     any
+}
+
+/// Whether a connection from `peer` is taken, and where: `Some(Some(i))` in
+/// slot `i`, `Some(None)` at the end; `None`: refused (counted). A peer
+/// guessing passwords, or holding too many connections that have not
+/// logged in, is refused; with every slot taken the oldest connection that
+/// has not logged in makes room (a real client logs in within a round trip;
+/// one that holds a slot without logging in is the cheapest to lose).
+fn admit(g: &mut GatewayLoop, sessions: &mut [Option<Session>], peer: std::net::IpAddr) -> Option<Option<usize>> {
+    let now = ns(g.start);
+    let guessing = g
+        .login_failures
+        .get(&peer)
+        .is_some_and(|&(since, n)| now - since < 1_000_000_000 && n >= LOGIN_FAILURES_PER_S_MAX);
+    if guessing {
+        g.gw.stats.login_rate_limited += 1;
+        return None;
+    }
+    let waiting = sessions.iter().flatten().filter(|s| s.peer == peer && s.conn.user.is_none()).count();
+    if waiting >= PRELOGIN_PER_ADDRESS_MAX {
+        g.gw.stats.refused_connections += 1;
+        return None;
+    }
+    match sessions.iter().position(Option::is_none) {
+        Some(i) => Some(Some(i)),
+        None if sessions.len() < CONNECTIONS_MAX => Some(None),
+        None => match oldest_prelogin(sessions) {
+            Some(i) => {
+                g.gw.stats.prelogin_evicted += 1;
+                sessions[i] = None;
+                Some(Some(i))
+            }
+            None => {
+                g.gw.stats.refused_connections += 1;
+                None
+            }
+        },
+    }
 }
 
 /// The slot of the oldest open connection that has not logged in.
@@ -1502,24 +1517,7 @@ fn gateway_loop(mut g: GatewayLoop) -> Vec<Part> {
         busy |= read_sessions(&mut g, &mut sessions, &mut buf, &mut cmds, &mut ring_full);
         if g.order.holds() {
             busy = true;
-            let mut due = std::mem::take(&mut g.due);
-            g.order.due(wall_ns(), &mut due);
-            let mut at = 0;
-            while at < due.len() {
-                match due[at].1 {
-                    None => {
-                        route(&mut g, due[at].0, InBatch::No, &mut ring_full);
-                        at += 1;
-                    }
-                    Some(b) => {
-                        let end = at + due[at..].iter().take_while(|d| d.1 == Some(b)).count();
-                        route_batch(&mut g, &due[at..end], &mut ring_full);
-                        at = end;
-                    }
-                }
-            }
-            due.clear();
-            g.due = due;
+            route_due(&mut g, &mut ring_full);
         }
         outs.clear();
         take_responses(&mut g, &mut outs);
@@ -1554,6 +1552,33 @@ fn gateway_loop(mut g: GatewayLoop) -> Vec<Part> {
             idler.idle(now, || gateway_sleep(&mut g));
         }
     }
+    close_gateway(g, hists, ring_full)
+}
+
+/// Routes the orders the ordering releases now (a batch's as one).
+fn route_due(g: &mut GatewayLoop, ring_full: &mut u64) {
+    let mut due = std::mem::take(&mut g.due);
+    g.order.due(wall_ns(), &mut due);
+    let mut at = 0;
+    while at < due.len() {
+        match due[at].1 {
+            None => {
+                route(g, due[at].0, InBatch::No, ring_full);
+                at += 1;
+            }
+            Some(b) => {
+                let end = at + due[at..].iter().take_while(|d| d.1 == Some(b)).count();
+                route_batch(g, &due[at..end], ring_full);
+                at = end;
+            }
+        }
+    }
+    due.clear();
+    g.due = due;
+}
+
+/// The gateway's parts of the report (and the inline engines' and publisher's).
+fn close_gateway(g: GatewayLoop, hists: [Histogram<u64>; 5], ring_full: u64) -> Vec<Part> {
     let (q, o) = g.order.stats();
     let cheat = g.watch.as_ref().map(|w| w.watch.report());
     let mut parts = vec![Part::Gateway(Box::new(GatewayPart {
