@@ -271,15 +271,15 @@ fn subscribers(
     Ok((rt, tasks))
 }
 
-/// Runs one row.
-pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, BridgeError> {
+/// A row's configuration, checked before anything starts (a wrong
+/// baseline path costs no run).
+fn check(cfg: &BenchConfig) -> Result<(), BridgeError> {
     if cfg.subscribers == 0 || cfg.subscribers > SUBSCRIBERS_MAX {
         return Err(BridgeError::Bench(format!("subscribers must be 1..={SUBSCRIBERS_MAX}")));
     }
     if !(cfg.rate_pps > 0.0 && cfg.seconds > 0.0) {
         return Err(BridgeError::Bench("rate and seconds must be positive".into()));
     }
-    // Before the bridge's run, not after it: a wrong path costs no run.
     if let Some(b) = cfg.baseline.as_ref().filter(|b| !b.is_file()) {
         return Err(BridgeError::Bench(format!(
             "the baseline {} is not a file (build it with scripts/natsbase.sh)",
@@ -292,6 +292,12 @@ pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, 
             cfg.rate_pps * cfg.seconds
         )));
     }
+    Ok(())
+}
+
+/// Runs one row.
+pub fn run(cfg: &BenchConfig, progress: impl FnMut(f64)) -> Result<BenchReport, BridgeError> {
+    check(cfg)?;
     let _server;
     let url = match &cfg.nats {
         Some(u) => u.clone(),

@@ -172,19 +172,15 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
     let total_s = c.warmup_s + c.seconds;
     let step_at_s = c.warmup_s + c.seconds / 2.0;
     let (skews, stepped) = draw_clocks(c, &topo, max_id, reference, step_at_s);
-    let (mut after_step, mut after_synced, mut after_within, mut after_max) = (0usize, 0usize, 0usize, 0.0f64);
     let stop = Arc::new(AtomicBool::new(false));
     let (handles, controls) = spawn_nodes(c, &topo, &ports, &skews, total_s, &stop)?;
     let asker = UdpSocket::bind("127.0.0.1:0")?;
     asker.set_read_timeout(Some(Duration::from_millis(200)))?;
     let start = wall_ns();
-    let mut errors = Vec::new();
-    let (mut synced, mut within, mut asked) = (0usize, 0usize, 0usize);
-    let mut outside = Vec::new();
+    let mut t = Samples::default();
     let mut last: Vec<serde_json::Value> = Vec::new();
     // Each node's first snapshot after the warm-up: counters are measured from it.
     let mut first: std::collections::BTreeMap<u32, serde_json::Value> = Default::default();
-    let mut by_node: std::collections::BTreeMap<u32, Vec<f64>> = Default::default();
     while (wall_ns() - start) as f64 / 1e9 < total_s {
         thread::sleep(Duration::from_millis(200));
         let elapsed = (wall_ns() - start) as f64 / 1e9;
@@ -198,25 +194,10 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
             }
             let clock = &v["node"]["clock"];
             if measuring && id != reference {
-                if let (Some(est), Some(t)) = (clock["offset_now_ns"].as_f64(), clock["true_ns"].as_u64()) {
-                    let truth = skews[id as usize].error_at(t) - skews[reference as usize].error_at(t);
-                    let e = (est - truth).abs();
-                    errors.push(e);
-                    by_node.entry(id).or_default().push(e);
-                    asked += 1;
-                    let is_synced = clock["stats"]["synced"].as_bool() == Some(true);
-                    synced += usize::from(is_synced);
-                    let bound = clock["bound_now_ns"].as_f64().unwrap_or(f64::INFINITY);
-                    within += usize::from(e <= bound);
-                    if e > bound && outside.len() < OUTSIDE_MAX {
-                        outside.push(Outside { id, at_s: elapsed, error_ns: e, bound_ns: bound, synced: is_synced });
-                    }
-                    if stepped.contains(&id) && skews[id as usize].step_by(t).is_some() {
-                        after_step += 1;
-                        after_synced += usize::from(is_synced);
-                        after_within += usize::from(e <= bound);
-                        after_max = after_max.max(e);
-                    }
+                if let (Some(est), Some(at)) = (clock["offset_now_ns"].as_f64(), clock["true_ns"].as_u64()) {
+                    let truth = skews[id as usize].error_at(at) - skews[reference as usize].error_at(at);
+                    let after_step = stepped.contains(&id) && skews[id as usize].step_by(at).is_some();
+                    t.take(id, elapsed, (est - truth).abs(), clock, after_step);
                 }
             }
             last.push(v);
@@ -230,17 +211,70 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
             Err(_) => return Err(ClockBenchError::Panicked),
         }
     }
+    let Samples { errors, synced, within, asked, outside, by_node, after_step, after_synced, after_within, after_max } =
+        t;
     let mut r = summarize(c, n, errors, (synced, within, asked), (&first, &last));
     let share = |k: usize| if after_step > 0 { k as f64 / after_step as f64 } else { 0.0 };
     (r.stepped_error_max_ns, r.stepped_synced_share, r.stepped_within_bound_share) =
         (after_max, share(after_synced), share(after_within));
     (r.step_ns, r.step_silent, r.step_at_s) =
         (c.step_ns, c.step_silent, if stepped.is_empty() { 0.0 } else { step_at_s });
+    r.per_node = per_node(by_node, &last, &stepped);
+    r.stepped = stepped;
+    r.outside_bound = outside;
+    Ok(r)
+}
+
+/// What the samples of the nodes' errors add up to.
+#[derive(Default)]
+struct Samples {
+    errors: Vec<f64>,
+    synced: usize,
+    within: usize,
+    asked: usize,
+    outside: Vec<Outside>,
+    by_node: std::collections::BTreeMap<u32, Vec<f64>>,
+    /// Of them, on stepped nodes after their step.
+    after_step: usize,
+    after_synced: usize,
+    after_within: usize,
+    after_max: f64,
+}
+
+impl Samples {
+    /// Node `id`'s error `e` at `at_s` s, against what its `clock` report says.
+    fn take(&mut self, id: u32, at_s: f64, e: f64, clock: &serde_json::Value, after_step: bool) {
+        self.errors.push(e);
+        self.by_node.entry(id).or_default().push(e);
+        self.asked += 1;
+        let is_synced = clock["stats"]["synced"].as_bool() == Some(true);
+        self.synced += usize::from(is_synced);
+        let bound = clock["bound_now_ns"].as_f64().unwrap_or(f64::INFINITY);
+        self.within += usize::from(e <= bound);
+        if e > bound && self.outside.len() < OUTSIDE_MAX {
+            self.outside.push(Outside { id, at_s, error_ns: e, bound_ns: bound, synced: is_synced });
+        }
+        if after_step {
+            self.after_step += 1;
+            self.after_synced += usize::from(is_synced);
+            self.after_within += usize::from(e <= bound);
+            self.after_max = self.after_max.max(e);
+        }
+    }
+}
+
+/// Each node's error figures, with its last report's counters.
+fn per_node(
+    by_node: std::collections::BTreeMap<u32, Vec<f64>>,
+    last: &[serde_json::Value],
+    stepped: &[u32],
+) -> Vec<NodeError> {
+    let mut out = Vec::new();
     for (id, mut e) in by_node {
         e.sort_by(f64::total_cmp);
         let snap = last.iter().find(|v| v["id"].as_u64() == Some(u64::from(id)));
         let st = snap.map(|v| v["node"]["clock"]["stats"].clone()).unwrap_or_default();
-        r.per_node.push(NodeError {
+        out.push(NodeError {
             id,
             role: snap.and_then(|v| v["role"].as_str()).unwrap_or("?").to_string(),
             stepped: stepped.contains(&id),
@@ -252,9 +286,7 @@ pub fn clock_sync(c: &ClockBenchConfig, mut progress: impl FnMut(f64)) -> Result
             probes_received: st["probes_received"].as_u64().unwrap_or(0),
         });
     }
-    r.stepped = stepped;
-    r.outside_bound = outside;
-    Ok(r)
+    out
 }
 
 /// Every node's injected clock (by id), and the nodes whose clocks step:

@@ -287,6 +287,29 @@ struct Phases<'a> {
     active: &'a AtomicBool,
 }
 
+/// Order `token`, drawn from `rng`: mostly resting orders a few ticks off
+/// the mid; one in five crosses and is immediate-or-cancel.
+fn random_order(rng: &mut impl Rng, token: u32, symbols: &[String], stamped: bool, out: &mut Vec<u8>) {
+    let sym = symbols[rng.gen_range(0..symbols.len())].as_str();
+    let buy = rng.gen_bool(0.5);
+    let off: i64 = rng.gen_range(1..=20) * 100;
+    let cross = rng.gen_bool(0.2);
+    let price = 1_000_000 + if buy == cross { off } else { -off };
+    let order = client::Order {
+        token,
+        side: if buy { b'B' } else { b'S' },
+        qty: 100,
+        symbol: sym,
+        price,
+        ioc: cross,
+        hidden: false,
+        stamp: stamped.then(fairfeed_net::tree::agent::wall_ns),
+        clock: None,
+        min_qty: 0,
+    };
+    client::enter_order(&order, out);
+}
+
 /// The load generator: one thread, `users.len()` connections, busy-polling
 /// (it owns a core; no wake-up latency of its own in the figures). Sends
 /// `orders` at `rate` open-loop, round-robin over the connections — each
@@ -326,28 +349,7 @@ fn load(
         let due = ((elapsed as f64 / gap) as usize + 1).min(orders).min(sent + WRITE_BATCH_MAX * conns.len());
         for (token, due_slot) in due_at.iter_mut().enumerate().take(due + 1).skip(sent + 1) {
             let k = token % conns.len();
-            let c = &mut conns[k];
-            let sym = symbols[rng.gen_range(0..symbols.len())].as_str();
-            let buy = rng.gen_bool(0.5);
-            let off: i64 = rng.gen_range(1..=20) * 100;
-            // Mostly resting orders a few ticks off the mid; one in five crosses and is immediate-or-cancel.
-            let cross = rng.gen_bool(0.2);
-            let price = 1_000_000 + if buy == cross { off } else { -off };
-            let stamp = stamped.then(fairfeed_net::tree::agent::wall_ns);
-            let side = if buy { b'B' } else { b'S' };
-            let order = client::Order {
-                token: token as u32,
-                side,
-                qty: 100,
-                symbol: sym,
-                price,
-                ioc: cross,
-                hidden: false,
-                stamp,
-                clock: None,
-                min_qty: 0,
-            };
-            client::enter_order(&order, &mut c.out);
+            random_order(&mut rng, token as u32, symbols, stamped, &mut conns[k].out);
             // Order `token` was due at (token − 1) × gap.
             *due_slot = ((token - 1) as f64 * gap) as u64 + 1;
         }
@@ -440,6 +442,28 @@ fn rss_kib() -> u64 {
 const ATTACK_LEAD: Duration = Duration::from_millis(500);
 
 /// Runs one row: `rate` orders/s for `seconds` across `products` symbols.
+/// p99 while the attack is on over p99 while it is off (both measured).
+fn p99_ratio(on: Option<&Quantiles>, off: Option<&Quantiles>) -> Option<f64> {
+    match (on, off) {
+        (Some(a), Some(b)) if b.p99_us > 0.0 && a.orders > 0 && b.orders > 0 => Some(a.p99_us / b.p99_us),
+        _ => None,
+    }
+}
+
+/// The exchange under test: `accounts` may log in, `symbols` trade.
+fn bench_exchange(o: &BenchOpts, accounts: Vec<(String, String)>, symbols: &[String]) -> ExchangeConfig {
+    ExchangeConfig {
+        listen: "127.0.0.1:0".parse().expect("valid"),
+        gateway: GatewayConfig { users: accounts, symbols: symbols.to_vec(), ..GatewayConfig::default() },
+        limits: Limits { symbols: symbols.len(), orders: 4 << 20, ..Limits::default() },
+        engines: o.engines,
+        sequencing_window_ns: o.window_ns,
+        pipeline: o.pipeline,
+        idle: o.idle,
+        ..ExchangeConfig::default()
+    }
+}
+
 pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) -> std::io::Result<ExchangeBenchReport> {
     assert!(rate > 0.0 && seconds > 0.0 && (1..=1_000).contains(&products), "bad bench parameters");
     assert!((1..=64).contains(&o.clients), "1..=64 clients");
@@ -450,17 +474,7 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
     let evil = ("EVIL".to_string(), "pw".to_string());
     let mut accounts = users.clone();
     accounts.extend(o.attack.map(|_| evil.clone()));
-    let cfg = ExchangeConfig {
-        listen: "127.0.0.1:0".parse().expect("valid"),
-        gateway: GatewayConfig { users: accounts, symbols: symbols.clone(), ..GatewayConfig::default() },
-        limits: Limits { symbols: products, orders: 4 << 20, ..Limits::default() },
-        engines,
-        sequencing_window_ns: window_ns,
-        pipeline: o.pipeline,
-        idle: o.idle,
-        ..ExchangeConfig::default()
-    };
-    let x = Exchange::start(cfg)?;
+    let x = Exchange::start(bench_exchange(&o, accounts, &symbols))?;
     let rss_start_kib = rss_kib();
     let stop = Arc::new(AtomicBool::new(false));
     let active = Arc::new(AtomicBool::new(true));
@@ -481,12 +495,10 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
     let r = x.finish();
     let l = l?;
     let (attack_on, attack_off) = (l.on.as_ref().map(Quantiles::of), l.off.as_ref().map(Quantiles::of));
-    let attack_p99_ratio = match (attack_on, attack_off) {
-        (Some(a), Some(b)) if b.p99_us > 0.0 && a.orders > 0 && b.orders > 0 => Some(a.p99_us / b.p99_us),
-        _ => None,
-    };
+    let attack_p99_ratio = p99_ratio(attack_on.as_ref(), attack_off.as_ref());
     let (h, orders, send_secs) = (l.latency, l.sent, l.send_secs);
     let us = |v: u64| v as f64 / 1e3;
+    let executions = r.engines.iter().map(|e| e.executions).sum();
     Ok(ExchangeBenchReport {
         pipeline: r.pipeline,
         idle: r.idle.clone(),
@@ -508,7 +520,7 @@ pub fn exchange_bench(rate: f64, products: usize, seconds: f64, o: BenchOpts) ->
         max_us: us(h.max()),
         baseline_tcp_rtt_p50_us: us(base.value_at_quantile(0.5)),
         baseline_tcp_rtt_p99_us: us(base.value_at_quantile(0.99)),
-        executions: r.engines.iter().map(|e| e.executions).sum(),
+        executions,
         itch_messages: r.itch_messages,
         steps: r.steps,
         attack: o.attack,

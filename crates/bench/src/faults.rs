@@ -878,20 +878,7 @@ impl Seed<'_> {
                 later.push((t + PARTITION, Later::Cable(self.lay.proxy(p))));
                 self.calm_at = t + PARTITION.max(held_down) + PROXY_FAULT_GAP;
             }
-            Fault::Subtree => {
-                let Some((p, kids)) = self.subtree(&live, rng) else { return Ok(false) };
-                let names: Vec<String> = kids.iter().map(|r| format!("receiver{r}")).collect();
-                self.note(format!("cables of proxy{p} and its children {} pulled", names.join(", ")));
-                let slots: Vec<usize> =
-                    std::iter::once(self.lay.proxy(p)).chain(kids.iter().map(|&r| self.lay.receiver(r))).collect();
-                for &slot in &slots {
-                    self.fab.cable(slot, false)?;
-                }
-                let t = Instant::now();
-                later.extend(slots.into_iter().map(|slot| (t + PARTITION, Later::Cable(slot))));
-                // The receivers too are declared dead and held down; back after.
-                self.calm_at = t + PARTITION.max(held_down) + PROXY_FAULT_GAP;
-            }
+            Fault::Subtree => return self.pull_subtree(&live, rng, later),
             Fault::ControllerKill => {
                 let Some(i) = self.leader() else { return Ok(false) };
                 self.signal(["ctl-a", "ctl-b"][i], nix::sys::signal::Signal::SIGKILL);
@@ -900,29 +887,7 @@ impl Seed<'_> {
                 // The follower leads within two leases (the other is down for CONTROLLER_DOWN).
                 self.calm_at = t + Duration::from_millis(3 * LEASE_MS) + PROXY_FAULT_GAP;
             }
-            Fault::StoreRestart | Fault::Compound => {
-                if !self.running("store") {
-                    return Ok(false);
-                }
-                // A zone's outage: the store node, the leading controller
-                // and two proxies at once. No controller can lead until the
-                // store is back; the proxies' children have no path till then.
-                let leader = if f == Fault::Compound { self.leader() } else { None };
-                if f == Fault::Compound && leader.is_none() {
-                    return Ok(false);
-                }
-                self.signal("store", nix::sys::signal::Signal::SIGKILL);
-                let t = Instant::now();
-                later.push((t + STORE_DOWN, Later::Store));
-                // Back, and a controller leading within two leases after.
-                self.calm_at = t + STORE_DOWN + Duration::from_millis(2 * LEASE_MS) + PROXY_FAULT_GAP;
-                if let Some(i) = leader {
-                    self.signal(["ctl-a", "ctl-b"][i], nix::sys::signal::Signal::SIGKILL);
-                    later.push((t + CONTROLLER_DOWN, Later::Controller(i)));
-                    self.kill_two(&live, leader, rng, t + half_hold, later);
-                    self.calm_at = self.calm_at.max(t + half_hold.max(held_down) + PROXY_FAULT_GAP);
-                }
-            }
+            Fault::StoreRestart | Fault::Compound => return self.store_outage(f == Fault::Compound, &live, rng, later),
             Fault::Join => {
                 // Only as many receivers as the tree has room for.
                 if self.joined >= self.lay.receivers + self.lay.joiners || self.joined - self.left.len() >= self.room()
@@ -939,6 +904,64 @@ impl Seed<'_> {
                 self.left.push(r);
                 self.signal(&format!("receiver{r}"), nix::sys::signal::Signal::SIGTERM);
             }
+        }
+        Ok(true)
+    }
+
+    /// A proxy and the receivers it parents cut off together (their cables
+    /// pulled for [`PARTITION`]): the receivers too are declared dead and
+    /// held down, and back after.
+    fn pull_subtree(
+        &mut self,
+        live: &[usize],
+        rng: &mut ChaCha12Rng,
+        later: &mut Vec<(Instant, Later)>,
+    ) -> Result<bool, FaultsError> {
+        let Some((p, kids)) = self.subtree(live, rng) else { return Ok(false) };
+        let names: Vec<String> = kids.iter().map(|r| format!("receiver{r}")).collect();
+        self.note(format!("cables of proxy{p} and its children {} pulled", names.join(", ")));
+        let slots: Vec<usize> =
+            std::iter::once(self.lay.proxy(p)).chain(kids.iter().map(|&r| self.lay.receiver(r))).collect();
+        for &slot in &slots {
+            self.fab.cable(slot, false)?;
+        }
+        let t = Instant::now();
+        later.extend(slots.into_iter().map(|slot| (t + PARTITION, Later::Cable(slot))));
+        let held_down = Duration::from_millis(DEAD_AFTER_MS + HOLD_DOWN_MS);
+        self.calm_at = t + PARTITION.max(held_down) + PROXY_FAULT_GAP;
+        Ok(true)
+    }
+
+    /// The store node killed (restarted after [`STORE_DOWN`]); `compound`: a
+    /// zone's outage — the store node, the leading controller and two
+    /// proxies at once. No controller can lead until the store is back; the
+    /// proxies' children have no path till then.
+    fn store_outage(
+        &mut self,
+        compound: bool,
+        live: &[usize],
+        rng: &mut ChaCha12Rng,
+        later: &mut Vec<(Instant, Later)>,
+    ) -> Result<bool, FaultsError> {
+        if !self.running("store") {
+            return Ok(false);
+        }
+        let leader = if compound { self.leader() } else { None };
+        if compound && leader.is_none() {
+            return Ok(false);
+        }
+        self.signal("store", nix::sys::signal::Signal::SIGKILL);
+        let t = Instant::now();
+        later.push((t + STORE_DOWN, Later::Store));
+        // Back, and a controller leading within two leases after.
+        self.calm_at = t + STORE_DOWN + Duration::from_millis(2 * LEASE_MS) + PROXY_FAULT_GAP;
+        if let Some(i) = leader {
+            let half_hold = Duration::from_millis(HOLD_DOWN_MS / 2);
+            let held_down = Duration::from_millis(DEAD_AFTER_MS + HOLD_DOWN_MS);
+            self.signal(["ctl-a", "ctl-b"][i], nix::sys::signal::Signal::SIGKILL);
+            later.push((t + CONTROLLER_DOWN, Later::Controller(i)));
+            self.kill_two(live, leader, rng, t + half_hold, later);
+            self.calm_at = self.calm_at.max(t + half_hold.max(held_down) + PROXY_FAULT_GAP);
         }
         Ok(true)
     }

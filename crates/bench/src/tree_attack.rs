@@ -434,6 +434,25 @@ fn data_refused(run: &Run<'_>) -> u64 {
         .sum()
 }
 
+/// What an attacker captured on the wire: the operator's own sealed `stat`
+/// to the first receiver (replayed there it is a replay, elsewhere another
+/// node's), a `stop` sealed a minute ago, and old data packets.
+fn capture(
+    run: &Run<'_>,
+    op: &fairfeed_tree::operator::OperatorKey,
+    opsock: &UdpSocket,
+    operator_requests: &mut u64,
+) -> std::io::Result<Captured> {
+    let rx0 = &run.nodes[run.nodes.iter().position(|n| n.role == "receiver").ok_or_else(|| io_err("no receiver"))?];
+    let first: SocketAddr = rx0.control.parse().map_err(io_err)?;
+    let capture = fairfeed_net::operator::request(Some(op), first, "stat");
+    let _ = ask(opsock, &rx0.control, (op, &|_| capture.clone()), operator_requests);
+    let stale = op.seal(wall_ns() - 60_000_000_000, rand::random(), first, "stop").into_bytes();
+    let tree_key =
+        fairfeed_tree::auth::Auth::from_text(&std::fs::read_to_string(run.path("tree.key"))?).map_err(io_err)?;
+    Ok(Captured { control: vec![capture.0, stale], data: old_packets(&tree_key) })
+}
+
 /// One run of the tree, attacked or not.
 fn one_run(cfg: &AttackConfig, attacked: bool, progress: &mut dyn FnMut(&str)) -> std::io::Result<RunReport> {
     let (mut run, op, started) = launch(cfg, attacked)?;
@@ -446,15 +465,7 @@ fn one_run(cfg: &AttackConfig, attacked: bool, progress: &mut dyn FnMut(&str)) -
     let opsock = UdpSocket::bind("127.0.0.1:0")?;
     opsock.set_read_timeout(Some(Duration::from_millis(300)))?;
     let mut operator_requests = 0u64;
-    let rx0 = &run.nodes[run.nodes.iter().position(|n| n.role == "receiver").ok_or_else(|| io_err("no receiver"))?];
-    let first: SocketAddr = rx0.control.parse().map_err(io_err)?;
-    let capture = fairfeed_net::operator::request(Some(&op), first, "stat");
-    let _ = ask(&opsock, &rx0.control, (&op, &|_| capture.clone()), &mut operator_requests);
-    let capture = capture.0;
-    let stale = op.seal(wall_ns() - 60_000_000_000, rand::random(), first, "stop").into_bytes();
-    let tree_key =
-        fairfeed_tree::auth::Auth::from_text(&std::fs::read_to_string(run.path("tree.key"))?).map_err(io_err)?;
-    let captured = Captured { control: vec![capture.clone(), stale], data: old_packets(&tree_key) };
+    let captured = capture(&run, &op, &opsock, &mut operator_requests)?;
     let slow = if attacked { slowloris(&run.nodes) } else { Vec::new() };
     let socks = [UdpSocket::bind("127.0.0.1:0")?, UdpSocket::bind("127.0.0.1:0")?];
     socks[0].set_nonblocking(true)?;

@@ -480,37 +480,7 @@ fn replication_round(
         let first = SocketAddr::V4(targets[0]);
         let all: Vec<SocketAddr> = targets.iter().map(|&t| SocketAddr::V4(t)).collect();
         if path == Some(Replication::AfXdp) {
-            use fairfeed_xdp::afxdp::{mac_of, sum, UdpHeaders, Xsk};
-            let mut xsk = Xsk::open(&l.ifaces[0], 0, None).map_err(std::io::Error::other)?;
-            let macs = fairfeed_xdp::neigh::next_hop_macs(&l.ifaces[0], &targets).map_err(std::io::Error::other)?;
-            let hdr = UdpHeaders {
-                src_mac: mac_of(&l.ifaces[0]).map_err(std::io::Error::other)?,
-                src: SocketAddrV4::new(l.addrs[0], port),
-            };
-            let _ = tx.send(());
-            let mut sent = 0u64;
-            while !st.load(Ordering::Relaxed) {
-                // One packet in (a new payload each), a frame per target out.
-                for _ in 0..fairfeed_io::batch::BATCH_MAX {
-                    sent += 1;
-                    // A new payload each packet (the header stays as emitted).
-                    let n = packet.len();
-                    if n >= HEADER_LEN + 8 {
-                        packet[n - 8..].copy_from_slice(&sent.to_be_bytes());
-                    }
-                    let s = sum(&packet);
-                    for (t, mac) in targets.iter().zip(&macs) {
-                        xsk.send(|f| hdr.write(f, *mac, *t, &packet, s));
-                    }
-                }
-                xsk.flush();
-            }
-            xsk.flush();
-            let c = xsk.counters();
-            return Ok((
-                c.tx_frames - c.tx_full,
-                RoundCounters { xsk: Some((c, xsk.mode())), ..RoundCounters::default() },
-            ));
+            return afxdp_round(&l, port, &targets, packet, &st, &tx);
         }
         let _ = tx.send(());
         let (mut bs, mut sent) = (BatchSend::default(), 0u64);
@@ -537,6 +507,72 @@ fn replication_round(
     Ok(((c1 - c0) as f64 / dt, sent_pps, counters))
 }
 
+/// The AF_XDP sender of [`replication_round`]: one packet in (a new payload
+/// each), a frame per target out, until `stop`; `ready` is told once it sends.
+fn afxdp_round(
+    l: &Link,
+    port: u16,
+    targets: &[SocketAddrV4],
+    mut packet: Vec<u8>,
+    stop: &AtomicBool,
+    ready: &mpsc::Sender<()>,
+) -> std::io::Result<(u64, RoundCounters)> {
+    use fairfeed_xdp::afxdp::{mac_of, sum, UdpHeaders, Xsk};
+    let mut xsk = Xsk::open(&l.ifaces[0], 0, None).map_err(std::io::Error::other)?;
+    let macs = fairfeed_xdp::neigh::next_hop_macs(&l.ifaces[0], targets).map_err(std::io::Error::other)?;
+    let hdr = UdpHeaders {
+        src_mac: mac_of(&l.ifaces[0]).map_err(std::io::Error::other)?,
+        src: SocketAddrV4::new(l.addrs[0], port),
+    };
+    let _ = ready.send(());
+    let mut sent = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..fairfeed_io::batch::BATCH_MAX {
+            sent += 1;
+            // A new payload each packet (the header stays as emitted).
+            let n = packet.len();
+            if n >= HEADER_LEN + 8 {
+                packet[n - 8..].copy_from_slice(&sent.to_be_bytes());
+            }
+            let s = sum(&packet);
+            for (t, mac) in targets.iter().zip(&macs) {
+                xsk.send(|f| hdr.write(f, *mac, *t, &packet, s));
+            }
+        }
+        xsk.flush();
+    }
+    xsk.flush();
+    let c = xsk.counters();
+    Ok((c.tx_frames - c.tx_full, RoundCounters { xsk: Some((c, xsk.mode())), ..RoundCounters::default() }))
+}
+
+/// The far end of the link: an XDP sink counting (and dropping) what
+/// arrives, and its receive work (veth's NAPI poll, which exists once XDP is
+/// attached, and the sink) in a kernel thread of its own, off the sending
+/// core, as on another host — `true` where the kernel allowed that.
+fn far_end(link: &Link) -> std::io::Result<(fairfeed_xdp::sink::XdpSink, bool)> {
+    let l = link.clone();
+    let sink = thread::spawn(move || -> std::io::Result<fairfeed_xdp::sink::XdpSink> {
+        netns::enter(&l.ns[1])?;
+        fairfeed_xdp::sink::XdpSink::attach(&l.ifaces[1], REPLICA_PORT..=REPLICA_PORT + 63)
+            .map_err(std::io::Error::other)
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("attaching the sink panicked"))??;
+    let threaded = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &link.ns[1],
+            "sh",
+            "-c",
+            &format!("echo 1 > /sys/class/net/{}/threaded", link.ifaces[1]),
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    Ok((sink, threaded))
+}
+
 /// Copies/s one sending core makes to `fanout` targets over a veth link:
 /// through the TC egress replicator (one datagram per packet from user
 /// space) beside a bare `sendmmsg` loop sending every copy; counted where
@@ -551,28 +587,7 @@ pub fn replication_pps(
     fairfeed_xdp::built().map_err(std::io::Error::other)?;
     let veth = VethPair::create()?;
     let link = veth.link().clone();
-    let l = link.clone();
-    let sink = thread::spawn(move || -> std::io::Result<fairfeed_xdp::sink::XdpSink> {
-        netns::enter(&l.ns[1])?;
-        fairfeed_xdp::sink::XdpSink::attach(&l.ifaces[1], REPLICA_PORT..=REPLICA_PORT + 63)
-            .map_err(std::io::Error::other)
-    })
-    .join()
-    .map_err(|_| std::io::Error::other("attaching the sink panicked"))??;
-    // The far end's receive work (veth's NAPI poll, which exists once XDP
-    // is attached, and the sink) in a kernel thread of its own, off the
-    // sending core, as on another host.
-    let threaded = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &link.ns[1],
-            "sh",
-            "-c",
-            &format!("echo 1 > /sys/class/net/{}/threaded", link.ifaces[1]),
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let (sink, threaded) = far_end(&link)?;
     let (mut ours, mut base, mut sent, mut tc) =
         (Vec::new(), Vec::new(), Vec::new(), fairfeed_xdp::ReplicateCounters::default());
     let (mut xsk, mut xsk_mode) = (None::<fairfeed_xdp::afxdp::XskCounters>, None);

@@ -278,6 +278,19 @@ async fn connect(cfg: &SubscribeConfig) -> Result<async_nats::Client, BridgeErro
     Ok(client)
 }
 
+/// The subject, and the gap reports' subject where the first does not cover it.
+async fn core_subscription(
+    client: &async_nats::Client,
+    cfg: &SubscribeConfig,
+) -> Result<impl futures::Stream<Item = async_nats::Message> + Unpin, BridgeError> {
+    let sub = client.subscribe(cfg.subject.clone()).await.map_err(|e| BridgeError::Nats(e.to_string()))?;
+    let extra = match cfg.gaps.as_deref().filter(|g| !overlap(&cfg.subject, g)) {
+        Some(g) => Some(client.subscribe(g.to_string()).await.map_err(|e| BridgeError::Nats(e.to_string()))?),
+        None => None,
+    };
+    Ok(futures::stream::select(sub, futures::stream::iter(extra).flatten()))
+}
+
 /// Subscribes and counts until `cfg.stop`; `each` sees every publication and
 /// its latency (µs). Returns the summary and the latency histogram (µs).
 pub async fn subscribe(
@@ -322,12 +335,7 @@ pub async fn subscribe(
     }
     match &cfg.jetstream {
         None => {
-            let sub = client.subscribe(cfg.subject.clone()).await.map_err(|e| BridgeError::Nats(e.to_string()))?;
-            let extra = match cfg.gaps.as_deref().filter(|g| !overlap(&cfg.subject, g)) {
-                Some(g) => Some(client.subscribe(g.to_string()).await.map_err(|e| BridgeError::Nats(e.to_string()))?),
-                None => None,
-            };
-            let mut sub = futures::stream::select(sub, futures::stream::iter(extra).flatten());
+            let mut sub = core_subscription(&client, cfg).await?;
             client.flush().await.map_err(|e| BridgeError::Nats(e.to_string()))?;
             if let Some(r) = ready {
                 let _ = r.send(());

@@ -201,7 +201,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         order: ReleaseOrder::Sequence { gap_wait_ns: fairfeed_tree::node::GAP_WAIT_DEFAULT_NS },
         ..NodeConfig::default()
     };
-    let (jasper, base, payloads, fell_behind_at) = run_fair_tree(&a, &tree, &mut cal, node, dash.as_ref())?;
+    let FairRun { run: jasper, cfg: base, payloads, fell_behind_at } =
+        run_fair_tree(&a, &tree, &mut cal, node, dash.as_ref())?;
     let pb = crate::fmt::progress(100, "direct unicast");
     let du_cfg = ClusterConfig {
         node: NodeConfig { hold_and_release: false, ..node },
@@ -238,6 +239,15 @@ fn show(
     })
 }
 
+/// The fair tree's run, its configuration, the payloads it sent and the
+/// dilations the host fell behind at.
+struct FairRun {
+    run: ClusterResult,
+    cfg: ClusterConfig,
+    payloads: Vec<Vec<u8>>,
+    fell_behind_at: Vec<f64>,
+}
+
 /// The fair tree's run. The calibration can be short of what this host
 /// gives the loop now: if the host falls behind the emulation during the
 /// warm-up, the run stops there and starts again with more dilation (auto
@@ -249,7 +259,7 @@ fn run_fair_tree(
     cal: &mut Calibration,
     node: NodeConfig,
     dash: Option<&DemoDashboard>,
-) -> anyhow::Result<(ClusterResult, ClusterConfig, Vec<Vec<u8>>, Vec<f64>)> {
+) -> anyhow::Result<FairRun> {
     let mut fell_behind_at = Vec::new();
     loop {
         let messages = ((a.seconds * a.rate / cal.dilation) as u64).max(MESSAGES_MIN);
@@ -287,7 +297,7 @@ fn run_fair_tree(
         let r = run_cluster(tree, &base, &payloads, |f| pb.set_position((f * 100.0) as u64))?;
         pb.finish_and_clear();
         if !r.fell_behind_in_warmup {
-            return Ok((r, base, payloads, fell_behind_at));
+            return Ok(FairRun { run: r, cfg: base, payloads, fell_behind_at });
         }
         let late = r.lag_timeline.last().map_or(0.0, |t| t.1);
         let next = (cal.dilation * 1.5).ceil().min(DILATION_MAX);

@@ -4,6 +4,7 @@
 //! each plus reordering and duplication; arbitrate; compare the
 //! high-reliability output's payloads with the clean feed's, packet by packet.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::*;
 use std::net::UdpSocket;

@@ -12,6 +12,7 @@
 //! journal, read back through its MoldUDP64 retransmission server (the
 //! exchange's output by definition, by a path that bypasses the chain).
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::cluster::Cluster;
 

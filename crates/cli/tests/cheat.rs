@@ -23,6 +23,7 @@
 //! deadline records to a live exchange, firms answering their receivers'
 //! deliveries over OUCH sessions, and the exchange's own cheat watch.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::cluster::Cluster;
 use fairfeed_exchange::cheat::{CheatDetector, CheatParams};

@@ -2,6 +2,7 @@
 //! files and on loopback UDP. Method: run the built binary on generated feeds
 //! and check outputs against each other and against the library's oracles.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::*;
 use std::collections::HashSet;

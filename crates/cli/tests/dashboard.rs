@@ -7,6 +7,7 @@
 //! is drawn, the "updated" stamp moves between two loads, and after the test
 //! kills receiver 2 its node turns `unhealthy` within 3 s.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::*;
 

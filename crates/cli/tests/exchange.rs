@@ -7,6 +7,7 @@
 //! frames; the ITCH the exchange published on its A line must decode and
 //! rebuild a consistent book.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::*;
 use std::io::{Read, Write};

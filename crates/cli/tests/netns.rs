@@ -10,6 +10,7 @@
 //! The same with Jasper's XDP de-duplicator attached to every receiver's
 //! veth, and `fairfeed bench xdp-dedup`, which makes its own namespaces.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::cluster::Cluster;
 use std::collections::{BTreeSet, HashMap};

@@ -25,6 +25,7 @@
 //!
 //! A block without a marker fails the test, so a new example cannot slip in untested.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::*;
 

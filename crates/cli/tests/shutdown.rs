@@ -11,6 +11,7 @@
 //! on stdout (`exchange`, `bridge run`). Commands that need a NATS server run
 //! where Debian's `nats-server` is installed.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::*;
 

@@ -7,6 +7,7 @@
 //! processes on 127.1.x.y with authenticated packets and emulated cloud links;
 //! a proxy is SIGKILLed mid-stream; counters come from each node's JSON at exit.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 mod common;
 use common::cluster::Cluster;
 use std::collections::BTreeSet;

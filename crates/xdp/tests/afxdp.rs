@@ -8,6 +8,7 @@
 //! loudly without it, a failure when FAIRFEED_REQUIRE_NETNS=1; a binary
 //! built without clang fails when FAIRFEED_REQUIRE_TOOLS=1.
 
+#![allow(clippy::too_many_lines)] // scenario tests: one story, read top to bottom
 #![allow(unsafe_code)] // one AF_PACKET socket to send frames no kernel UDP socket would
 
 use std::net::{SocketAddrV4, UdpSocket};
