@@ -393,6 +393,9 @@ pub struct SenderStats {
     pub bad_tails: u64,
     /// The quantile controller's state (zeros under other rules).
     pub tail: TailStats,
+    /// The deadline follows the estimate pooled over the sharding sender's
+    /// trees (its own controller has too few samples yet).
+    pub tail_pooled: bool,
     pub auth: AuthStats,
 }
 
@@ -408,6 +411,9 @@ pub struct Sender {
     tail: Option<TailEstimator>,
     /// The quantile controller's offset, once it has enough samples.
     tail_offset_ns: Option<u64>,
+    /// Until then, under a sharding sender: the estimate over every tree's
+    /// settled samples ([`crate::sharded::ShardSender`]).
+    pooled_tail_ns: Option<u64>,
     owd_g_ns: Option<u64>,
     next_update_ns: u64,
     buf: Vec<u8>,
@@ -442,6 +448,7 @@ impl Sender {
             controller,
             tail,
             tail_offset_ns: None,
+            pooled_tail_ns: None,
             owd_g_ns: None,
             next_update_ns: 0,
             buf: Vec::with_capacity(2048),
@@ -472,7 +479,7 @@ impl Sender {
     /// deep tree the first maxima take a report interval per level to climb,
     /// and OWD_G (a p95 per receiver) is far below the last arrival.
     pub fn deadline_offset_ns(&self) -> u64 {
-        if let Some(q) = self.tail_offset_ns {
+        if let Some(q) = self.tail_offset_ns.or(self.pooled_tail_ns) {
             return q + self.clock_bound_ns;
         }
         let owd = self.owd_g_ns.unwrap_or(self.cfg.initial_owd_ns) as i64;
@@ -483,6 +490,23 @@ impl Sender {
             _ => 0,
         };
         (owd + margin).max(0) as u64 + self.clock_bound_ns
+    }
+
+    /// The quantile controller (under `DeadlineRule::Quantile`).
+    pub fn tail(&self) -> Option<&TailEstimator> {
+        self.tail.as_ref()
+    }
+
+    /// True once the quantile controller has an estimate of its own.
+    pub fn tail_ready(&self) -> bool {
+        self.tail_offset_ns.is_some()
+    }
+
+    /// The estimate to use until its own controller has one (`None`: the
+    /// initial offset); a sharding sender pools its trees' samples.
+    pub fn set_pooled_tail(&mut self, ns: Option<u64>) {
+        self.pooled_tail_ns = ns;
+        self.stats.tail_pooled = ns.is_some() && self.tail_offset_ns.is_none();
     }
 
     /// The deadline the last message sent carries (0 before the first).

@@ -26,6 +26,7 @@ use crate::node::{DeadlineRule, Node, NodeConfig};
 use crate::node::{Outcome, Receiver, ReceiverStats, Refusal, Released, Sender, SenderStats, Transmit};
 use crate::plan::{Role, Topology};
 use crate::shard::{Dest, ShardError, ShardMap, ShardStats, Sharder};
+use crate::tail::{quantile_upper, TailEstimator, RECENT, SAMPLES_MIN};
 
 /// A sender of one feed over several trees.
 pub struct ShardSender {
@@ -37,6 +38,12 @@ pub struct ShardSender {
     last_stamp: u64,
     /// The node's clock reference (lent to the trees' senders).
     pub sync: ClockSync,
+    /// The trees' settled samples, pooled (see [`ShardSender::pool_tails`]).
+    pool: Vec<u64>,
+    /// Samples settled over the trees when the pool was last taken.
+    pool_count: usize,
+    /// Every tree has an estimate of its own (or there is no quantile rule).
+    pooled_done: bool,
 }
 
 impl ShardSender {
@@ -44,7 +51,7 @@ impl ShardSender {
     /// splits the feed over as many.
     pub fn new(id: u32, trees: Vec<Sender>, sharder: Sharder, sync: ClockSync) -> ShardSender {
         assert_eq!(trees.len(), sharder.trees(), "one sender per tree");
-        ShardSender { id, trees, sharder, last_stamp: 0, sync }
+        ShardSender { id, trees, sharder, last_stamp: 0, sync, pool: Vec::new(), pool_count: 0, pooled_done: false }
     }
 
     /// Sends one feed packet down the trees its messages belong to; returns
@@ -100,6 +107,39 @@ impl ShardSender {
     /// Recomputes every tree's deadline from fresh reports.
     pub fn update(&mut self, now: u64) {
         self.trees.iter_mut().for_each(|s| s.update(now));
+        self.pool_tails();
+    }
+
+    /// Under the quantile rule, a tree whose own controller has too few
+    /// samples yet takes the estimate over every tree's settled samples: the
+    /// trees end on the same receivers over like paths, and with 1/K of the
+    /// messages each a tree's own controller settles K× later in the feed,
+    /// its messages held to the initial offset meanwhile (OML p99 was the
+    /// initial offset, 1 ms, at K ≥ 8). Done once every tree has its own.
+    fn pool_tails(&mut self) {
+        if self.pooled_done || self.trees.iter().all(Sender::tail_ready) {
+            if !self.pooled_done {
+                self.trees.iter_mut().for_each(|s| s.set_pooled_tail(None));
+                self.pooled_done = true;
+            }
+            return;
+        }
+        let Some(cfg) = self.trees.first().and_then(Sender::tail).map(TailEstimator::config) else {
+            self.pooled_done = true;
+            return;
+        };
+        // Recomputed when samples settled since (each tree's newest RECENT).
+        let count: usize = self.trees.iter().filter_map(Sender::tail).map(TailEstimator::sample_count).sum();
+        if count == self.pool_count {
+            return;
+        }
+        self.pool_count = count;
+        self.pool.clear();
+        for t in self.trees.iter().filter_map(Sender::tail) {
+            self.pool.extend(t.newest_samples().take(RECENT));
+        }
+        let pooled = (self.pool.len() >= SAMPLES_MIN).then(|| quantile_upper(&mut self.pool, cfg.target, cfg.z));
+        self.trees.iter_mut().for_each(|s| s.set_pooled_tail(pooled));
     }
 
     /// The trees' deadline offsets.

@@ -395,6 +395,20 @@ impl TailEstimator {
         q.max(self.surge.map_or(0, |s| s.0))
     }
 
+    /// The settled samples the estimate is taken over, the newest first.
+    pub fn newest_samples(&self) -> impl Iterator<Item = u64> + '_ {
+        self.window.iter().rev().copied()
+    }
+
+    /// How many samples are settled.
+    pub fn sample_count(&self) -> usize {
+        self.window.len()
+    }
+
+    pub fn config(&self) -> TailConfig {
+        self.cfg
+    }
+
     /// The upper quantile estimate over the window's samples from index `from`.
     fn quantile_of(&mut self, from: usize) -> u64 {
         self.scratch.clear();
