@@ -300,15 +300,20 @@ fn admission_bounds_connections_per_address_and_per_second() {
     assert_eq!(adm.admit(b, 1_000_000_000), Ok(()));
 }
 
-#[test]
-fn a_snapshot_behind_the_live_feed_is_fetched_again() {
-    let packets = feed(9, 2_000, 4, false);
+/// A generated feed of `n` messages, a server that has followed its first
+/// ten packets, and a joiner with its application, nothing fetched yet.
+fn joiner_after_ten(seed: u64, n: u64) -> (Vec<Vec<u8>>, Follower, Joiner, App) {
+    let packets = feed(seed, n, 4, false);
     let mut f = Follower::new(GAP_WAIT_DEFAULT_NS, 1 << 20);
     for p in &packets[..10] {
         f.on_packet(0, p);
     }
-    let mut j = Joiner::new(0, "", "");
-    let mut app = App::default();
+    (packets, f, Joiner::new(0, "", ""), App::default())
+}
+
+#[test]
+fn a_snapshot_behind_the_live_feed_is_fetched_again() {
+    let (packets, mut f, mut j, mut app) = joiner_after_ten(9, 2_000);
     for p in &packets[20..30] {
         j.on_live(0, p, &mut |q| app.take(q));
     }
@@ -335,13 +340,7 @@ fn a_snapshot_behind_the_live_feed_is_fetched_again() {
 /// again, the server lags the live line, and the backoff applies.
 #[test]
 fn a_snapshot_asked_for_before_the_live_line_came_is_fetched_again_at_once() {
-    let packets = feed(9, 2_000, 4, false);
-    let mut f = Follower::new(GAP_WAIT_DEFAULT_NS, 1 << 20);
-    for p in &packets[..10] {
-        f.on_packet(0, p);
-    }
-    let mut j = Joiner::new(0, "", "");
-    let mut app = App::default();
+    let (packets, mut f, mut j, mut app) = joiner_after_ten(9, 2_000);
     fetch(&mut j, &mut f, 0, 1 << 20, &mut app);
     for p in &packets[10..30] {
         f.on_packet(5 * MS, p);
@@ -369,13 +368,7 @@ fn a_snapshot_asked_for_before_the_live_line_came_is_fetched_again_at_once() {
 
 #[test]
 fn a_joiner_waits_for_a_live_packet_before_it_joins() {
-    let packets = feed(10, 1_000, 4, false);
-    let mut f = Follower::new(GAP_WAIT_DEFAULT_NS, 1 << 20);
-    for p in &packets[..10] {
-        f.on_packet(0, p);
-    }
-    let mut j = Joiner::new(0, "", "");
-    let mut app = App::default();
+    let (packets, mut f, mut j, mut app) = joiner_after_ten(10, 1_000);
     fetch(&mut j, &mut f, 0, 1 << 20, &mut app);
     assert!(!j.joined() && app.packets == 0, "nothing is delivered before the live feed is held");
     for p in &packets[5..] {
