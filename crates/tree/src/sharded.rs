@@ -117,11 +117,12 @@ impl ShardSender {
     /// its messages held to the initial offset meanwhile (OML p99 was the
     /// initial offset, 1 ms, at K ≥ 8). Done once every tree has its own.
     fn pool_tails(&mut self) {
-        if self.pooled_done || self.trees.iter().all(Sender::tail_ready) {
-            if !self.pooled_done {
-                self.trees.iter_mut().for_each(|s| s.set_pooled_tail(None));
-                self.pooled_done = true;
-            }
+        if self.pooled_done {
+            return;
+        }
+        if self.trees.iter().all(Sender::tail_ready) {
+            self.trees.iter_mut().for_each(|s| s.set_pooled_tail(None));
+            self.pooled_done = true;
             return;
         }
         let Some(cfg) = self.trees.first().and_then(Sender::tail).map(TailEstimator::config) else {
