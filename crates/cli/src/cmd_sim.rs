@@ -636,13 +636,15 @@ fn fairness_cmd(cfg: &FairnessConfig, out: &std::path::Path, model_label: &str) 
         String::new()
     };
     let md = format!(
-        "# Fairness, N = {}, seed {}\n\n{stopped}{} messages per scheme at {} msg/s{}; link model: {model_label}; \
+        "# Fairness, N = {}, seed {}\n\n{stopped}{} messages per scheme at {} msg/s{}, the first {} left out as \
+         warm-up (at least the deadline controller's start-up); link model: {model_label}; \
          controller target P(F) {} (previous controller: {} of deliveries on time).\n\n{}\n\n{events} events in {wall:.1} s ({:.2} M events/s).\n",
         cfg.receivers,
         cfg.seed,
         cfg.messages,
         cfg.rate_per_s,
         if cfg.trees > 1 { format!(" over {} trees (round robin)", cfg.trees) } else { String::new() },
+        rows.iter().map(|r| r.run.warmup_messages).max().unwrap_or(0),
         cfg.target_pf,
         cfg.late_share_target(),
         fairness_markdown(&rows),

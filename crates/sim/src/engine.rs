@@ -200,7 +200,10 @@ struct MsgAgg {
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
     pub receivers: usize,
+    /// Messages counted: those sent after the warm-up.
     pub messages: u64,
+    /// Messages left out at the start (the first sent).
+    pub warmup_messages: u64,
     /// Messages (after warm-up) some receiver never got.
     pub incomplete_messages: u64,
     /// (message, receiver) pairs never delivered.
@@ -550,7 +553,9 @@ fn run_with(topo: &Topology, cfg: &SimConfig, elide: bool) -> RunResult {
         w.net.now = t;
         if let Some((victim, at)) = cfg.crash {
             if !crashed && t >= at {
-                w.held -= held_at(&w.nodes[victim as usize]);
+                if let Some(h) = w.held.as_mut() {
+                    *h -= held_at(&w.nodes[victim as usize]);
+                }
                 w.nodes[victim as usize] = SimNode::ABSENT;
                 crashed = true;
             }
@@ -575,21 +580,31 @@ fn run_with(topo: &Topology, cfg: &SimConfig, elide: bool) -> RunResult {
             }
         }
         // Stop once everything sent has settled: no sends or deliveries left, only report timers.
-        settled = sent >= cfg.messages && w.net.in_flight == 0 && w.held == 0;
+        settled = sent >= cfg.messages && w.net.in_flight == 0 && w.held_now() == 0;
         if settled && elided_until <= (t, o) {
             debug_assert!(!holding(&w.nodes));
             break;
         }
     }
-    // Stopped early, the figures cover the messages every receiver had.
-    let (cfg, msgs) = match stopped_at {
-        Some(n) => (
-            SimConfig { messages: n.max(1), warmup_messages: cfg.warmup_messages.min(n / 2), ..cfg.clone() },
-            &w.msgs[..=n as usize],
-        ),
-        None => (cfg.clone(), &w.msgs[..]),
-    };
+    let (cfg, msgs) = counted(cfg, &w.msgs, stopped_at);
     finish(topo, &cfg, &w.nodes, msgs, events, w.owd, &samples, &w.net)
+}
+
+/// The run's figures cover `msgs` under `cfg` — or, stopped early after
+/// `stopped_at` messages, those every receiver had, after the whole warm-up
+/// if they reach past it (else after half of them).
+fn counted<'m>(cfg: &SimConfig, msgs: &'m [MsgAgg], stopped_at: Option<u64>) -> (SimConfig, &'m [MsgAgg]) {
+    match stopped_at {
+        Some(n) => (
+            SimConfig {
+                messages: n.max(1),
+                warmup_messages: if n > cfg.warmup_messages { cfg.warmup_messages } else { n / 2 },
+                ..cfg.clone()
+            },
+            &msgs[..=n as usize],
+        ),
+        None => (cfg.clone(), msgs),
+    }
 }
 
 /// If the run's watcher asked it to stop: the messages every receiver
@@ -611,8 +626,11 @@ struct World {
     timer_at: Vec<u64>,
     msgs: Vec<MsgAgg>,
     owd: Logs,
-    /// Messages held at receivers, kept up to date per event (not a scan of every node).
-    held: usize,
+    /// Messages held at receivers: counted once everything is sent and
+    /// nothing is in flight (the first time the run may be over), then kept
+    /// up to date per event (not a scan of every node). Before that nothing
+    /// reads it, and a receiver of several trees costs a look at each.
+    held: Option<usize>,
 }
 
 /// Events ahead whose node entry is prefetched, and whose node state is.
@@ -651,7 +669,7 @@ impl World {
             timer_at: vec![u64::MAX; n_ids],
             msgs: vec![MsgAgg::default(); cfg.messages as usize + 1],
             owd: Logs::new(topo, cfg, n_ids),
-            held: 0,
+            held: None,
         };
         w.net.queue.push(cfg.sync.map_or(0, |s| s.warmup_ns), 0, Ev::Send);
         if let Some(s) = cfg.sync {
@@ -706,6 +724,18 @@ impl World {
         }
     }
 
+    /// Messages held at receivers now (counted over every node the first time).
+    fn held_now(&mut self) -> usize {
+        *self.held.get_or_insert_with(|| self.nodes.iter().map(held_at).sum())
+    }
+
+    /// Node `id` held `before` (when the count is kept) before its event.
+    fn count_held(&mut self, id: u32, before: Option<usize>) {
+        if let (Some(h), Some(before)) = (self.held.as_mut(), before) {
+            *h = *h + held_at(&self.nodes[id as usize]) - before;
+        }
+    }
+
     /// A copy reaches node `to` (or waits, if the node is stalled).
     fn on_deliver(&mut self, cfg: &SimConfig, to: u32, packet: usize) {
         let t = self.net.now;
@@ -723,9 +753,9 @@ impl World {
             self.net.count_received(to, false);
             return;
         };
-        let before = held_at(&self.nodes[to as usize]);
+        let before = self.held.map(|_| held_at(&self.nodes[to as usize]));
         deliver(&mut self.nodes, &mut self.net, to, &bytes, &mut self.msgs, &mut self.owd, cfg.warmup_messages);
-        self.held = self.held + held_at(&self.nodes[to as usize]) - before;
+        self.count_held(to, before);
         schedule(&self.nodes, &mut self.net, &mut self.timer_at, to);
     }
 
@@ -742,9 +772,9 @@ impl World {
             return;
         }
         self.timer_at[node as usize] = u64::MAX;
-        let before = held_at(&self.nodes[node as usize]);
+        let before = self.held.map(|_| held_at(&self.nodes[node as usize]));
         fire(&mut self.nodes, &mut self.net, node, &mut self.msgs, &mut self.owd, cfg.warmup_messages);
-        self.held = self.held + held_at(&self.nodes[node as usize]) - before;
+        self.count_held(node, before);
         schedule(&self.nodes, &mut self.net, &mut self.timer_at, node);
     }
 }
@@ -1172,7 +1202,7 @@ fn announce(node: &mut Node, announce_at: &mut u64, clock: &Clock, t: u64, local
 fn drain(r: &mut Node, (t, local): (u64, u64), msgs: &mut [MsgAgg], owd: OwdLog, warmup: u64) {
     let id = r.id();
     let trees = match r {
-        Node::ShardReceiver(s) => s.trees.len(),
+        Node::ShardReceiver(s) => s.trees().len(),
         _ => 1,
     };
     while let Some(mut m) = r.poll_release() {
@@ -1323,6 +1353,7 @@ fn summarize(
     RunResult {
         receivers: topo.receivers,
         messages: counted.len() as u64,
+        warmup_messages: cfg.warmup_messages,
         incomplete_messages: (counted.len() - complete.len()) as u64,
         lost_deliveries: counted.iter().map(|m| u64::from(n.saturating_sub(m.delivered))).sum(),
         receivers_with_loss,

@@ -155,7 +155,8 @@ pub fn fairness(c: &FairnessConfig, mut progress: impl FnMut(&str)) -> Result<Ve
             // An overloaded sender's queue grows with every message; a short run
             // shows it as well as a long one without holding millions of copies.
             let messages = if l > 1.0 { c.messages.min(OVERLOADED_MESSAGES_MAX) } else { c.messages };
-            let cfg = SimConfig { node, rule, messages, warmup_messages: (messages / 5).min(2_000), ..base.clone() };
+            let warmup_messages = warmup_for(messages, c.rate_per_s, &base.node);
+            let cfg = SimConfig { node, rule, messages, warmup_messages, ..base.clone() };
             Some(row(name, topo, hedge, c, run(topo, &cfg)))
         },
         |i| progress(runs[i].0),
@@ -279,12 +280,38 @@ fn heuristic_trees(receivers: usize, hedge: usize, trees: usize) -> Result<fairf
 /// Messages simulated for a scheme whose busiest node is overloaded.
 pub const OVERLOADED_MESSAGES_MAX: u64 = 1_000;
 
+/// Messages a run leaves out at its start at most by count alone (see [`warmup_for`]).
+pub const WARMUP_MESSAGES: u64 = 2_000;
+
+/// The deadline controller's start-up on `node`'s report interval, at
+/// `rate_per_s` (ns of feed): its first samples settle
+/// ([`fairfeed_tree::tail::SETTLE_INTERVALS`] report intervals after they
+/// were sent), the next update takes them in (up to an interval), the first
+/// of the pooled trees' reports may wait one more, and it needs
+/// [`fairfeed_tree::tail::SAMPLES_MIN`] of them. Until then every deadline is
+/// the initial offset.
+pub fn controller_startup_ns(rate_per_s: f64, node: &NodeConfig) -> u64 {
+    let interval = node.report_interval_ns;
+    let samples_ns = (fairfeed_tree::tail::SAMPLES_MIN as f64 * 1e9 / rate_per_s.max(1e-9)) as u64;
+    (fairfeed_tree::tail::SETTLE_INTERVALS + 2) * interval + samples_ns
+}
+
+/// Messages a fairness run leaves out at its start, every scheme alike: a
+/// fifth of the run, at most [`WARMUP_MESSAGES`] — but at least the messages
+/// sent during the controller's start-up ([`controller_startup_ns`]; at
+/// 50,000 msg/s it is ≈ 4,000 messages, more than 2,000), and never more
+/// than half the run. The count is in each row (`run.warmup_messages`).
+pub fn warmup_for(messages: u64, rate_per_s: f64, node: &NodeConfig) -> u64 {
+    let startup = (controller_startup_ns(rate_per_s, node) as f64 * rate_per_s / 1e9).ceil() as u64;
+    (messages / 5).min(WARMUP_MESSAGES).max(startup).min(messages / 2)
+}
+
 pub(crate) fn sim_base(c: &FairnessConfig, node: NodeConfig, rule: DeadlineRule) -> SimConfig {
     SimConfig {
         seed: c.seed,
         messages: c.messages,
         rate_per_s: c.rate_per_s,
-        warmup_messages: (c.messages / 5).min(2_000),
+        warmup_messages: warmup_for(c.messages, c.rate_per_s, &node),
         link: c.model.link,
         clock: c.model.clock,
         node,
@@ -594,6 +621,24 @@ mod tests {
 
     fn small() -> FairnessConfig {
         FairnessConfig { receivers: 30, hedge: 1, messages: 3_000, rate_per_s: 2_000.0, ..FairnessConfig::default() }
+    }
+
+    #[test]
+    fn the_warm_up_covers_the_controllers_start_up_at_high_rates_only() {
+        let node = NodeConfig::default();
+        // 10-ms reports: 6 intervals to settle, 2 more for the update, 200 samples.
+        assert_eq!(controller_startup_ns(50_000.0, &node), 84_000_000);
+        // Low rates: a fifth of the run, at most 2,000, as before.
+        assert_eq!(warmup_for(20_000, 5_000.0, &node), 2_000);
+        assert_eq!(warmup_for(5_000, 5_000.0, &node), 1_000);
+        // 50,000 msg/s: the 84-ms start-up is 4,200 messages.
+        assert_eq!(warmup_for(20_000, 50_000.0, &node), 4_200);
+        // 100,000 msg/s: 8,200 messages, but never more than half the run.
+        assert_eq!(warmup_for(20_000, 100_000.0, &node), 8_200);
+        assert_eq!(warmup_for(10_000, 100_000.0, &node), 5_000);
+        // Slower reports, a longer start-up.
+        let slow = NodeConfig { report_interval_ns: 20_000_000, ..node };
+        assert_eq!(warmup_for(40_000, 50_000.0, &slow), 8_200);
     }
 
     #[test]

@@ -1122,6 +1122,17 @@ impl Receiver {
         self.held.peek().map_or(u64::MAX, |Reverse(h)| self.due_ns(h)).min(self.next_report_ns)
     }
 
+    /// Before this synchronized time, [`Receiver::handle_timeout`] has
+    /// nothing to do but the clock's probes (no held message's deadline has
+    /// come, no report is due, no gap holds the line): a node of several
+    /// trees passes over the trees that are quiet.
+    pub fn quiet_until_sync(&self) -> u64 {
+        if self.gap_blocking {
+            return 0;
+        }
+        self.held.peek().map_or(u64::MAX, |Reverse(h)| h.deadline_ns).min(self.next_report_ns)
+    }
+
     /// When a held message is next looked at: its deadline, or — at the
     /// head of a sequence-ordered receiver, behind a gap — the gap wait's end.
     fn due_ns(&self, h: &Hold) -> u64 {

@@ -158,11 +158,33 @@ impl ShardSender {
     }
 }
 
+/// What a [`ShardReceiver`] keeps of one tree's receiver between calls.
+#[derive(Debug, Clone, Copy)]
+struct TreeDue {
+    /// [`Receiver::next_due_sync`].
+    next: u64,
+    /// [`Receiver::quiet_until_sync`].
+    quiet: u64,
+    /// Whether it has released messages not yet merged.
+    released: bool,
+}
+
+impl TreeDue {
+    fn of(r: &Receiver) -> TreeDue {
+        TreeDue { next: r.next_due_sync(), quiet: r.quiet_until_sync(), released: r.has_released() }
+    }
+}
+
 /// A receiver of several trees, delivering one feed.
 pub struct ShardReceiver {
     pub id: u32,
     /// The trees it takes: (tree id, its receiver).
-    pub trees: Vec<(u16, Receiver)>,
+    pub(crate) trees: Vec<(u16, Receiver)>,
+    /// Per tree, as of its last call. A tree changes only when lent the
+    /// clock ([`ShardReceiver::lend`]), which refreshes its entry; so a
+    /// timeout or an arrival looks at one array, not at every tree's state
+    /// (at scale, a cache miss each).
+    due: Vec<TreeDue>,
     /// Tree id → index into `trees`.
     index: Vec<Option<usize>>,
     merge: Merge,
@@ -193,7 +215,13 @@ impl ShardReceiver {
             Some(f) => merge.with_filter(f),
             None => merge,
         };
-        ShardReceiver { id, trees, index, merge, sync, refused: 0 }
+        let due = trees.iter().map(|(_, r)| TreeDue::of(r)).collect();
+        ShardReceiver { id, trees, due, index, merge, sync, refused: 0 }
+    }
+
+    /// The trees it takes: (tree id, its receiver).
+    pub fn trees(&self) -> &[(u16, Receiver)] {
+        &self.trees
     }
 
     /// A last hop of `ns` after this node: on every tree ([`Receiver::set_last_hop_ns`]).
@@ -209,14 +237,19 @@ impl ShardReceiver {
         std::mem::swap(&mut self.sync, &mut r.sync);
         let out = f(r);
         std::mem::swap(&mut self.sync, &mut r.sync);
+        self.due[i] = TreeDue::of(r);
         out
     }
 
     /// Moves what tree `i` released into the merge.
     fn collect(&mut self, i: usize) {
+        if !self.due[i].released {
+            return;
+        }
         while let Some(r) = self.trees[i].1.poll_release() {
             self.merge.push(i, r);
         }
+        self.due[i].released = false;
     }
 
     /// A packet arrived at raw local time `raw`: data of one of its trees, or a probe.
@@ -235,8 +268,10 @@ impl ShardReceiver {
             // What the arrival made due merges with what every tree has due
             // now (their timers may not have fired yet): the order must not
             // depend on which came first.
+            // A tree with no deadline come and no gap in its line has nothing due.
+            let now = self.sync.now_sync(raw);
             for j in 0..self.trees.len() {
-                if j != i {
+                if j != i && self.due[j].quiet <= now {
                     self.lend(j, |r| r.release_due(raw));
                 }
                 self.collect(j);
@@ -248,16 +283,21 @@ impl ShardReceiver {
 
     /// The earliest raw local time something is due.
     pub fn next_timeout(&self) -> u64 {
-        let due = self.trees.iter().map(|(_, r)| r.next_due_sync()).min().unwrap_or(u64::MAX);
+        let due = self.due.iter().map(|d| d.next).min().unwrap_or(u64::MAX);
         let due = due.min(self.merge.next_timeout());
         let local = if due == u64::MAX { u64::MAX } else { self.sync.to_local(due) };
         local.min(self.sync.next_timeout())
     }
 
     /// Releases what is due (in merged order), sends reports and probes.
+    /// A tree that is quiet ([`Receiver::quiet_until_sync`]) while the
+    /// clock has nothing due is passed over: its timeout would do nothing.
     pub fn handle_timeout(&mut self, raw: u64, tx: &mut impl Transmit) {
         for i in 0..self.trees.len() {
-            self.lend(i, |r| r.handle_timeout(raw, tx));
+            let quiet = self.sync.next_timeout() > raw && self.due[i].quiet > self.sync.now_sync(raw);
+            if !quiet {
+                self.lend(i, |r| r.handle_timeout(raw, tx));
+            }
             self.collect(i);
         }
         self.merge.flush(self.sync.now_sync(raw));

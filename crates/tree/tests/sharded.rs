@@ -297,3 +297,67 @@ proptest! {
         }
     }
 }
+
+/// A receiver of several trees passes over the trees with nothing due when
+/// its timer fires (their state is not even read): the trees that then get
+/// no data must still report every interval, and every message must still
+/// be released at its deadline, whichever tree it came on.
+#[test]
+fn quiet_trees_still_report_every_interval_and_release_on_time() {
+    let trees = 3;
+    let topo = plan(&PlanRequest { receivers: 2, fanout: Some(4), depth: None, hedge: 0, cost_model: None, trees })
+        .expect("plan");
+    let cfg = NodeConfig { report_interval_ns: 1_000_000, initial_owd_ns: 100_000, ..NodeConfig::default() };
+    let hp: Vec<_> = (0..trees).map(|k| hedge_parents(&topo, k)).collect();
+    // Links take 20-60 µs: a 50-µs margin over the reported delays keeps every copy on time.
+    let rule = DeadlineRule::Paper { margin_ns: 50_000 };
+    let opts = ShardOptions::default();
+    let build = |id| node_of(&topo, id, cfg, rule, ClockSync::off(id), &hp, &opts).expect("node");
+    let sender_id = fairfeed_tree::plan::sender_id(&topo).expect("a sender");
+    let rx_id = topo.trees[0].nodes.iter().find(|n| n.role == fairfeed_tree::plan::Role::Receiver).expect("rx").id;
+    let mut nodes: BTreeMap<u32, Node> = [(sender_id, build(sender_id)), (rx_id, build(rx_id))].into();
+    let links = Links { loss: 0.0, spike: 0.0, spike_ns: 0 };
+    let mut net = Net { now: 0, queue: BinaryHeap::new(), order: 0, rng: ChaCha8Rng::seed_from_u64(7), links };
+    let (step, quiet_from, end) = (10_000u64, 5_000_000u64, 20_000_000u64);
+    let (mut seq, mut id) = (1u64, 0u32);
+    let mut reports_after_quiet = [0u32; 3];
+    let mut delivered = Vec::new();
+    for t in (0..=end).step_by(step as usize) {
+        net.now = t;
+        if t % 50_000 == 0 && t + 2_000_000 < end {
+            // Locates 1, 2, 3 ride trees 1, 2, 0; once quiet, only locate 3 (tree 0).
+            let locates: &[u16] = if t < quiet_from { &[1, 2, 3] } else { &[3] };
+            let msgs: Vec<Vec<u8>> = locates.iter().map(|&l| (message(l, id), id += 1).0).collect();
+            send_feed(nodes.get_mut(&sender_id), t, &feed_packet(seq, &msgs), &mut net);
+            seq += msgs.len() as u64;
+        }
+        while net.queue.peek().is_some_and(|Reverse((d, ..))| *d <= t) {
+            let Reverse((_, _, to, mut bytes)) = net.queue.pop().expect("peeked");
+            let report = fairfeed_wire::overlay::HeaderRepr::parse(&bytes)
+                .is_ok_and(|(h, _)| h.kind == Some(fairfeed_wire::overlay::Kind::Report));
+            if report && to == sender_id && t >= quiet_from + cfg.report_interval_ns + 100_000 {
+                let tree = fairfeed_wire::overlay::HeaderRepr::parse(&bytes).expect("parsed").0.tree;
+                reports_after_quiet[usize::from(tree)] += 1;
+            }
+            if let Some(node) = nodes.get_mut(&to) {
+                node.handle_packet(t, &mut bytes, &mut Tx(&mut net));
+            }
+        }
+        for node in nodes.values_mut() {
+            if node.next_timeout() <= t {
+                node.handle_timeout(t, &mut Tx(&mut net));
+            }
+        }
+        while let Some(m) = nodes.get_mut(&rx_id).and_then(Node::poll_release) {
+            assert!(!m.late, "nothing arrives late");
+            assert!(m.deadline_ns <= t && t < m.deadline_ns + step, "released at {t}, deadline {}", m.deadline_ns);
+            delivered.push(m.payload.to_vec());
+        }
+    }
+    let got = messages_of(&delivered);
+    assert_eq!(got.len(), id as usize, "every message once");
+    // At least 13 of the 14 whole intervals after the quiet trees' last data: a report each, on every tree.
+    for (tree, n) in reports_after_quiet.iter().enumerate() {
+        assert!(*n >= 13, "tree {tree} sent {n} reports in 14 intervals");
+    }
+}

@@ -517,7 +517,7 @@ fn node_stats(live: &Node) -> serde_json::Value {
         })),
         Node::ShardReceiver(r) => serde_json::to_value(r.stats()).map(|mut v| {
             v["merge"] = serde_json::to_value(r.merge_stats()).unwrap_or_default();
-            v["trees"] = r.trees.iter().map(|(t, _)| *t).collect::<Vec<_>>().into();
+            v["trees"] = r.trees().iter().map(|(t, _)| *t).collect::<Vec<_>>().into();
             v
         }),
     }
