@@ -1215,7 +1215,7 @@ impl Receiver {
 
     /// The memory a data packet with `sequence` will touch beyond the
     /// receiver's own struct (prefetch hints: nothing is read).
-    fn hot_lines(&self, sequence: u64) -> [*const u8; 4] {
+    pub(crate) fn hot_lines(&self, sequence: u64) -> [*const u8; 4] {
         let held = self.held.as_slice();
         [
             self.dedup.line(sequence).cast(),
@@ -1402,11 +1402,21 @@ impl Node {
     /// The memory beyond [`Node::state_span`] a data packet with `sequence`
     /// will touch (receivers and proxies: the duplicate window's word, the
     /// delay logs' next slots) — prefetch hints; nothing is read.
-    pub fn hot_lines(&self, sequence: u64) -> [*const u8; 4] {
+    pub fn hot_lines(&self, tree: u16, sequence: u64) -> [*const u8; 4] {
         match self {
             Node::Receiver(r) => r.hot_lines(sequence),
             Node::Proxy(p) => [p.dedup.line(sequence).cast(), p.tail.back().cast(), std::ptr::null(), std::ptr::null()],
-            Node::Sender(_) | Node::ShardSender(_) | Node::ShardReceiver(_) => [std::ptr::null(); 4],
+            Node::ShardReceiver(r) => r.hot_lines(tree, sequence),
+            Node::Sender(_) | Node::ShardSender(_) => [std::ptr::null(); 4],
+        }
+    }
+
+    /// A receiver of several trees: the state of its receiver of `tree`,
+    /// beyond [`Node::state_span`] (a prefetch hint; `None` for other nodes).
+    pub fn tree_span(&self, tree: u16) -> Option<(*const u8, usize)> {
+        match self {
+            Node::ShardReceiver(r) => r.tree_span(tree),
+            _ => None,
         }
     }
 

@@ -158,6 +158,10 @@ impl ShardSender {
     }
 }
 
+/// In [`ShardReceiver`]'s tree index: a tree it does not take.
+const NO_TREE: u8 = u8::MAX;
+const _: () = assert!(crate::plan::TREES_MAX < NO_TREE as usize);
+
 /// What a [`ShardReceiver`] keeps of one tree's receiver between calls.
 #[derive(Debug, Clone, Copy)]
 struct TreeDue {
@@ -185,8 +189,9 @@ pub struct ShardReceiver {
     /// timeout or an arrival looks at one array, not at every tree's state
     /// (at scale, a cache miss each).
     due: Vec<TreeDue>,
-    /// Tree id → index into `trees`.
-    index: Vec<Option<usize>>,
+    /// Tree id → index into `trees` ([`NO_TREE`]: not taken); inline, so
+    /// a prefetch of the node's state brings it too.
+    index: [u8; crate::plan::TREES_MAX],
     merge: Merge,
     /// The node's clock (lent to the trees' receivers).
     pub sync: ClockSync,
@@ -206,9 +211,9 @@ impl ShardReceiver {
         filter: Option<SymbolFilter>,
     ) -> ShardReceiver {
         assert!(!trees.is_empty(), "a receiver takes at least one tree");
-        let mut index = vec![None; crate::plan::TREES_MAX];
+        let mut index = [NO_TREE; crate::plan::TREES_MAX];
         for (i, (t, _)) in trees.iter().enumerate() {
-            index[usize::from(*t)] = Some(i);
+            index[usize::from(*t)] = u8::try_from(i).expect("at most TREES_MAX trees");
         }
         let merge = Merge::new(trees.len(), barrier_wait_ns);
         let merge = match filter {
@@ -222,6 +227,24 @@ impl ShardReceiver {
     /// The trees it takes: (tree id, its receiver).
     pub fn trees(&self) -> &[(u16, Receiver)] {
         &self.trees
+    }
+
+    /// Where tree `tree` is in `trees`, if it takes it.
+    fn tree_index(&self, tree: u16) -> Option<usize> {
+        self.index.get(usize::from(tree)).filter(|&&i| i != NO_TREE).map(|&i| usize::from(i))
+    }
+
+    /// The receiver of `tree`, if it takes it: its state's address and size
+    /// (a prefetch hint, like [`crate::node::Node::state_span`]).
+    pub fn tree_span(&self, tree: u16) -> Option<(*const u8, usize)> {
+        let r = &self.trees[self.tree_index(tree)?].1;
+        Some((std::ptr::from_ref::<Receiver>(r).cast(), std::mem::size_of::<Receiver>()))
+    }
+
+    /// The memory a data packet of `tree` with `sequence` will touch in that
+    /// tree's receiver (prefetch hints; nothing is read there).
+    pub fn hot_lines(&self, tree: u16, sequence: u64) -> [*const u8; 4] {
+        self.tree_index(tree).map_or([std::ptr::null(); 4], |i| self.trees[i].1.hot_lines(sequence))
     }
 
     /// A last hop of `ns` after this node: on every tree ([`Receiver::set_last_hop_ns`]).
@@ -258,7 +281,7 @@ impl ShardReceiver {
             self.refused += 1;
             return Outcome::Refused(Refusal::Malformed);
         };
-        let i = if h.kind == Some(Kind::Probe) { Some(0) } else { self.index[usize::from(h.tree)] };
+        let i = if h.kind == Some(Kind::Probe) { Some(0) } else { self.tree_index(h.tree) };
         let Some(i) = i else {
             self.refused += 1;
             return Outcome::Refused(Refusal::Unexpected);
