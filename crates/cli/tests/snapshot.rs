@@ -212,8 +212,13 @@ fn a_late_receiver_joins_from_the_senders_own_snapshots() {
     assert!(join["joined_at_sequence"].as_u64().unwrap() > 1_000, "{join}");
     assert_eq!(late_end, end, "both lines end at the feed's end");
     assert_eq!(got.diff(&want), None, "the late receiver's books are the early one's");
+    // One snapshot per attempt: a snapshot that ends before the live line
+    // the joiner holds (the sender built it a moment too early on a busy
+    // host) is asked for again at once, never patched over.
+    let attempts = join["attempts"].as_u64().unwrap();
+    assert!((1..=3).contains(&attempts), "{join}");
     let served = &c.stats(sender)["counters"]["snapshot"];
-    assert_eq!(served["snapshots_sent"], 1, "{served}");
+    assert_eq!(served["snapshots_sent"], attempts, "{served}");
     assert_eq!(served["serving"], true, "{served}");
     assert_eq!(served["copies_dropped"], 0, "{served}");
 }
