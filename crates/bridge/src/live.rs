@@ -187,6 +187,10 @@ impl BridgeAgent {
 }
 
 impl Agent for BridgeAgent {
+    fn role(&self) -> &'static str {
+        "bridge"
+    }
+
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         let mut work = 0;
         let (bridge, filler) = (&mut self.bridge, &mut self.filler);

@@ -188,7 +188,34 @@ fn details(j: &ClusterResult) -> String {
         j.receivers,
         j.runner.turns,
         j.runner.slow_turns,
-    )
+    ) + &runner_roles(&j.runner)
+}
+
+/// Where the one thread's time went, by the agents' roles.
+fn runner_roles(r: &fairfeed_io::agent::RunStats) -> String {
+    if r.roles.is_empty() {
+        return String::new();
+    }
+    let mut t = String::from(
+        "\nThe fair tree's runner by role (host time in turns that did work):\n\n\
+         | role | agents | turns | busy turns | host ms | share | turns over 10 µs | longest turn µs |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    let total = r.roles.iter().map(|x| x.work_ns).sum::<u64>().max(1) as f64;
+    for x in &r.roles {
+        t += &format!(
+            "| {} | {} | {} | {} | {:.1} | {:.1} % | {} | {:.1} |\n",
+            x.role,
+            x.agents,
+            x.turns,
+            x.busy_turns,
+            x.work_ns as f64 / 1e6,
+            x.work_ns as f64 * 100.0 / total,
+            x.slow_turns,
+            x.longest_turn_ns as f64 / 1e3
+        );
+    }
+    t
 }
 
 const DEFINITIONS: &str = "## What the measures mean\n\n\

@@ -601,6 +601,8 @@ fn demo_runs_a_fair_tree_on_loopback() {
     }
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("<th>") && !html.contains("|---"), "report.html renders its tables");
+    // Where the one thread's time went, by the agents' roles.
+    assert!(html.contains("<td>receiver</td>") && html.contains("<td>sender</td>"), "the runner's time by role");
     assert!(std::fs::read_to_string(out.join("report.html")).unwrap().contains("oml_cdf.png"));
     // The trading experiment (always on): four traders' profit shares in both schemes, each summing to 1.
     for k in ["tree_shares", "du_shares"] {

@@ -46,6 +46,10 @@ pub enum Turn {
 
 /// A unit of work driven by a runner.
 pub trait Agent {
+    /// What it does, in a word (`"proxy"`, `"egress"`, `"arbitrator"`, …):
+    /// the runner keeps its figures by role ([`RunStats::roles`]).
+    fn role(&self) -> &'static str;
+
     /// Does what is waiting or due at `now` (CLOCK_REALTIME ns); returns how
     /// much it did (0: nothing). Must not block, sleep or spin-wait.
     fn do_work(&mut self, now: u64, turn: Turn) -> usize;
@@ -68,6 +72,11 @@ pub trait Agent {
 
     /// The runner woke from a park.
     fn after_park(&mut self) {}
+
+    /// The runner is returning (every agent done, stopped from outside, or
+    /// failed): called once, at `now`, on every agent of the run in order,
+    /// to hand on what it still holds (its last counters).
+    fn on_close(&mut self, _now: u64) {}
 }
 
 /// Where agents run.
@@ -98,8 +107,25 @@ impl Default for RunConfig {
     }
 }
 
+/// What a runner's agents of one role did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RoleStats {
+    pub role: &'static str,
+    /// Agents of this role on the runner.
+    pub agents: u32,
+    pub turns: u64,
+    /// Turns that did work.
+    pub busy_turns: u64,
+    /// Host ns spent in its turns that did work (one agent alone on a
+    /// runner is not timed: 0).
+    pub work_ns: u64,
+    /// Turns longer than [`SLOW_TURN_NS`], and the longest, ns.
+    pub slow_turns: u64,
+    pub longest_turn_ns: u64,
+}
+
 /// What a runner did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RunStats {
     pub passes: u64,
     pub turns: u64,
@@ -112,6 +138,62 @@ pub struct RunStats {
     pub slow_turns: u64,
     /// The longest pass, ns.
     pub longest_pass_ns: u64,
+    /// The same by role, in the order the roles first appear among the agents.
+    pub roles: Vec<RoleStats>,
+}
+
+/// The runner's tally: the whole run's figures, and each agent's turns.
+struct Tally {
+    stats: RunStats,
+    /// Per agent: turns, busy turns, work ns, slow turns, longest turn ns.
+    per_agent: Vec<[u64; 5]>,
+}
+
+impl Tally {
+    fn new(n: usize) -> Self {
+        Tally { stats: RunStats::default(), per_agent: vec![[0; 5]; n] }
+    }
+
+    /// Agent `i` took a turn that did `work`, `ns` long (0: not timed).
+    fn turn(&mut self, i: usize, work: usize, ns: u64) {
+        let s = &mut self.stats;
+        let a = &mut self.per_agent[i];
+        s.turns += 1;
+        a[0] += 1;
+        if work == 0 {
+            s.idle_turns += 1;
+            return;
+        }
+        a[1] += 1;
+        s.work_ns += ns;
+        a[2] += ns;
+        if ns > SLOW_TURN_NS {
+            s.slow_turns += 1;
+            a[3] += 1;
+        }
+        a[4] = a[4].max(ns);
+    }
+
+    /// The run's figures, with the agents' gathered by role.
+    fn finish(mut self, agents: &[&mut dyn Agent]) -> RunStats {
+        let mut roles: Vec<RoleStats> = Vec::new();
+        for (a, t) in agents.iter().zip(&self.per_agent) {
+            let role = a.role();
+            let i = roles.iter().position(|r| r.role == role).unwrap_or_else(|| {
+                roles.push(RoleStats { role, ..RoleStats::default() });
+                roles.len() - 1
+            });
+            let r = &mut roles[i];
+            r.agents += 1;
+            r.turns += t[0];
+            r.busy_turns += t[1];
+            r.work_ns += t[2];
+            r.slow_turns += t[3];
+            r.longest_turn_ns = r.longest_turn_ns.max(t[4]);
+        }
+        self.stats.roles = roles;
+        self.stats
+    }
 }
 
 /// A turn this long (ns) is counted as slow in [`RunStats`].
@@ -168,15 +250,25 @@ impl Readiness {
 }
 
 /// Drives `agents` on the calling thread until every one is done (or the
-/// stop flag is set).
+/// stop flag is set), then closes each ([`Agent::on_close`]) — also when
+/// the run failed.
 pub fn run(agents: &mut [&mut dyn Agent], cfg: &RunConfig) -> std::io::Result<RunStats> {
     assert!(agents.len() <= AGENTS_MAX, "at most {AGENTS_MAX} agents on one runner");
     assert!(cfg.park_max_ns > 0, "a positive longest park");
+    let mut tally = Tally::new(agents.len());
+    let result = drive(agents, cfg, &mut tally);
+    let now = wall_ns();
+    for a in agents.iter_mut() {
+        a.on_close(now);
+    }
+    result.map(|()| tally.finish(agents))
+}
+
+fn drive(agents: &mut [&mut dyn Agent], cfg: &RunConfig, tally: &mut Tally) -> std::io::Result<()> {
     let n = agents.len();
     let mut rd = Readiness::new(agents)?;
     let mut due: Vec<u64> = agents.iter().map(|a| a.next_due()).collect();
     let mut idler = Idler::new(cfg.idle);
-    let mut stats = RunStats::default();
     let mut first = 0usize;
     let mut order: Vec<(u64, usize)> = Vec::with_capacity(n);
     let stopped = || cfg.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
@@ -187,8 +279,8 @@ pub fn run(agents: &mut [&mut dyn Agent], cfg: &RunConfig) -> std::io::Result<Ru
         if stopped() || (check_done && agents.iter().all(|a| a.is_done())) {
             break;
         }
-        stats.passes += 1;
-        check_done = stats.passes % DONE_CHECK_PASSES == 0;
+        tally.stats.passes += 1;
+        check_done = tally.stats.passes % DONE_CHECK_PASSES == 0;
         // One agent polls its own sockets every turn (no readiness call in
         // its hot path); several learn from epoll which have input.
         let single = n == 1;
@@ -199,16 +291,15 @@ pub fn run(agents: &mut [&mut dyn Agent], cfg: &RunConfig) -> std::io::Result<Ru
         let (work, now) = if single {
             // One agent is turned every pass: its timer is asked for only when the pass was idle.
             let w = agents[0].do_work(pass_start, Turn::All);
-            stats.turns += 1;
-            stats.idle_turns += u64::from(w == 0);
+            tally.turn(0, w, 0);
             (w, pass_start)
         } else {
-            pass(agents, &mut rd, &mut due, first, &mut order, &mut stats, pass_start)
+            pass(agents, &mut rd, &mut due, first, &mut order, tally, pass_start)
         };
         if n > 1 {
             first = (first + 7_919) % n;
         }
-        stats.longest_pass_ns = stats.longest_pass_ns.max(now.saturating_sub(pass_start));
+        tally.stats.longest_pass_ns = tally.stats.longest_pass_ns.max(now.saturating_sub(pass_start));
         if work > 0 {
             idler.busy();
             continue;
@@ -238,11 +329,11 @@ pub fn run(agents: &mut [&mut dyn Agent], cfg: &RunConfig) -> std::io::Result<Ru
                     break;
                 }
                 let wait = (next - now - cfg.spin_ahead_ns).min(cfg.park_max_ns);
-                park(agents, &mut rd, wait, &mut stats);
+                park(agents, &mut rd, wait, &mut tally.stats);
             }
         }
     }
-    Ok(stats)
+    Ok(())
 }
 
 /// Parks the runner for up to `wait_ns` (every agent agreeing), until one
@@ -266,20 +357,16 @@ fn turn(
     kind: Turn,
     now: u64,
     due: &mut [u64],
-    stats: &mut RunStats,
+    tally: &mut Tally,
 ) -> (usize, u64) {
     let w = agents[i].do_work(now, kind);
     due[i] = agents[i].next_due();
-    stats.turns += 1;
     if w == 0 {
-        stats.idle_turns += 1;
+        tally.turn(i, 0, 0);
         return (0, now);
     }
     let t = wall_ns();
-    stats.work_ns += t - now;
-    if t - now > SLOW_TURN_NS {
-        stats.slow_turns += 1;
-    }
+    tally.turn(i, w, t - now);
     (w, t)
 }
 
@@ -293,7 +380,7 @@ fn pass(
     due: &mut [u64],
     first: usize,
     order: &mut Vec<(u64, usize)>,
-    stats: &mut RunStats,
+    tally: &mut Tally,
     start: u64,
 ) -> (usize, u64) {
     let (mut work, mut now) = (0, start);
@@ -301,7 +388,7 @@ fn pass(
     for i in (first..n).chain(0..first) {
         if rd.ready[i] {
             rd.ready[i] = false;
-            let (w, t) = turn(agents, i, Turn::All, now, due, stats);
+            let (w, t) = turn(agents, i, Turn::All, now, due, tally);
             work += w;
             now = t;
         }
@@ -310,7 +397,7 @@ fn pass(
     order.extend(due.iter().enumerate().filter(|(_, &d)| d <= now).map(|(i, &d)| (d, i)));
     order.sort_unstable();
     for &(_, i) in order.iter() {
-        let (w, t) = turn(agents, i, Turn::Timers, now, due, stats);
+        let (w, t) = turn(agents, i, Turn::Timers, now, due, tally);
         work += w;
         now = t;
     }
@@ -348,9 +435,16 @@ mod tests {
         got: usize,
         want: usize,
         timer_turns: usize,
+        closed: usize,
     }
 
     impl Agent for Reader {
+        fn role(&self) -> &'static str {
+            "reader"
+        }
+        fn on_close(&mut self, _now: u64) {
+            self.closed += 1;
+        }
         fn do_work(&mut self, _now: u64, turn: Turn) -> usize {
             if turn == Turn::Timers {
                 self.timer_turns += 1;
@@ -384,6 +478,9 @@ mod tests {
     }
 
     impl Agent for Ticker {
+        fn role(&self) -> &'static str {
+            "ticker"
+        }
         fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
             if self.left == 0 || now < self.next {
                 return 0;
@@ -411,7 +508,7 @@ mod tests {
     fn reader(want: usize) -> Reader {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         sock.set_nonblocking(true).unwrap();
-        Reader { sock, got: 0, want, timer_turns: 0 }
+        Reader { sock, got: 0, want, timer_turns: 0, closed: 0 }
     }
 
     #[test]
@@ -450,6 +547,14 @@ mod tests {
             }
             // Readers have no timers: with epoll the runner never turned them for nothing.
             assert!(readers.iter().all(|r| r.timer_turns == 0));
+            // Each closed once; the figures by role add up to the run's.
+            assert!(readers.iter().all(|r| r.closed == 1));
+            let roles: Vec<(&str, u32)> = stats.roles.iter().map(|r| (r.role, r.agents)).collect();
+            assert_eq!(roles, [("reader", 3), ("ticker", 1)], "{idle:?}");
+            assert_eq!(stats.roles.iter().map(|r| r.turns).sum::<u64>(), stats.turns);
+            assert_eq!(stats.roles.iter().map(|r| r.work_ns).sum::<u64>(), stats.work_ns);
+            assert_eq!(stats.roles[1].busy_turns, 10, "{idle:?}: one busy turn per tick");
+            assert!(stats.roles[0].busy_turns >= 3 && stats.roles[0].busy_turns <= 60, "{idle:?}");
         }
     }
 
@@ -457,9 +562,9 @@ mod tests {
     fn a_stop_flag_ends_a_run_and_spawn_runs_on_its_own_thread() {
         let stop = Arc::new(AtomicBool::new(false));
         let cfg = RunConfig { stop: Some(stop.clone()), park_max_ns: 1_000_000, ..RunConfig::default() };
-        let h = spawn("agent-test", cfg, || reader(usize::MAX), |r, res| (r.got, res.is_ok())).unwrap();
+        let h = spawn("agent-test", cfg, || reader(usize::MAX), |r, res| (r.got, r.closed, res.is_ok())).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         stop.store(true, Ordering::Relaxed);
-        assert_eq!(h.join().unwrap(), (0, true));
+        assert_eq!(h.join().unwrap(), (0, 1, true), "stopped, read nothing, closed once");
     }
 }

@@ -505,6 +505,10 @@ impl FirmHost {
 }
 
 impl Agent for FirmHost {
+    fn role(&self) -> &'static str {
+        "firm-host"
+    }
+
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         let mut n = if turn == Turn::All { self.read(now) } else { 0 };
         let now = if n > 0 { wall_ns() } else { now };

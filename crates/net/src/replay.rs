@@ -170,6 +170,10 @@ impl<'a, F: FnMut(u64)> ReplayAgent<'a, F> {
 const SENDS_PER_TURN: usize = 4_096;
 
 impl<F: FnMut(u64)> Agent for ReplayAgent<'_, F> {
+    fn role(&self) -> &'static str {
+        "replay"
+    }
+
     fn do_work(&mut self, _wall: u64, _turn: Turn) -> usize {
         let mut sent = 0;
         while self.next < self.order.len() && sent < SENDS_PER_TURN {

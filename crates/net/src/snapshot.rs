@@ -361,6 +361,10 @@ impl SnapshotServerAgent {
 }
 
 impl Agent for SnapshotServerAgent {
+    fn role(&self) -> &'static str {
+        "snapshot-server"
+    }
+
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
         let mut work = self.read_feeds(now);
         work += self.service.service(now);

@@ -1461,6 +1461,15 @@ impl Node {
         matches!(self, Node::Receiver(_) | Node::ShardReceiver(_))
     }
 
+    /// Its role in the tree, in a word.
+    pub fn role_name(&self) -> &'static str {
+        match self {
+            Node::Sender(_) | Node::ShardSender(_) => "sender",
+            Node::Proxy(_) => "proxy",
+            Node::Receiver(_) | Node::ShardReceiver(_) => "receiver",
+        }
+    }
+
     /// The keys it seals and checks with, if any.
     pub fn auth(&self) -> Option<&Auth> {
         match self {

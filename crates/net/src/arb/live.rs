@@ -260,6 +260,10 @@ impl<'c, F: FnMut(&Stats)> ArbAgent<'c, F> {
 }
 
 impl<F: FnMut(&Stats)> Agent for ArbAgent<'_, F> {
+    fn role(&self) -> &'static str {
+        "arbitrator"
+    }
+
     fn do_work(&mut self, _wall: u64, turn: Turn) -> usize {
         let now = self.now();
         // The sink borrows the sockets it sends on; the fields below are the others.
@@ -376,6 +380,10 @@ impl<'s> RetransmitAgent<'s> {
 }
 
 impl Agent for RetransmitAgent<'_> {
+    fn role(&self) -> &'static str {
+        "retransmit-server"
+    }
+
     fn do_work(&mut self, wall: u64, turn: Turn) -> usize {
         let mut work = 0;
         if turn == Turn::All {

@@ -355,6 +355,10 @@ impl ControllerAgent {
 }
 
 impl Agent for ControllerAgent {
+    fn role(&self) -> &'static str {
+        "controller"
+    }
+
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         let mut work = 0;
         self.publish(now);

@@ -394,6 +394,10 @@ impl<F: FnMut(f64)> Stopwatch<F> {
 }
 
 impl<F: FnMut(f64)> Agent for Stopwatch<F> {
+    fn role(&self) -> &'static str {
+        "stopwatch"
+    }
+
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
         if now >= self.next_tick {
             let span = self.end_wall.saturating_sub(self.start_wall).max(1);
@@ -613,8 +617,6 @@ pub fn run_cluster(
     all.push(&mut watch);
     let stats = run(&mut all, &rc)?;
     drop(all);
-    // Their final counters, for a dashboard still showing the run.
-    agents.iter_mut().for_each(NodeAgents::publish_now);
     let host_seconds = wall_ns().saturating_sub(time.origin_wall_ns) as f64 / 1e9;
     let mut tally = tally.borrow_mut();
     let (link, paths) = shared.tap.take();

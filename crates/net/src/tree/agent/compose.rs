@@ -151,15 +151,6 @@ impl<'c> NodeAgents<'c> {
         v
     }
 
-    /// Posts every part now and fills the metrics slot (a harness that
-    /// keeps a dashboard up after the run).
-    pub fn publish_now(&mut self) {
-        let Some(c) = &self.control else { return };
-        // The feed's and delivery's last posts stand.
-        self.node.post_now(u64::MAX);
-        c.publish();
-    }
-
     /// Stops what still runs and reports: the node's counters with the
     /// feed's and delivery's.
     pub fn finish(self) -> AgentReport {
@@ -243,10 +234,8 @@ pub fn run_agent(cfg: &AgentConfig, on_release: impl FnMut(&Released, ReleaseAt)
     // Whatever still runs elsewhere stops now (and hands its agent back).
     a.life.finish();
     a.control = control.and_then(|t| t.join().ok());
+    // (The snapshot agent published its last counters when its runner closed it.)
     a.snapshot = snapshot.and_then(|t| t.join().ok());
-    if let Some(s) = &a.snapshot {
-        s.publish_now();
-    }
     a.feed = a.feed.or(feed.and_then(|t| t.join().ok()));
     a.delivery = a.delivery.or(delivery.and_then(|t| t.join().ok()));
     result?;

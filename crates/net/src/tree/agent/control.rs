@@ -558,6 +558,15 @@ impl ControlAgent {
 }
 
 impl Agent for ControlAgent {
+    fn role(&self) -> &'static str {
+        "control"
+    }
+
+    /// The last counters its node's agents posted are published.
+    fn on_close(&mut self, _now: u64) {
+        self.publish();
+    }
+
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         let mut work = 0;
         if turn == Turn::All {

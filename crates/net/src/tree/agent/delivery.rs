@@ -196,6 +196,10 @@ impl DeliveryAgent {
 }
 
 impl Agent for DeliveryAgent {
+    fn role(&self) -> &'static str {
+        "delivery"
+    }
+
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
         self.app.out.now = now;
         let mut batch = std::mem::take(&mut self.batch);

@@ -242,6 +242,10 @@ impl EgressAgent {
 }
 
 impl Agent for EgressAgent {
+    fn role(&self) -> &'static str {
+        "egress"
+    }
+
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
         let egress = &mut self.egress;
         let got = self.ring.drain(|c| egress.push(c));

@@ -380,6 +380,10 @@ impl FeedAgent {
 }
 
 impl Agent for FeedAgent {
+    fn role(&self) -> &'static str {
+        "feed"
+    }
+
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         let local = self.local_at(now);
         let mut work = if self.live.is_some() { self.take_live(local) } else { self.hand_over(local) };

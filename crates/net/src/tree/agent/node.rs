@@ -1005,6 +1005,15 @@ impl NodeAgent<'_> {
 }
 
 impl Agent for NodeAgent<'_> {
+    fn role(&self) -> &'static str {
+        self.live.role_name()
+    }
+
+    /// Its last counters stand where readers look (`stat`, metrics, a dashboard).
+    fn on_close(&mut self, _now: u64) {
+        self.post_now(u64::MAX);
+    }
+
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
         self.watch_steps(now);
         self.post(now);

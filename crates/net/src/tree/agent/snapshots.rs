@@ -54,6 +54,14 @@ impl SnapshotAgent {
 }
 
 impl Agent for SnapshotAgent {
+    fn role(&self) -> &'static str {
+        "snapshots"
+    }
+
+    fn on_close(&mut self, _now: u64) {
+        self.publish_now();
+    }
+
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
         let mut batch = std::mem::take(&mut self.batch);
         let mut work = self.inbox.drain(|p| batch.push(p));
