@@ -92,6 +92,7 @@ pub enum Threading {
 /// How a runner waits.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
+    /// What an idle pass does: spin, yield, park, or back off through them.
     pub idle: IdleStrategy,
     /// A timer this close (ns) is waited for by spinning.
     pub spin_ahead_ns: u64,
@@ -110,25 +111,31 @@ impl Default for RunConfig {
 /// What a runner's agents of one role did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RoleStats {
+    /// The role ([`Agent::role`]).
     pub role: &'static str,
     /// Agents of this role on the runner.
     pub agents: u32,
+    /// Turns its agents were given.
     pub turns: u64,
     /// Turns that did work.
     pub busy_turns: u64,
     /// Host ns spent in its turns that did work (one agent alone on a
     /// runner is not timed: 0).
     pub work_ns: u64,
-    /// Turns longer than [`SLOW_TURN_NS`], and the longest, ns.
+    /// Turns longer than [`SLOW_TURN_NS`].
     pub slow_turns: u64,
+    /// The longest turn, ns.
     pub longest_turn_ns: u64,
 }
 
 /// What a runner did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RunStats {
+    /// Passes over the agents (one agent alone: its turns).
     pub passes: u64,
+    /// Turns given to agents.
     pub turns: u64,
+    /// Times the runner parked in `ppoll(2)`.
     pub parks: u64,
     /// Turns that found nothing to do.
     pub idle_turns: u64,

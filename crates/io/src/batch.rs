@@ -107,8 +107,11 @@ impl Default for BatchSend {
 /// What a batched send did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Sent {
+    /// Datagrams the kernel took.
     pub sent: u64,
+    /// Datagrams it refused (counted, never retried here).
     pub failed: u64,
+    /// System calls made.
     pub calls: u64,
 }
 

@@ -60,6 +60,7 @@ pub struct HostStep {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostStepWatch {
     last: Option<(i64, u64)>,
+    /// Steps seen so far.
     pub steps: u64,
 }
 

@@ -46,6 +46,7 @@ pub const CLOCKBOUND_POLL: Duration = Duration::from_millis(100);
 pub const CLOCKBOUND_SHM_DEFAULT: &str = "/var/run/clockbound/shm0";
 /// ClockBound's segment: its magic numbers and the layout version read here.
 pub const CLOCKBOUND_MAGIC: [u32; 2] = [0x414D_5A4E, 0x4342_0200];
+/// The segment layout version read here.
 pub const CLOCKBOUND_VERSION: u16 = 2;
 /// Bytes of the header and the error-bound record (64-bit Linux).
 pub const CLOCKBOUND_SEGMENT_LEN: usize = 80;
@@ -55,17 +56,22 @@ const CLOCKBOUND_READS_MAX: usize = 8;
 /// Why no estimate was read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HostClockError {
+    /// `chronyc` gave no answer (why).
     #[error("chronyc: {0}")]
     Run(String),
+    /// The segment at the path cannot be read or is not ClockBound's (why).
     #[error("ClockBound's segment {0}: {1}")]
     ClockBound(String, String),
     /// The daemon was rewriting the segment (odd generation, or two reads differ).
     #[error("ClockBound's segment {0}: being written")]
     ClockBoundBusy(String),
+    /// `chronyc -c tracking` printed a line of the wrong shape (its field count, the line).
     #[error("chronyc's tracking report has {0} fields, not 14: {1:?}")]
     Fields(usize, String),
+    /// A field that must be a number is not (the field, its text).
     #[error("chronyc's tracking report field {0} is not a number: {1:?}")]
     Number(&'static str, String),
+    /// linuxptp's `pmc` gave no answer.
     #[error("pmc: {0}")]
     Pmc(ToolError),
     /// A field `pmc` should have printed is missing or not a number.
@@ -76,8 +82,10 @@ pub enum HostClockError {
 /// Why a daemon's query tool (`chronyc`, `pmc`) gave no answer.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ToolError {
+    /// It could not be started (not installed, not executable).
     #[error("cannot run it ({0})")]
     Spawn(String),
+    /// It did not exit in time (and was killed).
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     /// It exited with an error, or said nothing (its stderr, or its status).
@@ -91,15 +99,21 @@ pub enum ToolError {
 /// The fields of `chronyc -c tracking` that the bound needs (seconds, ppm).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ChronyTracking {
+    /// The reference chrony follows (an address or a refclock's name).
     pub reference: String,
+    /// Its NTP stratum.
     pub stratum: u32,
     /// The last measurement, seconds since the epoch.
     pub ref_time_s: f64,
     /// How far the system clock is from NTP time, seconds (positive: fast).
     pub system_offset_s: f64,
+    /// The estimated error bound of the clock's frequency, ppm.
     pub skew_ppm: f64,
+    /// The round trip to the stratum-1 source at the root, seconds.
     pub root_delay_s: f64,
+    /// The dispersion accumulated up to the root, seconds.
     pub root_dispersion_s: f64,
+    /// The leap status (`Normal`, `Insert second`, `Delete second`, `Not synchronised`).
     pub leap: String,
 }
 
@@ -203,6 +217,7 @@ pub struct PtpStatus {
     /// The rate of the clock against the grandmaster, minus 1 (ptp4l's
     /// `cumulativeScaledRateOffset`, as a fraction).
     pub rate_offset: f64,
+    /// Whether ptp4l sees a grandmaster.
     pub gm_present: bool,
     /// Half the measured round trip to the master, ns.
     pub mean_path_delay_ns: f64,
@@ -315,9 +330,13 @@ pub fn ptp_status(socket: &Path) -> Result<PtpStatus, HostClockError> {
 /// ClockBound's clock status (its `ClockStatus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum ClockBoundStatus {
+    /// The daemon does not know yet.
     Unknown,
+    /// Following its source: the bound holds.
     Synchronized,
+    /// Lost its source: the bound still holds, grown by the drift allowance since `as_of`.
     FreeRunning,
+    /// The clock was disrupted (a VM migrated, say): no bound until it recovers.
     Disrupted,
 }
 
@@ -325,13 +344,19 @@ pub enum ClockBoundStatus {
 /// CLOCK_MONOTONIC_COARSE ns, as the daemon writes them.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ClockBoundReading {
+    /// The segment's generation (even when it is consistent).
     pub generation: u16,
+    /// When the record was written.
     pub as_of_ns: u64,
+    /// After this the record must not be used.
     pub void_after_ns: u64,
     /// The bound on CLOCK_REALTIME's error at `as_of`, ns.
     pub bound_ns: u64,
+    /// Changes whenever the clock was disrupted.
     pub disruption_marker: u64,
+    /// The drift the bound grows by since `as_of`, parts per billion.
     pub max_drift_ppb: u32,
+    /// The daemon's view of the clock.
     pub status: ClockBoundStatus,
 }
 
@@ -456,6 +481,7 @@ impl HostClockSource {
         }
     }
 
+    /// The source's name, for logs and reports.
     pub fn name(&self) -> &'static str {
         match self {
             HostClockSource::Chrony(_) => "chrony",
@@ -491,18 +517,26 @@ impl HostClockSource {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(untagged)]
 pub enum HostClockReading {
+    /// chrony's tracking report.
     Chrony(ChronyTracking),
+    /// ClockBound's segment.
     ClockBound(ClockBoundReading),
+    /// ptp4l's status, through `pmc`.
     Ptp(PtpStatus),
 }
 
 /// What the watcher saw so far.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct HostClockStats {
+    /// Readings attempted.
     pub queries: u64,
+    /// Readings that failed (the bound is then unknown).
     pub failures: u64,
+    /// Readings whose source said the clock was not synchronized.
     pub unsynchronized: u64,
+    /// The last failure's message.
     pub last_error: Option<String>,
+    /// The last reading.
     pub last: Option<HostClockReading>,
 }
 
@@ -559,6 +593,7 @@ impl HostClockWatch {
         self.bound.clone()
     }
 
+    /// What it saw so far.
     pub fn stats(&self) -> HostClockStats {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }

@@ -12,7 +12,12 @@ pub enum IdleStrategy {
     /// Spin for `spin_ns` after the last work, then yield the CPU until
     /// `yield_ns`, then park (the shell's own wait: `poll(2)` on its sockets,
     /// or a thread park) — the backoff of Aeron's `BackoffIdleStrategy`.
-    Backoff { spin_ns: u64, yield_ns: u64 },
+    Backoff {
+        /// ns of spinning after the last work.
+        spin_ns: u64,
+        /// ns after the last work until it parks (yielding from `spin_ns` on).
+        yield_ns: u64,
+    },
     /// Park at once: least CPU, highest wake-up latency.
     #[default]
     Park,
@@ -26,20 +31,25 @@ impl IdleStrategy {
 /// What an idle turn should do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
+    /// Spin once (`std::hint::spin_loop`) and look again.
     Spin,
+    /// Give the CPU to another thread, then look again.
     Yield,
+    /// Sleep until input or the next timer.
     Park,
 }
 
 /// An idle strategy with its state: how long the loop has gone without work.
 #[derive(Debug, Clone, Copy)]
 pub struct Idler {
+    /// The strategy it follows.
     pub strategy: IdleStrategy,
     /// When the current idle stretch began (ns on the caller's clock).
     idle_since: Option<u64>,
 }
 
 impl Idler {
+    /// An idler that has seen no idle turn yet.
     pub fn new(strategy: IdleStrategy) -> Self {
         if let IdleStrategy::Backoff { spin_ns, yield_ns } = strategy {
             assert!(spin_ns <= yield_ns, "a backoff spins first, then yields: spin_ns ≤ yield_ns");

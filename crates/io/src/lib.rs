@@ -10,6 +10,8 @@
 //! Send back-ends sit side by side behind [`send::SendPath`]: `sendmmsg`
 //! ([`batch`]) and io_uring ([`uring`]); AF_XDP would be one more.
 
+#![deny(missing_docs)]
+
 pub mod agent;
 pub mod batch;
 pub mod clock;

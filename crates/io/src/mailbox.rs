@@ -88,6 +88,7 @@ impl<T> Outgoing<T> {
         self.shared.ring_bell();
     }
 
+    /// Whether either end closed it.
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
     }
@@ -125,6 +126,7 @@ impl<T> Incoming<T> {
         self.shared.armed.store(false, Ordering::SeqCst);
     }
 
+    /// Whether nothing waits in it now.
     pub fn is_empty(&self) -> bool {
         self.ring.is_empty()
     }

@@ -164,6 +164,7 @@ impl Resolver {
         self.thread.is_some()
     }
 
+    /// Its counters so far.
     pub fn stats(&self) -> ResolveStats {
         *self.shared.stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }

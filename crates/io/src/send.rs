@@ -56,6 +56,7 @@ pub type Halves = (Box<dyn ExternalRecv>, Box<dyn ExternalSend>);
 /// once by the node (its configuration is cloned; the back-end is not).
 #[derive(Clone)]
 pub struct External {
+    /// The back-end's name, for logs and errors.
     pub name: &'static str,
     halves: std::sync::Arc<std::sync::Mutex<Option<Halves>>>,
 }
@@ -67,6 +68,7 @@ impl std::fmt::Debug for External {
 }
 
 impl External {
+    /// Both halves, to be taken once ([`External::take`]).
     pub fn new(name: &'static str, recv: Box<dyn ExternalRecv>, send: Box<dyn ExternalSend>) -> External {
         External { name, halves: std::sync::Arc::new(std::sync::Mutex::new(Some((recv, send)))) }
     }
@@ -87,8 +89,11 @@ fn external_only(b: Backend) -> std::io::Error {
 /// A batched sender of either kind.
 #[derive(Debug)]
 pub enum SendPath {
+    /// `sendmmsg(2)`.
     Mmsg(BatchSend),
+    /// io_uring.
     Uring(Box<UringSend>),
+    /// A back-end the caller made (AF_XDP).
     External(Box<dyn ExternalSend>),
 }
 
@@ -133,9 +138,13 @@ impl SendPath {
 /// A batched receiver of either kind.
 #[derive(Debug)]
 pub enum RecvPath {
+    /// `recvmmsg(2)`.
     Mmsg(Box<BatchRecv>),
+    /// io_uring, one receive per buffer.
     Uring(Box<UringRecv>),
+    /// io_uring multishot receive into a provided-buffer ring.
     UringMulti(Box<UringMultiRecv>),
+    /// A back-end the caller made (AF_XDP).
     External(Box<dyn ExternalRecv>),
 }
 

@@ -25,8 +25,11 @@ pub struct Tuning {
 /// What one setting did.
 #[derive(Debug, Clone, Serialize)]
 pub struct Applied {
+    /// The setting (`mlockall`, `thread 0: pin to cpu 2`, `SO_BUSY_POLL 50 µs`, …).
     pub setting: String,
+    /// Whether it took.
     pub ok: bool,
+    /// What was set, or why it was not.
     pub detail: String,
 }
 
@@ -36,8 +39,10 @@ pub enum TuningError {
     /// The kernel refused it (no privilege, no such CPU, …).
     #[error("{0}")]
     Os(#[from] std::io::Error),
+    /// A call through `nix` failed.
     #[error("{0}")]
     Nix(#[from] nix::Error),
+    /// A real-time priority out of range.
     #[error("SCHED_FIFO priority must be 1..=99")]
     Priority,
 }
