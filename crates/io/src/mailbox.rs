@@ -31,10 +31,23 @@ struct Shared {
 
 impl Shared {
     fn ring_bell(&self) {
-        // Written before it is marked: a consumer that sees the mark finds
-        // the counter to read (the other order could leave it readable for ever).
-        let _ = self.wake.write(1);
+        // Marked before it is written, so a written bell is always marked: a
+        // consumer that takes the mark before the write finds nothing to
+        // read and puts the mark back (`clear_bell`). Written first, a
+        // producer preempted between the two left the descriptor readable
+        // and unmarked, and a consumer parking on it polled it in a loop
+        // until that producer ran again — on a busy host, milliseconds (the
+        // exchange's engine: 4-ms stalls).
         self.rung.store(true, Ordering::SeqCst);
+        let _ = self.wake.write(1);
+    }
+
+    /// Clears the bell if it is marked (one `read` only then).
+    fn clear_bell(&self) {
+        if self.rung.load(Ordering::Relaxed) && self.rung.swap(false, Ordering::SeqCst) && self.wake.read().is_err() {
+            // Marked, not yet written: the producer is between the two.
+            self.rung.store(true, Ordering::SeqCst);
+        }
     }
 }
 
@@ -97,9 +110,7 @@ impl<T> Outgoing<T> {
 impl<T> Incoming<T> {
     /// Takes every waiting item (and clears the wake-up); returns how many.
     pub fn drain(&mut self, mut f: impl FnMut(T)) -> usize {
-        if self.shared.rung.swap(false, Ordering::SeqCst) {
-            let _ = self.shared.wake.read();
-        }
+        self.shared.clear_bell();
         let mut n = 0;
         while let Ok(v) = self.ring.pop() {
             f(v);
@@ -111,9 +122,7 @@ impl<T> Incoming<T> {
     /// Takes the next waiting item, if any (clearing the wake-up, as
     /// [`Self::drain`] does, for a consumer that must own itself per item).
     pub fn pop(&mut self) -> Option<T> {
-        if self.shared.rung.load(Ordering::Relaxed) && self.shared.rung.swap(false, Ordering::SeqCst) {
-            let _ = self.shared.wake.read();
-        }
+        self.shared.clear_bell();
         self.ring.pop().ok()
     }
 
@@ -130,15 +139,9 @@ impl<T> Incoming<T> {
         }
     }
 
-    /// Awake again (after a park): no wake-ups needed, and the bell is
-    /// cleared whether or not the producer has marked it rung yet. A
-    /// producer preempted between ringing and marking would otherwise leave
-    /// the descriptor readable with nothing marked, and a consumer parking
-    /// on it would poll it in a loop until that producer ran again — on a
-    /// busy host, milliseconds (seen: the exchange's engine, 4 ms stalls).
+    /// Spinning again: no wake-ups needed.
     pub fn disarm(&self) {
         self.shared.armed.store(false, Ordering::SeqCst);
-        let _ = self.shared.wake.read();
     }
 
     /// Whether nothing waits in it now.
@@ -202,14 +205,17 @@ mod tests {
     }
 
     #[test]
-    fn a_bell_rung_but_not_yet_marked_is_cleared_by_waking() {
-        let (_tx, rx) = mailbox::<u32>(2).unwrap();
-        // The producer's half of `ring_bell`: written, not yet marked.
+    fn a_bell_marked_but_not_yet_written_stays_marked_until_it_is_cleared() {
+        let (_tx, mut rx) = mailbox::<u32>(2).unwrap();
+        // The producer's first half of `ring_bell`: marked, not yet written.
+        rx.shared.rung.store(true, Ordering::SeqCst);
+        assert_eq!(rx.drain(|_| {}), 0);
+        assert!(rx.shared.rung.load(Ordering::SeqCst), "the mark is put back: nothing was read");
+        // The second half: written. The next look clears it.
         rx.shared.wake.write(1).unwrap();
         assert!(readable(&rx));
-        assert!(rx.arm(), "nothing waits in the queue");
-        rx.disarm();
-        assert!(!readable(&rx), "a woken consumer does not poll a readable bell for ever");
+        assert_eq!(rx.pop(), None);
+        assert!(!readable(&rx), "a written bell is always marked, so it is read, never polled for ever");
     }
 
     #[test]
