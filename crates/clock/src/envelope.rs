@@ -35,12 +35,16 @@ pub const THIRDS_SPAN_NS: u64 = 2_000_000_000;
 /// A fitted line `y = y0 + slope · (x − x0)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Line {
+    /// Where the line is anchored (local ns).
     pub x0: u64,
+    /// Its value at `x0`, ns.
     pub y0: f64,
+    /// Its slope (ns per ns).
     pub slope: f64,
 }
 
 impl Line {
+    /// Its value at `x`.
     pub fn at(&self, x: u64) -> f64 {
         self.y0 + self.slope * (x as f64 - self.x0 as f64)
     }
@@ -49,6 +53,7 @@ impl Line {
 /// What happened to a sample offered to the envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offer {
+    /// Taken into the window.
     Added,
     /// Far below the fitted line (by this many ns): one of the clocks jumped.
     /// The window was cleared.
@@ -72,6 +77,7 @@ impl Envelope {
         self.samples.len()
     }
 
+    /// Whether the window holds no sample.
     pub fn is_empty(&self) -> bool {
         self.samples.is_empty()
     }
@@ -116,6 +122,7 @@ impl Envelope {
         self.samples.iter().map(|s| s.1).min()
     }
 
+    /// Forgets every sample and the fit (after a step).
     pub fn clear(&mut self) {
         self.samples.clear();
         self.fit = None;
@@ -220,6 +227,7 @@ pub fn lower_fit(pts: &[(u64, i64)]) -> Option<Line> {
 /// One edge fitted from both directions at once.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EdgeFit {
+    /// Where the fit is anchored (local ns of the receiving end).
     pub x0: u64,
     /// θ_receiver − θ_sender of the forward direction at `x0`, ns.
     pub delta0: f64,
@@ -230,6 +238,7 @@ pub struct EdgeFit {
 }
 
 impl EdgeFit {
+    /// θ_receiver − θ_sender at `x`, ns.
     pub fn delta_at(&self, x: u64) -> f64 {
         self.delta0 + self.slope * (x as f64 - self.x0 as f64)
     }

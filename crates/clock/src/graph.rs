@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 /// One node's id and the nodes it receives data from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
+    /// Its node id.
     pub id: u32,
+    /// The nodes it receives data from (its tree parents).
     pub parents: Vec<u32>,
 }
 

@@ -18,6 +18,8 @@
 //! and the envelope absorb most of that noise, and the error bound says how
 //! much is left.
 
+#![deny(missing_docs)]
+
 pub mod envelope;
 pub mod graph;
 pub mod skew;

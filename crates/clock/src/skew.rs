@@ -8,7 +8,9 @@
 /// Offset (ns) and drift (ppm) added to a true clock.
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Skew {
+    /// Offset at `epoch_ns`, ns.
     pub offset_ns: i64,
+    /// Drift, parts per million (positive: runs fast).
     pub drift_ppm: f64,
     /// True time the drift counts from.
     pub epoch_ns: u64,
@@ -26,6 +28,7 @@ pub struct Skew {
 }
 
 impl Skew {
+    /// No skew: the true clock.
     pub const NONE: Skew =
         Skew { offset_ns: 0, drift_ppm: 0.0, epoch_ns: 0, step_ns: 0, step_at_ns: 0, step_silent: false };
 
@@ -34,6 +37,7 @@ impl Skew {
         Skew { offset_ns, drift_ppm, epoch_ns, ..Skew::NONE }
     }
 
+    /// Whether it changes nothing (no offset, drift or step).
     pub fn is_none(&self) -> bool {
         self.offset_ns == 0 && self.drift_ppm == 0.0 && self.step_ns == 0
     }

@@ -199,6 +199,7 @@ pub enum SyncMode {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct SyncConfig {
+    /// Whether and how it synchronizes.
     pub mode: SyncMode,
     /// A pair to each peer this often in steady state.
     pub interval_ns: u64,
@@ -338,11 +339,17 @@ impl std::error::Error for ProbeError {}
 /// Counters of refused probes, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Refused {
+    /// Addressed to another node.
     pub misdirected: u64,
+    /// From a node that is not one of its peers.
     pub unknown_peer: u64,
+    /// A sequence already seen (or too old).
     pub replayed: u64,
+    /// Not a probe (length, kind, fields).
     pub malformed: u64,
+    /// Timestamps or an advertised estimate no real clock produces.
     pub absurd: u64,
+    /// Arrived while synchronization is off.
     pub off: u64,
 }
 
@@ -358,6 +365,7 @@ impl Refused {
         }
     }
 
+    /// Every refused probe.
     pub fn total(&self) -> u64 {
         self.misdirected + self.unknown_peer + self.replayed + self.malformed + self.absurd + self.off
     }
@@ -366,16 +374,26 @@ impl Refused {
 /// Named counters and gauges of one node's synchronization.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct SyncStats {
+    /// Probes it sent.
     pub probes_sent: u64,
+    /// Probes it took (refused ones not counted).
     pub probes_received: u64,
+    /// Coded probe pairs (two probes sent back to back) received whole.
     pub pairs: u64,
+    /// ... of which arrived with the gap they were sent with, within
+    /// `purity_ns` (Huygens' pure pairs: neither was queued).
     pub pure_pairs: u64,
+    /// Echoes of its own probes taken from its peers' probes (samples of
+    /// the reverse direction).
     pub echoes: u64,
+    /// Echoes naming a probe it did not send.
     pub bad_echoes: u64,
+    /// Probes refused, by reason.
     pub refused: Refused,
     /// Clock steps detected (a peer's or our own), and the last one:
     /// (peer, forward direction?, ns below the envelope).
     pub steps: u64,
+    /// The last step detected: (peer, forward direction?, ns below the envelope).
     pub last_step: Option<(u32, bool, i64)>,
     /// Jumps of our own clock (seen on the edges to several peers at once, or announced by the host).
     pub own_steps: u64,
@@ -387,6 +405,7 @@ pub struct SyncStats {
     pub inconsistent_updates: u64,
     /// Edges flagged as asymmetric now, and flaggings so far.
     pub asymmetric_edges: u64,
+    /// Times an edge was flagged asymmetric so far.
     pub asymmetric_flagged: u64,
     /// Our estimate is contested now (an anchor disagrees with our other
     /// peers; see the module docs).
@@ -398,16 +417,25 @@ pub struct SyncStats {
     pub promotions: u64,
     /// The estimate: our clock minus the reference's, ns, and drift in ppm.
     pub offset_ns: f64,
+    /// The estimated drift against the reference, ppm.
     pub drift_ppm: f64,
+    /// The error bound published now, ns (the truth is within it).
     pub bound_ns: u64,
+    /// The bound that needs no symmetry assumption, ns: half the minimum
+    /// round trip summed along the best path to the reference (the bound
+    /// is never wider; see the module docs).
     pub hard_bound_ns: u64,
+    /// RMS of the fit's residuals over the peers used, ns.
     pub residual_rms_ns: f64,
+    /// Peers it probes.
     pub peers: u64,
     /// Peers whose edge is usable now (both directions fitted, peer synchronized).
     pub peers_used: u64,
+    /// Whether it has an estimate (a finite bound).
     pub synced: bool,
     /// Bound above the limit now, and how often it went there.
     pub over_limit: bool,
+    /// Times the bound went above the limit.
     pub over_limit_events: u64,
     /// Local time of the last estimate update (the raw clock less the steps
     /// of known size: `ClockSync::clock_stepped_by`).
@@ -608,6 +636,7 @@ struct Candidate {
 /// One node's clock synchronization.
 #[derive(Debug, Clone)]
 pub struct ClockSync {
+    /// Its node id.
     pub id: u32,
     cfg: SyncConfig,
     reference: bool,
@@ -655,6 +684,7 @@ pub struct ClockSync {
     /// windows hold samples from before the last step until then, and the
     /// bound says so.
     step_slack: (u64, f64),
+    /// Its counters and its estimate now.
     pub stats: SyncStats,
 }
 
@@ -777,10 +807,12 @@ impl ClockSync {
         ClockSync::new(id, &[], true, SyncConfig { mode: SyncMode::Off, ..SyncConfig::default() })
     }
 
+    /// Its settings.
     pub fn config(&self) -> &SyncConfig {
         &self.cfg
     }
 
+    /// Whether it is the reference clock (the root: never corrected).
     pub fn is_reference(&self) -> bool {
         self.reference
     }

@@ -61,6 +61,8 @@
 //! Huygens-class sync (±20 ns offsets, no drift); `clock.offset_us = 20` gives
 //! NTP-class error.
 
+#![deny(missing_docs)]
+
 use rand::Rng;
 use rand_distr::{Distribution, LogNormal};
 use serde::{Deserialize, Serialize};
@@ -80,9 +82,12 @@ pub enum SpikeShape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum ClassRoles {
+    /// Receivers only.
     #[default]
     Receivers,
+    /// Proxies only.
     Proxies,
+    /// Every node (the sender too).
     All,
 }
 
@@ -91,13 +96,21 @@ pub enum ClassRoles {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HostClass {
+    /// Its name in reports.
     pub name: String,
+    /// Share of the nodes of `roles` drawn into it, in [0, 1].
     pub share: f64,
+    /// Which nodes it draws from.
     pub roles: ClassRoles,
+    /// Added to every hop to or from a member, µs.
     pub extra_us: f64,
+    /// Multiplies the queueing body (above the floor) of those hops.
     pub body_scale: f64,
+    /// In force from this true time, s since the run's start ...
     pub from_s: f64,
+    /// ... until this one.
     pub until_s: f64,
+    /// `extra_us` grows linearly over this long from `from_s` (0: a step).
     pub ramp_s: f64,
 }
 
@@ -125,8 +138,10 @@ pub enum ModelError {
     /// Not TOML, or not the model's keys (the line and what is wrong there).
     #[error("{0}")]
     Toml(String),
+    /// No section at all (almost surely the wrong file).
     #[error("no [link], [clock] or [[class]] section; for the built-in model give no model file")]
     Empty,
+    /// More classes than [`CLASSES_MAX`].
     #[error("{0} classes; at most {CLASSES_MAX}")]
     TooManyClasses(usize),
     /// A value out of its range, named with its section and key.
@@ -135,6 +150,7 @@ pub enum ModelError {
 }
 
 impl HostClass {
+    /// Refuses values out of their ranges, naming the class.
     pub fn validate(&self) -> Result<(), ModelError> {
         let finite = [self.share, self.extra_us, self.body_scale, self.from_s, self.until_s, self.ramp_s]
             .iter()
@@ -164,7 +180,9 @@ impl HostClass {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LinkKind {
+    /// Uniform in [`min_us`, `max_us`] (`LinkModel`).
     Uniform,
+    /// Lognormal with median `median_us` and shape `sigma` (`LinkModel`).
     Lognormal,
 }
 
@@ -185,14 +203,23 @@ pub enum CopyLanes {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LinkModel {
+    /// The distribution of the body.
     pub kind: LinkKind,
+    /// Lognormal: median one-way delay of a hop, µs.
     pub median_us: f64,
+    /// Lognormal: shape (spread) of the body.
     pub sigma: f64,
+    /// Uniform: lower bound, µs.
     pub min_us: f64,
+    /// Uniform: upper bound, µs.
     pub max_us: f64,
+    /// Chance a packet hits a latency spike.
     pub spike_probability: f64,
+    /// Size of a spike, µs (its distribution: `spike_shape`).
     pub spike_us: f64,
+    /// Serialization cost of each copy a node sends, back to back, µs.
     pub copy_us: f64,
+    /// Chance a packet is lost on a hop.
     pub loss: f64,
     /// Chance a packet is delivered twice (the copy 1–50 µs later).
     pub dup: f64,
@@ -202,10 +229,15 @@ pub struct LinkModel {
     pub unqueued: f64,
     /// Share of directed links whose floor is longer by `asymmetric_us`.
     pub asymmetric_share: f64,
+    /// How much longer those floors are, µs (what two-way clock sync cannot see).
     pub asymmetric_us: f64,
+    /// The distribution of a spike's size.
     pub spike_shape: SpikeShape,
+    /// Pareto spikes: tail index (smaller: heavier).
     pub spike_alpha: f64,
+    /// Chance a packet starts a loss burst at its sender ...
     pub loss_burst_probability: f64,
+    /// ... that loses this many of the sender's packets (it included).
     pub loss_burst_len: u32,
     /// Where the per-copy cost is paid (`node`, or per `tree` on sharded trees).
     pub copy_lanes: CopyLanes,
@@ -357,13 +389,17 @@ impl LinkModel {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClockModel {
+    /// Every node's raw offset, uniform in ±offset_us (at most 10 s).
     pub offset_us: f64,
+    /// Every node's raw drift, uniform in ±drift_ppm.
     pub drift_ppm: f64,
     /// Mean of the exponential delay of every software timestamp, ns.
     pub timestamp_noise_ns: f64,
     /// Share of nodes whose clock steps by `step_us` at `step_at_s`.
     pub step_share: f64,
+    /// The step's size, µs, either sign (at most 10 s).
     pub step_us: f64,
+    /// When it steps: true time, s since the run's start.
     pub step_at_s: f64,
     /// The host announces the step (a daemon's `clock_settime`, which Linux
     /// reports to a `TFD_TIMER_CANCEL_ON_SET` timer): the node learns of it at
@@ -408,6 +444,7 @@ impl ClockModel {
         step_announced: true,
     };
 
+    /// Refuses values out of their ranges, naming them.
     pub fn validate(&self) -> Result<(), ModelError> {
         let vals = [self.offset_us, self.drift_ppm, self.timestamp_noise_ns, self.step_at_s];
         if vals.iter().any(|v| !v.is_finite() || *v < 0.0)
@@ -443,15 +480,19 @@ pub const CLOCK_OFFSET_MAX_US: f64 = 10_000_000.0;
 /// One node's clock: local = epoch + true + offset + drift · true (+ a step from a time on).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Clock {
+    /// Offset at true time 0, ns.
     pub offset_ns: f64,
+    /// Drift (ns per ns; 1e-6 is 1 ppm).
     pub drift: f64,
     /// (true time ns, jump ns)
     pub step: Option<(u64, f64)>,
 }
 
 impl Clock {
+    /// The true clock.
     pub const PERFECT: Clock = Clock { offset_ns: 0.0, drift: 0.0, step: None };
 
+    /// One node's clock drawn from the model.
     pub fn draw(m: &ClockModel, rng: &mut impl Rng) -> Clock {
         let o = m.offset_us * 1e3;
         let d = m.drift_ppm * 1e-6;
@@ -528,8 +569,11 @@ impl Clock {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelFile {
+    /// `[link]`: every hop.
     pub link: LinkModel,
+    /// `[clock]`: every node's clock.
     pub clock: ClockModel,
+    /// `[[class]]`: the host classes, at most [`CLASSES_MAX`].
     #[serde(rename = "class")]
     pub classes: Vec<HostClass>,
 }
@@ -550,6 +594,7 @@ pub fn toml_error_line(text: &str, e: &toml::de::Error) -> String {
 }
 
 impl ModelFile {
+    /// Parses and validates a model file's text.
     pub fn from_toml(s: &str) -> Result<Self, ModelError> {
         let table: toml::Table = toml::from_str(s).map_err(|e| ModelError::Toml(toml_error_line(s, &e)))?;
         if table.is_empty() {
@@ -593,6 +638,7 @@ impl ModelFile {
 /// duplicated; one node may be slow for a while. Shared by the simulator and
 /// the loopback data plane, so both emulate the same cloud.
 pub struct LinkEmulator {
+    /// The model it draws from.
     pub link: LinkModel,
     rng: rand_chacha::ChaCha12Rng,
     /// Picks the asymmetric directed links (a hash of the pair with this salt).
