@@ -5,11 +5,11 @@
 //! stream out at the same time; time, count and time-and-count windows that can
 //! change at run time; any protocol described by a [`spec::SeqSpec`] (presets
 //! for MoldUDP64 and an XDP-style header); and recovery of packets every line
-//! lost, through MoldUDP64 retransmission requests ([`core`]) answered by the
+//! lost, through MoldUDP64 retransmission requests ([`arbitrator`]) answered by the
 //! server core in [`retransmit`].
 //!
 //! Everything here is sans-IO: time is a number passed in, output goes to a
-//! [`core::Sink`]. The UDP and file shells live in `fairfeed-net` and the CLI.
+//! [`Sink`]. The UDP and file shells live in `fairfeed-net` and the CLI.
 //!
 //! ```
 //! use fairfeed_arb::{Arbitrator, Config, Sink, Source, Stream};
@@ -30,6 +30,8 @@
 //! let hr: Vec<_> = out.0.iter().filter(|(s, _)| *s == Stream::HighReliability).collect();
 //! assert_eq!(hr.len(), 2);
 //! ```
+
+#![deny(missing_docs)]
 
 pub mod arbitrator;
 pub mod retransmit;

@@ -82,9 +82,12 @@ pub enum JournalError {
     OtherSession,
     /// The packet leaves a hole after the last journaled message.
     Gap {
+        /// The sequence number that would continue the journal.
         expected: u64,
+        /// The packet's first.
         got: u64,
     },
+    /// The packet is not MoldUDP64.
     Decode(fairfeed_wire::Error),
 }
 
@@ -136,6 +139,7 @@ impl Journal {
         self.ends.len()
     }
 
+    /// Whether it holds no packet.
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
     }
@@ -255,12 +259,19 @@ impl Default for ServerConfig {
 /// What the server did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ServerStats {
+    /// Requests received.
     pub requests: u64,
+    /// Answers sent.
     pub answers: u64,
+    /// Messages in them.
     pub messages_sent: u64,
+    /// Requests that were not MoldUDP64 requests.
     pub bad_requests: u64,
+    /// Requests for another session.
     pub other_session: u64,
+    /// Requests for messages the journal does not hold (not sent yet, or evicted).
     pub out_of_range: u64,
+    /// Requests over the requester's rate.
     pub rate_limited: u64,
     /// Answers withheld by the bytes-per-second budgets (global or the requester's).
     pub budget_limited: u64,
@@ -270,6 +281,7 @@ pub struct ServerStats {
     pub challenges: u64,
     /// Bytes of requests in, and of answers and challenges out.
     pub bytes_in: u64,
+    /// ... and out.
     pub bytes_out: u64,
     /// Bytes out to unverified requesters (never more than their requests' bytes).
     pub bytes_out_unverified: u64,
@@ -300,6 +312,7 @@ pub struct RetransmitServer {
 }
 
 impl RetransmitServer {
+    /// A server answering from `journal`, its cookies keyed by a random secret.
     pub fn new(journal: Journal, cfg: ServerConfig) -> Self {
         Self::with_secret(journal, cfg, rand::random())
     }
@@ -346,14 +359,17 @@ impl RetransmitServer {
         Some(CHALLENGE_LEN)
     }
 
+    /// What it did.
     pub fn stats(&self) -> &ServerStats {
         &self.stats
     }
 
+    /// What it answers from.
     pub fn journal(&self) -> &Journal {
         &self.journal
     }
 
+    /// What it answers from, to append the packets sent.
     pub fn journal_mut(&mut self) -> &mut Journal {
         &mut self.journal
     }

@@ -9,23 +9,30 @@ use core::ops::Range;
 /// Byte order of an integer field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Endian {
+    /// Most significant byte first (network order).
     Big,
+    /// Least significant byte first.
     Little,
 }
 
 /// An unsigned integer field of 1 to 8 bytes at a fixed offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IntField {
+    /// Its first byte's offset in the packet.
     pub offset: usize,
+    /// Its width, 1..=8 bytes.
     pub width: usize,
+    /// Its byte order.
     pub endian: Endian,
 }
 
 impl IntField {
+    /// A big-endian field.
     pub const fn be(offset: usize, width: usize) -> Self {
         IntField { offset, width, endian: Endian::Big }
     }
 
+    /// A little-endian field.
     pub const fn le(offset: usize, width: usize) -> Self {
         IntField { offset, width, endian: Endian::Little }
     }
@@ -81,15 +88,20 @@ pub struct Framing {
 /// What the arbitrator needs to know of a protocol.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SeqSpec {
+    /// The protocol's name (`moldudp64`, a custom one's).
     pub name: String,
     /// Bytes before the first message.
     pub header_len: usize,
+    /// The first message's sequence number.
     pub seq: IntField,
+    /// How many messages a packet carries.
     pub count: Count,
     /// Count value that marks a heartbeat (no messages; seq = next expected).
     pub heartbeat_count: Option<u64>,
     /// Count value that marks the end of the session.
     pub end_count: Option<u64>,
+    /// How to walk the messages (`None`: they cannot be, so packets are
+    /// never trimmed).
     pub framing: Option<Framing>,
     /// Session field (MoldUDP64's 10 bytes), needed for retransmission requests.
     pub session: Option<Range<usize>>,
@@ -101,17 +113,22 @@ pub struct SeqSpec {
 /// What kind of packet the header says this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// Carries messages.
     Data,
+    /// No messages; its sequence number is the next expected.
     Heartbeat,
+    /// The session is over.
     EndOfSession,
 }
 
 /// A packet's place in the sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PacketInfo {
+    /// Its first message's sequence number.
     pub seq: u64,
     /// Messages carried (0 for heartbeats and end of session).
     pub count: u64,
+    /// What the header says it is.
     pub kind: Kind,
 }
 
@@ -125,16 +142,32 @@ impl PacketInfo {
 /// Why an arbitrator's configuration or protocol description is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// A header field is not 1..=8 bytes inside the header.
     #[error("{name} field must be 1..=8 bytes inside the {header_len}-byte header")]
-    FieldOutside { name: &'static str, header_len: usize },
+    FieldOutside {
+        /// Which field.
+        name: &'static str,
+        /// The header's length.
+        header_len: usize,
+    },
+    /// The session field reaches past the header.
     #[error("session field must lie inside the header")]
     SessionOutside,
+    /// Too few or too many lines.
     #[error("lines must be 1..={max}, got {got}")]
-    Lines { max: usize, got: usize },
+    Lines {
+        /// The most allowed.
+        max: usize,
+        /// What was asked for.
+        got: usize,
+    },
+    /// Retransmission asked for on a protocol without a session field (named).
     #[error("retransmission needs a protocol with a session field; {0} has none")]
     NoSession(String),
+    /// A buffer limit of 0.
     #[error("buffer limits must be positive")]
     Buffers,
+    /// A request rate or burst of 0.
     #[error("retransmission requests per second and their burst must be positive")]
     RequestRate,
 }

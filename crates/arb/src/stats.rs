@@ -14,13 +14,17 @@ const LEAD_NS_MAX: u64 = 1_000_000_000;
 /// One line's counters.
 #[derive(Debug, Clone, Serialize)]
 pub struct LineStats {
+    /// Packets received on the line.
     pub packets: u64,
+    /// Their bytes.
     pub bytes: u64,
     /// Data packets this line delivered before any other line.
     pub first_arrivals: u64,
     /// How far ahead this line was when it won: mean, p50, p99 (ns).
     pub lead_ns_mean: f64,
+    /// ... its median ...
     pub lead_ns_p50: u64,
+    /// ... and its 99th percentile.
     pub lead_ns_p99: u64,
     #[serde(skip)]
     lead: Histogram<u64>,
@@ -38,17 +42,25 @@ struct RaceSlot {
 /// All counters; `serde` gives the `--stats-json` form.
 #[derive(Debug, Clone, Serialize)]
 pub struct Stats {
+    /// The high-reliability window in force.
     pub window: Window,
+    /// Times the window was changed at run time.
     pub window_changes: u64,
+    /// Each line's counters.
     pub lines: Vec<LineStats>,
+    /// Packets from the retransmission server.
     pub retransmit_packets: u64,
+    /// Their bytes.
     pub retransmit_bytes: u64,
     /// Packets that were not market data of the protocol (passed to the side output).
     pub non_market: u64,
+    /// Packets the low-latency output emitted.
     pub ll_packets: u64,
+    /// Messages in them.
     pub ll_messages: u64,
     /// Messages the low-latency output skipped over (missing when it passed them).
     pub ll_skipped_messages: u64,
+    /// Packets the high-reliability output emitted.
     pub hr_packets: u64,
     /// Packets that were held for a while (arrived ahead of a gap).
     pub held_packets: u64,
@@ -56,13 +68,19 @@ pub struct Stats {
     pub duplicates: u64,
     /// Packets partly new, cut down to their new messages.
     pub trimmed: u64,
+    /// Gaps the high-reliability output found.
     pub gaps_opened: u64,
+    /// ... filled by another line's copy ...
     pub gaps_filled_by_line: u64,
+    /// ... filled by the retransmission server ...
     pub gaps_filled_by_retransmit: u64,
+    /// ... and given up when the window expired.
     pub gaps_given_up: u64,
     /// Messages the high-reliability output never delivered.
     pub lost_messages: u64,
+    /// Retransmission requests sent.
     pub requests_sent: u64,
+    /// Requests that had no answer in time (asked again).
     pub request_timeouts: u64,
     /// Times the requests ran into their rate (`RetransmitConfig::requests_per_s`)
     /// and the next had to wait for its slot.
@@ -71,13 +89,19 @@ pub struct Stats {
     /// answered nothing at all meanwhile (an outage waited out, within the
     /// patience).
     pub requests_waited_out: u64,
+    /// Requests given up after their attempts (the gap's fate is then the window's).
     pub requests_abandoned: u64,
+    /// Answers that covered only part of what was asked.
     pub partial_answers: u64,
-    /// Gauges, as of the last `stats_now`.
+    /// Gauges, as of the last `stats_now`: packets held ...
     pub buffer_packets: usize,
+    /// ... the messages in them ...
     pub buffer_messages: u64,
+    /// ... and their bytes.
     pub buffer_bytes: usize,
+    /// The most packets ever held at once.
     pub buffer_packets_max_seen: usize,
+    /// Gaps open now.
     pub holes_open: usize,
     /// Unique messages per second (moving average).
     pub message_rate_per_s: f64,

@@ -43,8 +43,11 @@ pub enum Mode {
 /// The high-reliability window; can change at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Window {
+    /// Which limit ends a wait: time, count or both.
     pub mode: Mode,
+    /// Longest a packet is held behind a gap, ns (time modes).
     pub max_hold_ns: u64,
+    /// Most messages held behind a gap (count modes).
     pub max_count_msgs: u64,
 }
 
@@ -110,13 +113,19 @@ pub enum Start {
 /// Everything the arbitrator is configured with.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Config {
+    /// Redundant lines merged, 1..=[`LINES_MAX`].
     pub lines: usize,
+    /// The high-reliability window.
     pub window: Window,
+    /// Where the sequence starts.
     pub start: Start,
     /// No input on any line for this long ends every wait (count mode's end of day).
     pub idle_flush_ns: u64,
+    /// Packets held at most (beyond: the oldest gap is given up).
     pub buffer_packets_max: usize,
+    /// Bytes held at most.
     pub buffer_bytes_max: usize,
+    /// Asking a retransmission server for gaps (`None`: never).
     pub retransmit: Option<RetransmitConfig>,
 }
 
@@ -137,6 +146,7 @@ impl Default for Config {
 /// Where a packet came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
+    /// Line `n` (0: A, 1: B, …).
     Line(usize),
     /// An answer from the retransmission server.
     Retransmit,
@@ -145,7 +155,9 @@ pub enum Source {
 /// The output streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
+    /// Every message once, as soon as any line brings it (gaps passed over).
     LowLatency,
+    /// Every message once, in order, a gap waited for within the window.
     HighReliability,
     /// Packets that are not market data of the configured protocol, passed on
     /// untouched with the line they came from.
@@ -154,6 +166,8 @@ pub enum Stream {
 
 /// Receives what the arbitrator produces.
 pub trait Sink {
+    /// A packet for one of the outputs.
     fn emit(&mut self, stream: Stream, packet: &[u8]);
+    /// A retransmission request to send to the server.
     fn request(&mut self, request: RequestRepr);
 }
