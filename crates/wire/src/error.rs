@@ -11,30 +11,73 @@ use core::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Error {
     /// The buffer ends before a fixed-size header or field does.
-    Truncated { needed: usize, available: usize },
+    Truncated {
+        /// Bytes the header or field needs.
+        needed: usize,
+        /// Bytes the buffer has.
+        available: usize,
+    },
     /// A message type byte this protocol does not define.
-    UnknownType { protocol: Protocol, msg_type: u8 },
+    UnknownType {
+        /// Whose message.
+        protocol: Protocol,
+        /// The type byte.
+        msg_type: u8,
+    },
     /// A known message type whose length differs from the specification.
-    BadLength { protocol: Protocol, msg_type: u8, expected: usize, actual: usize },
+    BadLength {
+        /// Whose message.
+        protocol: Protocol,
+        /// The type byte.
+        msg_type: u8,
+        /// The specification's length.
+        expected: usize,
+        /// The message's.
+        actual: usize,
+    },
     /// A length prefix or count claims more bytes than the packet holds.
-    Overrun { needed: usize, available: usize },
+    Overrun {
+        /// Bytes claimed.
+        needed: usize,
+        /// Bytes there.
+        available: usize,
+    },
     /// A packet header is self-inconsistent (for example a MoldUDP64 heartbeat
     /// or end-of-session packet with a payload).
-    Malformed { protocol: Protocol, reason: &'static str },
+    Malformed {
+        /// Whose header.
+        protocol: Protocol,
+        /// What is inconsistent.
+        reason: &'static str,
+    },
     /// Bytes left over after the last message a header announced.
-    TrailingBytes { protocol: Protocol, extra: usize },
+    TrailingBytes {
+        /// Whose packet.
+        protocol: Protocol,
+        /// How many bytes are left over.
+        extra: usize,
+    },
     /// The frame is valid but not what we decode (not IPv4, not UDP, an IP fragment...).
-    Unsupported { reason: &'static str },
+    Unsupported {
+        /// What it is instead.
+        reason: &'static str,
+    },
 }
 
 /// The protocol a decoder error belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Protocol {
+    /// MoldUDP64 packets.
     MoldUdp64,
+    /// NASDAQ TotalView-ITCH 5.0 messages.
     Itch50,
+    /// SoupBinTCP packets.
     SoupBinTcp,
+    /// OUCH 5.0 messages.
     Ouch50,
+    /// Ethernet / IPv4 / UDP frames.
     Frame,
+    /// fairfeed's overlay header.
     Overlay,
 }
 

@@ -29,9 +29,19 @@ pub enum FieldValue {
     /// A one-byte alphanumeric code (side, event code, flags).
     Char(u8),
     /// A fixed-point price: `raw / 10^decimals`.
-    Price { raw: i64, decimals: u8 },
+    Price {
+        /// The integer as written.
+        raw: i64,
+        /// Digits after the point (4 for ITCH `Price(4)`, 8 for `Price(8)`).
+        decimals: u8,
+    },
     /// Space-padded text (stock symbol, MPID, reason), up to 20 bytes.
-    Text { bytes: [u8; TEXT_MAX], len: u8 },
+    Text {
+        /// The bytes, padding included.
+        bytes: [u8; TEXT_MAX],
+        /// How many of `bytes` are the field's.
+        len: u8,
+    },
 }
 
 /// Longest text field in any codec here (SoupBinTCP's 20-byte sequence field).

@@ -56,10 +56,15 @@ const IP_PROTO_UDP: u8 = 17;
 /// A UDP datagram found in a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdpDatagram<'a> {
+    /// IPv4 source address.
     pub src_ip: [u8; 4],
+    /// IPv4 destination address.
     pub dst_ip: [u8; 4],
+    /// UDP source port.
     pub src_port: u16,
+    /// UDP destination port.
     pub dst_port: u16,
+    /// The UDP payload (borrowed from the frame).
     pub payload: &'a [u8],
 }
 
@@ -149,12 +154,19 @@ fn parse_ipv4_udp(ip: &[u8]) -> Result<UdpDatagram<'_>, Error> {
 /// Ethernet + IPv4 + UDP header values for writing frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdpFrameRepr {
+    /// Ethernet source address.
     pub src_mac: [u8; 6],
+    /// Ethernet destination address.
     pub dst_mac: [u8; 6],
+    /// IPv4 source address.
     pub src_ip: [u8; 4],
+    /// IPv4 destination address.
     pub dst_ip: [u8; 4],
+    /// UDP source port.
     pub src_port: u16,
+    /// UDP destination port.
     pub dst_port: u16,
+    /// IPv4 time to live.
     pub ttl: u8,
     /// IPv4 identification field.
     pub ident: u16,

@@ -24,6 +24,7 @@
 //! # Ok::<(), fairfeed_wire::Error>(())
 //! ```
 #![cfg_attr(not(test), no_std)]
+#![deny(missing_docs)]
 
 #[macro_use]
 pub mod macros;

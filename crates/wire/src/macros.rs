@@ -49,6 +49,8 @@ macro_rules! getters {
     ($off:expr;) => {};
     ($off:expr; $(#[$fm:meta])* $field:ident : $fty:ty $(, $($rest:tt)*)?) => {
         $(#[$fm])*
+        #[doc = ""]
+        #[doc = concat!("Wire field `", stringify!($field), "` (`", stringify!($fty), "`), named as in the specification.")]
         #[inline(always)]
         pub fn $field(&self) -> $fty {
             const OFF: usize = $off;
@@ -170,8 +172,14 @@ macro_rules! message_one {
             /// The plain value form, for building and emitting messages.
             #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
             pub struct $repr {
-                $($(#[$hm])* pub $hfield: $hty,)*
-                $($(#[$fm])* pub $field: $fty,)*
+                $($(#[$hm])*
+                    #[doc = ""]
+                    #[doc = concat!("Wire field `", stringify!($hfield), "` (`", stringify!($hty), "`), named as in the specification.")]
+                    pub $hfield: $hty,)*
+                $($(#[$fm])*
+                    #[doc = ""]
+                    #[doc = concat!("Wire field `", stringify!($field), "` (`", stringify!($fty), "`), named as in the specification.")]
+                    pub $field: $fty,)*
                 $(
                     /// Optional appendage after the fixed part; its length is
                     /// written into the length field by `emit`.

@@ -213,8 +213,11 @@ impl<'a> Iterator for Messages<'a> {
 /// The header of a downstream packet as a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PacketRepr {
+    /// The session it belongs to.
     pub session: Session,
+    /// Its first message's sequence number (a heartbeat's: the next expected).
     pub sequence: u64,
+    /// Messages it carries (0: heartbeat; `0xFFFF`: end of session).
     pub count: u16,
 }
 
@@ -361,8 +364,11 @@ impl<T: AsRef<[u8]>> Request<T> {
 /// A request packet as a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RequestRepr {
+    /// The session asked about.
     pub session: Session,
+    /// The first message wanted.
     pub sequence: u64,
+    /// Messages wanted from it.
     pub count: u16,
 }
 

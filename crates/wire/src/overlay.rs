@@ -77,15 +77,23 @@ pub const KEY_ID_OFFSET: usize = 38;
 /// The header as a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HeaderRepr {
+    /// What it carries (`None` in a default value: set it before emitting).
     pub kind: Option<Kind>,
+    /// The tree it travels on.
     pub tree: u16,
     /// Hops travelled so far (0 as sent by the sender).
     pub hop: u8,
+    /// [`FLAG_AUTH`], [`FLAG_EVERY_TREE`].
     pub flags: u8,
+    /// The sender's overlay sequence number on the tree (a probe's pair number).
     pub sequence: u64,
+    /// Send time on the synchronized clock, ns (a probe's: the prober's raw clock).
     pub send_ns: u64,
+    /// Release deadline on the synchronized clock, ns.
     pub deadline_ns: u64,
+    /// The node that built the packet.
     pub origin: u32,
+    /// Bytes of payload after the header.
     pub payload_len: u16,
     /// The tree key the tag is made with (set by the sealing key).
     pub key_id: u8,
@@ -174,6 +182,7 @@ pub struct ReportRepr {
 }
 
 impl ReportRepr {
+    /// Reads a report's fixed part.
     pub fn parse(b: &[u8]) -> Result<ReportRepr, Error> {
         check_len(b, REPORT_LEN)?;
         Ok(ReportRepr {
@@ -188,6 +197,7 @@ impl ReportRepr {
         })
     }
 
+    /// Writes its fixed part; returns [`REPORT_LEN`].
     pub fn emit(&self, b: &mut [u8]) -> Result<usize, Error> {
         check_len(b, REPORT_LEN)?;
         self.owd_p95_ns.write(&mut b[0..8]);
@@ -236,7 +246,9 @@ pub const TAIL_OWD_MAX_NS: u64 = 8191 << 14;
 /// means "no message of the group arrived".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TailView<'a> {
+    /// The first sequence number covered.
     pub first_seq: u64,
+    /// Sequence numbers per entry.
     pub stride: u16,
     codes: &'a [u8],
 }
@@ -292,10 +304,12 @@ impl<'a> TailView<'a> {
         Ok(Some(TailView { first_seq, stride, codes: &b[TAIL_HEADER_LEN..end] }))
     }
 
+    /// Entries it carries.
     pub fn len(&self) -> usize {
         self.codes.len() / 2
     }
 
+    /// Whether it carries none.
     pub fn is_empty(&self) -> bool {
         self.codes.is_empty()
     }
@@ -360,23 +374,34 @@ pub const PROBE_FLAGS: u8 = PROBE_SYNCED | PROBE_ANCHORED | PROBE_CONTESTED;
 /// `level` its distance in probe hops from the reference (`u16::MAX`: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ProbeRepr {
+    /// The peer it is for.
     pub target: u32,
+    /// 0 or 1: its place in its pair.
     pub index: u8,
+    /// `PROBE_SYNCED`, `PROBE_ANCHORED`, `PROBE_CONTESTED`.
     pub flags: u8,
+    /// The prober's distance in probe hops from the reference (`u16::MAX`: none).
     pub level: u16,
+    /// The pair's number.
     pub pair: u64,
+    /// Its send time on the prober's raw clock, ns.
     pub tx_ns: u64,
+    /// The echoed sample: the target's send time (its raw clock), ns (0: none) ...
     pub echo_tx_ns: u64,
+    /// ... and the prober's receive time (its raw clock), ns.
     pub echo_rx_ns: u64,
     /// The prober's clock minus the reference's, picoseconds.
     pub offset_ps: i64,
     /// The prober's drift against the reference, in units of 1e-15.
     pub drift_e15: i64,
+    /// The prober's error bound, ns.
     pub bound_ns: u64,
+    /// Its bound without the symmetry assumption, ns.
     pub hard_bound_ns: u64,
 }
 
 impl ProbeRepr {
+    /// Reads a probe payload.
     pub fn parse(b: &[u8]) -> Result<ProbeRepr, Error> {
         check_len(b, PROBE_LEN)?;
         Ok(ProbeRepr {
@@ -395,6 +420,7 @@ impl ProbeRepr {
         })
     }
 
+    /// Writes the probe payload; returns [`PROBE_LEN`].
     pub fn emit(&self, b: &mut [u8]) -> Result<usize, Error> {
         check_len(b, PROBE_LEN)?;
         self.target.write(&mut b[0..4]);

@@ -37,15 +37,25 @@ const _: () = assert!(LOGIN_ACCEPTED_LEN == 30);
 
 /// Packet type bytes.
 pub mod packet_type {
+    /// `+` Debug (either direction).
     pub const DEBUG: u8 = b'+';
+    /// `A` Login Accepted (server).
     pub const LOGIN_ACCEPTED: u8 = b'A';
+    /// `J` Login Rejected (server).
     pub const LOGIN_REJECTED: u8 = b'J';
+    /// `S` Sequenced Data (server).
     pub const SEQUENCED_DATA: u8 = b'S';
+    /// `H` Server Heartbeat.
     pub const SERVER_HEARTBEAT: u8 = b'H';
+    /// `Z` End of Session (server).
     pub const END_OF_SESSION: u8 = b'Z';
+    /// `L` Login Request (client).
     pub const LOGIN_REQUEST: u8 = b'L';
+    /// `U` Unsequenced Data (client).
     pub const UNSEQUENCED_DATA: u8 = b'U';
+    /// `R` Client Heartbeat.
     pub const CLIENT_HEARTBEAT: u8 = b'R';
+    /// `O` Logout Request (client).
     pub const LOGOUT_REQUEST: u8 = b'O';
 }
 
@@ -60,9 +70,17 @@ pub enum PacketRepr<'a> {
     /// `+` Debug text (either direction).
     Debug(&'a [u8]),
     /// `A` Login Accepted.
-    LoginAccepted { session: Alpha<10>, sequence: u64 },
+    LoginAccepted {
+        /// The session the client is logged in to.
+        session: Alpha<10>,
+        /// The sequence number of the next Sequenced Data packet.
+        sequence: u64,
+    },
     /// `J` Login Rejected.
-    LoginRejected { reason: u8 },
+    LoginRejected {
+        /// [`REJECT_NOT_AUTHORIZED`] or [`REJECT_SESSION_NOT_AVAILABLE`].
+        reason: u8,
+    },
     /// `S` Sequenced Data (an application message, e.g. OUCH outbound).
     SequencedData(&'a [u8]),
     /// `H` Server Heartbeat.
@@ -70,7 +88,16 @@ pub enum PacketRepr<'a> {
     /// `Z` End of Session.
     EndOfSession,
     /// `L` Login Request.
-    LoginRequest { username: Alpha<6>, password: Alpha<10>, session: Alpha<10>, sequence: u64 },
+    LoginRequest {
+        /// The user name.
+        username: Alpha<6>,
+        /// The password.
+        password: Alpha<10>,
+        /// The session asked for (blank: the current one).
+        session: Alpha<10>,
+        /// The sequence number wanted next (0: the most recent).
+        sequence: u64,
+    },
     /// `U` Unsequenced Data (an application message, e.g. OUCH inbound).
     UnsequencedData(&'a [u8]),
     /// `R` Client Heartbeat.
