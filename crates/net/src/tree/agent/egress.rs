@@ -27,7 +27,8 @@ pub const DELAY_QUEUE_MAX: usize = 1 << 20;
 pub struct Copy {
     pub due_ns: u64,
     pub to: SocketAddr,
-    pub bytes: Arc<[u8]>,
+    /// The packet, shared by its copies (a buffer of the node's pool, reused once every copy is sent).
+    pub bytes: Arc<Vec<u8>>,
     pub handed_ns: u64,
     pub model_ns: u64,
     /// Sent from the replication socket: the kernel makes the node's other copies.

@@ -54,7 +54,55 @@ const MEMBERSHIP_KIND: u8 = fairfeed_wire::overlay::Kind::Membership as u8;
 
 /// One copy the state machine handed out: to whom (id, address), what, and
 /// whether it goes from the replication socket (the kernel makes the rest).
-type Out = (u32, SocketAddr, Arc<[u8]>, bool);
+type Out = (u32, SocketAddr, Arc<Vec<u8>>, bool);
+
+/// Packet buffers a node's pool keeps at most for reuse (≈ 1.5 MB of
+/// 1,500-byte packets; beyond it, buffers are freed once sent).
+pub const BUFFER_POOL_MAX: usize = 1_024;
+
+/// What the state machine handed out and is not yet with the send side,
+/// the buffers it is copied into, and the copies to nodes without an address.
+#[derive(Default)]
+struct Handed {
+    out: Vec<Out>,
+    pool: BufferPool,
+    unknown: u64,
+}
+
+/// Packet buffers reused once every copy of one has been sent (the send
+/// side drops its references), so forwarding allocates nothing per packet
+/// once the pool has grown to the copies in flight.
+#[derive(Default)]
+struct BufferPool {
+    /// Oldest handed out first: copies leave in order, so it is the likeliest free.
+    ring: std::collections::VecDeque<Arc<Vec<u8>>>,
+    /// Buffers allocated because none was free.
+    allocated: u64,
+}
+
+impl BufferPool {
+    /// A buffer holding `bytes`: a free one of the pool's, else a new one.
+    fn take(&mut self, bytes: &[u8]) -> Arc<Vec<u8>> {
+        // The oldest, then (should it still be in flight, a copy held by an
+        // emulated link) the next: at most two looks.
+        for _ in 0..2 {
+            let Some(mut b) = self.ring.pop_front() else { break };
+            if let Some(v) = Arc::get_mut(&mut b) {
+                v.clear();
+                v.extend_from_slice(bytes);
+                self.ring.push_back(b.clone());
+                return b;
+            }
+            self.ring.push_back(b);
+        }
+        self.allocated += 1;
+        let b = Arc::new(bytes.to_vec());
+        if self.ring.len() < BUFFER_POOL_MAX {
+            self.ring.push_back(b.clone());
+        }
+        b
+    }
+}
 
 /// The node's fan-out when the kernel replicates it: the targets sorted (to
 /// recognise a fan-out to exactly them) and the one user space sends to.
@@ -74,30 +122,30 @@ impl KernelFanout {
 /// Copies the node handed out during one call into its state machine.
 struct Pending<'a> {
     addrs: &'a [Option<SocketAddr>],
-    out: &'a mut Vec<Out>,
-    unknown: &'a mut u64,
+    handed: &'a mut Handed,
     kernel: Option<&'a mut KernelFanout>,
 }
 
 impl Pending<'_> {
-    fn copy(&mut self, to: u32, shared: &Arc<[u8]>, fanout: bool) {
+    fn copy(&mut self, to: u32, shared: &Arc<Vec<u8>>, fanout: bool) {
         match self.addrs.get(to as usize) {
-            Some(Some(addr)) => self.out.push((to, *addr, shared.clone(), fanout)),
-            _ => *self.unknown += 1,
+            Some(Some(addr)) => self.handed.out.push((to, *addr, shared.clone(), fanout)),
+            _ => self.handed.unknown += 1,
         }
     }
 }
 
 impl Transmit for Pending<'_> {
     fn send(&mut self, to: u32, bytes: &[u8]) {
-        self.copy(to, &Arc::from(bytes), false);
+        let shared = self.handed.pool.take(bytes);
+        self.copy(to, &shared, false);
     }
 
     /// One shared buffer for all the copies (the send side's `sendmmsg`
     /// points every message at it); one datagram in all when the kernel
     /// replicates a fan-out to exactly the node's targets.
     fn send_all(&mut self, to: &[u32], bytes: &[u8]) {
-        let shared: Arc<[u8]> = Arc::from(bytes);
+        let shared = self.handed.pool.take(bytes);
         if let Some(k) = self.kernel.as_deref_mut().filter(|k| k.covers(to)) {
             k.copies += to.len() as u64 - 1;
             let first = k.first;
@@ -161,14 +209,13 @@ pub struct NodeAgent<'c> {
     resolver: Option<Resolved>,
     live: Node,
     emu: Option<LinkEmulator>,
-    pending: Vec<Out>,
+    handed: Handed,
     kernel: Option<KernelFanout>,
     outbox: Outbox,
     tx: Arc<TxCounters>,
     recv: RecvPath,
     packets_in: u64,
     recv_calls: u64,
-    unknown_destination: u64,
     /// None when a harness taps the agent (it keeps its own measures, and
     /// a hundred agents' histograms on one thread cost cache misses per release).
     hists: Option<Box<Hists>>,
@@ -569,7 +616,7 @@ impl<'c> NodeAgent<'c> {
             resolver: resolver.watches_names().then_some(Resolved { resolver, generation: 0, send_failed: 0 }),
             live,
             emu,
-            pending: Vec::with_capacity(256),
+            handed: Handed { out: Vec::with_capacity(256), ..Handed::default() },
             kernel: cfg.replicate.as_ref().and_then(|r| {
                 let mut sorted = r.fanout.clone();
                 sorted.sort_unstable();
@@ -579,7 +626,6 @@ impl<'c> NodeAgent<'c> {
             tx,
             packets_in: 0,
             recv_calls: 0,
-            unknown_destination: 0,
             hists: (cfg.tap.is_none() || cfg.publish.is_some()).then(|| {
                 let d = if cfg.tap.is_some() { HIST_DIGITS_TAPPED } else { HIST_DIGITS };
                 Box::new(Hists { owd: hist(d), hold: hist(d), release_error: hist(d) })
@@ -629,8 +675,8 @@ impl NodeAgent<'_> {
     /// time `now`. Returns the copies sent now.
     fn dispatch(&mut self, now: u64) -> usize {
         let id = self.cfg.id;
-        let handed = self.pending.len();
-        for (to_id, to, bytes, fanout) in self.pending.drain(..) {
+        let handed = self.handed.out.len();
+        for (to_id, to, bytes, fanout) in self.handed.out.drain(..) {
             let dues = match &mut self.emu {
                 Some(e) => {
                     let tree = bytes.get(4..6).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
@@ -664,12 +710,7 @@ impl NodeAgent<'_> {
     /// A sender's packets from its feed; returns how many.
     fn take_feed(&mut self, now: u64) -> usize {
         let Some(feed) = &mut self.feed else { return 0 };
-        let mut tx = Pending {
-            addrs: &self.addrs,
-            out: &mut self.pending,
-            unknown: &mut self.unknown_destination,
-            kernel: self.kernel.as_mut(),
-        };
+        let mut tx = Pending { addrs: &self.addrs, handed: &mut self.handed, kernel: self.kernel.as_mut() };
         let (deadlines, sock) = (&mut self.deadlines, &self.sock);
         let n = match &mut self.live {
             Node::Sender(s) => feed.drain(|p| {
@@ -700,12 +741,7 @@ impl NodeAgent<'_> {
     /// Reads what is waiting; returns the number of datagrams.
     fn receive(&mut self, now: u64) -> usize {
         let live = &mut self.live;
-        let mut tx = Pending {
-            addrs: &self.addrs,
-            out: &mut self.pending,
-            unknown: &mut self.unknown_destination,
-            kernel: self.kernel.as_mut(),
-        };
+        let mut tx = Pending { addrs: &self.addrs, handed: &mut self.handed, kernel: self.kernel.as_mut() };
         let hists = &mut self.hists;
         let (skew, time, tap, me) = (self.cfg.clock.skew, self.cfg.time, self.cfg.tap.as_deref(), self.addr);
         let membership = &mut self.membership;
@@ -816,12 +852,7 @@ impl NodeAgent<'_> {
     fn timers(&mut self, now: u64) -> usize {
         let (skew, time) = (self.cfg.clock.skew, self.cfg.time);
         let mut work = 0;
-        let mut tx = Pending {
-            addrs: &self.addrs,
-            out: &mut self.pending,
-            unknown: &mut self.unknown_destination,
-            kernel: self.kernel.as_mut(),
-        };
+        let mut tx = Pending { addrs: &self.addrs, handed: &mut self.handed, kernel: self.kernel.as_mut() };
         if self.live.next_timeout() <= now {
             // A fresh reading: probes sent now carry it as their send stamp.
             let fresh = skew.local(time.at(wall_ns()));
@@ -1054,7 +1085,7 @@ impl Agent for NodeAgent<'_> {
         self.clock_alarm();
         // Emulated links and the send side run on true time: an emulated
         // link starts from the moment the copy is handed over.
-        let t = if self.pending.is_empty() || self.emu.is_none() { now } else { wall_ns() };
+        let t = if self.handed.out.is_empty() || self.emu.is_none() { now } else { wall_ns() };
         work + self.dispatch(self.cfg.time.at(t))
     }
 
@@ -1162,7 +1193,8 @@ impl NodeAgent<'_> {
             "send_calls": l(&tx.send_calls),
             "send_failed": l(&tx.send_failed),
             "queue_full": l(&tx.queue_full),
-            "unknown_destination": self.unknown_destination,
+            "unknown_destination": self.handed.unknown,
+            "buffers_allocated": self.handed.pool.allocated,
             "clock_steps": self.steps.told,
         });
         if let Some(r) = &self.resolver {
@@ -1214,5 +1246,36 @@ impl NodeAgent<'_> {
             tuning: self.tuning.clone(),
             rows: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_buffer_pool_reuses_a_buffer_once_every_copy_is_sent_and_allocates_only_for_copies_in_flight() {
+        let mut pool = BufferPool::default();
+        // Steady forwarding: each packet's copies are sent (dropped) before the next.
+        for k in 0..10_000u32 {
+            let b = pool.take(&k.to_be_bytes());
+            let copies: Vec<_> = (0..20).map(|_| b.clone()).collect();
+            assert_eq!(&b[..], &k.to_be_bytes());
+            drop((b, copies));
+        }
+        assert_eq!(pool.allocated, 1, "one buffer for 10,000 packets");
+        // Copies held by a link (in flight): new buffers, up to what is held.
+        let held: Vec<_> = (0..100u32).map(|k| pool.take(&k.to_be_bytes())).collect();
+        assert_eq!(pool.allocated, 100, "the free one reused, 99 more for the copies in flight");
+        assert!(held.iter().enumerate().all(|(k, b)| b[..] == (k as u32).to_be_bytes()), "no buffer handed out twice");
+        drop(held);
+        for k in 0..1_000u32 {
+            drop(pool.take(&k.to_be_bytes()));
+        }
+        assert_eq!(pool.allocated, 100, "once sent, every buffer is reused");
+        // The pool keeps at most BUFFER_POOL_MAX.
+        let many: Vec<_> = (0..BUFFER_POOL_MAX as u32 + 10).map(|k| pool.take(&k.to_be_bytes())).collect();
+        assert!(pool.ring.len() <= BUFFER_POOL_MAX);
+        drop(many);
     }
 }
