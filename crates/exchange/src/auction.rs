@@ -24,8 +24,11 @@ use crate::engine::{Price, Side};
 /// sell at 0 (they never set the price).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AuctionOrder {
+    /// Buy or sell.
     pub side: Side,
+    /// Its limit (a market buy: `Price::MAX`; a market sell: 0).
     pub limit: Price,
+    /// Shares.
     pub qty: u64,
     /// In the book before the batch (time priority at the marginal price);
     /// otherwise one of the batch's orders (pro rata there).

@@ -52,6 +52,7 @@ impl Default for CheatParams {
 pub struct FirmWatch {
     /// Least one-way order-path delay measured, ns.
     pub path_min_ns: Option<u64>,
+    /// Path samples taken.
     pub probes: u64,
     /// Orders judged (after the first probe).
     pub orders: u64,
@@ -73,6 +74,7 @@ pub struct CheatDetector {
 }
 
 impl CheatDetector {
+    /// A detector for `firms` firms.
     pub fn new(params: CheatParams, firms: usize) -> Self {
         assert!(params.threshold_ns > 0, "a threshold of 0 flags everyone");
         CheatDetector { params, firms: vec![FirmWatch { max_lead_ns: i64::MIN, ..FirmWatch::default() }; firms] }
@@ -111,6 +113,7 @@ impl CheatDetector {
         false
     }
 
+    /// What it knows of `firm`.
     pub fn firm(&self, firm: usize) -> Option<&FirmWatch> {
         self.firms.get(firm)
     }

@@ -29,13 +29,17 @@ pub fn login(user: &str, password: &str, sequence: u64, out: &mut Vec<u8>) {
 /// What an Enter Order says.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Order<'a> {
+    /// The order token.
     pub token: u32,
     /// `B` or `S`.
     pub side: u8,
+    /// Shares.
     pub qty: u32,
+    /// The stock symbol.
     pub symbol: &'a str,
     /// 4 implied decimals.
     pub price: i64,
+    /// Immediate or cancel (else a day order).
     pub ioc: bool,
     /// Display `N`: rests and trades, never shown on the ITCH feed.
     pub hidden: bool,
@@ -135,9 +139,11 @@ pub fn logout(out: &mut Vec<u8>) {
 /// One order of a seeded flow (its symbol an index into the flow's symbols).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowOrder {
+    /// Index into the flow's symbols.
     pub symbol: usize,
     /// `B` or `S`.
     pub side: u8,
+    /// Shares.
     pub qty: u32,
     /// 4 implied decimals.
     pub price: i64,

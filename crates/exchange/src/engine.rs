@@ -98,13 +98,17 @@ impl Default for Limits {
     }
 }
 
+/// Buy or sell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Side {
+    /// Bids.
     Buy,
+    /// Offers.
     Sell,
 }
 
 impl Side {
+    /// The other side.
     pub fn opposite(self) -> Side {
         match self {
             Side::Buy => Side::Sell,
@@ -125,14 +129,19 @@ pub enum Tif {
 /// A new order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NewOrder {
+    /// The client (the gateway's user index).
     pub client: u32,
+    /// The client's order token (unique per client for the day).
     pub token: u32,
     /// Stock locate, 1..=symbols.
     pub symbol: u16,
+    /// Buy or sell.
     pub side: Side,
     /// Limit price; ignored for market orders.
     pub price: Price,
+    /// Shares.
     pub qty: Qty,
+    /// How long it may rest.
     pub tif: Tif,
     /// Execute at any price, immediate or cancel.
     pub market: bool,
@@ -153,19 +162,28 @@ pub struct NewOrder {
 /// What the engine is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
+    /// Enter an order.
     New(NewOrder),
     /// Cancel the client's resting order `token` down to `leave` shares (0: entirely).
     Cancel {
+        /// The client (the gateway's user index).
         client: u32,
+        /// The client's order token.
         token: u32,
+        /// Shares to leave resting (0: cancel entirely).
         leave: Qty,
     },
     /// Replace the client's resting order `token` with `new_token` at `price` for `qty`.
     Replace {
+        /// The client (the gateway's user index).
         client: u32,
+        /// The client's order token.
         token: u32,
+        /// The replacement's token.
         new_token: u32,
+        /// Price (4 implied decimals).
         price: Price,
+        /// Shares.
         qty: Qty,
     },
 }
@@ -173,12 +191,19 @@ pub enum Command {
 /// Why a command was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Reject {
+    /// A stock locate outside 1..=symbols.
     UnknownSymbol,
+    /// 0 shares, or more than `Limits::qty_max`.
     BadQuantity,
+    /// A limit price of 0 or above `Limits::price_max`.
     BadPrice,
+    /// The client used the token before.
     DuplicateToken,
+    /// No resting order of the client's has that token.
     UnknownOrder,
+    /// Every order slot is taken (`Limits::orders`).
     TooManyOrders,
+    /// The side of the book has no room for another level (`Limits::levels`).
     TooManyLevels,
     /// A minimum quantity (OUCH option 3) that is malformed, given twice,
     /// above the order's quantity, or on a Replace (a replacement keeps the
@@ -202,42 +227,70 @@ pub enum CancelReason {
 pub enum Event {
     /// A new order (or a replacement) was accepted with this reference number.
     Accepted {
+        /// The client (the gateway's user index).
         client: u32,
+        /// The client's order token.
         token: u32,
+        /// The order's reference number (ITCH).
         ref_num: u64,
+        /// Stock locate.
         symbol: u16,
+        /// Buy or sell.
         side: Side,
+        /// Price (4 implied decimals).
         price: Price,
+        /// Shares.
         qty: Qty,
     },
+    /// A command was refused.
     Rejected {
+        /// The client (the gateway's user index).
         client: u32,
+        /// The client's order token.
         token: u32,
+        /// Why.
         reason: Reject,
     },
     /// Shares joined the book (ITCH Add Order, unless hidden).
     Booked {
+        /// The order's reference number (ITCH).
         ref_num: u64,
+        /// Stock locate.
         symbol: u16,
+        /// Buy or sell.
         side: Side,
+        /// Price (4 implied decimals).
         price: Price,
+        /// Shares.
         qty: Qty,
+        /// Not displayed: off the ITCH feed.
         hidden: bool,
     },
     /// A resting order (maker) traded with an incoming one (taker) at the maker's price.
     Executed {
+        /// Stock locate.
         symbol: u16,
+        /// The match number (ITCH).
         match_num: u64,
+        /// Price (4 implied decimals).
         price: Price,
+        /// Shares.
         qty: Qty,
+        /// The resting order's reference number.
         maker_ref: u64,
+        /// The resting order's client.
         maker_client: u32,
+        /// The resting order's token.
         maker_token: u32,
         /// Shares of the maker still resting after this execution.
         maker_left: Qty,
+        /// The incoming order's reference number.
         taker_ref: u64,
+        /// The incoming order's client.
         taker_client: u32,
+        /// The incoming order's token.
         taker_token: u32,
+        /// The incoming order's side.
         taker_side: Side,
         /// The resting order is not displayed (ITCH Trade instead of Order Executed).
         maker_hidden: bool,
@@ -252,34 +305,56 @@ pub enum Event {
     /// A batch's call auction cleared `qty` shares of `symbol` at `price`
     /// (ITCH Cross Trade, type `I`); its executions came just before it.
     Cross {
+        /// Stock locate.
         symbol: u16,
+        /// The match number (ITCH).
         match_num: u64,
+        /// Price (4 implied decimals).
         price: Price,
+        /// Shares cleared.
         qty: u64,
     },
     /// Shares of an order left the book or were never booked (ITCH Cancel
     /// when `left > 0`, Delete when `left == 0` and the order was booked).
     Canceled {
+        /// The client (the gateway's user index).
         client: u32,
+        /// The client's order token.
         token: u32,
+        /// The order's reference number (ITCH).
         ref_num: u64,
+        /// Stock locate.
         symbol: u16,
+        /// Shares.
         qty: Qty,
+        /// Shares still resting after this (0: the order is gone).
         left: Qty,
+        /// The order was on the book (so the feed shows it leave).
         booked: bool,
+        /// Why.
         reason: CancelReason,
+        /// Not displayed: off the ITCH feed.
         hidden: bool,
     },
     /// A resting order was replaced in place without trading (ITCH Replace).
     Replaced {
+        /// The client (the gateway's user index).
         client: u32,
+        /// The replaced order's token.
         old_token: u32,
+        /// The replacement's token.
         new_token: u32,
+        /// The replaced order's reference number.
         old_ref: u64,
+        /// The replacement's reference number.
         new_ref: u64,
+        /// Stock locate.
         symbol: u16,
+        /// Price (4 implied decimals).
         price: Price,
+        /// Shares.
         qty: Qty,
+        /// Not displayed: off the ITCH feed.
         hidden: bool,
     },
 }
@@ -345,12 +420,19 @@ impl Ladder {
 /// Counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct EngineStats {
+    /// Commands handled.
     pub commands: u64,
+    /// Orders (and replacements) accepted.
     pub accepted: u64,
+    /// Commands refused.
     pub rejected: u64,
+    /// Executions.
     pub executions: u64,
+    /// Shares executed.
     pub executed_qty: u64,
+    /// Shares canceled.
     pub canceled_qty: u64,
+    /// Orders resting now.
     pub live_orders: u64,
     /// Orders whose unexecuted rest found no room (orders or levels limit) and was canceled.
     pub no_room: u64,
@@ -363,6 +445,7 @@ pub struct EngineStats {
     /// Batches cleared ([`Engine::handle_batch`]) and the call auctions in
     /// them that traded (one per symbol with a clearing price).
     pub batches: u64,
+    /// ... and the call auctions in them that traded.
     pub auctions: u64,
 }
 
@@ -379,6 +462,7 @@ pub struct Engine {
     /// Per symbol: the last call auction's price (0: none yet), the next
     /// auction's reference among equally good prices.
     auction_ref: Vec<Price>,
+    /// Its counters.
     pub stats: EngineStats,
 }
 
@@ -440,6 +524,7 @@ impl Engine {
         }
     }
 
+    /// The bounds it was built with.
     pub fn limits(&self) -> Limits {
         self.limits
     }

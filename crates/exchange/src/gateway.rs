@@ -50,7 +50,9 @@ pub struct GatewayConfig {
     pub users: Vec<(String, String)>,
     /// Symbols, locate 1 first.
     pub symbols: Vec<String>,
+    /// A Server Heartbeat after this long without sending to a client, ns.
     pub heartbeat_ns: u64,
+    /// A logged-in client silent this long is closed, ns.
     pub idle_timeout_ns: u64,
     /// A connection that has not logged in this long after it opened is
     /// closed (however much it trickles): a slot held without a login is
@@ -84,8 +86,11 @@ impl Default for GatewayConfig {
 pub enum Close {
     /// Bytes that are not SoupBinTCP, or a packet a client may not send now.
     Protocol(&'static str),
+    /// Bad credentials, or a session not available.
     LoginRejected,
+    /// The client logged out or closed the connection.
     Logout,
+    /// Logged in and silent for `idle_timeout_ns`.
     IdleTimeout,
     /// Not logged in within `login_timeout_ns` of opening.
     LoginTimeout,
@@ -94,13 +99,21 @@ pub enum Close {
 /// Counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GatewayStats {
+    /// Logins accepted.
     pub logins: u64,
+    /// Logins refused.
     pub login_rejects: u64,
+    /// OUCH messages from logged-in clients (orders, cancels, replaces).
     pub orders_in: u64,
+    /// OUCH messages answered with a Rejected (unsupported, malformed, refused).
     pub ouch_rejects: u64,
+    /// Connections closed for bytes that are not SoupBinTCP or not allowed now.
     pub protocol_closes: u64,
+    /// Connections closed for silence (`idle_timeout_ns`).
     pub timeouts: u64,
+    /// Sequenced messages sent again to a client logging back in.
     pub replayed: u64,
+    /// Sequenced messages sent.
     pub sequenced_out: u64,
     /// Orders (or replacements) refused because their token is not above
     /// every token the user sent before (OUCH 5.0: day-unique and strictly
@@ -140,6 +153,7 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// A connection opened at `now_ns` (wall ns), not logged in.
     pub fn new(now_ns: u64) -> Self {
         Conn { user: None, inbuf: Vec::with_capacity(4096), opened_ns: now_ns, last_rx_ns: now_ns, last_tx_ns: now_ns }
     }
@@ -254,6 +268,7 @@ pub struct Gateway {
     names: Vec<Stock>,
     /// (client, token) of live orders → routing and echo fields.
     orders: TokenIndex<LiveOrder>,
+    /// Its counters.
     pub stats: GatewayStats,
     /// Bytes for one client's messages, reused across events.
     scratch: Vec<u8>,
@@ -288,6 +303,7 @@ pub fn reject_code(r: Reject) -> u16 {
 }
 
 impl Gateway {
+    /// A gateway serving `cfg`'s users and symbols.
     pub fn new(cfg: GatewayConfig) -> Self {
         let users = cfg
             .users
@@ -314,6 +330,7 @@ impl Gateway {
         }
     }
 
+    /// What it serves.
     pub fn config(&self) -> &GatewayConfig {
         &self.cfg
     }

@@ -42,6 +42,7 @@ pub struct ItchWriter {
     packets: Vec<Vec<u8>>,
     /// Buffers of sent packets, given back ([`ItchWriter::recycle`]) to be filled again.
     spare: Vec<Vec<u8>>,
+    /// ITCH messages written.
     pub messages: u64,
 }
 

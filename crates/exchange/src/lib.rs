@@ -6,6 +6,8 @@
 //! [`auction`]), and a watch for firms that act before their data's release
 //! ([`cheat`]).
 
+#![deny(missing_docs)]
+
 pub mod auction;
 pub mod cheat;
 pub mod client;

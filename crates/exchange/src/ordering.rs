@@ -50,9 +50,15 @@ pub enum OrderingMode {
     /// Arrival order.
     Fifo,
     /// By delivery clock, each order held at most `bound_ns`.
-    Dbo { bound_ns: u64 },
+    Dbo {
+        /// Longest an order is held, ns.
+        bound_ns: u64,
+    },
     /// Frequent batch auctions every `interval_ns`.
-    Batch { interval_ns: u64 },
+    Batch {
+        /// The batch interval, ns.
+        interval_ns: u64,
+    },
 }
 
 impl OrderingMode {
@@ -99,21 +105,27 @@ pub enum ReleaseCause {
 /// An order out of the buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Released<T> {
+    /// The firm that sent it.
     pub firm: u16,
+    /// The order.
     pub item: T,
+    /// When it arrived, ns.
     pub arrival_ns: u64,
+    /// When it was released, ns.
     pub release_ns: u64,
     /// The key it was ranked by (DBO; after clamping), if it had one.
     pub clock: Option<DeliveryClock>,
     /// The batch it belongs to (batch mode): batches are numbered from 0 at
     /// time 0, every `interval_ns`.
     pub batch: Option<u64>,
+    /// Why it came out then.
     pub cause: ReleaseCause,
 }
 
 /// Why an order was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum OrderingError {
+    /// The firm's number is not below the buffer's firm count.
     #[error("firm {0} is outside the buffer's firms")]
     UnknownFirm(u16),
 }
@@ -121,9 +133,13 @@ pub enum OrderingError {
 /// Counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct OrderingStats {
+    /// Orders offered.
     pub received: u64,
+    /// Orders released.
     pub released: u64,
+    /// Orders refused (an unknown firm).
     pub refused: u64,
+    /// DBO: released because every firm's clock had passed them.
     pub released_on_progress: u64,
     /// DBO: released because the bound expired (the exchange could not be
     /// sure no better-ranked order was still on its way).
@@ -136,7 +152,9 @@ pub struct OrderingStats {
     /// DBO: orders without a delivery clock (ranked at their firm's last
     /// clock, or at arrival if the firm has shown none).
     pub no_clock: u64,
+    /// Orders released early because the buffer was full.
     pub overflow: u64,
+    /// Batch: batches released.
     pub batches: u64,
     /// Longest time an order was held, ns.
     pub hold_max_ns: u64,
@@ -195,6 +213,7 @@ pub struct OrderingBuffer<T> {
     batch_items: Vec<(u16, u64, T)>,
     out: VecDeque<Released<T>>,
     arrival_count: u64,
+    /// Its counters.
     pub stats: OrderingStats,
 }
 
@@ -221,6 +240,7 @@ impl<T> OrderingBuffer<T> {
         }
     }
 
+    /// The mode it runs.
     pub fn mode(&self) -> OrderingMode {
         self.mode
     }

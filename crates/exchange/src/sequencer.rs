@@ -90,9 +90,11 @@ pub fn timestamp_appendage(ts: u64) -> [u8; 10] {
 /// Counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SequencerStats {
+    /// Orders taken into the window.
     pub held: u64,
     /// Orders released ahead of an earlier arrival (the window changed the order).
     pub reordered: u64,
+    /// Orders released early because the buffer was full ([`SEQUENCER_MAX`]).
     pub overflow: u64,
     /// Orders stamped later than the window allows (their timestamp is older than
     /// what was already released): released at once, in arrival order.
@@ -129,10 +131,12 @@ pub struct Sequencer {
     arrivals: u64,
     last_released_stamp: u64,
     last_released_order: u64,
+    /// Its counters.
     pub stats: SequencerStats,
 }
 
 impl Sequencer {
+    /// A sequencer with a window of `window_ns` (0: arrival order, nothing held).
     pub fn new(window_ns: u64) -> Self {
         Sequencer {
             window_ns,
@@ -144,10 +148,12 @@ impl Sequencer {
         }
     }
 
+    /// Its window, ns.
     pub fn window_ns(&self) -> u64 {
         self.window_ns
     }
 
+    /// Whether it holds nothing.
     pub fn is_empty(&self) -> bool {
         self.heap.is_empty()
     }

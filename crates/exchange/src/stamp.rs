@@ -25,6 +25,7 @@ pub const STAMP_PENDING_MAX: usize = 2 + u16::MAX as usize;
 /// Counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StampStats {
+    /// SoupBinTCP packets passed through.
     pub packets: u64,
     /// Enter Orders stamped.
     pub stamped: u64,
@@ -47,6 +48,7 @@ pub struct NotSoupBinTcp;
 #[derive(Debug, Default)]
 pub struct Stamper {
     pending: Vec<u8>,
+    /// Its counters.
     pub stats: StampStats,
 }
 

@@ -257,10 +257,12 @@ impl<V, const N: usize> TokenIndex<V, N> {
         self.len
     }
 
+    /// Whether it holds no token.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The value of `client`'s `token`.
     pub fn get(&self, client: u32, token: u32) -> Option<&V> {
         if let Some(log) = self.logs.get(client as usize) {
             if let Some((c, i)) = log.find(token) {
@@ -273,6 +275,7 @@ impl<V, const N: usize> TokenIndex<V, N> {
         self.others.get(&(client, token))
     }
 
+    /// The value of `client`'s `token`, to change.
     pub fn get_mut(&mut self, client: u32, token: u32) -> Option<&mut V> {
         if let Some(log) = self.logs.get_mut(client as usize) {
             if let Some((c, i)) = log.find(token) {
@@ -285,6 +288,7 @@ impl<V, const N: usize> TokenIndex<V, N> {
         self.others.get_mut(&(client, token))
     }
 
+    /// Whether `client`'s `token` is held.
     pub fn contains(&self, client: u32, token: u32) -> bool {
         self.get(client, token).is_some()
     }
