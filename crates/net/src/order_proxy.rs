@@ -4,24 +4,33 @@
 //! (`fairfeed_exchange::stamp::Stamper`) — DBO without the firm stamping,
 //! and without the firm being able to stamp for itself (issue 44).
 //!
-//! A thin shell: a listener thread; per firm connection, one thread
-//! carrying the firm's bytes through the stamper to the exchange and one
-//! carrying the exchange's answers back unchanged. At most
-//! [`PROXY_CONNECTIONS_MAX`] connections at once (more are refused and
-//! counted; one silent for [`PROXY_IDLE_MAX`] is closed); each holds at most one SoupBinTCP packet of the firm's in the
-//! stamper and a fixed buffer each way; a stream that does not frame as
-//! SoupBinTCP is closed (counted).
+//! A thin shell: one agent (`io::agent`, role `order-proxy`) on a thread of
+//! its own serves the listener and every connection from one `epoll` set,
+//! carrying the firm's bytes through the stamper to the exchange and the
+//! exchange's answers back unchanged. At most [`PROXY_CONNECTIONS_MAX`]
+//! connections at once (more are refused and counted; one silent for
+//! [`PROXY_IDLE_MAX`] is closed); the exchange connection is opened
+//! without waiting (an unreachable exchange closes that pair, counted, and
+//! holds up no other); each pair holds at most one SoupBinTCP packet of the
+//! firm's in the stamper and [`PROXY_PENDING_MAX`] bytes each way (a side
+//! that does not read stops the other being read, counted
+//! `backpressured`); a stream that does not frame as SoupBinTCP is closed
+//! (counted).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
 use fairfeed_exchange::ordering::DeliveryClock;
 use fairfeed_exchange::stamp::{StampStats, Stamper};
+use fairfeed_io::agent::{self, Agent, RunConfig, Turn};
 use fairfeed_io::clock::wall_ns;
+use fairfeed_io::idle::IdleStrategy;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 
 /// Firm connections served at once.
 pub const PROXY_CONNECTIONS_MAX: usize = 8;
@@ -29,7 +38,7 @@ pub const PROXY_CONNECTIONS_MAX: usize = 8;
 /// `idle_closed`): an OUCH client sends a heartbeat every second, so this
 /// one is gone, and it would hold a slot.
 pub const PROXY_IDLE_MAX: Duration = Duration::from_secs(30);
-/// How often the threads look at the stop flag.
+/// How often the agent looks at the stop flag while parked.
 const POLL: Duration = Duration::from_millis(50);
 
 /// The release point's delivery clock: the last data message delivered and
@@ -86,19 +95,27 @@ impl ClockCell {
 }
 
 /// What the proxy did.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ProxyStats {
+    /// Firm connections taken (an exchange connection opened for each).
     pub connections: u64,
-    /// Refused: all [`PROXY_CONNECTIONS_MAX`] taken, or the exchange unreachable.
+    /// Refused: all [`PROXY_CONNECTIONS_MAX`] taken.
     pub refused_busy: u64,
+    /// Closed because the exchange could not be reached (or went away before it answered).
     pub refused_upstream: u64,
+    /// Closed after [`PROXY_IDLE_MAX`] (or the `idle` given) without a byte from the firm.
     pub idle_closed: u64,
+    /// Times one side stopped being read because the other side's buffer
+    /// ([`PROXY_PENDING_MAX`]) was full (the slower side sets the pace).
+    pub backpressured: u64,
+    /// The stamper's counters, over every connection.
     #[serde(flatten)]
     pub stamp: StampStats,
 }
 
 /// A running proxy; stops with its `stop` flag.
 pub struct OrderProxy {
+    /// Where firms connect.
     pub addr: SocketAddr,
     stats: Arc<Mutex<ProxyStats>>,
     thread: Option<thread::JoinHandle<()>>,
@@ -107,7 +124,8 @@ pub struct OrderProxy {
 impl OrderProxy {
     /// Listens on `listen`, forwarding to the exchange at `exchange`,
     /// stamping with `cell`; a connection silent for `idle` is closed
-    /// ([`PROXY_IDLE_MAX`] in service).
+    /// ([`PROXY_IDLE_MAX`] in service). One agent on a thread of its own
+    /// serves the listener and every connection.
     pub fn start(
         listen: SocketAddr,
         exchange: SocketAddr,
@@ -115,22 +133,53 @@ impl OrderProxy {
         stop: Arc<AtomicBool>,
         idle: Duration,
     ) -> std::io::Result<OrderProxy> {
-        let l = TcpListener::bind(listen)?;
-        l.set_nonblocking(true)?;
-        let addr = l.local_addr()?;
+        let listener = TcpListener::bind(listen)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
         let stats = Arc::new(Mutex::new(ProxyStats::default()));
-        let st = stats.clone();
-        let thread = thread::Builder::new()
-            .name("order-proxy".into())
-            .spawn(move || accept_loop(&l, (exchange, idle), &cell, &stop, &st))?;
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+        epoll.add(&listener, EpollEvent::new(EpollFlags::EPOLLIN, LISTENER))?;
+        let a = ProxyAgent {
+            listener,
+            epoll,
+            events: vec![EpollEvent::empty(); EVENTS_MAX],
+            pairs: (0..PROXY_CONNECTIONS_MAX).map(|_| None).collect(),
+            exchange,
+            idle_ns: idle.as_nanos() as u64,
+            cell,
+            local: ProxyStats::default(),
+            shared: stats.clone(),
+            buf: vec![0u8; READ_MAX],
+            next_tick: 0,
+        };
+        // Parked until a socket has something (the old blocking reads' wake-up),
+        // at most POLL so the stop flag is seen.
+        let cfg = RunConfig {
+            idle: IdleStrategy::Park,
+            spin_ahead_ns: 0,
+            park_max_ns: POLL.as_nanos() as u64,
+            stop: Some(stop),
+        };
+        let thread = agent::spawn(
+            "order-proxy",
+            cfg,
+            move || a,
+            |mut a, r| {
+                if let Err(e) = r {
+                    tracing::error!("order proxy: its runner failed: {e}");
+                }
+                a.close_all();
+            },
+        )?;
         Ok(OrderProxy { addr, stats, thread: Some(thread) })
     }
 
+    /// What it did so far.
     pub fn stats(&self) -> ProxyStats {
         *self.stats.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits for the listener thread (after the stop flag is set).
+    /// Waits for its thread (after the stop flag is set).
     pub fn join(mut self) -> ProxyStats {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -139,96 +188,330 @@ impl OrderProxy {
     }
 }
 
-fn accept_loop(
-    l: &TcpListener,
-    (exchange, idle): (SocketAddr, Duration),
-    cell: &Arc<ClockCell>,
-    stop: &Arc<AtomicBool>,
-    st: &Arc<Mutex<ProxyStats>>,
-) {
-    let open = Arc::new(AtomicU64::new(0));
-    let mut pairs = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        let Ok((firm, _)) = l.accept() else {
-            thread::sleep(POLL / 10);
-            continue;
-        };
-        let mut s = st.lock().unwrap_or_else(PoisonError::into_inner);
-        if open.load(Ordering::Relaxed) as usize >= PROXY_CONNECTIONS_MAX {
-            s.refused_busy += 1;
-            continue; // dropped: closed
+/// `epoll` data of the listener; a pair's sockets are `2·slot` (the firm's)
+/// and `2·slot + 1` (the exchange's).
+const LISTENER: u64 = u64::MAX;
+/// Readiness events taken per look.
+const EVENTS_MAX: usize = 64;
+/// Bytes read from a socket at once.
+const READ_MAX: usize = 16 * 1024;
+/// Bytes one connection holds for the other side at most, each way: a side
+/// that does not take them stops the other being read.
+pub const PROXY_PENDING_MAX: usize = 64 * 1024;
+/// How often idle connections and pending connects are looked at.
+const TICK_NS: u64 = 10_000_000;
+
+/// One firm connection and the exchange connection opened for it.
+struct Pair {
+    firm: TcpStream,
+    up: TcpStream,
+    stamper: Stamper,
+    /// Stamped bytes for the exchange, and the exchange's for the firm, not yet written.
+    to_up: Vec<u8>,
+    to_firm: Vec<u8>,
+    /// The exchange accepted the connection (a nonblocking connect completed).
+    connected: bool,
+    /// When the firm last sent something (wall ns).
+    last_ns: u64,
+    /// The `epoll` interest of each socket now.
+    interest: (EpollFlags, EpollFlags),
+}
+
+impl Pair {
+    /// What each socket should wake the agent for: input while the other
+    /// side's buffer has room, writability while something waits for it
+    /// (or, the exchange's, until its connect completes).
+    fn wanted(&self) -> (EpollFlags, EpollFlags) {
+        let (mut firm, mut up) = (EpollFlags::empty(), EpollFlags::empty());
+        if self.to_up.len() < PROXY_PENDING_MAX {
+            firm |= EpollFlags::EPOLLIN;
         }
-        let Ok(up) = TcpStream::connect_timeout(&exchange, Duration::from_secs(2)) else {
-            s.refused_upstream += 1;
-            continue;
-        };
-        s.connections += 1;
-        drop(s);
-        open.fetch_add(1, Ordering::Relaxed);
-        let _ = firm.set_nodelay(true);
-        let _ = up.set_nodelay(true);
-        pairs.push(serve((firm, up, idle), cell.clone(), stop.clone(), st.clone(), open.clone()));
-    }
-    for p in pairs {
-        let _ = p.join();
+        if !self.to_firm.is_empty() {
+            firm |= EpollFlags::EPOLLOUT;
+        }
+        if self.to_firm.len() < PROXY_PENDING_MAX {
+            up |= EpollFlags::EPOLLIN;
+        }
+        if !self.to_up.is_empty() || !self.connected {
+            up |= EpollFlags::EPOLLOUT;
+        }
+        (firm, up)
     }
 }
 
-/// One firm connection: its bytes stamped up, the exchange's answers down.
-fn serve(
-    (firm, up, idle): (TcpStream, TcpStream, Duration),
+/// Which of a pair's sockets `epoll` said have something.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ready {
+    any: bool,
+    firm: bool,
+    up: bool,
+}
+
+/// Why a pair is closed.
+enum Closing {
+    /// Either side closed or failed, or the firm's bytes were not SoupBinTCP.
+    Done,
+    /// The exchange could not be reached.
+    Upstream,
+}
+
+/// The proxy as an agent: the listener and every pair on one `epoll` set.
+struct ProxyAgent {
+    listener: TcpListener,
+    epoll: Epoll,
+    events: Vec<EpollEvent>,
+    pairs: Vec<Option<Pair>>,
+    exchange: SocketAddr,
+    idle_ns: u64,
     cell: Arc<ClockCell>,
-    stop: Arc<AtomicBool>,
-    st: Arc<Mutex<ProxyStats>>,
-    open: Arc<AtomicU64>,
-) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        let (Ok(mut firm_w), Ok(mut up_r)) = (firm.try_clone(), up.try_clone()) else { return };
-        let _ = up_r.set_read_timeout(Some(POLL));
-        let down_stop = stop.clone();
-        let down = thread::spawn(move || {
-            let mut buf = [0u8; 16 * 1024];
-            while !down_stop.load(Ordering::Relaxed) {
-                match up_r.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) if firm_w.write_all(&buf[..n]).is_ok() => {}
-                    Ok(_) => break,
-                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-                    Err(_) => break,
-                }
+    /// Its counters, and where `stats()` reads them (copied when they change).
+    local: ProxyStats,
+    shared: Arc<Mutex<ProxyStats>>,
+    buf: Vec<u8>,
+    /// When idle connections and connects are next looked at (wall ns).
+    next_tick: u64,
+}
+
+impl ProxyAgent {
+    /// Takes the connections waiting: each with a nonblocking connect to the
+    /// exchange (a dead exchange never holds up the others), or refused when
+    /// every slot is taken. Returns how many came.
+    fn accept(&mut self, now: u64) -> usize {
+        let mut n = 0;
+        while let Ok((firm, _)) = self.listener.accept() {
+            n += 1;
+            let Some(slot) = self.pairs.iter().position(Option::is_none) else {
+                self.local.refused_busy += 1;
+                continue; // dropped: closed
+            };
+            let Ok(up) = connect_nonblocking(self.exchange) else {
+                self.local.refused_upstream += 1;
+                continue;
+            };
+            let _ = firm.set_nonblocking(true);
+            let _ = firm.set_nodelay(true);
+            let _ = up.set_nodelay(true);
+            let p = Pair {
+                firm,
+                up,
+                stamper: Stamper::default(),
+                to_up: Vec::new(),
+                to_firm: Vec::new(),
+                connected: false,
+                last_ns: now,
+                interest: (EpollFlags::empty(), EpollFlags::empty()),
+            };
+            let (f, u) = p.wanted();
+            let s = slot as u64;
+            if self.epoll.add(&p.firm, EpollEvent::new(f, 2 * s)).is_err()
+                || self.epoll.add(&p.up, EpollEvent::new(u, 2 * s + 1)).is_err()
+            {
+                self.local.refused_upstream += 1;
+                let _ = self.epoll.delete(&p.firm);
+                continue;
             }
-            let _ = firm_w.shutdown(Shutdown::Both);
-        });
-        let (mut firm_r, mut up_w) = (firm, up);
-        let _ = firm_r.set_read_timeout(Some(POLL));
-        let (mut stamper, mut buf, mut out) = (Stamper::default(), [0u8; 16 * 1024], Vec::new());
-        let mut last = std::time::Instant::now();
-        while !stop.load(Ordering::Relaxed) {
-            if last.elapsed() > idle {
-                st.lock().unwrap_or_else(PoisonError::into_inner).idle_closed += 1;
-                break;
-            }
-            match firm_r.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    last = std::time::Instant::now();
-                    out.clear();
-                    let before = stamper.stats;
-                    let r = stamper.handle_bytes(&buf[..n], cell.at(wall_ns()), &mut out);
-                    add(&mut st.lock().unwrap_or_else(PoisonError::into_inner).stamp, stamper.stats, before);
-                    if up_w.write_all(&out).is_err() || r.is_err() {
-                        break;
-                    }
-                }
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-                Err(_) => break,
+            self.pairs[slot] = Some(Pair { interest: (f, u), ..p });
+            self.local.connections += 1;
+        }
+        n
+    }
+
+    /// Moves what pair `slot` has: the firm's bytes stamped towards the
+    /// exchange, the exchange's back unchanged. Returns the bytes moved, or
+    /// why the pair must close.
+    fn pump(&mut self, slot: usize, ready: Ready, now: u64) -> Result<usize, Closing> {
+        let Some(p) = self.pairs[slot].as_mut() else { return Ok(0) };
+        let mut moved = 0;
+        if !p.connected {
+            match p.up.take_error() {
+                Ok(Some(_)) | Err(_) => return Err(Closing::Upstream),
+                Ok(None) => p.connected = p.up.peer_addr().is_ok(),
             }
         }
-        let _ = up_w.shutdown(Shutdown::Both);
-        let _ = firm_r.shutdown(Shutdown::Both);
-        let _ = down.join();
-        open.fetch_sub(1, Ordering::Relaxed);
-    })
+        if ready.firm && p.to_up.len() < PROXY_PENDING_MAX {
+            match read_some(&mut p.firm, &mut self.buf) {
+                Some(0) => return Err(Closing::Done),
+                Some(n) => {
+                    p.last_ns = now;
+                    moved += n;
+                    let before = p.stamper.stats;
+                    let r = p.stamper.handle_bytes(&self.buf[..n], self.cell.at(wall_ns()), &mut p.to_up);
+                    add(&mut self.local.stamp, p.stamper.stats, before);
+                    if r.is_err() {
+                        return Err(Closing::Done);
+                    }
+                }
+                None => {}
+            }
+        }
+        if ready.up && p.to_firm.len() < PROXY_PENDING_MAX {
+            match read_some(&mut p.up, &mut self.buf) {
+                Some(0) => return Err(Closing::Done),
+                Some(n) => {
+                    moved += n;
+                    p.to_firm.extend_from_slice(&self.buf[..n]);
+                }
+                None => {}
+            }
+        }
+        moved += write_some(&mut p.up, &mut p.to_up, p.connected)?;
+        moved += write_some(&mut p.firm, &mut p.to_firm, true)?;
+        let wanted = p.wanted();
+        if wanted != p.interest {
+            // A side's buffer filled: the other is no longer read.
+            let paused = |was: EpollFlags, now: EpollFlags| {
+                was.contains(EpollFlags::EPOLLIN) && !now.contains(EpollFlags::EPOLLIN)
+            };
+            self.local.backpressured +=
+                u64::from(paused(p.interest.0, wanted.0)) + u64::from(paused(p.interest.1, wanted.1));
+            let s = slot as u64;
+            let _ = self.epoll.modify(&p.firm, &mut EpollEvent::new(wanted.0, 2 * s));
+            let _ = self.epoll.modify(&p.up, &mut EpollEvent::new(wanted.1, 2 * s + 1));
+            p.interest = wanted;
+        }
+        Ok(moved)
+    }
+
+    fn close(&mut self, slot: usize, why: Closing) {
+        let Some(p) = self.pairs[slot].take() else { return };
+        if matches!(why, Closing::Upstream) {
+            self.local.refused_upstream += 1;
+        }
+        // Counted before either end can see the close.
+        self.publish();
+        let _ = self.epoll.delete(&p.firm);
+        let _ = self.epoll.delete(&p.up);
+        let _ = p.up.shutdown(Shutdown::Both);
+        let _ = p.firm.shutdown(Shutdown::Both);
+    }
+
+    /// Closes the connections silent too long; returns how many.
+    fn tick(&mut self, now: u64) -> usize {
+        self.next_tick = now + TICK_NS;
+        let mut closed = 0;
+        for slot in 0..self.pairs.len() {
+            if self.pairs[slot].as_ref().is_some_and(|p| now.saturating_sub(p.last_ns) > self.idle_ns) {
+                self.local.idle_closed += 1;
+                self.close(slot, Closing::Done);
+                closed += 1;
+            }
+        }
+        closed
+    }
+
+    fn close_all(&mut self) {
+        for slot in 0..self.pairs.len() {
+            self.close(slot, Closing::Done);
+        }
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let mut s = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        if *s != self.local {
+            *s = self.local;
+        }
+    }
+}
+
+impl Agent for ProxyAgent {
+    fn role(&self) -> &'static str {
+        "order-proxy"
+    }
+
+    fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
+        let n = self.epoll.wait(&mut self.events, EpollTimeout::ZERO).unwrap_or(0);
+        let mut ready = [Ready::default(); PROXY_CONNECTIONS_MAX];
+        let mut listener = false;
+        for e in &self.events[..n] {
+            match e.data() {
+                LISTENER => listener = true,
+                d => {
+                    // Only its readable side is read (a read that finds nothing costs a system call).
+                    let r = &mut ready[(d / 2) as usize % PROXY_CONNECTIONS_MAX];
+                    r.any = true;
+                    let readable =
+                        e.events().intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLHUP | EpollFlags::EPOLLERR);
+                    if d % 2 == 0 {
+                        r.firm |= readable;
+                    } else {
+                        r.up |= readable;
+                    }
+                }
+            }
+        }
+        let mut work = if listener { self.accept(now) } else { 0 };
+        for (slot, &r) in ready.iter().enumerate().filter(|r| r.1.any) {
+            match self.pump(slot, r, now) {
+                Ok(moved) => work += moved,
+                Err(why) => {
+                    work += 1;
+                    self.close(slot, why);
+                }
+            }
+        }
+        if now >= self.next_tick {
+            work += self.tick(now);
+        }
+        if work > 0 {
+            self.publish();
+        }
+        work
+    }
+
+    fn next_due(&self) -> u64 {
+        self.next_tick
+    }
+
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        vec![self.epoll.0.as_fd()]
+    }
+
+    fn is_done(&self) -> bool {
+        false
+    }
+
+    fn on_close(&mut self, _now: u64) {
+        self.publish();
+    }
+}
+
+/// A TCP connection to `to`, its connect under way (never waited for here).
+fn connect_nonblocking(to: SocketAddr) -> std::io::Result<TcpStream> {
+    let s = socket2::Socket::new(socket2::Domain::for_address(to), socket2::Type::STREAM, None)?;
+    s.set_nonblocking(true)?;
+    match s.connect(&to.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(nix::libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(TcpStream::from(s))
+}
+
+/// One read: `Some(0)` at the end of the stream (or an error), `Some(n)`
+/// bytes, `None` when nothing waits.
+fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
+    match s.read(buf) {
+        Ok(n) => Some(n),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => None,
+        Err(_) => Some(0),
+    }
+}
+
+/// Writes what `pending` holds (when the socket is `ready`); returns the
+/// bytes written.
+fn write_some(s: &mut TcpStream, pending: &mut Vec<u8>, ready: bool) -> Result<usize, Closing> {
+    if !ready || pending.is_empty() {
+        return Ok(0);
+    }
+    match s.write(pending) {
+        Ok(n) => {
+            pending.drain(..n);
+            Ok(n)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
+        Err(_) => Err(Closing::Done),
+    }
 }
 
 /// Adds what one read changed (`now − before`) to the shared counters.
@@ -245,6 +528,7 @@ fn add(s: &mut StampStats, now: StampStats, before: StampStats) {
 mod tests {
     use super::*;
     use fairfeed_exchange::client;
+    use std::sync::atomic::Ordering;
 
     /// A fake exchange: accepts and keeps every connection, echoing nothing;
     /// what each sent is read into `got`.
@@ -271,9 +555,80 @@ mod tests {
         (addr, got)
     }
 
+    /// The proxy closed it (a read timing out is not a close).
     fn closed(s: &mut TcpStream) -> bool {
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        matches!(s.read(&mut [0u8; 16]), Ok(0) | Err(_))
+        match s.read(&mut [0u8; 16]) {
+            Ok(0) => true,
+            Err(e) => matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe),
+            Ok(_) => false,
+        }
+    }
+
+    /// An exchange that cannot be reached closes that firm's connection
+    /// (counted) and holds up no other; an exchange that stops reading
+    /// stops its firm being read (counted) without the proxy holding more
+    /// than its limit, and the other firms go on.
+    #[test]
+    fn an_unreachable_or_stalled_exchange_costs_only_its_own_connection() {
+        let dead = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed again at once
+        let stop = Arc::new(AtomicBool::new(false));
+        let cell = Arc::new(ClockCell::default());
+        let to_dead =
+            OrderProxy::start("127.0.0.1:0".parse().unwrap(), dead, cell.clone(), stop.clone(), PROXY_IDLE_MAX)
+                .unwrap();
+        let mut firm = TcpStream::connect(to_dead.addr).unwrap();
+        assert!(closed(&mut firm), "no exchange: the firm's connection is closed");
+        assert_eq!(to_dead.stats().refused_upstream, 1);
+
+        // A stalled exchange: accepts, never reads.
+        let stalled = TcpListener::bind("127.0.0.1:0").unwrap();
+        let held: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let h = held.clone();
+        let stalled_addr = stalled.local_addr().unwrap();
+        thread::spawn(move || {
+            for s in stalled.incoming().flatten() {
+                h.lock().unwrap().push(s);
+            }
+        });
+        let proxy = OrderProxy::start("127.0.0.1:0".parse().unwrap(), stalled_addr, cell, stop.clone(), PROXY_IDLE_MAX)
+            .unwrap();
+        let mut flood = TcpStream::connect(proxy.addr).unwrap();
+        flood.set_nonblocking(true).unwrap();
+        // Debug packets (valid SoupBinTCP, passed through unstamped) until
+        // the kernel's buffers and the proxy's are full.
+        let mut packet = vec![0x03, 0xff, b'+'];
+        packet.resize(0x3ff + 2, b'x');
+        let (mut sent, mut at, t0) = (0usize, 0usize, std::time::Instant::now());
+        while t0.elapsed() < Duration::from_secs(2) {
+            // A partial write leaves the rest of the packet for the next.
+            match flood.write(&packet[at..]) {
+                Ok(n) => {
+                    sent += n;
+                    at = (at + n) % packet.len();
+                }
+                Err(_) => thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        let s = proxy.stats();
+        assert!(s.backpressured > 0, "the flood waited for the exchange: {s:?}");
+        assert!(sent < 64 << 20, "the proxy stopped reading the flood ({sent} bytes taken)");
+        // Another firm on the same proxy is still served (its connection is
+        // taken and its bytes are read and stamped).
+        let mut other = TcpStream::connect(proxy.addr).unwrap();
+        let mut b = Vec::new();
+        client::enter_order(
+            &client::Order { token: 1, side: b'B', qty: 1, symbol: "AAPL", price: 1, ..Default::default() },
+            &mut b,
+        );
+        other.write_all(&b).unwrap();
+        thread::sleep(Duration::from_millis(300));
+        let s = proxy.stats();
+        assert_eq!(s.connections, 2, "{s:?}");
+        assert!(s.stamp.packets > 0, "{s:?}");
+        stop.store(true, Ordering::Relaxed);
+        to_dead.join();
+        proxy.join();
     }
 
     /// A delivery ahead (a last hop's deadline) counts only from its time:
