@@ -8,7 +8,9 @@ use std::net::{IpAddr, SocketAddr};
 /// A host (an IP address or a DNS name) and a port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HostPort {
+    /// An IP address or a DNS name.
     pub host: String,
+    /// The port.
     pub port: u16,
 }
 
@@ -18,12 +20,26 @@ pub const NAME_MAX: usize = 253;
 /// Why a text is not a `HOST:PORT` address.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AddrError {
+    /// No `:PORT` (or brackets that do not close).
     #[error("{0:?} is not HOST:PORT (e.g. 10.0.0.7:9100, [::1]:9100 or node-7.tree:9100)")]
     NotHostPort(String),
+    /// The port is not a number in 0..=65535.
     #[error("{text:?}: port {port:?} is not a number in 0..=65535")]
-    BadPort { text: String, port: String },
+    BadPort {
+        /// The whole text.
+        text: String,
+        /// Its port part.
+        port: String,
+    },
+    /// The host is neither an IP address nor a host name.
     #[error("{text:?}: {host:?} is neither an IP address nor a host name")]
-    BadHost { text: String, host: String },
+    BadHost {
+        /// The whole text.
+        text: String,
+        /// Its host part.
+        host: String,
+    },
+    /// Port 0 (binds a random port; no one can send to it).
     #[error("{0:?}: port 0 is not an address anyone can send to (it binds a random port)")]
     PortZero(String),
 }

@@ -52,9 +52,13 @@ impl std::error::Error for AuthError {}
 /// Counters of refused packets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct AuthStats {
+    /// Packets too short for a tag.
     pub truncated: u64,
+    /// Packets whose tag does not verify.
     pub bad_tag: u64,
+    /// Packets already seen (a replay).
     pub replayed: u64,
+    /// Packets sealed with a key id the keyring does not hold.
     pub unknown_key: u64,
 }
 
@@ -67,6 +71,7 @@ impl AuthStats {
         self.unknown_key += o.unknown_key;
     }
 
+    /// Counts one refusal.
     pub fn count(&mut self, e: AuthError) {
         match e {
             AuthError::Truncated => self.truncated += 1,
@@ -80,26 +85,37 @@ impl AuthStats {
 /// Why a key or a key file was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
+    /// A key that is not 64 hex digits.
     #[error("a key is 64 hex digits")]
     NotHex,
+    /// An empty key.
     #[error("no key: a key is 64 hex digits")]
     Empty,
+    /// A key file line that is neither `ID HEX` nor `ID HEX send`.
     #[error("line {0}: expected `ID HEX` or `ID HEX send`")]
     BadLine(usize),
+    /// A key id that is not 0..=255.
     #[error("line {0}: key id {1:?} is not 0..=255")]
     BadId(usize, String),
+    /// A key file line whose key is not 64 hex digits.
     #[error("line {0}: a key is 64 hex digits")]
     BadKeyAt(usize),
+    /// A keyring of no keys or more than KEYS_MAX.
     #[error("a keyring holds 1 to {KEYS_MAX} keys, not {0}")]
     Count(usize),
+    /// A key id given twice.
     #[error("key id {0} given twice")]
     Twice(u8),
+    /// Two ids with the same key.
     #[error("key id {0} holds the same key as another id")]
     SameKey(u8),
+    /// The key to seal with is not in the keyring.
     #[error("no key {0} to seal with")]
     NoSendKey(u8),
+    /// Several keys and none marked to seal with.
     #[error("several keys: mark the one to seal with (`ID HEX send`)")]
     Unmarked,
+    /// More than one key marked to seal with.
     #[error("more than one key marked send")]
     MarkedTwice,
 }
@@ -132,6 +148,7 @@ pub const KEYS_MAX: usize = 4;
 pub struct Auth {
     keys: Vec<(u8, [u8; KEY_LEN])>,
     send: u8,
+    /// A packet older than this (its sender's time against ours) is refused, ns.
     pub max_age_ns: u64,
 }
 

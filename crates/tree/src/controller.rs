@@ -86,6 +86,7 @@ pub struct ControllerConfig {
     pub hold_down_ns: u64,
     /// Members one IP address may hold (a host running many nodes; a flood from one address stops here).
     pub members_per_ip_max: usize,
+    /// Members at most (1..=MEMBERS_MAX).
     pub members_max: usize,
 }
 
@@ -106,19 +107,30 @@ impl Default for ControllerConfig {
 /// A configuration the controller cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// A fan-out outside 1..=LINKS_MAX.
     #[error("fan-out {0} out of range (1..={LINKS_MAX})")]
     Fanout(usize),
+    /// A hedge whose copies (F + H·F) do not fit a view.
     #[error("hedge {hedge} too large for fan-out {fanout}: a proxy's copies (F + H·F) must fit a view ({LINKS_MAX})")]
-    Hedge { hedge: usize, fanout: usize },
+    Hedge {
+        /// The hedge asked for.
+        hedge: usize,
+        /// The fan-out asked for.
+        fanout: usize,
+    },
+    /// Proxy layers outside 0..=PROXY_LAYERS_MAX.
     #[error("proxy layers {0} out of range (0..={PROXY_LAYERS_MAX})")]
     Layers(usize),
+    /// A dead-after of 0, or a hold-down shorter than it.
     #[error("dead-after must be > 0 and the hold-down at least as long")]
     Timers,
+    /// A members limit outside 1..=MEMBERS_MAX.
     #[error("members limit {0} out of range (1..={MEMBERS_MAX})")]
     Members(usize),
 }
 
 impl ControllerConfig {
+    /// Refuses settings it cannot run with.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.fanout == 0 || self.fanout > LINKS_MAX {
             return Err(ConfigError::Fanout(self.fanout));
@@ -142,14 +154,21 @@ impl ControllerConfig {
 /// One member as the controller keeps it (and as the store holds it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberRecord {
+    /// Its id.
     pub id: u32,
+    /// Its role.
     pub role: MemberRole2,
+    /// Its registration's incarnation.
     pub incarnation: u64,
+    /// Where it listens.
     pub addr: SocketAddr,
+    /// Children it can feed (proxies).
     pub capacity: usize,
     /// Where it is placed: its layer (−1: the sender) and parent; `None`: a spare or waiting.
     pub layer: Option<i32>,
+    /// Its parent.
     pub parent: Option<u32>,
+    /// Its children.
     pub children: Vec<u32>,
 }
 
@@ -157,8 +176,11 @@ pub struct MemberRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MemberRole2 {
+    /// The tree's root.
     Sender,
+    /// An inner node.
     Proxy,
+    /// A leaf.
     Receiver,
 }
 
@@ -198,46 +220,70 @@ struct Member {
 /// What happened, for the shell's log and store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
+    /// A node registered.
     Joined {
+        /// Its id.
         id: u32,
+        /// Its role.
         role: MemberRole,
+        /// Where it listens.
         addr: SocketAddr,
+        /// It was placed in the tree (else: a spare, or waiting for room).
         placed: bool,
     },
+    /// A member left.
     Left {
+        /// Its id.
         id: u32,
     },
+    /// A member was declared dead.
     Dead {
+        /// Its id.
         id: u32,
+        /// Its role.
         role: MemberRole,
+        /// How long it had been silent, ns.
         silent_ns: u64,
     },
     /// A dead proxy's place taken by a spare.
     Replaced {
+        /// The dead proxy.
         dead: u32,
+        /// The spare that took its place.
         spare: u32,
     },
     /// A dead proxy's children moved to live proxies of its layer (`stranded`: no room anywhere).
     Reparented {
+        /// The dead proxy.
         dead: u32,
+        /// Children moved.
         moved: usize,
+        /// Children left without a parent (no room anywhere).
         stranded: usize,
     },
     /// Children moved off proxies loaded beyond their capacity (by earlier
     /// repairs) onto proxies of their layer with room (`to`: the proxies
     /// that took them).
     Rebalanced {
+        /// Children moved.
         moved: usize,
+        /// The proxies that took them.
         to: Vec<u32>,
     },
+    /// A node was refused.
     Refused {
+        /// Where it registered from.
         addr: SocketAddr,
+        /// The id it asked for.
         id: u32,
+        /// Why.
         reason: RefuseReason,
     },
     /// A new topology version: the members whose views changed.
     Published {
+        /// The version.
         version: u64,
+        /// The members whose views changed.
         changed: Vec<u32>,
     },
 }
@@ -245,25 +291,43 @@ pub enum Event {
 /// Counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ControllerStats {
+    /// Datagrams taken.
     pub packets: u64,
+    /// Datagrams that are not membership messages.
     pub malformed: u64,
+    /// Messages a controller does not take (views, refusals).
     pub unexpected: u64,
+    /// Registrations.
     pub registrations: u64,
+    /// Heartbeats.
     pub heartbeats: u64,
+    /// Members that left.
     pub leaves: u64,
+    /// Registrations refused.
     pub refused: u64,
+    /// Members declared dead.
     pub deaths: u64,
+    /// Dead proxies repaired.
     pub repairs: u64,
+    /// ... by a spare taking the place.
     pub spares_used: u64,
+    /// Children left without a parent by a repair.
     pub stranded: u64,
     /// Children moved by rebalancing (make before break).
     pub moves: u64,
+    /// Views sent.
     pub views_sent: u64,
+    /// Topology versions published.
     pub versions: u64,
+    /// Datagrams not sent because the outbox was full.
     pub outbox_full: u64,
+    /// Events dropped because the event queue was full (the oldest first).
     pub events_dropped: u64,
+    /// Views sent again because a member's heartbeat showed an older one.
     pub stale_views: u64,
+    /// Datagrams refused by the tree key.
     pub auth_refused: u64,
+    /// ... by reason.
     #[serde(skip)]
     pub auth: AuthStats,
 }
@@ -291,10 +355,12 @@ pub struct Controller {
     now: u64,
     out: VecDeque<(SocketAddr, Vec<u8>)>,
     events: VecDeque<Event>,
+    /// Its counters.
     pub stats: ControllerStats,
 }
 
 impl Controller {
+    /// A controller with `cfg` (refused when out of range), sealing with `auth` when given.
     pub fn new(cfg: ControllerConfig, auth: Option<Auth>) -> Result<Self, ConfigError> {
         cfg.validate()?;
         Ok(Controller {
@@ -316,6 +382,7 @@ impl Controller {
         })
     }
 
+    /// Its settings.
     pub fn config(&self) -> &ControllerConfig {
         &self.cfg
     }
@@ -446,6 +513,7 @@ impl Controller {
         self.out.pop_front()
     }
 
+    /// The next event for the log and the store.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
@@ -1002,18 +1070,24 @@ pub struct MemberClient {
     out: VecDeque<Vec<u8>>,
     /// When the controller was last heard from.
     pub last_heard_ns: u64,
+    /// Its counters.
     pub stats: MemberStats,
 }
 
 /// What a member is and how often it speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemberConfig {
+    /// What it wants to be.
     pub role: MemberRole,
+    /// The id it wants, or ANY_ID.
     pub want_id: u32,
+    /// Children it can feed (proxies; 0: the controller's fan-out).
     pub capacity: u16,
+    /// Where it wants copies sent (`None`: where its datagrams come from).
     pub advertise: Option<SocketAddr>,
     /// Random per process start.
     pub incarnation: u64,
+    /// How often it sends a heartbeat, ns.
     pub heartbeat_ns: u64,
     /// A registration unanswered this long is sent again (keep it below
     /// the controller's dead-after: a registration counts as a heartbeat).
@@ -1043,8 +1117,11 @@ enum ClientState {
 pub enum Told {
     /// A newer view: apply it.
     View(Assign),
+    /// The controller will not take it (now).
     Refused {
+        /// Why.
         reason: RefuseReason,
+        /// Ask again after this long, ns (0: do not).
         retry_after_ns: u64,
     },
 }
@@ -1052,17 +1129,24 @@ pub enum Told {
 /// A member's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct MemberStats {
+    /// Registrations sent.
     pub registrations: u64,
+    /// Heartbeats sent.
     pub heartbeats: u64,
+    /// Views applied.
     pub views: u64,
     /// Views for another incarnation or older than the one applied.
     pub stale_views: u64,
+    /// Refusals received.
     pub refusals: u64,
+    /// Datagrams that are not membership messages.
     pub malformed: u64,
+    /// Datagrams refused by the tree key.
     pub auth_refused: u64,
 }
 
 impl MemberClient {
+    /// A member client with `cfg`, sealing with `auth` when given.
     pub fn new(cfg: MemberConfig, auth: Option<Auth>) -> Self {
         MemberClient {
             cfg,
@@ -1089,6 +1173,7 @@ impl MemberClient {
         self.version
     }
 
+    /// When it next wants a turn (a registration or a heartbeat due; `u64::MAX`: none).
     pub fn next_timeout(&self) -> u64 {
         match self.state {
             ClientState::Registering { next_ns } | ClientState::Member { next_ns, .. } => next_ns,

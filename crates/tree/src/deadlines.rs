@@ -41,18 +41,24 @@ pub const BOOK_MAX: usize = 1 << 20;
 /// One record: messages `first..first + messages` are due at `deadline_ns`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record {
+    /// The first message's sequence number.
     pub first: u64,
+    /// Messages it covers.
     pub messages: u16,
+    /// Their deadline on the synchronized clock, ns.
     pub deadline_ns: u64,
 }
 
 /// Why a datagram was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
+    /// Not this kind of datagram (magic or version).
     #[error("not a deadline-record datagram (magic or version)")]
     NotRecords,
+    /// The length does not match the record count.
     #[error("length does not match its record count")]
     Malformed,
+    /// The tag does not verify under the operator key (a forgery, or another key).
     #[error("tag does not verify under the operator key")]
     BadTag,
 }
@@ -69,6 +75,7 @@ pub struct RecordWriter {
 }
 
 impl RecordWriter {
+    /// A writer sealing with `key`.
     pub fn new(key: OperatorKey) -> Self {
         RecordWriter { key, buf: Vec::with_capacity(HEADER_LEN + RECORDS_MAX * RECORD_LEN + TAG_LEN), count: 0 }
     }
@@ -138,8 +145,11 @@ pub struct DeadlineBook {
     /// Records taken and messages they covered; records for sequences
     /// already held (replays), and messages too far behind the newest to keep.
     pub records: u64,
+    /// ... messages they covered ...
     pub messages: u64,
+    /// ... records for sequences already held (replays) ...
     pub repeated: u64,
+    /// ... and messages too far behind the newest to keep.
     pub too_old: u64,
     newest: u64,
 }
@@ -151,6 +161,7 @@ impl Default for DeadlineBook {
 }
 
 impl DeadlineBook {
+    /// Keeps a record's deadline for each of its messages.
     pub fn insert(&mut self, r: Record) {
         self.records += 1;
         for k in 0..u64::from(r.messages) {

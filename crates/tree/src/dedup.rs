@@ -30,7 +30,9 @@ pub struct Dedup {
     /// Lowest sequence number the window covers.
     base: u64,
     bits: Box<[u64; WORDS]>,
+    /// Sequence numbers seen again.
     pub duplicates: u64,
+    /// Sequence numbers below the window (too old to tell).
     pub too_old: u64,
 }
 

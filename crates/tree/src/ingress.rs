@@ -36,14 +36,19 @@ pub struct IngressStats {
     pub forwarded: u64,
     /// Messages in the forwarded packets (new ones only).
     pub messages: u64,
+    /// Heartbeats forwarded.
     pub heartbeats: u64,
+    /// End-of-session packets forwarded.
     pub end_of_session: u64,
+    /// Packets that brought nothing new (dropped).
     pub duplicates: u64,
     /// Packets that repeated some messages and brought new ones (forwarded).
     pub overlaps: u64,
+    /// Datagrams that are not MoldUDP64 (dropped).
     pub malformed: u64,
     /// Jumps forward in the upstream sequence, and the messages skipped.
     pub upstream_gaps: u64,
+    /// ... and the messages skipped.
     pub upstream_gap_messages: u64,
     /// Sessions seen (a new session name starts the sequence over).
     pub sessions: u64,
@@ -54,10 +59,12 @@ pub struct IngressStats {
 pub struct Ingress {
     session: Option<Session>,
     next_seq: Option<u64>,
+    /// Its counters.
     pub stats: IngressStats,
 }
 
 impl Ingress {
+    /// Nothing seen yet: the first packet sets the session and the sequence.
     pub fn new() -> Self {
         Self::default()
     }

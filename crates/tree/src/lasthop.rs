@@ -70,17 +70,22 @@ pub mod probe {
     /// A probe's kind.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Kind {
+        /// Sent by the release point.
         Probe = 1,
+        /// Returned by the host.
         Echo = 2,
     }
 
     /// Why bytes are not a probe.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
     pub enum Error {
+        /// Not LEN bytes.
         #[error("{0} bytes, a probe has {LEN}")]
         Length(usize),
+        /// Not a last-hop probe.
         #[error("not a last-hop probe (magic)")]
         Magic,
+        /// An unknown kind byte.
         #[error("unknown probe kind {0}")]
         Kind(u8),
     }
@@ -90,6 +95,7 @@ pub mod probe {
     pub struct View<'a>(&'a [u8; LEN]);
 
     impl<'a> View<'a> {
+        /// Reads a probe in place.
         pub fn parse(b: &'a [u8]) -> Result<Self, Error> {
             let b: &[u8; LEN] = b.try_into().map_err(|_| Error::Length(b.len()))?;
             if b[..4] != MAGIC {
@@ -101,6 +107,7 @@ pub mod probe {
             }
         }
 
+        /// Probe or echo.
         pub fn kind(&self) -> Kind {
             if self.0[4] == 1 {
                 Kind::Probe
@@ -109,6 +116,7 @@ pub mod probe {
             }
         }
 
+        /// Its nonce.
         pub fn nonce(&self) -> u64 {
             let mut n = [0u8; 8];
             n.copy_from_slice(&self.0[8..16]);
@@ -143,6 +151,7 @@ pub mod probe {
 pub mod framed {
     /// Bytes in front of the packet.
     pub const HEADER_LEN: usize = 16;
+    /// The first four bytes.
     pub const MAGIC: [u8; 4] = *b"FFLD";
 
     /// Writes `payload` framed with `deadline_ns` into `out` (cleared first).
@@ -172,6 +181,7 @@ pub struct LastHopConfig {
     pub hosts: usize,
     /// Send to each host early by its lead (off: every host at the deadline).
     pub compensate: bool,
+    /// How often each host is probed, ns.
     pub probe_interval_ns: u64,
     /// The quantile of a host's delays its lead is (0.5: the median).
     pub lead_quantile: f64,
@@ -202,12 +212,16 @@ impl Default for LastHopConfig {
 /// A bad [`LastHopConfig`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ConfigError {
+    /// A host count outside 1..=HOSTS_MAX.
     #[error("{0} hosts: a last hop serves 1..={HOSTS_MAX}")]
     Hosts(usize),
+    /// A lead quantile outside (0, 1).
     #[error("lead quantile {0}: give one in (0, 1)")]
     Quantile(f64),
+    /// A lead limit above LEAD_LIMIT_NS.
     #[error("lead limit {0} ns: at most {LEAD_LIMIT_NS}")]
     LeadMax(u64),
+    /// A probe interval outside 1 µs to 10 s.
     #[error("probe interval {0} ns: give 1 µs to 10 s")]
     ProbeInterval(u64),
 }
@@ -219,15 +233,19 @@ pub struct HostStats {
     pub sent: u64,
     /// Sent more than [`LATE_SLACK_NS`] after their aim (released too late for it).
     pub late: u64,
+    /// ... and by how much at most, ns.
     pub late_max_ns: u64,
     /// Sent while it had not yet answered [`PROBES_MIN`] probes (lead 0).
     pub unprobed: u64,
+    /// Probes sent to it.
     pub probes: u64,
+    /// Echoes it returned.
     pub echoes: u64,
     /// Echoes matching no probe in flight (forged, duplicated or too late).
     pub stray_echoes: u64,
     /// Its lead now, ns, and the least one-way delay seen.
     pub lead_ns: u64,
+    /// The least one-way delay seen, ns.
     pub delay_min_ns: u64,
     /// Times its delays asked for more than the lead limit.
     pub capped: u64,
@@ -236,25 +254,35 @@ pub struct HostStats {
 /// The last hop's counters.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct LastHopStats {
+    /// Packets released to the hop.
     pub released: u64,
+    /// Packets sent to every host at once because PENDING_MAX were waiting (never dropped).
     pub pending_overflow: u64,
     /// Packets from the hop that were no echo.
     pub bad_packets: u64,
+    /// The largest lead of any host now, ns.
     pub lead_max_ns: u64,
+    /// Each host's counters.
     pub hosts: Vec<HostStats>,
 }
 
 /// What the last hop sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Out<'a> {
+    /// A probe for `host`.
     Probe {
+        /// The host.
         host: usize,
+        /// The probe's bytes.
         bytes: [u8; probe::LEN],
     },
     /// A packet for `host`, due there at `deadline_ns`.
     Data {
+        /// The host.
         host: usize,
+        /// When it is due there, ns.
         deadline_ns: u64,
+        /// The packet.
         payload: &'a [u8],
     },
 }
@@ -299,6 +327,7 @@ fn nonce(secret: u64, n: u64) -> u64 {
 }
 
 impl LastHop {
+    /// A last hop with `cfg` (refused when out of range).
     pub fn new(cfg: LastHopConfig) -> Result<Self, ConfigError> {
         if cfg.hosts == 0 || cfg.hosts > HOSTS_MAX {
             return Err(ConfigError::Hosts(cfg.hosts));
@@ -335,6 +364,7 @@ impl LastHop {
         })
     }
 
+    /// Its settings.
     pub fn config(&self) -> &LastHopConfig {
         &self.cfg
     }
@@ -507,6 +537,7 @@ impl LastHop {
         self.pending.len()
     }
 
+    /// Its counters now.
     pub fn stats(&self) -> LastHopStats {
         LastHopStats {
             released: self.released,

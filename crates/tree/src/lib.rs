@@ -18,6 +18,8 @@
 //! goes to a [`node::Transmit`], so the simulator and the UDP shell drive the
 //! same code.
 
+#![deny(missing_docs)]
+
 pub mod addr;
 pub mod auth;
 pub mod controller;

@@ -54,8 +54,11 @@ const TYPE_REFUSE: u8 = b'X';
 /// A member's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MemberRole {
+    /// The tree's root.
     Sender = 1,
+    /// An inner node.
     Proxy = 2,
+    /// A leaf.
     Receiver = 3,
 }
 
@@ -75,6 +78,7 @@ impl MemberRole {
 pub struct Register {
     /// Random per process start: a restarted node is a new member.
     pub incarnation: u64,
+    /// What it wants to be.
     pub role: MemberRole,
     /// Children it can feed (proxies; 0: the controller's fan-out).
     pub capacity: u16,
@@ -87,23 +91,31 @@ pub struct Register {
 /// A member is alive and runs topology `version`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heartbeat {
+    /// Its registration's incarnation.
     pub incarnation: u64,
+    /// Its id.
     pub id: u32,
+    /// The topology version it runs.
     pub version: u64,
 }
 
 /// A member leaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Leave {
+    /// Its registration's incarnation.
     pub incarnation: u64,
+    /// Its id.
     pub id: u32,
 }
 
 /// A node this view links to, and where it listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
+    /// Its id.
     pub id: u32,
+    /// Its role.
     pub role: MemberRole,
+    /// Where it listens.
     pub addr: SocketAddr,
 }
 
@@ -114,17 +126,25 @@ pub struct Assign {
     pub incarnation: u64,
     /// The member's id (the one it asked for, or the one it was given).
     pub id: u32,
+    /// The topology version.
     pub version: u64,
+    /// The tree.
     pub tree: u16,
+    /// Its role in it.
     pub role: MemberRole,
     /// −1 for the sender, 0.. for proxies, the last layer for receivers.
     pub layer: i8,
     /// [`NO_PARENT`] for the sender.
     pub parent: u32,
+    /// The tree's fan-out F.
     pub fanout: u16,
+    /// The tree's hedging H.
     pub hedge: u8,
+    /// The tree's depth D.
     pub depth: u8,
+    /// Its children.
     pub children: Vec<u32>,
+    /// The children of the siblings it hedges for.
     pub hedge_targets: Vec<u32>,
     /// The nodes that send it hedged copies beside its parent.
     pub hedge_parents: Vec<u32>,
@@ -178,7 +198,9 @@ impl RefuseReason {
 /// The controller will not take the node (now).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refuse {
+    /// The registration's incarnation.
     pub incarnation: u64,
+    /// Why.
     pub reason: RefuseReason,
     /// Ask again after this long (0: do not).
     pub retry_after_ms: u32,
@@ -187,10 +209,15 @@ pub struct Refuse {
 /// Any membership message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
+    /// A node asks to join.
     Register(Register),
+    /// A member is alive.
     Heartbeat(Heartbeat),
+    /// A member leaves.
     Leave(Leave),
+    /// The controller's view for a member.
     Assign(Assign),
+    /// The controller will not take a node.
     Refuse(Refuse),
 }
 

@@ -9,7 +9,7 @@
 //! — a k-way merge of the trees' queues, so each tree's (each symbol's) order
 //! is kept whatever the keys. A message on time is due at its deadline,
 //! which the sender stamped, and the sender stamps every packet it sends a
-//! distinct send time ([`crate::node::ShardSender`]): so every receiver at
+//! distinct send time ([`crate::sharded::ShardSender`]): so every receiver at
 //! which the messages were on time delivers them in the same order, byte for
 //! byte. A late message (or one held behind a late one) is due when it came,
 //! so it is delivered then — as under one tree, the receiver where it was late
@@ -66,6 +66,7 @@ pub struct MergeStats {
     pub messages: u64,
     /// Market-wide messages delivered, and the other trees' copies dropped.
     pub barriers: u64,
+    /// ... and the other trees' copies of them dropped.
     pub every_copies: u64,
     /// Barriers delivered without some tree's copy after the wait, or to bound the queues.
     pub barrier_timeouts: u64,
@@ -78,6 +79,7 @@ pub struct MergeStats {
     /// With a symbol filter: messages of other symbols left out, and
     /// packets left with none (not delivered).
     pub filtered_messages: u64,
+    /// ... and packets left with none (not delivered).
     pub filtered_packets: u64,
 }
 
@@ -147,6 +149,7 @@ pub struct Merge {
     barrier_wait_ns: u64,
     out: VecDeque<Released>,
     filter: Option<SymbolFilter>,
+    /// Its counters.
     pub stats: MergeStats,
 }
 

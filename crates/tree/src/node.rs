@@ -70,16 +70,21 @@ pub enum Outcome {
     /// released by a receiver): its overlay sequence, the links it crossed,
     /// and its one-way delay on the node's synchronized clock (ns).
     New {
+        /// Its overlay sequence number.
         sequence: u64,
+        /// Links it crossed.
         hops: u8,
+        /// Its one-way delay on the synchronized clock, ns.
         owd_ns: i64,
     },
     /// A later copy of a packet already seen.
     Duplicate {
+        /// Its overlay sequence number.
         sequence: u64,
     },
     /// A report or a probe, taken in.
     Control,
+    /// Dropped, and why.
     Refused(Refusal),
 }
 
@@ -99,6 +104,7 @@ pub enum Refusal {
 /// Per-node settings.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeConfig {
+    /// The tree it belongs to.
     pub tree: u16,
     /// How often receivers and proxies report up the tree.
     pub report_interval_ns: u64,
@@ -149,7 +155,10 @@ pub enum ReleaseOrder {
     /// (counted in `gaps` / `gap_packets`: the application sees the jump in
     /// sequence numbers a MoldUDP64 line shows for a loss) and a copy that
     /// arrives later is dropped (`after_gap`), never delivered out of order.
-    Sequence { gap_wait_ns: u64 },
+    Sequence {
+        /// How long past the first waiting message's deadline a gap is waited for, ns.
+        gap_wait_ns: u64,
+    },
 }
 
 /// How long a sequence-ordered receiver waits for a missing message by
@@ -326,14 +335,23 @@ impl ChildReports {
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum DeadlineRule {
     /// Jasper's rule: deadline = now + OWD_G (max of p95s), plus a fixed margin.
-    Paper { margin_ns: i64 },
+    Paper {
+        /// Added to OWD_G, ns.
+        margin_ns: i64,
+    },
     /// The previous controller: adjust a margin on OWD_G so that the share of
     /// (message, receiver) pairs released on time meets `target_on_time`.
-    LateShare { target_on_time: f64 },
+    LateShare {
+        /// The on-time share it aims at.
+        target_on_time: f64,
+    },
     /// The controller (default): the offset is an upper estimate of the
     /// `target_pf`-quantile of each message's last arrival, so that a share
     /// `target_pf` of messages reach every receiver by their deadline.
-    Quantile { target_pf: f64 },
+    Quantile {
+        /// The share of messages it aims to have everywhere on time.
+        target_pf: f64,
+    },
 }
 
 /// The previous deadline controller (kept for comparison). Each report interval it looks at
@@ -343,12 +361,16 @@ pub enum DeadlineRule {
 /// p95s, can be more than the target needs.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct LateShareController {
+    /// The share of (message, receiver) pairs it aims to have on time.
     pub target_on_time: f64,
+    /// Its margin on OWD_G now, ns.
     pub margin_ns: i64,
+    /// Times it changed the margin.
     pub adjustments: u64,
 }
 
 impl LateShareController {
+    /// A controller aiming at `target_on_time` (in [0, 1)), margin 0.
     pub fn new(target_on_time: f64) -> Self {
         assert!((0.0..1.0).contains(&target_on_time), "target must be in [0, 1)");
         LateShareController { target_on_time, margin_ns: 0, adjustments: 0 }
@@ -379,9 +401,13 @@ impl LateShareController {
 /// Sender counters.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct SenderStats {
+    /// Data packets sent.
     pub packets: u64,
+    /// Reports taken from its children.
     pub reports: u64,
+    /// OWD_G now (the max of the receivers' p95 one-way delays), ns.
     pub owd_g_ns: u64,
+    /// The late-share controller's margin (0 under other rules), ns.
     pub margin_ns: i64,
     /// Children that reported before and have gone silent (at the last update).
     pub children_silent: u64,
@@ -396,11 +422,13 @@ pub struct SenderStats {
     /// The deadline follows the estimate pooled over the sharding sender's
     /// trees (its own controller has too few samples yet).
     pub tail_pooled: bool,
+    /// Packets refused by the tree key.
     pub auth: AuthStats,
 }
 
 /// The multicast sender of one tree.
 pub struct Sender {
+    /// Its node id.
     pub id: u32,
     cfg: NodeConfig,
     children: Vec<u32>,
@@ -423,10 +451,12 @@ pub struct Sender {
     last_deadline_ns: u64,
     /// The tree's clock reference.
     pub sync: ClockSync,
+    /// Its counters.
     pub stats: SenderStats,
 }
 
 impl Sender {
+    /// The sender `id` of a tree whose first layer is `children`, setting deadlines by `rule`.
     pub fn new(id: u32, children: Vec<u32>, cfg: NodeConfig, rule: DeadlineRule) -> Self {
         let controller = match rule {
             DeadlineRule::LateShare { target_on_time } => Some(LateShareController::new(target_on_time)),
@@ -619,23 +649,33 @@ impl Sender {
 /// Proxy counters.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ProxyStats {
+    /// Data packets received (every copy).
     pub received: u64,
+    /// Packets forwarded (first copies).
     pub forwarded: u64,
+    /// Copies sent (to children and hedge targets).
     pub copies_sent: u64,
+    /// Later copies of packets already forwarded.
     pub duplicates: u64,
+    /// Copies older than the duplicate window (dropped).
     pub too_old: u64,
+    /// Packets that are not overlay packets, or not for a proxy.
     pub bad_packets: u64,
+    /// Reports taken from its children.
     pub reports_in: u64,
+    /// Reports sent to its parent.
     pub reports_out: u64,
     /// Children that reported before and have gone silent (at the last report).
     pub children_silent: u64,
     /// Malformed tail sections in children's reports.
     pub bad_tails: u64,
+    /// Packets refused by the tree key.
     pub auth: AuthStats,
 }
 
 /// A proxy: first copy wins, forwarded to children and hedge targets.
 pub struct Proxy {
+    /// Its node id.
     pub id: u32,
     cfg: NodeConfig,
     parent: u32,
@@ -646,7 +686,9 @@ pub struct Proxy {
     tail: TailLog,
     next_report_ns: u64,
     pub(crate) auth: Option<Auth>,
+    /// Its clock.
     pub sync: ClockSync,
+    /// Its counters.
     pub stats: ProxyStats,
 }
 
@@ -772,11 +814,15 @@ pub struct Released {
     /// The overlay header's flags ([`overlay::FLAG_EVERY_TREE`]: a copy of a
     /// packet every tree carries).
     pub flags: u8,
+    /// Its overlay sequence number.
     pub sequence: u64,
     /// The MoldUDP64 packet, header stripped.
     pub payload: Payload,
+    /// Its deadline on the synchronized clock, ns.
     pub deadline_ns: u64,
+    /// When it arrived (synchronized clock), ns.
     pub arrival_ns: u64,
+    /// When the sender sent it (its header's), ns.
     pub send_ns: u64,
     /// It arrived after its deadline, so it was released on arrival.
     pub late: bool,
@@ -818,30 +864,42 @@ struct Hold {
 /// Receiver counters.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ReceiverStats {
+    /// Data packets received (every copy).
     pub received: u64,
+    /// Messages released.
     pub released: u64,
+    /// Released after their deadline (they came late).
     pub late: u64,
+    /// Later copies of packets already held or released.
     pub duplicates: u64,
+    /// Copies older than the duplicate window (dropped).
     pub too_old: u64,
+    /// Packets that are not overlay packets, or not for a receiver.
     pub bad_packets: u64,
+    /// Releases made early because HOLD_MAX were held.
     pub hold_overflow: u64,
+    /// Time held, summed over the releases, ns.
     pub hold_sum_ns: u64,
+    /// Reports sent to its parent.
     pub reports_out: u64,
     /// Releases made while the clock bound was above its limit.
     pub clock_unsynced_releases: u64,
     /// Sequence order: missing runs given up after the gap wait, and the
     /// messages in them (the application sees these as MoldUDP64 gaps).
     pub gaps: u64,
+    /// ... and the packets in them.
     pub gap_packets: u64,
     /// Sequence order: copies that came after their gap was given up (dropped).
     pub after_gap: u64,
     /// Sequence order: releases held past their own deadline by a missing predecessor.
     pub held_by_gap: u64,
+    /// Packets refused by the tree key.
     pub auth: AuthStats,
 }
 
 /// A receiver: first copy wins, held until its deadline.
 pub struct Receiver {
+    /// Its node id.
     pub id: u32,
     cfg: NodeConfig,
     parent: u32,
@@ -855,6 +913,7 @@ pub struct Receiver {
     /// Released messages not yet taken by the application.
     ready: std::collections::VecDeque<Released>,
     pub(crate) auth: Option<Auth>,
+    /// Its clock.
     pub sync: ClockSync,
     /// Raw clock reading of the last event (for the clock's state at a release).
     last_local: u64,
@@ -868,10 +927,12 @@ pub struct Receiver {
     /// enclave's channel): released this much before each deadline, and
     /// counted in every delay it reports ([`Receiver::set_last_hop_ns`]).
     last_hop_ns: u64,
+    /// Its counters.
     pub stats: ReceiverStats,
 }
 
 impl Receiver {
+    /// The receiver `id` under `parent`.
     pub fn new(id: u32, parent: u32, cfg: NodeConfig) -> Self {
         Receiver {
             id,
@@ -1199,6 +1260,7 @@ impl Receiver {
         self.last_hop_ns = ns.min(crate::lasthop::LEAD_LIMIT_NS);
     }
 
+    /// The last hop's lead now, ns.
     pub fn last_hop_ns(&self) -> u64 {
         self.last_hop_ns
     }
@@ -1234,15 +1296,20 @@ pub const NO_LINK: u32 = u32::MAX;
 /// A node's links in one topology version ([`Node::set_links`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TreeLinks {
+    /// Its parent (`None`: the sender).
     pub parent: Option<u32>,
+    /// Its children.
     pub children: Vec<u32>,
+    /// The children of the siblings it hedges for.
     pub hedge_targets: Vec<u32>,
+    /// The nodes that send it hedged copies beside its parent.
     pub hedge_parents: Vec<u32>,
 }
 
 /// Why a node cannot be moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum MoveError {
+    /// A node of several trees.
     #[error("a node of several trees is placed by its plan, not moved by a controller")]
     Sharded,
 }
@@ -1250,8 +1317,11 @@ pub enum MoveError {
 /// One node of a planned tree, whatever its role: the one type the
 /// simulator, the demo and the node processes drive.
 pub enum Node {
+    /// The sender of one tree.
     Sender(Box<Sender>),
+    /// A proxy.
     Proxy(Box<Proxy>),
+    /// A receiver of one tree.
     Receiver(Box<Receiver>),
     /// The sender of a feed sharded over several trees.
     ShardSender(Box<ShardSender>),
@@ -1337,6 +1407,7 @@ impl Node {
         }
     }
 
+    /// Its node id.
     pub fn id(&self) -> u32 {
         match self {
             Node::Sender(s) => s.id,
@@ -1435,6 +1506,7 @@ impl Node {
         }
     }
 
+    /// Its clock.
     pub fn sync(&self) -> &ClockSync {
         match self {
             Node::Sender(s) => &s.sync,
@@ -1457,6 +1529,7 @@ impl Node {
         }
     }
 
+    /// Whether it releases messages (a receiver of one tree or several).
     pub fn is_receiver(&self) -> bool {
         matches!(self, Node::Receiver(_) | Node::ShardReceiver(_))
     }

@@ -19,8 +19,8 @@
 //! control address it was sent to and the command — so a command cannot be
 //! moved to another time, nonce, node or verb. A socket admits only seals
 //! addressed to its own port (and its own IP, unless it is bound to all).
-//! The answer to a sealed command is sealed too — `ffreply1 <nonce> <mac>
-//! <body>`, the MAC over the request's nonce and the body — so an operator
+//! The answer to a sealed command is sealed too —
+//! `ffreply1 <nonce> <mac> <body>`, the MAC over the request's nonce and the body — so an operator
 //! can tell a node's answer from one an attacker sent in its name
 //! ([`OperatorKey::open_reply`]). Refusals are not sealed (the command was
 //! not admitted) and say so.
@@ -49,6 +49,7 @@ pub const SKEW_MAX_NS: u64 = 30_000_000_000;
 pub const NONCES_MAX: usize = 16_384;
 /// Bytes of a nonce and of a MAC.
 pub const NONCE_LEN: usize = 16;
+/// Bytes of a MAC.
 pub const MAC_LEN: usize = 16;
 /// The context the MAC key is derived under (BLAKE3 `derive_key`).
 const CONTEXT: &str = "fairfeed 2026-11-28 operator control command v1";
@@ -89,13 +90,21 @@ pub struct AuthCounters {
     pub sealed: u64,
     /// Unsealed queries answered (from loopback).
     pub loopback: u64,
+    /// Refused: not authenticated.
     pub unauthenticated: u64,
+    /// Refused: sealed, and no operator key here.
     pub no_key: u64,
+    /// Refused: malformed seal.
     pub malformed: u64,
+    /// Refused: wrong MAC.
     pub bad_mac: u64,
+    /// Refused: stale.
     pub stale: u64,
+    /// Refused: replayed nonce.
     pub replayed: u64,
+    /// Refused: sealed for another control address.
     pub other_address: u64,
+    /// Refused: too many recent nonces to remember another.
     pub busy: u64,
 }
 
@@ -137,6 +146,7 @@ impl core::fmt::Debug for OperatorKey {
 }
 
 impl OperatorKey {
+    /// The key derived from `key`'s 32 bytes.
     pub fn new(key: [u8; KEY_LEN]) -> Self {
         OperatorKey(blake3::derive_key(CONTEXT, &key))
     }
@@ -231,10 +241,15 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 /// A sealed command's fields, borrowed from the datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sealed<'a> {
+    /// When it was sealed (wall ns).
     pub ts_ns: u64,
+    /// Its nonce.
     pub nonce: [u8; NONCE_LEN],
+    /// The control address it was sealed for.
     pub to: SocketAddr,
+    /// Its MAC.
     pub mac: [u8; MAC_LEN],
+    /// The command itself.
     pub command: &'a str,
 }
 
@@ -255,14 +270,18 @@ impl<'a> Sealed<'a> {
 /// Whether a command only reads or changes something.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
+    /// It only reads.
     Read,
+    /// It changes something.
     Change,
 }
 
 /// A command admitted, and the nonce it was sealed with (`None`: an unsealed query from loopback).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admitted<'a> {
+    /// The command.
     pub command: &'a str,
+    /// The nonce it was sealed with (`None`: an unsealed query from loopback).
     pub sealed: Option<[u8; NONCE_LEN]>,
 }
 
@@ -275,6 +294,7 @@ pub struct Verifier {
     /// Nonces of sealed commands accepted, and the order to forget them in.
     seen: HashSet<[u8; NONCE_LEN]>,
     order: VecDeque<(u64, [u8; NONCE_LEN])>,
+    /// Commands accepted and refused.
     pub counters: AuthCounters,
 }
 
@@ -290,6 +310,7 @@ impl Verifier {
         self.local.is_none_or(|l| l.port() == to.port() && (l.ip().is_unspecified() || l.ip() == to.ip()))
     }
 
+    /// Whether it has an operator key (to check seals with).
     pub fn has_key(&self) -> bool {
         self.key.is_some()
     }

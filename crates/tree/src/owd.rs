@@ -20,6 +20,7 @@ impl Default for OwdWindow {
 }
 
 impl OwdWindow {
+    /// Adds one sample (a negative delay counts as 0), overwriting the oldest once full.
     pub fn record(&mut self, owd_ns: i64) {
         self.ring[self.next] = owd_ns.max(0) as u64;
         self.next = (self.next + 1) % OWD_WINDOW;
@@ -31,6 +32,7 @@ impl OwdWindow {
         self.ring.as_ptr().wrapping_add(self.next)
     }
 
+    /// Samples held.
     pub fn len(&self) -> usize {
         if self.filled {
             OWD_WINDOW
@@ -39,6 +41,7 @@ impl OwdWindow {
         }
     }
 
+    /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

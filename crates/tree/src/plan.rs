@@ -31,9 +31,13 @@ pub const TREES_MAX: usize = 64;
 /// What to plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlanRequest {
+    /// Receivers N.
     pub receivers: usize,
+    /// Fan-out F (`None`: chosen).
     pub fanout: Option<usize>,
+    /// Depth D (`None`: chosen).
     pub depth: Option<usize>,
+    /// Hedging H: each proxy also sends to the children of H siblings.
     pub hedge: usize,
     /// Choose D (and F) by a linear latency model instead of the heuristic.
     pub cost_model: Option<CostModel>,
@@ -45,7 +49,9 @@ pub struct PlanRequest {
 /// copy a proxy sends adds a serialization cost (≈ 2.7 µs).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CostModel {
+    /// One hop's latency, ns.
     pub hop_ns: f64,
+    /// One extra copy's serialization cost, ns.
     pub copy_ns: f64,
 }
 
@@ -63,21 +69,28 @@ impl CostModel {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// The tree's root.
     Sender,
+    /// An inner node.
     Proxy,
+    /// A leaf (shared by every tree).
     Receiver,
 }
 
 /// One node of one tree.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
+    /// Its id (the same in every tree for a receiver).
     pub id: u32,
+    /// Its role.
     pub role: Role,
     /// −1 for the sender; 0.. for proxies; depth−1 for receivers.
     pub layer: i32,
     /// Index within its layer.
     pub index: u32,
+    /// Its parent (`None` for the sender).
     pub parent: Option<u32>,
+    /// Its children.
     pub children: Vec<u32>,
     /// The children of the H siblings this node hedges for.
     pub hedge_targets: Vec<u32>,
@@ -93,21 +106,28 @@ pub struct Node {
 /// One tree: its sender and proxies; receivers are shared by all trees.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tree {
+    /// Its id (0..trees).
     pub id: u16,
+    /// Its nodes.
     pub nodes: Vec<Node>,
 }
 
 /// The plan every node reads.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Topology {
+    /// Receivers N.
     pub receivers: usize,
+    /// Fan-out F.
     pub fanout: usize,
+    /// Depth D.
     pub depth: usize,
+    /// Hedging H.
     pub hedge: usize,
     /// How symbols map to trees: stock locate modulo the number of trees.
     pub sharding: String,
     /// Receiver node ids (the same in every tree).
     pub receiver_ids: Vec<u32>,
+    /// The trees (one unless sharded).
     pub trees: Vec<Tree>,
 }
 
@@ -265,6 +285,7 @@ fn hedge(nodes: &mut [Node], proxy_layers: usize, h: usize) {
     }
 }
 
+/// Plans the trees `req` asks for (F and D chosen where not given); a request no tree can meet is refused.
 pub fn plan(req: &PlanRequest) -> Result<Topology, PlanError> {
     let (depth, fanout) = shape(req)?;
     let n = req.receivers;
@@ -310,11 +331,15 @@ pub fn plan(req: &PlanRequest) -> Result<Topology, PlanError> {
 /// trees (`sender`) or on a queue per tree (`sender_per_tree`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Loads {
+    /// Share of its queue the busiest proxy spends sending copies.
     pub proxy: f64,
+    /// The sender's, every tree on one queue.
     pub sender: f64,
+    /// The sender's busiest queue, a queue per tree.
     pub sender_per_tree: f64,
 }
 
+/// The queue shares (`Loads`) of topology `t` at `rate` messages per second, `copy_ns` per copy.
 pub fn loads(t: &Topology, rate: f64, copy_ns: f64) -> Loads {
     let per_tree = rate / t.trees.len().max(1) as f64 * copy_ns * 1e-9;
     let copies = |n: &Node| (n.children.len() + n.hedge_targets.len()) as f64;
@@ -637,11 +662,17 @@ pub fn probe_rates(t: &Topology, tree: usize, rate_max: u32) -> std::collections
 /// sender among themselves — so the sender answers every tree's proxies and
 /// receivers probe no more than on one tree.
 pub struct ProbePlan {
+    /// Each node's probe peers.
     pub peers: std::collections::BTreeMap<u32, Vec<u32>>,
+    /// Each node's peers with how often each edge is probed.
     pub strides: std::collections::BTreeMap<u32, Vec<(u32, u32)>>,
+    /// Each node's parent edges with the pairs per interval each is probed.
     pub rates: std::collections::BTreeMap<u32, Vec<(u32, u32)>>,
 }
 
+/// The probe plan of topology `t`: `random` random peers per node (from
+/// `seed`), random edges probed so a receiver stays near `budget` peers'
+/// worth, at most `rate_max` pairs per interval on a parent edge.
 pub fn probe_plan(t: &Topology, random: usize, seed: u64, budget: usize, rate_max: u32) -> ProbePlan {
     let mut plan = ProbePlan { peers: Default::default(), strides: Default::default(), rates: Default::default() };
     for tree in 0..t.trees.len() {

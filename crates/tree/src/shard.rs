@@ -44,18 +44,30 @@ const LOCATE_END: usize = 3;
 /// Why a sharding setting or a feed packet was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShardError {
+    /// A tree count outside 1..=SHARD_TREES_MAX.
     #[error("trees must be 1..={SHARD_TREES_MAX}, got {0}")]
     Trees(usize),
+    /// A shard map line that does not parse.
     #[error("line {line}: {reason}")]
-    MapLine { line: usize, reason: String },
+    MapLine {
+        /// Its line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A shard map over SHARD_MAP_MAX symbols.
     #[error("the map names more than {SHARD_MAP_MAX} symbols")]
     MapTooLarge,
+    /// A feed packet that is not MoldUDP64.
     #[error("not a MoldUDP64 packet: {0}")]
     Packet(fairfeed_wire::Error),
+    /// A node in no tree of the topology.
     #[error("node {0} is in no tree of the topology")]
     NotInTopology(u32),
+    /// A receiver that takes none of the topology's trees.
     #[error("receiver {0} takes none of the topology's trees")]
     NoTrees(u32),
+    /// A subscribed symbol the shard map does not name.
     #[error("symbol {0} is not in the shard map: a subscriber learns a symbol's tree from the map (its stock locate comes only with its directory message)")]
     Unmapped(String),
 }
@@ -141,6 +153,7 @@ pub enum Dest {
 }
 
 impl Dest {
+    /// The tree it goes to (a market-wide packet: this copy's).
     pub fn tree(self) -> u16 {
         match self {
             Dest::Tree(t) | Dest::Every(t) => t,
@@ -151,7 +164,9 @@ impl Dest {
 /// Sharding counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ShardStats {
+    /// Feed packets taken.
     pub packets_in: u64,
+    /// Messages in them.
     pub messages_in: u64,
     /// Per-tree packets out (a market-wide packet counts once per tree).
     pub packets_out: u64,
@@ -159,6 +174,7 @@ pub struct ShardStats {
     pub every_tree: u64,
     /// Symbols bound to a tree by the map when their directory message came.
     pub mapped_symbols: u64,
+    /// Heartbeats (sent on every tree).
     pub heartbeats: u64,
     /// Packets refused whole (no MoldUDP64 header).
     pub bad_packets: u64,
@@ -179,10 +195,12 @@ pub struct Sharder {
     /// Messages of the packet being split, per tree: (start, end) into the input.
     pending: Vec<Vec<(usize, usize)>>,
     buf: Vec<u8>,
+    /// Its counters.
     pub stats: ShardStats,
 }
 
 impl Sharder {
+    /// A sharder over `trees` trees with `map` (trees out of range refused).
     pub fn new(trees: usize, map: ShardMap) -> Result<Sharder, ShardError> {
         check_trees(trees)?;
         if let Some((s, &t)) = map.symbols.iter().find(|(_, &t)| usize::from(t) >= trees) {
@@ -203,6 +221,7 @@ impl Sharder {
         })
     }
 
+    /// Trees it shards over.
     pub fn trees(&self) -> usize {
         self.trees
     }

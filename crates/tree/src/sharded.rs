@@ -30,6 +30,7 @@ use crate::tail::{quantile_upper, TailEstimator, RECENT, SAMPLES_MIN};
 
 /// A sender of one feed over several trees.
 pub struct ShardSender {
+    /// Its node id.
     pub id: u32,
     /// The trees' senders, by tree id (0..K).
     pub trees: Vec<Sender>,
@@ -92,6 +93,7 @@ impl ShardSender {
         o
     }
 
+    /// When it next wants a turn (`u64::MAX`: none).
     pub fn next_timeout(&self) -> u64 {
         self.sync.next_timeout()
     }
@@ -148,6 +150,7 @@ impl ShardSender {
         self.trees.iter().map(Sender::deadline_offset_ns).collect()
     }
 
+    /// The sharder's counters.
     pub fn shard_stats(&self) -> ShardStats {
         self.sharder.stats
     }
@@ -181,6 +184,7 @@ impl TreeDue {
 
 /// A receiver of several trees, delivering one feed.
 pub struct ShardReceiver {
+    /// Its node id.
     pub id: u32,
     /// The trees it takes: (tree id, its receiver).
     pub(crate) trees: Vec<(u16, Receiver)>,
@@ -336,6 +340,7 @@ impl ShardReceiver {
         self.trees.iter().map(|(_, r)| r.held()).sum::<usize>() + self.merge.queued()
     }
 
+    /// The merge's counters.
     pub fn merge_stats(&self) -> MergeStats {
         self.merge.stats
     }

@@ -111,6 +111,7 @@ impl TailLog {
         }
     }
 
+    /// Whether it holds no value.
     pub fn is_empty(&self) -> bool {
         self.vals.is_empty()
     }
@@ -161,6 +162,7 @@ pub struct TailConfig {
 }
 
 impl TailConfig {
+    /// Settings for a target P(F) and a report interval, the rest at their defaults.
     pub fn new(target: f64, report_interval_ns: u64) -> Self {
         assert!((0.0..1.0).contains(&target), "target P(F) must be in [0, 1)");
         assert!(report_interval_ns > 0, "report interval must be positive");
@@ -204,6 +206,7 @@ pub struct TailStats {
 /// The sender's view of per-message maxima, and the deadline offset they call for.
 #[derive(Debug, Clone)]
 pub struct TailEstimator {
+    /// Its settings.
     pub cfg: TailConfig,
     /// Messages sent and not yet settled: (send ns, largest delay so far), from `book_base`.
     book: VecDeque<(u64, u64)>,
@@ -226,10 +229,12 @@ pub struct TailEstimator {
     surge: Option<(u64, u64)>,
     /// Updates in a row the recent estimate was below the window's.
     low_streak: u32,
+    /// Its counters.
     pub stats: TailStats,
 }
 
 impl TailEstimator {
+    /// An estimator with `cfg` (no estimate until enough messages settled).
     pub fn new(cfg: TailConfig) -> Self {
         assert!(cfg.settle_max_ns >= cfg.settle_ns, "settle time cap below the initial settle time");
         TailEstimator {
@@ -405,6 +410,7 @@ impl TailEstimator {
         self.window.len()
     }
 
+    /// Its settings.
     pub fn config(&self) -> TailConfig {
         self.cfg
     }
