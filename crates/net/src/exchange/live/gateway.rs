@@ -16,7 +16,7 @@ use fairfeed_exchange::ordering::{OrderingBuffer, OrderingMode, OrderingStats};
 use fairfeed_exchange::sequencer::{OrderStamps, Sequencer, SequencerStats};
 use fairfeed_io::agent::{Agent, Turn};
 use fairfeed_io::clock::wall_ns;
-use fairfeed_io::mailbox::{Incoming, Outgoing};
+use fairfeed_io::mailbox::Incoming;
 use hdrhistogram::Histogram;
 
 use super::super::watch::{tcp_min_rtt_ns, CheatWatch};
@@ -67,6 +67,7 @@ pub(super) fn agent(
         listener_resume_ns: 0,
         due: Vec::new(),
         batch: Vec::new(),
+        pushed: 0,
     };
     Ok((GatewayAgent::new(g), deadlines_addr))
 }
@@ -190,6 +191,9 @@ struct GatewayLoop {
     due: Vec<(Command, Option<u64>)>,
     /// One batch's commands for one engine, reused.
     batch: Vec<Command>,
+    /// Engine shards pushed to this turn (bit per shard): only they are
+    /// woken — waking a parked engine with nothing for it costs it a turn.
+    pushed: u16,
 }
 
 /// The live side of the cheat watch.
@@ -658,8 +662,13 @@ impl Agent for GatewayAgent {
             busy = true;
             route_due(g, &mut self.ring_full);
         }
-        if let Matching::Threaded { cmd_tx, .. } = &g.matching {
-            cmd_tx.iter().for_each(Outgoing::wake);
+        let pushed = std::mem::take(&mut g.pushed);
+        if let (Matching::Threaded { cmd_tx, .. }, true) = (&g.matching, pushed != 0) {
+            for (k, tx) in cmd_tx.iter().enumerate() {
+                if pushed & (1 << k) != 0 {
+                    tx.wake();
+                }
+            }
         }
         self.outs.clear();
         take_responses(g, &mut self.outs);
@@ -823,7 +832,8 @@ fn route(g: &mut GatewayLoop, c: Command, batch: InBatch, ring_full: &mut u64) {
     let t0 = ns(g.start);
     match &mut g.matching {
         Matching::Threaded { cmd_tx, .. } => {
-            // Woken once a pass (`GatewayAgent::do_work`), or here while full.
+            // Woken once a turn (`GatewayAgent::do_work`), or here while full.
+            g.pushed |= 1 << shard;
             let mut item = Cmd { cmd: c, t0, batch };
             while let Err(back) = cmd_tx[shard].push(item) {
                 *ring_full += 1;
