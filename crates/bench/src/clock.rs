@@ -399,7 +399,7 @@ fn spawn_nodes(
             },
             time: fairfeed_net::tree::agent::TimeBase::WALL,
             tap: None,
-            publish: None,
+            board: None,
             extra: Vec::new(),
             shards: Default::default(),
             replicate: None,

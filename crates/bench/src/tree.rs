@@ -107,7 +107,7 @@ fn start_proxy(
         clock: fairfeed_net::tree::agent::ClockOpts::default(),
         time: fairfeed_net::tree::agent::TimeBase::WALL,
         tap: None,
-        publish: None,
+        board: None,
         extra: Vec::new(),
         shards: Default::default(),
         replicate: None,

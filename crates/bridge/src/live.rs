@@ -10,8 +10,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use fairfeed_io::agent::{Agent, Turn};
 use fairfeed_io::batch::BatchRecv;
+use fairfeed_io::counters::{Board, BoardError, Poster};
 use fairfeed_net::arb::fill::{FillConfig, FillError, GapFiller};
-use fairfeed_net::publish::{publish, JsonSlot, PUBLISH_INTERVAL};
 
 use crate::publish::{wall_ns, Bridge, BridgeReport};
 
@@ -37,8 +37,8 @@ pub struct LiveConfig {
     pub max_ns: Option<u64>,
     /// Log the report this often.
     pub stats_interval_ns: Option<u64>,
-    /// Publish the report here for a metrics endpoint.
-    pub publish: Option<JsonSlot>,
+    /// Post the report to this board (as [`BRIDGE_PART`]) for a metrics endpoint.
+    pub publish: Option<std::sync::Arc<Board>>,
 }
 
 /// Why the live bridge could not start.
@@ -48,7 +48,12 @@ pub enum LiveError {
     Bind(SocketAddr, std::io::Error),
     #[error(transparent)]
     Fill(#[from] FillError),
+    #[error(transparent)]
+    Board(#[from] BoardError),
 }
+
+/// The bridge's part on its counters board.
+pub const BRIDGE_PART: &str = "bridge";
 
 /// Datagrams the kernel dropped on the feed's socket since the bridge
 /// started (its buffer full: the bridge fell behind), warned as they grow.
@@ -100,7 +105,7 @@ pub struct BridgeAgent {
     filler: Option<GapFiller>,
     drops: KernelDrops,
     started_ns: u64,
-    next_publish: u64,
+    poster: Option<Poster>,
     next_stats: u64,
     next_check: u64,
     reported_errors: u64,
@@ -121,6 +126,7 @@ impl BridgeAgent {
         };
         let drops = KernelDrops { at_start: fairfeed_io::socket::udp_drops(&sock).unwrap_or(0), seen: 0 };
         let now = wall_ns();
+        let poster = cfg.publish.as_ref().map(|b| b.poster(BRIDGE_PART)).transpose()?;
         Ok(BridgeAgent {
             next_stats: cfg.stats_interval_ns.map_or(u64::MAX, |i| now + i),
             cfg,
@@ -130,7 +136,7 @@ impl BridgeAgent {
             filler,
             drops,
             started_ns: now,
-            next_publish: now,
+            poster,
             next_check: now + CHECK_INTERVAL_NS,
             reported_errors: 0,
         })
@@ -162,9 +168,8 @@ impl BridgeAgent {
 
     /// The periodic work due at `now`: publication, the report in the log, the checks.
     fn timers(&mut self, now: u64) {
-        if let Some(s) = self.cfg.publish.as_ref().filter(|_| now >= self.next_publish) {
-            publish(s, &self.bridge.report());
-            self.next_publish = now + PUBLISH_INTERVAL.as_nanos() as u64;
+        if let Some(p) = self.poster.as_mut().and_then(|p| p.due(now).then_some(p)) {
+            p.post(serde_json::to_value(self.bridge.report()).unwrap_or_default(), Vec::new());
         }
         if now >= self.next_stats {
             let r = serde_json::to_string(&self.bridge.report()).unwrap_or_default();
@@ -217,7 +222,7 @@ impl Agent for BridgeAgent {
 
     fn next_due(&self) -> u64 {
         let fill = self.filler.as_ref().and_then(GapFiller::next_timeout).unwrap_or(u64::MAX);
-        let publish = if self.cfg.publish.is_some() { self.next_publish } else { u64::MAX };
+        let publish = self.poster.as_ref().map_or(u64::MAX, Poster::next_ns);
         let end = self.cfg.max_ns.map_or(u64::MAX, |m| self.started_ns + m);
         fill.min(publish).min(self.next_stats).min(self.next_check).min(end)
     }

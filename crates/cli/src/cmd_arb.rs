@@ -10,10 +10,10 @@ use fairfeed_arb::retransmit::{Journal, RetransmitServer, ServerConfig};
 use fairfeed_arb::spec::SeqSpec;
 use fairfeed_arb::{Arbitrator, Config, Mode, RetransmitConfig, Start, Window};
 use fairfeed_feed::capture::{CaptureWriter, Datagram};
+use fairfeed_io::counters::Board;
 use fairfeed_io::idle::IdleStrategy;
-use fairfeed_net::arb::live::{run_live, run_retransmit_server, LiveConfig};
+use fairfeed_net::arb::live::{run_live, run_retransmit_server, LiveConfig, ARB_PART, RETRANSMIT_PART};
 use fairfeed_net::arb::offline::run_offline;
-use fairfeed_net::publish::JsonSlot;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum IdleArg {
@@ -329,12 +329,13 @@ fn live(a: &Args, spec: SeqSpec) -> anyhow::Result<()> {
         max_seconds: a.max_seconds,
         idle: if a.busy_poll { IdleStrategy::Spin } else { a.idle.strategy() },
         stats_interval: a.stats_interval_s.map(Duration::from_secs_f64),
-        publish: a.metrics.map(|_| JsonSlot::default()),
+        publish: a.metrics.map(|_| Board::new()),
         stop: Some(crate::fmt::stop_on_signals()?),
     };
     let _metrics = match (a.metrics, cfg.publish.clone()) {
-        (Some(addr), Some(slot)) => {
-            Some(crate::fmt::serve_json_metrics(addr, slot, "fairfeed_arb", "the live arbitrator (control stats)")?)
+        (Some(addr), Some(board)) => {
+            let help = "the live arbitrator (control stats)";
+            Some(crate::fmt::serve_json_metrics(addr, board, ARB_PART, "fairfeed_arb", help)?)
         }
         _ => None,
     };
@@ -400,15 +401,16 @@ pub fn run_server(a: ServerArgs) -> anyhow::Result<()> {
     );
     let cfg = ServerConfig { count_max: a.count_max, rate_per_s: a.rate_per_s, ..ServerConfig::default() };
     let mut server = RetransmitServer::new(j, cfg);
-    let slot = a.metrics.map(|_| JsonSlot::default());
-    let _metrics = match (a.metrics, slot.clone()) {
-        (Some(addr), Some(slot)) => {
-            Some(crate::fmt::serve_json_metrics(addr, slot, "fairfeed_retransmit", "the retransmission server")?)
+    let board = a.metrics.map(|_| Board::new());
+    let _metrics = match (a.metrics, board.clone()) {
+        (Some(addr), Some(board)) => {
+            let help = "the retransmission server";
+            Some(crate::fmt::serve_json_metrics(addr, board, RETRANSMIT_PART, "fairfeed_retransmit", help)?)
         }
         _ => None,
     };
     let stop = crate::fmt::stop_on_signals()?;
-    run_retransmit_server(&mut server, a.listen, a.max_seconds, &stop, slot.as_ref())
+    run_retransmit_server(&mut server, a.listen, a.max_seconds, &stop, board.as_ref())
         .with_context(|| format!("serving on {}", a.listen))?;
     crate::log::final_report("retransmit-server", server.stats());
     Ok(())

@@ -380,10 +380,11 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
         OverflowArg::Block => Overflow::Block,
     };
     let bridge = Bridge::start(route, cfg).map_err(|e| anyhow::anyhow!("bridge: {e}"))?;
-    let slot = a.metrics.map(|_| fairfeed_net::publish::JsonSlot::default());
-    let _metrics = match (a.metrics, slot.clone()) {
-        (Some(addr), Some(s)) => {
-            Some(crate::fmt::serve_json_metrics(addr, s, "fairfeed_bridge", "the bridge into NATS (its report)")?)
+    let board = a.metrics.map(|_| fairfeed_io::counters::Board::new());
+    let _metrics = match (a.metrics, board.clone()) {
+        (Some(addr), Some(b)) => {
+            let help = "the bridge into NATS (its report)";
+            Some(crate::fmt::serve_json_metrics(addr, b, fairfeed_bridge::live::BRIDGE_PART, "fairfeed_bridge", help)?)
         }
         _ => None,
     };
@@ -392,7 +393,7 @@ fn run_bridge(a: RunArgs) -> anyhow::Result<()> {
         fill: a.retransmit.map(|s| (s, a.retransmit_hold_ms)),
         max_ns: a.seconds.map(|s| (s * 1e9) as u64),
         stats_interval_ns: a.stats_interval_s.map(|s| (s * 1e9) as u64),
-        publish: slot,
+        publish: board,
     };
     let mut agent = BridgeAgent::new(live, bridge).map_err(|e| anyhow::anyhow!("bridge: {e}"))?;
     tracing::info!(

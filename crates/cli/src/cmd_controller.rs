@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use fairfeed_io::agent::{run, RunConfig};
 use fairfeed_io::idle::IdleStrategy;
-use fairfeed_net::tree::controller::ControllerAgent;
+use fairfeed_net::tree::controller::{ControllerAgent, CONTROLLER_PART};
 use fairfeed_net::tree::store::{Keeper, KvStore, MemStore};
 use fairfeed_tree::auth::Auth;
 use fairfeed_tree::controller::{Controller, ControllerConfig};
@@ -100,20 +100,6 @@ fn open_store(a: &Args) -> anyhow::Result<Box<dyn KvStore>> {
     })
 }
 
-/// `--metrics`: the controller's report (published by its agent into `slot`) as Prometheus metrics.
-fn serve_metrics(
-    addr: std::net::SocketAddr,
-    slot: std::sync::Arc<std::sync::Mutex<serde_json::Value>>,
-) -> anyhow::Result<fairfeed_ops::Endpoint> {
-    let ep = fairfeed_ops::serve_metrics(addr, move |e| {
-        let v = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        e.json("fairfeed_controller", &v, &[], "the tree controller (docs/FILES.md)");
-    })
-    .with_context(|| format!("serving metrics on {addr}"))?;
-    tracing::info!(addr = %ep.addr, "controller: metrics at http://{}/metrics", ep.addr);
-    Ok(ep)
-}
-
 pub fn run_controller(a: Args) -> anyhow::Result<()> {
     let outs: Vec<&std::path::Path> = a.topology_out.iter().chain(&a.stats_out).map(PathBuf::as_path).collect();
     let ins: Vec<&std::path::Path> = a.key_file.iter().map(PathBuf::as_path).collect();
@@ -140,9 +126,10 @@ pub fn run_controller(a: Args) -> anyhow::Result<()> {
     let mut agent = agent.with_keeper(keeper);
     let _metrics = match a.metrics {
         Some(addr) => {
-            let slot = std::sync::Arc::new(std::sync::Mutex::new(serde_json::Value::Null));
-            agent = agent.with_publish(slot.clone());
-            Some(serve_metrics(addr, slot)?)
+            let board = fairfeed_io::counters::Board::new();
+            agent = agent.with_publish(&board)?;
+            let help = "the tree controller (docs/FILES.md)";
+            Some(crate::fmt::serve_json_metrics(addr, board, CONTROLLER_PART, "fairfeed_controller", help)?)
         }
         None => None,
     };

@@ -207,7 +207,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let du_cfg = ClusterConfig {
         node: NodeConfig { hold_and_release: false, ..node },
         track: traders(&direct.receiver_ids).to_vec(),
-        publish: show(dash.as_ref(), "direct unicast (the baseline)", &direct, cal.dilation),
+        boards: show(dash.as_ref(), "direct unicast (the baseline)", &direct, cal.dilation),
         stop_if_behind_in_warmup: false,
         ..base.clone()
     };
@@ -225,7 +225,7 @@ fn show(
     what: &str,
     t: &Topology,
     dilation: f64,
-) -> HashMap<u32, fairfeed_net::tree::agent::PublishSlot> {
+) -> HashMap<u32, std::sync::Arc<fairfeed_net::tree::agent::NodeBoard>> {
     dash.map_or_else(HashMap::new, |d| {
         let title = format!(
             "demo: {what} — {} receivers, F = {}, D = {}, H = {}; emulated time ({}× dilated)",
@@ -279,7 +279,7 @@ fn run_fair_tree(
             // Models 2 and 3 follow every receiver's releases over its last hop.
             track: if a.model > 1 { tree.receiver_ids.clone() } else { traders(&tree.receiver_ids).to_vec() },
             dilation: cal.dilation,
-            publish: show(dash, "fair tree (hedging + hold-and-release)", tree, cal.dilation),
+            boards: show(dash, "fair tree (hedging + hold-and-release)", tree, cal.dilation),
             stop_if_behind_in_warmup: retry,
         };
         eprintln!(

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use fairfeed_bench::exchange::{exchange_bench, in_process, BenchOpts};
 use fairfeed_bench::exchange_attack::Attack;
-use fairfeed_net::exchange::live::{run_exchange, ExchangeConfig, ExchangeMetrics, Idle, Pipeline};
+use fairfeed_io::counters::Board;
+use fairfeed_net::exchange::live::{run_exchange, ExchangeConfig, Idle, Pipeline};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -32,9 +33,9 @@ pub struct Args {
 }
 
 /// Serves what the exchange's threads publish as Prometheus metrics.
-fn serve_metrics(addr: std::net::SocketAddr, m: Arc<ExchangeMetrics>) -> anyhow::Result<fairfeed_ops::Endpoint> {
+fn serve_metrics(addr: std::net::SocketAddr, board: Arc<Board>) -> anyhow::Result<fairfeed_ops::Endpoint> {
     let ep = fairfeed_ops::serve_metrics(addr, move |e| {
-        let j = m.json.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let (j, order_latency) = fairfeed_net::exchange::live::metrics(&board);
         for part in ["gateway", "sequencer", "ordering", "publisher"] {
             e.json(&format!("fairfeed_exchange_{part}"), &j[part], &[], "the exchange (its report at exit, live)");
         }
@@ -75,7 +76,7 @@ fn serve_metrics(addr: std::net::SocketAddr, m: Arc<ExchangeMetrics>) -> anyhow:
                 e.json("fairfeed_exchange_engine", v, &[("engine", k)], "one matching-engine thread");
             }
         }
-        if let Some(h) = m.order_latency.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
+        if let Some(h) = &order_latency {
             let help = "order latency: OUCH in at the gateway to the response written (t0→t4)";
             e.histogram(
                 "fairfeed_exchange_order_latency_seconds",
@@ -255,7 +256,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         cfg.gateway.symbols.len(),
         cfg.engines,
     );
-    let metrics = a.metrics.map(|_| Arc::new(ExchangeMetrics::default()));
+    let metrics = a.metrics.map(|_| Board::new());
     let _endpoint = match (a.metrics, &metrics) {
         (Some(addr), Some(m)) => Some(serve_metrics(addr, m.clone())?),
         _ => None,

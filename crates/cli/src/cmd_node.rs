@@ -11,7 +11,7 @@ use anyhow::Context;
 use fairfeed_feed::gen::{GenConfig, Generator};
 use fairfeed_net::tree::agent::keys::{KeyCell, KeyFileWatch};
 use fairfeed_net::tree::agent::{
-    run_agent, write_rows, AgentConfig, ExtraCounters, Job, PublishSlot, ReceiverJob, Replicate, SenderJob, Threading,
+    run_agent, write_rows, AgentConfig, ExtraCounters, Job, NodeBoard, ReceiverJob, Replicate, SenderJob, Threading,
 };
 use fairfeed_net::tuning::Tuning;
 use fairfeed_sim::model::{LinkModel, ModelFile};
@@ -1186,7 +1186,7 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
         clock: fairfeed_net::tree::agent::ClockOpts { host_bound: host_bound(c)?, ..clock_opts(c) },
         time: fairfeed_net::tree::agent::TimeBase::WALL,
         tap: None,
-        publish: c.metrics.map(|_| PublishSlot::default()),
+        board: c.metrics.map(|_| NodeBoard::new()),
         extra,
         replicate,
         shards: Default::default(),
@@ -1198,25 +1198,24 @@ fn config(c: &Common, rule: DeadlineRule, job: Job) -> anyhow::Result<AgentConfi
 
 /// Starts the node's metrics endpoint, if asked for; keep it alive while the node runs.
 fn metrics_endpoint(c: &Common, cfg: &AgentConfig) -> anyhow::Result<Option<fairfeed_ops::Endpoint>> {
-    let (Some(addr), Some(slot)) = (c.metrics, cfg.publish.clone()) else { return Ok(None) };
-    let ep = fairfeed_ops::serve_metrics(addr, move |e| node_metrics(&slot, e))
+    let (Some(addr), Some(board)) = (c.metrics, cfg.board.clone()) else { return Ok(None) };
+    let ep = fairfeed_ops::serve_metrics(addr, move |e| node_metrics(&board, e))
         .with_context(|| format!("serving metrics on {addr}"))?;
     tracing::info!(node = c.id, addr = %ep.addr, "node {}: metrics at http://{}/metrics", c.id, ep.addr);
     Ok(Some(ep))
 }
 
-/// A node's published snapshot as metrics: the shell's counters
-/// (`fairfeed_agent_*`), the state machine's (`fairfeed_node_*`: counters,
-/// OWD_G, margin, clock offset and bound, …) and the latency histograms.
-pub(crate) fn node_metrics(slot: &PublishSlot, e: &mut fairfeed_ops::Exposition) {
-    let p = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let Some(r) = &p.report else { return };
+/// A node's board as metrics: the shell's counters (`fairfeed_agent_*`),
+/// the state machine's (`fairfeed_node_*`: counters, OWD_G, margin, clock
+/// offset and bound, …) and the latency histograms.
+pub(crate) fn node_metrics(board: &NodeBoard, e: &mut fairfeed_ops::Exposition) {
+    let Some((r, hists)) = fairfeed_net::tree::agent::report(board, true) else { return };
     let id = r.id.to_string();
     let labels = [("node", id.as_str()), ("role", r.role.as_str())];
     e.gauge("fairfeed_node_uptime_seconds", "seconds since the node started", &labels, r.uptime_s);
     e.json("fairfeed_agent", &r.counters, &labels, "the node's I/O shell (fairfeed stat: counters; docs/FILES.md)");
     e.json("fairfeed_node", &r.node, &labels, "the node's state machine (fairfeed stat: node; docs/FILES.md)");
-    for (name, h) in &p.hists {
+    for (name, h) in &hists {
         let help = match *name {
             "owd" => "one-way delay, sender to this receiver",
             "hold" => "time a message was held before its release",

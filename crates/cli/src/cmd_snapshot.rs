@@ -9,8 +9,8 @@ use fairfeed_feed::snapshot::serve::{
     Credentials, CONNECTIONS_DEFAULT_MAX, CONNECTS_PER_S_DEFAULT_MAX, PER_ADDRESS_DEFAULT_MAX,
 };
 use fairfeed_feed::snapshot::{GAP_WAIT_DEFAULT_NS, GAP_WAIT_MAX_NS};
-use fairfeed_net::publish::JsonSlot;
-use fairfeed_net::snapshot::{run_server, ServerConfig, ServiceConfig, FEEDS_MAX};
+use fairfeed_io::counters::Board;
+use fairfeed_net::snapshot::{run_server, ServerConfig, ServiceConfig, FEEDS_MAX, SERVER_PART};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -73,10 +73,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             connects_per_s_max: a.connects_per_s as u32,
         },
     };
-    let slot = a.metrics.map(|_| JsonSlot::default());
-    let _metrics = match (a.metrics, slot.clone()) {
-        (Some(addr), Some(slot)) => {
-            Some(crate::fmt::serve_json_metrics(addr, slot, "fairfeed_snapshot", "the snapshot server")?)
+    let board = a.metrics.map(|_| Board::new());
+    let _metrics = match (a.metrics, board.clone()) {
+        (Some(addr), Some(board)) => {
+            let help = "the snapshot server";
+            Some(crate::fmt::serve_json_metrics(addr, board, SERVER_PART, "fairfeed_snapshot", help)?)
         }
         _ => None,
     };
@@ -89,7 +90,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.feed,
         a.listen
     );
-    let report = run_server(&cfg, slot, until, stop).with_context(|| format!("serving on {}", a.listen))?;
+    let report = run_server(&cfg, board.as_ref(), until, stop).with_context(|| format!("serving on {}", a.listen))?;
     crate::log::final_report("snapshot-server", &report);
     Ok(())
 }

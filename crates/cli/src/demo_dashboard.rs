@@ -1,7 +1,7 @@
 //! `fairfeed demo --dashboard ADDR`: the live dashboard of `fairfeed
 //! dashboard`, fed from the demo's own nodes. Every node of the run in
-//! progress publishes into a slot (as a `--metrics` node does); once a
-//! second a thread renders each slot as the node's Prometheus metrics — the
+//! progress posts to its counters board (as a `--metrics` node does); once a
+//! second a thread renders each board as the node's Prometheus metrics — the
 //! same function a node's `/metrics` answers with — and hands them to the
 //! dashboard's [`Poller`], so the page shows exactly what it would show
 //! scraping a deployed tree.
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context;
-use fairfeed_net::tree::agent::PublishSlot;
+use fairfeed_net::tree::agent::NodeBoard;
 use fairfeed_ops::dashboard::{every_poll, unix_ms, Poller, Sample, Server, State};
 use fairfeed_tree::plan::Topology;
 
@@ -20,9 +20,7 @@ use fairfeed_tree::plan::Topology;
 struct Phase {
     title: String,
     poller: Poller,
-    slots: HashMap<u32, PublishSlot>,
-    /// Each node's last snapshot, taken out of its slot.
-    last: HashMap<u32, PublishSlot>,
+    boards: HashMap<u32, Arc<NodeBoard>>,
 }
 
 /// The dashboard of a demo; it serves until dropped.
@@ -47,8 +45,7 @@ impl DemoDashboard {
                 let mut g = ph.lock().unwrap_or_else(PoisonError::into_inner);
                 let s = match g.as_mut() {
                     Some(p) => {
-                        let scrapes =
-                            p.slots.iter().map(|(&id, slot)| (id, Some(sample(id, slot, &mut p.last)))).collect();
+                        let scrapes = p.boards.iter().map(|(&id, b)| (id, Some(sample(b)))).collect();
                         let mut s = p.poller.update(scrapes, unix_ms());
                         s.title.clone_from(&p.title);
                         s
@@ -67,16 +64,16 @@ impl DemoDashboard {
         Ok(DemoDashboard { phase, idle_title, stop, thread: Some(thread) })
     }
 
-    /// From now on shows `topology`'s nodes, publishing into the returned slots.
-    pub fn show(&self, title: String, topology: &Topology) -> HashMap<u32, PublishSlot> {
-        let slots: HashMap<u32, PublishSlot> = topology
+    /// From now on shows `topology`'s nodes, posting to the returned boards.
+    pub fn show(&self, title: String, topology: &Topology) -> HashMap<u32, Arc<NodeBoard>> {
+        let boards: HashMap<u32, Arc<NodeBoard>> = topology
             .trees
             .first()
-            .map(|t| t.nodes.iter().map(|n| (n.id, PublishSlot::default())).collect())
+            .map(|t| t.nodes.iter().map(|n| (n.id, NodeBoard::new())).collect())
             .unwrap_or_default();
-        let p = Phase { title, poller: Poller::new(topology.clone()), slots: slots.clone(), last: HashMap::new() };
+        let p = Phase { title, poller: Poller::new(topology.clone()), boards: boards.clone() };
         *self.phase.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
-        slots
+        boards
     }
 
     /// Appends `note` to the title of what is shown (e.g. that the run ended).
@@ -98,18 +95,12 @@ impl Drop for DemoDashboard {
     }
 }
 
-/// A node's published slot as the dashboard would scrape it (a node that
-/// has not published yet answers with nothing, not as down). The snapshot is
-/// taken out of the slot under its lock and rendered from `last` (where the
-/// previous one stays until a newer arrives), so the node, which never waits
-/// for its slot, is not kept from publishing while this renders.
-fn sample(id: u32, slot: &PublishSlot, last: &mut HashMap<u32, PublishSlot>) -> Sample {
-    let fresh = std::mem::take(&mut *slot.lock().unwrap_or_else(PoisonError::into_inner));
-    let kept = last.entry(id).or_default();
-    if fresh.report.is_some() {
-        *kept.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
-    }
+/// A node's board as the dashboard would scrape it (a node that has not
+/// posted yet answers with nothing, not as down). The parts are copied out
+/// under the board's lock and rendered after, so the node's agents are
+/// never kept from posting while this renders.
+fn sample(board: &NodeBoard) -> Sample {
     let mut e = fairfeed_ops::Exposition::new();
-    crate::cmd_node::node_metrics(kept, &mut e);
+    crate::cmd_node::node_metrics(board, &mut e);
     Sample::parse(&e.render())
 }

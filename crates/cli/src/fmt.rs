@@ -195,16 +195,17 @@ pub fn stop_on_signals() -> anyhow::Result<std::sync::Arc<std::sync::atomic::Ato
     Ok(stop)
 }
 
-/// Serves the JSON a loop publishes into `slot` as Prometheus metrics named `prefix`_….
+/// Serves the counters an agent posts to `board` as `part` as Prometheus metrics named `prefix`_….
 pub fn serve_json_metrics(
     addr: std::net::SocketAddr,
-    slot: fairfeed_net::publish::JsonSlot,
+    board: std::sync::Arc<fairfeed_io::counters::Board>,
+    part: &'static str,
     prefix: &'static str,
     help: &'static str,
 ) -> anyhow::Result<fairfeed_ops::Endpoint> {
     let ep = fairfeed_ops::serve_metrics(addr, move |e| {
-        if let Some(v) = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
-            e.json(prefix, v, &[], help);
+        if let Some(v) = board.value(part) {
+            e.json(prefix, &v, &[], help);
         }
     })
     .map_err(|e| anyhow::anyhow!("serving metrics on {addr}: {e}"))?;

@@ -6,7 +6,8 @@
 //! batching with kernel receive stamps ([`batch`]), thread and socket tuning
 //! ([`tuning`]), precise pacing ([`pace`]), how loops wait for work
 //! ([`idle`]), bounded queues between agents with a wake-up the runner
-//! understands ([`mailbox`]), the wall clock ([`clock`]) and threads' CPU time ([`cpu`]). Nothing here knows a protocol.
+//! understands ([`mailbox`]), the board every agent posts its counters to
+//! ([`counters`]), the wall clock ([`clock`]) and threads' CPU time ([`cpu`]). Nothing here knows a protocol.
 //! Send back-ends sit side by side behind [`send::SendPath`]: `sendmmsg`
 //! ([`batch`]) and io_uring ([`uring`]); AF_XDP would be one more.
 
@@ -15,6 +16,7 @@
 pub mod agent;
 pub mod batch;
 pub mod clock;
+pub mod counters;
 pub mod cpu;
 pub mod hostclock;
 pub mod idle;

@@ -18,7 +18,6 @@ pub mod exchange;
 pub mod lasthop;
 pub mod operator;
 pub mod order_proxy;
-pub mod publish;
 pub mod replay;
 pub mod snapshot;
 pub mod tree;

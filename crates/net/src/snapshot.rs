@@ -21,7 +21,7 @@ use fairfeed_io::agent::{Agent, Turn};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::publish::{publish, JsonSlot, PUBLISH_INTERVAL};
+use fairfeed_io::counters::{Board, Poster};
 
 /// Feed datagrams read per socket per turn at most.
 const FEED_READS_MAX: usize = 256;
@@ -295,19 +295,22 @@ impl SnapshotService {
     }
 }
 
+/// The snapshot server's part on its counters board.
+pub const SERVER_PART: &str = "snapshot-server";
+
 /// Follows a feed from UDP sockets and serves snapshots of it.
 pub struct SnapshotServerAgent {
     feeds: Vec<UdpSocket>,
     service: SnapshotService,
-    slot: Option<JsonSlot>,
-    next_publish: u64,
+    poster: Option<Poster>,
     until: u64,
     buf: Vec<u8>,
 }
 
 impl SnapshotServerAgent {
-    /// Binds the feed sockets and the listener; serves until `until` (wall ns).
-    pub fn new(cfg: &ServerConfig, slot: Option<JsonSlot>, until: u64) -> std::io::Result<Self> {
+    /// Binds the feed sockets and the listener; serves until `until` (wall
+    /// ns), posting its report to `board` (as [`SERVER_PART`]) where given.
+    pub fn new(cfg: &ServerConfig, board: Option<&Arc<Board>>, until: u64) -> std::io::Result<Self> {
         assert!(!cfg.feeds.is_empty() && cfg.feeds.len() <= FEEDS_MAX, "1..={FEEDS_MAX} feeds");
         let feeds = cfg
             .feeds
@@ -319,7 +322,8 @@ impl SnapshotServerAgent {
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         let service = SnapshotService::new(&cfg.service)?;
-        Ok(Self { feeds, service, slot, next_publish: 0, until, buf: vec![0u8; READ_CHUNK] })
+        let poster = board.map(|b| b.poster(SERVER_PART)).transpose().map_err(std::io::Error::other)?;
+        Ok(Self { feeds, service, poster, until, buf: vec![0u8; READ_CHUNK] })
     }
 
     /// The address logins go to.
@@ -368,17 +372,15 @@ impl Agent for SnapshotServerAgent {
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
         let mut work = self.read_feeds(now);
         work += self.service.service(now);
-        if now >= self.next_publish {
-            self.next_publish = now + PUBLISH_INTERVAL.as_nanos() as u64;
-            if let Some(slot) = &self.slot {
-                publish(slot, &self.report());
-            }
+        if self.poster.as_mut().is_some_and(|p| p.due(now)) {
+            let r = serde_json::to_value(self.report()).unwrap_or_default();
+            self.poster.iter().for_each(|p| p.post(r.clone(), Vec::new()));
         }
         work
     }
 
     fn next_due(&self) -> u64 {
-        let publish = if self.slot.is_some() { self.next_publish } else { u64::MAX };
+        let publish = self.poster.as_ref().map_or(u64::MAX, Poster::next_ns);
         self.service.next_due().min(publish).min(self.until)
     }
 
@@ -539,11 +541,11 @@ impl SnapshotClient {
 /// Runs a snapshot server on this thread until `until` (wall ns) or `stop`.
 pub fn run_server(
     cfg: &ServerConfig,
-    slot: Option<JsonSlot>,
+    board: Option<&Arc<Board>>,
     until: u64,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> std::io::Result<ServerReport> {
-    let mut agent = SnapshotServerAgent::new(cfg, slot, until)?;
+    let mut agent = SnapshotServerAgent::new(cfg, board, until)?;
     let run = fairfeed_io::agent::RunConfig { stop: Some(stop), ..Default::default() };
     fairfeed_io::agent::run(&mut [&mut agent], &run)?;
     Ok(agent.report())

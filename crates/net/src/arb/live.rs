@@ -47,14 +47,21 @@ pub struct LiveConfig {
     pub idle: IdleStrategy,
     /// Call `on_stats` this often.
     pub stats_interval: Option<Duration>,
-    /// Publish the counters here (as `control stats` shows them) every
-    /// [`PUBLISH_INTERVAL`], for a metrics endpoint on another thread.
-    pub publish: Option<JsonSlot>,
+    /// Post the counters (as `control stats` shows them) to this board, as
+    /// [`ARB_PART`], every [`fairfeed_io::counters::PUBLISH_INTERVAL`], for a
+    /// metrics endpoint on another thread.
+    pub publish: Option<Arc<Board>>,
     /// Set from outside (a signal handler) to stop the loop; it then reports as at the end.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
-pub use crate::publish::{publish, JsonSlot, PUBLISH_INTERVAL};
+/// The arbitrator's part on its counters board.
+pub const ARB_PART: &str = "arb";
+/// The retransmission server's part on its counters board.
+pub const RETRANSMIT_PART: &str = "retransmit-server";
+
+use fairfeed_io::counters::{Board, Poster};
+use std::sync::Arc;
 
 use crate::idle::IdleStrategy;
 use fairfeed_io::socket::bind_udp;
@@ -202,7 +209,7 @@ pub struct ArbAgent<'c, F: FnMut(&Stats)> {
     start_wall: u64,
     buf: Vec<u8>,
     next_stats: Option<u64>,
-    next_publish: u64,
+    poster: Option<Poster>,
     send_errors: u64,
     on_stats: F,
     done: bool,
@@ -237,7 +244,7 @@ impl<'c, F: FnMut(&Stats)> ArbAgent<'c, F> {
             start_wall: fairfeed_io::clock::wall_ns(),
             buf: vec![0u8; DATAGRAM_MAX],
             next_stats: cfg.stats_interval.map(|d| d.as_nanos() as u64),
-            next_publish: 0,
+            poster: cfg.publish.as_ref().map(|b| b.poster(ARB_PART)).transpose().map_err(std::io::Error::other)?,
             send_errors: 0,
             on_stats,
             done: false,
@@ -299,9 +306,8 @@ impl<F: FnMut(&Stats)> Agent for ArbAgent<'_, F> {
             work += 1;
         }
         self.send_errors += sink.send_errors;
-        if let Some(slot) = self.cfg.publish.as_ref().filter(|_| t >= self.next_publish) {
-            self.next_publish = t + PUBLISH_INTERVAL.as_nanos() as u64;
-            publish(slot, &stats_json(self.arb.stats_now(t), &self.side.verifier.counters));
+        if let Some(p) = self.poster.as_mut().and_then(|p| p.due(t).then_some(p)) {
+            p.post(stats_json(self.arb.stats_now(t), &self.side.verifier.counters), Vec::new());
         }
         if self.next_stats.is_some_and(|ns| t >= ns) {
             (self.on_stats)(self.arb.stats_now(t));
@@ -313,7 +319,7 @@ impl<F: FnMut(&Stats)> Agent for ArbAgent<'_, F> {
     }
 
     fn next_due(&self) -> u64 {
-        let publish = if self.cfg.publish.is_some() { self.next_publish } else { u64::MAX };
+        let publish = self.poster.as_ref().map_or(u64::MAX, Poster::next_ns);
         let end = self.cfg.max_seconds.map_or(u64::MAX, |m| (m * 1e9) as u64);
         let due =
             self.arb.next_timeout().unwrap_or(u64::MAX).min(publish).min(self.next_stats.unwrap_or(u64::MAX)).min(end);
@@ -353,8 +359,7 @@ pub struct RetransmitAgent<'s> {
     sock: UdpSocket,
     start: Instant,
     max_ns: Option<u64>,
-    publish_to: Option<&'s JsonSlot>,
-    next_publish: u64,
+    poster: Option<Poster>,
     buf: Vec<u8>,
     out: Vec<u8>,
 }
@@ -364,15 +369,14 @@ impl<'s> RetransmitAgent<'s> {
         server: &'s mut fairfeed_arb::retransmit::RetransmitServer,
         listen: SocketAddr,
         max_seconds: Option<f64>,
-        publish_to: Option<&'s JsonSlot>,
+        publish_to: Option<&Arc<Board>>,
     ) -> std::io::Result<Self> {
         Ok(RetransmitAgent {
             server,
             sock: bind_udp(listen, 1 << 20)?,
             start: Instant::now(),
             max_ns: max_seconds.map(|m| (m * 1e9) as u64),
-            publish_to,
-            next_publish: 0,
+            poster: publish_to.map(|b| b.poster(RETRANSMIT_PART)).transpose().map_err(std::io::Error::other)?,
             buf: vec![0u8; 2048],
             out: vec![0u8; fairfeed_wire::moldudp64::PACKET_LEN_DEFAULT_MAX],
         })
@@ -396,9 +400,8 @@ impl Agent for RetransmitAgent<'_> {
                 work += 1;
             }
         }
-        if let Some(slot) = self.publish_to.filter(|_| wall >= self.next_publish) {
-            self.next_publish = wall + PUBLISH_INTERVAL.as_nanos() as u64;
-            publish(slot, &self.server.stats());
+        if let Some(p) = self.poster.as_mut().and_then(|p| p.due(wall).then_some(p)) {
+            p.post(serde_json::to_value(self.server.stats()).unwrap_or_default(), Vec::new());
         }
         work
     }
@@ -407,11 +410,7 @@ impl Agent for RetransmitAgent<'_> {
         let end = self.max_ns.map_or(u64::MAX, |m| {
             fairfeed_io::clock::wall_ns().saturating_add(m.saturating_sub(self.start.elapsed().as_nanos() as u64))
         });
-        if self.publish_to.is_some() {
-            end.min(self.next_publish)
-        } else {
-            end
-        }
+        end.min(self.poster.as_ref().map_or(u64::MAX, Poster::next_ns))
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
@@ -430,7 +429,7 @@ pub fn run_retransmit_server(
     listen: SocketAddr,
     max_seconds: Option<f64>,
     stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
-    publish_to: Option<&JsonSlot>,
+    publish_to: Option<&Arc<Board>>,
 ) -> std::io::Result<()> {
     let mut a = RetransmitAgent::new(server, listen, max_seconds, publish_to)?;
     let run = RunConfig { idle: IdleStrategy::Park, stop: Some(stop.clone()), ..RunConfig::default() };

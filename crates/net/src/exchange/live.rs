@@ -46,6 +46,7 @@ use fairfeed_exchange::gateway::{GatewayConfig, GatewayStats};
 use fairfeed_exchange::ordering::{OrderingStats, ORDERING_FIRMS_MAX};
 use fairfeed_exchange::sequencer::SequencerStats;
 use fairfeed_io::agent::{self, RunConfig};
+use fairfeed_io::counters::{Board, Poster};
 use fairfeed_io::mailbox::{Incoming, Outgoing};
 
 use hdrhistogram::Histogram;
@@ -489,36 +490,41 @@ fn step(name: &'static str, h: &Histogram<u64>) -> Step {
     }
 }
 
-/// What the exchange's threads publish for a metrics endpoint, every
-/// [`crate::publish::PUBLISH_INTERVAL`]: `{"gateway": …, "sequencer": …,
-/// "ring_full": n, "sessions": n, "publisher": …, "engines": {"0": …}}`, and
-/// the order latency (gateway in → response written, ns).
-#[derive(Debug, Default)]
-pub struct ExchangeMetrics {
-    pub json: std::sync::Mutex<serde_json::Value>,
-    pub order_latency: std::sync::Mutex<Option<Histogram<u64>>>,
-}
+/// The gateway's part on the exchange's counters board: `{"gateway": …,
+/// "sequencer": …, "ordering": …, "cheat": …, "ring_full": n, "sessions":
+/// n}` (run to completion: with `engines` and `publisher`), and the order
+/// latency histogram [`ORDER_HIST`] (gateway in → response written, ns).
+pub const GATEWAY_PART: &str = "gateway";
+/// The publisher's part (threaded pipeline).
+pub const PUBLISHER_PART: &str = "publisher";
+/// Engine shard K's part is this followed by K (threaded pipeline).
+pub const ENGINE_PART_PREFIX: &str = "engine.";
+/// The gateway's order-latency histogram.
+pub const ORDER_HIST: &str = "order";
 
-impl ExchangeMetrics {
-    /// Sets `key` (in `engines` when `engine` is given) to `v`.
-    fn put(&self, engine: Option<usize>, key: &str, v: serde_json::Value) {
-        let mut j = self.json.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !j.is_object() {
-            *j = serde_json::json!({});
-        }
-        match engine {
-            Some(e) => {
+/// What the exchange's agents last posted to `board`, in one object —
+/// `{"gateway": …, "sequencer": …, "ring_full": n, "sessions": n,
+/// "publisher": …, "engines": {"0": …}}` — and the order latency.
+pub fn metrics(board: &Board) -> (serde_json::Value, Option<Histogram<u64>>) {
+    board.read(|parts| {
+        let gateway = parts.get(GATEWAY_PART);
+        let mut j = gateway.map_or_else(|| serde_json::json!({}), |p| p.value.clone());
+        for (name, p) in parts.iter() {
+            if let Some(k) = name.strip_prefix(ENGINE_PART_PREFIX) {
                 if !j["engines"].is_object() {
                     j["engines"] = serde_json::json!({});
                 }
-                j["engines"][e.to_string()] = v;
+                j["engines"][k] = p.value.clone();
+            } else if name == PUBLISHER_PART {
+                j["publisher"] = p.value.clone();
             }
-            None => j[key] = v,
         }
-    }
+        let order = gateway.and_then(|p| p.hists.iter().find(|(n, _)| *n == ORDER_HIST)).map(|(_, h)| h.clone());
+        (j, order)
+    })
 }
 
-const PUBLISH_NS: u64 = crate::publish::PUBLISH_INTERVAL.as_nanos() as u64;
+const PUBLISH_NS: u64 = fairfeed_io::counters::PUBLISH_INTERVAL_NS;
 
 /// How commands reach the engines and their events come back.
 enum Matching {
@@ -573,8 +579,8 @@ impl Exchange {
         Self::start_published(cfg, None)
     }
 
-    /// [`Exchange::start`], the threads publishing their counters into `metrics`.
-    pub fn start_published(cfg: ExchangeConfig, metrics: Option<Arc<ExchangeMetrics>>) -> std::io::Result<Exchange> {
+    /// [`Exchange::start`], the agents posting their counters to `metrics` ([`metrics`] reads them).
+    pub fn start_published(cfg: ExchangeConfig, metrics: Option<Arc<Board>>) -> std::io::Result<Exchange> {
         assert!((1..=16).contains(&cfg.engines), "1..=16 engine threads");
         let listener = TcpListener::bind(cfg.listen)?;
         listener.set_nonblocking(true)?;
@@ -675,7 +681,7 @@ pub fn run_exchange(
     cfg: ExchangeConfig,
     stop: &AtomicBool,
     max_seconds: Option<f64>,
-    metrics: Option<Arc<ExchangeMetrics>>,
+    metrics: Option<Arc<Board>>,
 ) -> std::io::Result<ExchangeReport> {
     cfg.validate().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let engines = cfg.engines;

@@ -88,16 +88,15 @@ pub struct ControllerAgent {
     /// Members changed (put) and gone (delete) since the last write to the store.
     put: std::collections::BTreeSet<u32>,
     gone: std::collections::BTreeSet<u32>,
-    /// Where the report is published for a metrics endpoint, and when next.
-    publish: Option<std::sync::Arc<std::sync::Mutex<serde_json::Value>>>,
-    next_publish_ns: u64,
+    /// Its part on a counters board, for a metrics endpoint.
+    poster: Option<fairfeed_io::counters::Poster>,
     /// When each (node, reason) refusal was last logged.
     refusals_logged: HashMap<(u32, &'static str), u64>,
     pub stats: ShellStats,
 }
 
-/// How often the controller's report is published for its metrics endpoint.
-pub const PUBLISH_INTERVAL_NS: u64 = 500_000_000;
+/// The controller's part on its counters board.
+pub const CONTROLLER_PART: &str = "controller";
 
 impl ControllerAgent {
     /// Binds `listen`; runs until `end_ns` (wall clock; `u64::MAX`: until stopped).
@@ -122,27 +121,27 @@ impl ControllerAgent {
             leading: true,
             put: Default::default(),
             gone: Default::default(),
-            publish: None,
-            next_publish_ns: 0,
+            poster: None,
             refusals_logged: HashMap::new(),
             stats: ShellStats::default(),
         })
     }
 
-    /// Publishes its report into `slot` every [`PUBLISH_INTERVAL_NS`] (for `--metrics`).
-    pub fn with_publish(mut self, slot: std::sync::Arc<std::sync::Mutex<serde_json::Value>>) -> Self {
-        self.publish = Some(slot);
-        self
+    /// Posts its report to `board` (as [`CONTROLLER_PART`]) every
+    /// [`fairfeed_io::counters::PUBLISH_INTERVAL`] (for `--metrics`).
+    pub fn with_publish(
+        mut self,
+        board: &std::sync::Arc<fairfeed_io::counters::Board>,
+    ) -> Result<Self, fairfeed_io::counters::BoardError> {
+        self.poster = Some(board.poster(CONTROLLER_PART)?);
+        Ok(self)
     }
 
     fn publish(&mut self, now: u64) {
-        let Some(slot) = &self.publish else { return };
-        if now < self.next_publish_ns {
-            return;
+        if self.poster.as_mut().is_some_and(|p| p.due(now)) {
+            let v = serde_json::to_value(self.report()).unwrap_or_default();
+            self.poster.iter().for_each(|p| p.post(v.clone(), Vec::new()));
         }
-        self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
-        let v = serde_json::to_value(self.report()).unwrap_or_default();
-        *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = v;
     }
 
     /// Shares the membership through a store: leads only while it holds
@@ -402,7 +401,7 @@ impl Agent for ControllerAgent {
     }
 
     fn next_due(&self) -> u64 {
-        let publish = if self.publish.is_some() { self.next_publish_ns } else { u64::MAX };
+        let publish = self.poster.as_ref().map_or(u64::MAX, fairfeed_io::counters::Poster::next_ns);
         self.next_due_core().min(publish)
     }
 

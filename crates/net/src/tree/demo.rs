@@ -45,7 +45,7 @@ use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
 
 use super::agent::{wall_ns, AgentConfig, ClockOpts, Job, NodeAgents, ReceiverJob, ReleaseAt, SenderJob};
-use super::agent::{PublishSlot, Tap, Threading, TimeBase};
+use super::agent::{NodeBoard, Tap, Threading, TimeBase};
 use crate::tuning::Tuning;
 use fairfeed_io::idle::IdleStrategy;
 use fairfeed_io::socket::bind_udp;
@@ -89,9 +89,10 @@ pub struct ClusterConfig {
     pub track: Vec<u32>,
     /// Host time per emulated time (≥ 1; see the module docs).
     pub dilation: f64,
-    /// Nodes that publish their counters and histograms (for a live
-    /// dashboard on another thread), by id; empty: none.
-    pub publish: std::collections::HashMap<u32, PublishSlot>,
+    /// The counters boards of nodes whose counters and histograms a live
+    /// dashboard on another thread reads ([`super::agent::report`]), by id;
+    /// empty: none.
+    pub boards: std::collections::HashMap<u32, Arc<NodeBoard>>,
     /// Stop the run as soon as the host falls behind during the warm-up
     /// (more than [`LAG_SHARE_MAX`] of copies late): the caller may run it
     /// again with more dilation ([`ClusterResult::fell_behind_in_warmup`]).
@@ -486,7 +487,7 @@ fn node_config(
         clock: ClockOpts { skew: shared.skews[n.id as usize], ..ClockOpts::default() },
         time: shared.time,
         tap: Some(shared.tap.clone()),
-        publish: cfg.publish.get(&n.id).cloned(),
+        board: cfg.boards.get(&n.id).cloned(),
         extra: Vec::new(),
         shards: Default::default(),
         replicate: None,
@@ -979,16 +980,15 @@ mod tests {
             warmup_messages: 50,
             track: vec![0, 5],
             dilation: 16.0,
-            publish: [(5, PublishSlot::default())].into(),
+            boards: [(5, NodeBoard::new())].into(),
             stop_if_behind_in_warmup: false,
         };
         let payloads = vec![vec![1u8; 40], vec![2u8; 60]];
         let r = run_cluster(&t, &cfg, &payloads, |_| {}).unwrap();
         // Receiver 5 published its counters and histograms (a live dashboard reads them); no other did.
-        let p = cfg.publish[&5].lock().unwrap();
-        let report = p.report.as_ref().expect("receiver 5 published");
+        let (report, hists) = super::super::agent::report(&cfg.boards[&5], true).expect("receiver 5 posted");
         assert_eq!((report.id, report.role.as_str()), (5, "receiver"));
-        let owd = &p.hists.iter().find(|h| h.0 == "owd").expect("an OWD histogram").1;
+        let owd = &hists.iter().find(|h| h.0 == "owd").expect("an OWD histogram").1;
         assert!(!owd.is_empty() && owd.len() <= 200, "{}", owd.len());
         assert_eq!((r.receivers, r.messages, r.lost, r.send_errors), (6, 150, 0, 0), "{r:?}");
         assert!(r.link_model_p50_us > 20.0 && r.link_oneway_p50_us >= r.link_model_p50_us - 0.5, "{r:?}");

@@ -21,9 +21,9 @@ use hdrhistogram::Histogram;
 
 use super::super::watch::{tcp_min_rtt_ns, CheatWatch};
 use super::{
-    hist, ns, Cmd, ExchangeConfig, ExchangeMetrics, GatewayPart, InBatch, Inline, Matching, OrderingKind, Out, Part,
-    CLOSE_DRAIN_NS, CONNECTIONS_MAX, LOGIN_FAILURES_PER_S_MAX, LOGIN_FAILURE_ADDRESSES_MAX, PRELOGIN_PER_ADDRESS_MAX,
-    PRELOGIN_READ_MAX, PUBLISH_NS,
+    hist, ns, Board, Cmd, ExchangeConfig, GatewayPart, InBatch, Inline, Matching, OrderingKind, Out, Part, Poster,
+    CLOSE_DRAIN_NS, CONNECTIONS_MAX, GATEWAY_PART, LOGIN_FAILURES_PER_S_MAX, LOGIN_FAILURE_ADDRESSES_MAX, ORDER_HIST,
+    PRELOGIN_PER_ADDRESS_MAX, PRELOGIN_READ_MAX, PUBLISH_NS,
 };
 
 /// The gateway agent over `listener` with `matching` behind it, and where
@@ -33,7 +33,7 @@ pub(super) fn agent(
     listener: TcpListener,
     matching: Matching,
     start: Instant,
-    metrics: Option<Arc<ExchangeMetrics>>,
+    metrics: Option<Arc<Board>>,
 ) -> std::io::Result<(GatewayAgent, Option<SocketAddr>)> {
     let rd = Readiness::new()?;
     rd.watch(&listener, EP_LISTENER)?;
@@ -62,7 +62,7 @@ pub(super) fn agent(
         out_max: cfg.out_buffer_max_bytes,
         login_failures: std::collections::HashMap::new(),
         start,
-        metrics,
+        poster: metrics.map(|b| b.poster(GATEWAY_PART)).transpose().map_err(std::io::Error::other)?,
         by_user: Vec::new(),
         listener_resume_ns: 0,
         due: Vec::new(),
@@ -179,7 +179,8 @@ struct GatewayLoop {
     /// Per address: (start of its current one-second window, failed logins in it).
     login_failures: std::collections::HashMap<std::net::IpAddr, (u64, u32)>,
     start: Instant,
-    metrics: Option<Arc<ExchangeMetrics>>,
+    /// Its part on the exchange's counters board.
+    poster: Option<Poster>,
     /// Session slot of each logged-in user, rebuilt per batch of responses.
     by_user: Vec<usize>,
     /// After a failed `accept`, when the listener is watched again (ns since
@@ -484,25 +485,31 @@ fn drop_closed(sessions: &mut [Option<Session>], now: u64) {
     }
 }
 
-/// Puts the gateway's counters and the order latency where the metrics endpoint reads them.
+/// `x` as JSON (null if it cannot be).
+fn v(x: &impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(x).unwrap_or_default()
+}
+
+/// Posts the gateway's counters and the order latency for the metrics endpoint.
 fn publish_gateway(g: &GatewayLoop, latency: &Histogram<u64>, ring_full: u64, sessions: &[Option<Session>]) {
-    let Some(m) = &g.metrics else { return };
-    m.put(None, "gateway", serde_json::to_value(g.gw.stats).unwrap_or_default());
+    let Some(p) = &g.poster else { return };
     let (q, o) = g.order.stats();
-    m.put(None, "sequencer", serde_json::to_value(q).unwrap_or_default());
-    m.put(None, "ordering", serde_json::to_value(o).unwrap_or_default());
+    let mut j = serde_json::json!({
+        "gateway": v(&g.gw.stats),
+        "sequencer": v(&q),
+        "ordering": v(&o),
+        "ring_full": ring_full,
+        "sessions": sessions.iter().flatten().count(),
+    });
     if let Some(w) = &g.watch {
-        m.put(None, "cheat", w.watch.report());
+        j["cheat"] = w.watch.report();
     }
-    m.put(None, "ring_full", ring_full.into());
-    m.put(None, "sessions", sessions.iter().flatten().count().into());
     if let Matching::Inline(x) = &g.matching {
-        for (k, e) in x.engines.iter().enumerate() {
-            m.put(Some(k), "", serde_json::to_value(e.stats).unwrap_or_default());
-        }
-        m.put(None, "publisher", x.publisher.counters());
+        let engines = x.engines.iter().enumerate().map(|(k, e)| (k.to_string(), v(&e.stats)));
+        j["engines"] = serde_json::Value::Object(engines.collect());
+        j["publisher"] = x.publisher.counters();
     }
-    *m.order_latency.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(latency.clone());
+    p.post(j, vec![(ORDER_HIST, latency.clone())]);
 }
 
 /// Responses matched or received since the last look.

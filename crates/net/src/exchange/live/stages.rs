@@ -14,14 +14,15 @@ use fairfeed_io::agent::{self, Agent, RunConfig, Turn};
 use fairfeed_io::clock::wall_ns;
 use fairfeed_io::mailbox::{mailbox, Incoming, Outgoing};
 
-use super::{ended, ns, Cmd, ExchangeConfig, ExchangeMetrics, InBatch, Matching, Out, Part, PUBLISH_NS, RING_SLOTS};
+use super::{ended, ns, Board, Cmd, ExchangeConfig, InBatch, Matching, Out, Part, Poster, PUBLISH_NS, RING_SLOTS};
+use super::{ENGINE_PART_PREFIX, PUBLISHER_PART};
 
 /// The threaded pipeline's engine and publisher agents, each on a thread of
 /// its own, and the gateway's ends of their mailboxes.
 pub(super) fn start_threads(
     cfg: &ExchangeConfig,
     (start, run): (Instant, &RunConfig),
-    metrics: &Option<Arc<ExchangeMetrics>>,
+    metrics: &Option<Arc<Board>>,
     threads: &mut Vec<thread::JoinHandle<Vec<Part>>>,
 ) -> std::io::Result<Matching> {
     let (mut cmd_tx, mut to_gw, mut pub_rx) = (Vec::new(), Vec::new(), Vec::new());
@@ -34,14 +35,13 @@ pub(super) fn start_threads(
         pub_rx.push(prx);
         let a = EngineAgent {
             e: Engine::new(cfg.limits, shard as u64, cfg.engines as u64),
-            shard,
             start,
             cmds,
             to_gw: to_gateway,
             to_pub,
             events: Vec::with_capacity(64),
             in_batch: Vec::new(),
-            metrics: metrics.clone(),
+            poster: poster(metrics, format!("{ENGINE_PART_PREFIX}{shard}"))?,
             next_publish: 0,
             dirty: true,
         };
@@ -49,7 +49,7 @@ pub(super) fn start_threads(
         let thread = name.clone();
         threads.push(agent::spawn(&thread, run.clone(), move || a, move |mut a, r| ended(&name, &r, vec![a.close()]))?);
     }
-    let p = PublisherAgent { p: Publisher::new(cfg)?, rx: pub_rx, metrics: metrics.clone(), next_publish: 0 };
+    let p = PublisherAgent { p: Publisher::new(cfg)?, rx: pub_rx, poster: poster(metrics, PUBLISHER_PART.into())? };
     threads.push(agent::spawn(
         "publisher",
         run.clone(),
@@ -59,11 +59,15 @@ pub(super) fn start_threads(
     Ok(Matching::Threaded { cmd_tx, to_gw })
 }
 
+/// A poster named `name` on `board`, where there is one.
+fn poster(board: &Option<Arc<Board>>, name: String) -> std::io::Result<Option<Poster>> {
+    board.as_ref().map(|b| b.poster(name)).transpose().map_err(std::io::Error::other)
+}
+
 /// One engine shard on a thread of its own (threaded pipeline): commands in
 /// from the gateway, events out to the gateway (OUCH) and the publisher (ITCH).
 struct EngineAgent {
     e: Engine,
-    shard: usize,
     /// The origin of the steps' timestamps (the gateway's).
     start: Instant,
     cmds: Incoming<Cmd>,
@@ -73,7 +77,8 @@ struct EngineAgent {
     events: Vec<Event>,
     /// The parts of the batch being gathered (ordering `batch`).
     in_batch: Vec<Command>,
-    metrics: Option<Arc<ExchangeMetrics>>,
+    /// Its part on the exchange's counters board.
+    poster: Option<Poster>,
     /// Counters are published at most every `PUBLISH_NS` while busy, and
     /// when it goes idle (an idle engine's counters do not change).
     next_publish: u64,
@@ -104,9 +109,9 @@ impl EngineAgent {
     }
 
     fn publish(&mut self) {
-        if let Some(m) = &self.metrics {
+        if let Some(p) = &self.poster {
             self.next_publish = ns(self.start) + PUBLISH_NS;
-            m.put(Some(self.shard), "", serde_json::to_value(self.e.stats).unwrap_or_default());
+            p.post(serde_json::to_value(self.e.stats).unwrap_or_default(), Vec::new());
         }
         self.dirty = false;
     }
@@ -295,9 +300,8 @@ impl Publisher {
 struct PublisherAgent {
     p: Publisher,
     rx: Vec<Incoming<Event>>,
-    metrics: Option<Arc<ExchangeMetrics>>,
-    /// When its counters are next published (wall ns).
-    next_publish: u64,
+    /// Its part on the exchange's counters board.
+    poster: Option<Poster>,
 }
 
 impl Agent for PublisherAgent {
@@ -306,9 +310,8 @@ impl Agent for PublisherAgent {
     }
 
     fn do_work(&mut self, now: u64, _turn: Turn) -> usize {
-        if let Some(m) = self.metrics.as_ref().filter(|_| now >= self.next_publish) {
-            self.next_publish = now + PUBLISH_NS;
-            m.put(None, "publisher", self.p.counters());
+        if let Some(p) = self.poster.as_mut().and_then(|p| p.due(now).then_some(p)) {
+            p.post(self.p.counters(), Vec::new());
         }
         let p = &mut self.p;
         let n: usize = self.rx.iter_mut().map(|r| r.drain(|ev| p.on_event(now, &ev))).sum();
@@ -320,11 +323,7 @@ impl Agent for PublisherAgent {
 
     fn next_due(&self) -> u64 {
         let heartbeat = self.p.last_sent.saturating_add(self.p.heartbeat_ns);
-        if self.metrics.is_some() {
-            heartbeat.min(self.next_publish)
-        } else {
-            heartbeat
-        }
+        heartbeat.min(self.poster.as_ref().map_or(u64::MAX, Poster::next_ns))
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {

@@ -17,16 +17,15 @@ use std::sync::Arc;
 use fairfeed_io::agent::{run, spawn, Agent, RunConfig};
 use fairfeed_tree::node::Released;
 
-use super::control::{Board, ControlAgent, Life, Part, Poster, PARTS};
+use super::control::{ControlAgent, Life, NodeBoard, NodePoster, DELIVERY_PART, FEED_PART, NODE_PART};
 use super::delivery::DeliveryAgent;
-use super::feed::{FeedAgent, SnapshotFeed};
+use super::feed::{FeedAgent, SnapshotFeed, SNAPSHOT_PART};
 use super::node::{Links, PARK_MAX_NS};
 use super::releases::ReleaseLog;
 use super::snapshots::{SnapshotAgent, SNAPSHOT_MAILBOX_CAPACITY};
 use super::{wall_ns, AgentConfig, AgentError, AgentReport, Job, NodeAgent, ReleaseAt, SenderJob, Threading};
 use super::{RING_CAPACITY, SPIN_AHEAD_NS};
 use crate::idle::IdleStrategy;
-use crate::publish::JsonSlot;
 use crate::tuning::report;
 use fairfeed_io::mailbox::mailbox;
 use fairfeed_io::socket::bind_udp;
@@ -73,20 +72,13 @@ impl<'c> NodeAgents<'c> {
         let last_hop =
             matches!(&cfg.job, Job::Receiver(j) if j.last_hop.is_some()).then(|| Arc::new(AtomicU64::new(0)));
         let sends = matches!(&cfg.job, Job::Sender(_));
-        let mut posters: [Option<Poster>; PARTS] = [None, None, None];
-        let board = if ctl.is_some() || cfg.publish.is_some() {
-            let mut parts = vec![Part::Node];
-            parts.extend(sends.then_some(Part::Feed));
-            parts.extend(delivers.then_some(Part::Delivery));
-            let (board, ps) = Board::new(&parts).map_err(io("making the control board"))?;
-            for (p, poster) in parts.iter().zip(ps) {
-                posters[*p as usize] = Some(poster);
-            }
-            Some(board)
-        } else {
-            None
+        let board = cfg.board.clone().or_else(|| ctl.is_some().then(NodeBoard::new));
+        let poster = |name: &str, wanted: bool| -> Result<Option<NodePoster>, AgentError> {
+            let Some(b) = board.as_ref().filter(|_| wanted) else { return Ok(None) };
+            b.poster(name).map(Some).map_err(|e| AgentError::Config(e.to_string()))
         };
-        let [node_poster, feed_poster, delivery_poster] = posters;
+        let (node_poster, feed_poster, delivery_poster) =
+            (poster(NODE_PART, true)?, poster(FEED_PART, sends)?, poster(DELIVERY_PART, delivers)?);
         let clock = (cfg.clock.skew, cfg.time);
         let (mut feed, feed_in) = match &cfg.job {
             Job::Sender(j) => {
@@ -98,9 +90,10 @@ impl<'c> NodeAgents<'c> {
         let snapshot = match &cfg.job {
             Job::Sender(SenderJob { snapshot: Some(c), .. }) => {
                 let (tx, rx) = mailbox(SNAPSHOT_MAILBOX_CAPACITY).map_err(io("making the snapshot agent's mailbox"))?;
-                let slot = JsonSlot::default();
-                feed = feed.map(|f| f.with_snapshot(SnapshotFeed::new(tx, slot.clone())));
-                Some(SnapshotAgent::new(c, rx, life.clone(), slot)?)
+                let board = fairfeed_io::counters::Board::new();
+                let poster = board.poster(SNAPSHOT_PART).map_err(|e| AgentError::Config(e.to_string()))?;
+                feed = feed.map(|f| f.with_snapshot(SnapshotFeed::new(tx, board)));
+                Some(SnapshotAgent::new(c, rx, life.clone(), poster)?)
             }
             _ => None,
         };
@@ -123,13 +116,17 @@ impl<'c> NodeAgents<'c> {
             last_hop,
         };
         let node = NodeAgent::new(cfg, sock, links, on_release)?;
-        let control = board.map(|b| {
-            ControlAgent::new(ctl, b, life.clone(), cfg.publish.clone())
-                .with_operator(cfg.operator.clone())
-                .with_keys(cfg.keys.clone())
-                .with_extra(cfg.extra.clone())
-                .with_releases(releases)
-        });
+        let control = match &board {
+            Some(b) => Some(
+                ControlAgent::new(ctl, b, life.clone())
+                    .map_err(|e| AgentError::Config(e.to_string()))?
+                    .with_operator(cfg.operator.clone())
+                    .with_keys(cfg.keys.clone())
+                    .with_extra(cfg.extra.clone())
+                    .with_releases(releases),
+            ),
+            None => None,
+        };
         Ok(NodeAgents { node, feed, delivery, control, snapshot, life })
     }
 

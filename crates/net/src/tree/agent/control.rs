@@ -1,6 +1,7 @@
-//! A node's control side: when its agents stop ([`Life`]), where they post
-//! their counters ([`Board`]), and the [`ControlAgent`] that answers `stat`
-//! and `stop` on the control socket and fills the metrics slot.
+//! A node's control side: when its agents stop ([`Life`]), what they post
+//! to the node's counters board ([`TreePart`] on a
+//! [`fairfeed_io::counters::Board`]), and the [`ControlAgent`] that answers
+//! `stat` and `stop` on the control socket.
 //!
 //! Who may ask what ([`fairfeed_tree::operator`]): `stop` is obeyed only
 //! sealed under the operator key; `stat` and `releases` are answered to
@@ -10,32 +11,29 @@
 //!
 //! Aeron's conductor, small: the data-path agents never serialize a report
 //! or touch the control socket. Each posts its own part of the report (node:
-//! counters, state machine, histograms; feed; delivery) every
-//! [`PUBLISH_INTERVAL_NS`] and whenever the control agent asks — it asks by
-//! raising the board's generation and ringing each poster's `eventfd`, so a
-//! parked agent wakes for it and a spinning one sees it with one atomic load
-//! per turn. The control agent answers once every part has caught up, or
-//! after [`ANSWER_WAIT_NS`] with the parts it has, and runs on a thread of
-//! its own that parks (it costs the data path nothing while nobody asks).
+//! counters, state machine, histograms; feed; delivery) to the board every
+//! [`fairfeed_io::counters::PUBLISH_INTERVAL`] and whenever the control agent asks
+//! ([`Board::ask`]). The control agent answers once every part has caught
+//! up, or after [`ANSWER_WAIT_NS`] with the parts it has, and runs on a
+//! thread of its own that parks (it costs the data path nothing while nobody
+//! asks). A metrics endpoint or a dashboard reads the same board
+//! ([`report`]).
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use fairfeed_io::agent::{Agent, Turn};
+pub use fairfeed_io::counters::{Board, Hists, Poster};
 use fairfeed_tree::operator::{Access, AuthCounters, OperatorKey, Verifier, NONCE_LEN};
+use hdrhistogram::Histogram;
+
+use super::{wall_ns, AgentReport};
 
 /// A sealed command's nonce.
 type Nonce = [u8; NONCE_LEN];
-use hdrhistogram::Histogram;
-use nix::sys::eventfd::{EfdFlags, EventFd};
-
-use super::{wall_ns, AgentReport, PublishSlot, Published};
-
-/// How often every agent posts its part (and the metrics slot is filled).
-pub const PUBLISH_INTERVAL_NS: u64 = crate::publish::PUBLISH_INTERVAL.as_nanos() as u64;
 /// The longest a `stat` answer waits for the parts to catch up.
 pub const ANSWER_WAIT_NS: u64 = 100_000_000;
 /// `stat` requests waiting for their answer at most; more are dropped and counted.
@@ -53,9 +51,6 @@ pub const RELEASE_ANSWERS_PER_S: u64 = 50;
 const PENDING_POLL_NS: u64 = 200_000;
 /// A control request's size at most (longer ones are cut and refused).
 const REQUEST_MAX: usize = 256;
-/// An agent posts on request at most this often (a flood of `stat`
-/// requests costs its data path at most one post per gap).
-pub const POST_GAP_MIN_NS: u64 = 5_000_000;
 
 /// When a node's agents stop: a signal, `stop` on the control socket, the
 /// node's time limit, or the process finishing. Shared by every agent of
@@ -98,109 +93,49 @@ impl Life {
     }
 }
 
-/// The agents that post to a board.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
-    Node,
-    Feed,
-    Delivery,
-}
-
-/// Kinds of [`Part`].
-pub const PARTS: usize = 3;
-
-/// Latency histograms by name (ns).
-pub type Hists = Vec<(&'static str, Histogram<u64>)>;
-
-/// What the node agent posts: its report (without the feed's and
-/// delivery's counters, and without latency quantiles — the control agent
-/// computes those from the histograms, off the data path) and its histograms.
+/// A part of a node's report on its board ([`fairfeed_io::counters`]).
 #[derive(Debug, Clone)]
-pub struct NodePart {
-    pub report: AgentReport,
-    pub hists: Hists,
+pub enum TreePart {
+    /// The node agent's report (its counters, its state machine's; without
+    /// latency quantiles — readers compute those from the histograms, off
+    /// the data path).
+    Report(Box<AgentReport>),
+    /// Another agent's counters, merged into the report's `counters`.
+    Counters(serde_json::Value),
 }
 
-#[derive(Debug, Default)]
-struct Posts {
-    node: Option<(u64, NodePart)>,
-    feed: Option<(u64, serde_json::Value)>,
-    delivery: Option<(u64, serde_json::Value)>,
-}
+/// The board a node's agents post to.
+pub type NodeBoard = Board<TreePart>;
+/// One agent's handle on its node's board.
+pub type NodePoster = Poster<TreePart>;
 
-/// Where a node's agents post their parts of the report.
-#[derive(Debug)]
-pub struct Board {
-    /// The generation the control agent wants (raised by each `stat`).
-    want: AtomicU64,
-    posts: Mutex<Posts>,
-    bells: Vec<(Part, Arc<EventFd>)>,
-}
+/// The node agent's part.
+pub const NODE_PART: &str = "node";
+/// A sender's feed agent's part.
+pub const FEED_PART: &str = "feed";
+/// A receiver's delivery agent's part.
+pub const DELIVERY_PART: &str = "delivery";
+/// The control agent's own counters and the node's extra counters.
+pub const CONTROL_PART: &str = "control";
 
-impl Board {
-    /// A board the agents `parts` post to; a [`Poster`] for each, in that order.
-    pub fn new(parts: &[Part]) -> std::io::Result<(Arc<Board>, Vec<Poster>)> {
-        let mut bells = Vec::with_capacity(parts.len());
-        for &p in parts {
-            bells
-                .push((p, Arc::new(EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?)));
-        }
-        let board = Arc::new(Board { want: AtomicU64::new(0), posts: Mutex::new(Posts::default()), bells });
-        let posters = board
-            .bells
-            .iter()
-            .enumerate()
-            .map(|(k, (p, bell))| Poster {
-                board: board.clone(),
-                part: *p,
-                bell: bell.clone(),
-                served: 0,
-                // Posters start staggered, so agents of many nodes on one
-                // thread do not all copy their histograms in one turn.
-                next_ns: wall_ns() + PUBLISH_INTERVAL_NS / 16 * (k as u64 % 16),
-                last_ns: 0,
-            })
-            .collect();
-        Ok((board, posters))
-    }
-
-    /// Asks every poster for a fresh part; returns the generation to wait for.
-    fn ask(&self) -> u64 {
-        let g = self.want.fetch_add(1, Ordering::SeqCst) + 1;
-        for (_, bell) in &self.bells {
-            let _ = bell.write(1);
-        }
-        g
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Posts> {
-        self.posts.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Every poster has posted generation `g` or later.
-    fn caught_up(&self, g: u64) -> bool {
-        let p = self.lock();
-        self.bells.iter().all(|(part, _)| match part {
-            Part::Node => p.node.as_ref().is_some_and(|x| x.0 >= g),
-            Part::Feed => p.feed.as_ref().is_some_and(|x| x.0 >= g),
-            Part::Delivery => p.delivery.as_ref().is_some_and(|x| x.0 >= g),
-        })
-    }
-
-    /// The report from the latest parts (none before the node's first post),
-    /// and the histograms when `hists`.
-    pub fn compose(&self, hists: bool) -> Option<(AgentReport, Hists)> {
-        let p = self.lock();
-        let (_, node) = p.node.as_ref()?;
-        let extra = [p.feed.as_ref().map(|x| &x.1), p.delivery.as_ref().map(|x| &x.1)];
-        let mut report = compose(&node.report, extra.into_iter().flatten());
+/// The node's report from the latest parts on its board (none before the
+/// node's first post), with its histograms when `hists`.
+pub fn report(board: &NodeBoard, hists: bool) -> Option<(AgentReport, Hists)> {
+    board.read(|parts| {
+        let node = parts.get(NODE_PART)?;
+        let TreePart::Report(r) = &node.value else { return None };
+        let extra = parts.iter().filter_map(|(_, p)| match &p.value {
+            TreePart::Counters(v) => Some(v),
+            TreePart::Report(_) => None,
+        });
+        let mut report = compose(r, extra);
         if report.role == "receiver" && !node.hists.is_empty() {
             report.latency = serde_json::Value::Object(
                 node.hists.iter().map(|(name, h)| ((*name).to_string(), summary(h))).collect(),
             );
         }
         Some((report, if hists { node.hists.clone() } else { Vec::new() }))
-    }
+    })
 }
 
 /// A latency histogram's count and quantiles (µs), as reports carry them.
@@ -225,71 +160,6 @@ pub fn compose<'a>(node: &AgentReport, extra: impl IntoIterator<Item = &'a serde
     r
 }
 
-/// One agent's handle on its node's board.
-#[derive(Debug)]
-pub struct Poster {
-    board: Arc<Board>,
-    part: Part,
-    bell: Arc<EventFd>,
-    served: u64,
-    next_ns: u64,
-    last_ns: u64,
-}
-
-impl Poster {
-    /// The generation to post now, if it is time (the interval passed, or
-    /// the control agent asked and [`POST_GAP_MIN_NS`] passed since the last
-    /// post): one atomic load when it is not.
-    pub fn due(&mut self, now: u64) -> Option<u64> {
-        let want = self.board.want.load(Ordering::SeqCst);
-        let asked = want != self.served && now >= self.last_ns.saturating_add(POST_GAP_MIN_NS);
-        if !asked && now < self.next_ns {
-            return None;
-        }
-        let _ = self.bell.read();
-        self.served = want;
-        self.last_ns = now;
-        self.next_ns = now + PUBLISH_INTERVAL_NS;
-        Some(want)
-    }
-
-    /// Wall ns of the next post (scheduled, or a request waiting out the gap).
-    pub fn next_ns(&self) -> u64 {
-        if self.board.want.load(Ordering::Relaxed) != self.served {
-            return self.next_ns.min(self.last_ns.saturating_add(POST_GAP_MIN_NS));
-        }
-        self.next_ns
-    }
-
-    /// Readable when the control agent asks.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.bell.as_fd()
-    }
-
-    /// Posts the node's part.
-    pub fn post_node(&self, gen: u64, part: NodePart) {
-        debug_assert_eq!(self.part, Part::Node);
-        self.board.lock().node = Some((gen, part));
-    }
-
-    /// Posts a feed's or delivery's counters (`counters()`) if it is time.
-    pub fn post_due(&mut self, now: u64, counters: impl FnOnce() -> serde_json::Value) {
-        if let Some(g) = self.due(now) {
-            self.post(g, counters());
-        }
-    }
-
-    /// Posts a feed's or delivery's counters.
-    pub fn post(&self, gen: u64, counters: serde_json::Value) {
-        let mut p = self.board.lock();
-        match self.part {
-            Part::Feed => p.feed = Some((gen, counters)),
-            Part::Delivery => p.delivery = Some((gen, counters)),
-            Part::Node => debug_assert!(false, "the node posts with post_node"),
-        }
-    }
-}
-
 /// Counters of the control side.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct ControlStats {
@@ -306,19 +176,19 @@ pub struct ControlStats {
     pub auth: AuthCounters,
 }
 
-/// Answers `stat` and `stop` on the control socket and fills the metrics
-/// slot from the board.
+/// Answers `stat` and `stop` on the control socket from the node's board,
+/// and posts its own counters there.
 pub struct ControlAgent {
     sock: Option<UdpSocket>,
-    board: Arc<Board>,
+    board: Arc<NodeBoard>,
     life: Arc<Life>,
-    slot: Option<PublishSlot>,
+    /// Its own part (its counters and the node's extra counters).
+    poster: NodePoster,
     /// Requests waiting for the parts: who asked, the generation, until
     /// when, and the nonce it was sealed with (its answer is sealed to it).
     pending: VecDeque<(SocketAddr, u64, u64, Option<Nonce>)>,
     /// The nonce of the sealed command being carried out (answers are sealed to it).
     current: Option<Nonce>,
-    next_publish_ns: u64,
     /// Unknown-command answers in the current second: (second, count).
     unknown_answers: (u64, u64),
     pub stats: ControlStats,
@@ -344,15 +214,20 @@ fn access(cmd: &str) -> Access {
 }
 
 impl ControlAgent {
-    pub fn new(sock: Option<UdpSocket>, board: Arc<Board>, life: Arc<Life>, slot: Option<PublishSlot>) -> Self {
-        ControlAgent {
+    /// The control agent of the node whose board is `board` (it posts there
+    /// as [`CONTROL_PART`]), answering on `sock` where there is one.
+    pub fn new(
+        sock: Option<UdpSocket>,
+        board: &Arc<NodeBoard>,
+        life: Arc<Life>,
+    ) -> Result<Self, fairfeed_io::counters::BoardError> {
+        Ok(ControlAgent {
             sock,
-            board,
+            board: board.clone(),
             life,
-            slot,
+            poster: board.poster(CONTROL_PART)?,
             pending: VecDeque::with_capacity(PENDING_MAX),
             current: None,
-            next_publish_ns: wall_ns() + PUBLISH_INTERVAL_NS,
             unknown_answers: (0, 0),
             stats: ControlStats::default(),
             extra: Vec::new(),
@@ -360,7 +235,7 @@ impl ControlAgent {
             release_answers: (0, 0),
             verifier: Verifier::new(None, None),
             keys: None,
-        }
+        })
     }
 
     /// Answers `reload-keys` for these keys.
@@ -393,26 +268,17 @@ impl ControlAgent {
         self
     }
 
-    /// Fills the metrics slot from the latest parts. Never waits for a
-    /// reader: a slot being read is skipped this time.
-    pub fn publish(&self) {
-        let Some(slot) = &self.slot else { return };
-        let Some((report, hists)) = self.board.compose(true) else { return };
-        let mut p = match slot.try_lock() {
-            Ok(p) => p,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return,
-        };
-        *p = Published { report: Some(self.with_stats(report)), hists };
+    /// Posts its own part: its counters and the node's extra counters.
+    pub fn post(&self) {
+        self.poster.post(self.own(), Vec::new());
     }
 
-    /// The report with the control side's own counters.
-    fn with_stats(&self, mut r: AgentReport) -> AgentReport {
-        r.counters["control"] = serde_json::to_value(self.stats).unwrap_or_default();
+    fn own(&self) -> TreePart {
+        let mut c = serde_json::json!({ "control": self.stats });
         for e in &self.extra {
-            r.counters[e.name] = (e.read)();
+            c[e.name] = (e.read)();
         }
-        r
+        TreePart::Counters(c)
     }
 
     /// Takes a `stat` request from `from` (bounded per address and in all).
@@ -536,6 +402,11 @@ impl ControlAgent {
     }
 
     fn answer(&mut self, now: u64) -> usize {
+        if self.pending.is_empty() {
+            return 0;
+        }
+        // Its own part is always fresh: it is the one that asked.
+        self.post();
         let mut n = 0;
         while let Some(&(to, g, until, nonce)) = self.pending.front() {
             let ready = self.board.caught_up(g);
@@ -543,9 +414,9 @@ impl ControlAgent {
                 break;
             }
             self.stats.stale_answers += u64::from(!ready);
-            let body = self.board.compose(false).map_or_else(
+            let body = report(&self.board, false).map_or_else(
                 || r#"{"error":"the node has not started yet"}"#.to_string(),
-                |(r, _)| serde_json::to_string(&self.with_stats(r)).unwrap_or_default(),
+                |(r, _)| serde_json::to_string(&r).unwrap_or_default(),
             );
             self.current = nonce;
             self.reply(body.as_bytes(), to);
@@ -562,9 +433,9 @@ impl Agent for ControlAgent {
         "control"
     }
 
-    /// The last counters its node's agents posted are published.
+    /// Its last counters stand where readers look.
     fn on_close(&mut self, _now: u64) {
-        self.publish();
+        self.poster.post_final(self.own(), Vec::new());
     }
 
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
@@ -573,16 +444,15 @@ impl Agent for ControlAgent {
             work += self.read_requests(now);
         }
         work += self.answer(now);
-        if now >= self.next_publish_ns {
-            self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
-            self.publish();
+        if self.poster.due(now) {
+            self.post();
             work += 1;
         }
         work
     }
 
     fn next_due(&self) -> u64 {
-        let mut due = if self.slot.is_some() { self.next_publish_ns } else { u64::MAX };
+        let mut due = self.poster.next_ns();
         if !self.pending.is_empty() {
             due = due.min(wall_ns() + PENDING_POLL_NS);
         }
@@ -603,7 +473,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn report() -> AgentReport {
+    fn sample_report() -> AgentReport {
         AgentReport {
             id: 3,
             role: "receiver".into(),
@@ -625,13 +495,13 @@ mod tests {
 
     #[test]
     fn answers_are_bounded_per_address_and_a_flooder_cannot_crowd_out_another_client() {
-        let (board, mut posters) = Board::new(&[Part::Node, Part::Feed]).unwrap();
-        let (mut node, mut feed) = (posters.remove(0), posters.remove(0));
+        let board = NodeBoard::new();
+        let (mut node, mut feed) = (board.poster(NODE_PART).unwrap(), board.poster(FEED_PART).unwrap());
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         sock.set_nonblocking(true).unwrap();
         let to = sock.local_addr().unwrap();
         let life = Arc::new(Life::new(Arc::new(AtomicBool::new(false)), wall_ns(), None));
-        let mut ctl = ControlAgent::new(Some(sock), board, life.clone(), None);
+        let mut ctl = ControlAgent::new(Some(sock), &board, life.clone()).unwrap();
         // One flooding socket (coalesced), more sockets from its IP (bounded), a second client elsewhere.
         let flooder = client("127.0.0.1");
         for _ in 0..10 {
@@ -652,12 +522,12 @@ mod tests {
         assert_eq!(ctl.stats.unknown, 1);
         assert_eq!(ctl.pending.len(), 5);
         // Nothing is answered until every part caught up (or the wait is over).
-        let g = node.due(now).expect("asked");
-        node.post_node(g, NodePart { report: report(), hists: Vec::new() });
+        assert!(node.due(now), "asked");
+        node.post(TreePart::Report(Box::new(sample_report())), Vec::new());
         ctl.do_work(now, Turn::Timers);
         assert_eq!(ctl.pending.len(), 5, "the feed's part is not fresh yet");
-        let g = feed.due(now).expect("asked");
-        feed.post(g, serde_json::json!({ "feed_sent": 7 }));
+        assert!(feed.due(now), "asked");
+        feed.post(TreePart::Counters(serde_json::json!({ "feed_sent": 7 })), Vec::new());
         ctl.do_work(now, Turn::Timers);
         assert!(ctl.pending.is_empty());
         let mut buf = [0u8; 4096];
@@ -685,13 +555,14 @@ mod tests {
 
     #[test]
     fn stop_is_obeyed_only_sealed_under_the_operator_key_and_only_once() {
-        let (board, _posters) = Board::new(&[Part::Node]).unwrap();
+        let board = NodeBoard::new();
+        let _node = board.poster(NODE_PART).unwrap();
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         sock.set_nonblocking(true).unwrap();
         let to = sock.local_addr().unwrap();
         let life = Arc::new(Life::new(Arc::new(AtomicBool::new(false)), wall_ns(), None));
         let key = OperatorKey::new([3; 32]);
-        let mut ctl = ControlAgent::new(Some(sock), board, life.clone(), None).with_operator(Some(key.clone()));
+        let mut ctl = ControlAgent::new(Some(sock), &board, life.clone()).unwrap().with_operator(Some(key.clone()));
         let c = client("127.0.0.1");
         let mut buf = [0u8; 512];
         let mut send = |b: &[u8]| {
@@ -716,19 +587,5 @@ mod tests {
         let (reply, auth2) = send(good.as_bytes());
         assert!(reply.contains("replayed"), "{reply}");
         assert_eq!((auth.sealed, auth.bad_mac, auth.stale, auth2.replayed), (1, 1, 1, 1));
-    }
-
-    #[test]
-    fn a_poster_posts_on_its_interval_and_on_request_at_most_every_gap() {
-        let (board, mut posters) = Board::new(&[Part::Node]).unwrap();
-        let mut p = posters.remove(0);
-        let t = p.next_ns();
-        assert_eq!(p.due(t - 1), None);
-        assert_eq!(p.due(t), Some(0));
-        let g = board.ask();
-        assert_eq!(p.due(t + 1), None, "asked again within the gap");
-        assert_eq!(p.next_ns(), t + POST_GAP_MIN_NS);
-        assert_eq!(p.due(t + POST_GAP_MIN_NS), Some(g));
-        assert_eq!(p.due(t + POST_GAP_MIN_NS + 1), None);
     }
 }

@@ -17,7 +17,7 @@ use fairfeed_clock::skew::Skew;
 use fairfeed_io::agent::{Agent, Turn};
 use serde_json::json;
 
-use super::control::{Life, Poster};
+use super::control::{Life, NodePoster as Poster, TreePart};
 use super::{wall_ns, AgentError, ReceiverJob, TimeBase};
 use crate::arb::fill::{FillConfig, GapFiller};
 use crate::lasthop::LastHopOut;
@@ -213,7 +213,7 @@ impl Agent for DeliveryAgent {
             work += 1;
         }
         if let Some(mut p) = self.poster.take() {
-            p.post_due(now, || self.counters());
+            p.post_due(now, || TreePart::Counters(self.counters()));
             self.poster = Some(p);
         }
         work

@@ -14,9 +14,9 @@ use fairfeed_io::agent::{Agent, Turn};
 use fairfeed_tree::ingress::{Ingress, Verdict};
 use serde_json::json;
 
-use super::control::{Life, Poster};
+use super::control::{Life, NodePoster as Poster, TreePart};
 use super::{wall_ns, AgentError, SenderJob, TimeBase};
-use crate::publish::JsonSlot;
+use fairfeed_io::counters::Board;
 use fairfeed_io::mailbox::Outgoing;
 use fairfeed_io::socket::bind_udp;
 
@@ -100,17 +100,20 @@ pub struct FeedAgent {
     heartbeats: u64,
 }
 
+/// The snapshot agent's part on the board its feed reads.
+pub const SNAPSHOT_PART: &str = "snapshots";
+
 /// The copies a sender hands its snapshot agent.
 pub struct SnapshotFeed {
     pub out: Outgoing<Vec<u8>>,
-    /// The agent's last report.
-    pub report: JsonSlot,
+    /// Where the snapshot agent posts its report (as [`SNAPSHOT_PART`]).
+    pub report: Arc<Board>,
     /// Copies dropped with its mailbox full (its books then see a gap).
     dropped: u64,
 }
 
 impl SnapshotFeed {
-    pub fn new(out: Outgoing<Vec<u8>>, report: JsonSlot) -> Self {
+    pub fn new(out: Outgoing<Vec<u8>>, report: Arc<Board>) -> Self {
         Self { out, report, dropped: 0 }
     }
 
@@ -371,8 +374,7 @@ impl FeedAgent {
             c["retransmit_server"] = serde_json::to_value(j.server.stats()).unwrap_or_default();
         }
         if let Some(s) = &self.snapshot {
-            let r = s.report.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-            c["snapshot"] = r.unwrap_or_default();
+            c["snapshot"] = s.report.value(SNAPSHOT_PART).unwrap_or_default();
             c["snapshot"]["copies_dropped"] = s.dropped.into();
         }
         c
@@ -402,7 +404,7 @@ impl Agent for FeedAgent {
             work += 1;
         }
         if let Some(mut p) = self.poster.take() {
-            p.post_due(now, || self.counters());
+            p.post_due(now, || TreePart::Counters(self.counters()));
             self.poster = Some(p);
         }
         work

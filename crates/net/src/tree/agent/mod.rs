@@ -43,7 +43,9 @@ mod releases;
 mod snapshots;
 
 pub use compose::{run_agent, NodeAgents, MAILBOX_CAPACITY};
-pub use control::{Board, ControlAgent, ControlStats, Life, ANSWER_WAIT_NS, PENDING_MAX};
+pub use control::{
+    report, ControlAgent, ControlStats, Life, NodeBoard, NodePoster, TreePart, ANSWER_WAIT_NS, PENDING_MAX,
+};
 pub use delivery::{Delivered, DeliveryAgent};
 pub use egress::{Copy, Tap, TxCounters, DELAY_QUEUE_MAX, TAP_PATH_LINKS_MAX};
 pub use fairfeed_io::mailbox::{mailbox, Incoming, Outgoing};
@@ -251,9 +253,10 @@ pub struct AgentConfig {
     pub time: TimeBase,
     /// Per-copy measures for a harness (the demo); `None` in deployments.
     pub tap: Option<Arc<Tap>>,
-    /// Where the node publishes its counters and histograms for a metrics
-    /// endpoint (every [`crate::publish::PUBLISH_INTERVAL`]); `None`: nowhere.
-    pub publish: Option<PublishSlot>,
+    /// The board the node's agents post their counters and histograms to,
+    /// for a metrics endpoint or a dashboard to read ([`report`]); `None`:
+    /// one of its own where the node answers a control socket, else none.
+    pub board: Option<Arc<NodeBoard>>,
     /// Counters kept beside the node (its eBPF programs'), shown with its own.
     pub extra: Vec<ExtraCounters>,
     /// On a topology of several trees: the sender's symbol map, the trees a
@@ -299,17 +302,6 @@ impl std::fmt::Debug for ExtraCounters {
         f.debug_struct("ExtraCounters").field("name", &self.name).finish_non_exhaustive()
     }
 }
-
-/// The latest counters and latency histograms (nanoseconds) a node
-/// published, for a metrics endpoint on another thread.
-#[derive(Debug, Default)]
-pub struct Published {
-    pub report: Option<AgentReport>,
-    pub hists: Vec<(&'static str, hdrhistogram::Histogram<u64>)>,
-}
-
-/// Shared between a node and whatever serves its metrics.
-pub type PublishSlot = Arc<std::sync::Mutex<Published>>;
 
 /// How a node treats its clock.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde_json::json;
 
-use super::control::{summary, Life, NodePart, Poster};
+use super::control::{summary, Life, NodePoster as Poster, TreePart};
 use super::delivery::Delivered;
 use super::egress::{Copy, Egress, EgressAgent, EgressHandle, TxCounters};
 use super::membership::{Membership, IDS_MAX};
@@ -626,7 +626,7 @@ impl<'c> NodeAgent<'c> {
             tx,
             packets_in: 0,
             recv_calls: 0,
-            hists: (cfg.tap.is_none() || cfg.publish.is_some()).then(|| {
+            hists: (cfg.tap.is_none() || cfg.board.is_some()).then(|| {
                 let d = if cfg.tap.is_some() { HIST_DIGITS_TAPPED } else { HIST_DIGITS };
                 Box::new(Hists { owd: hist(d), hold: hist(d), release_error: hist(d) })
             }),
@@ -1042,7 +1042,9 @@ impl Agent for NodeAgent<'_> {
 
     /// Its last counters stand where readers look (`stat`, metrics, a dashboard).
     fn on_close(&mut self, _now: u64) {
-        self.post_now(u64::MAX);
+        if let Some(p) = &self.poster {
+            p.post_final(TreePart::Report(Box::new(self.snapshot(false))), self.hist_copies());
+        }
     }
 
     fn do_work(&mut self, now: u64, turn: Turn) -> usize {
@@ -1132,19 +1134,22 @@ impl NodeAgent<'_> {
     /// Posts its part of the report when it is time or the control agent
     /// asked (one atomic load per turn otherwise).
     fn post(&mut self, now: u64) {
-        if let Some(g) = self.poster.as_mut().and_then(|p| p.due(now)) {
-            self.post_now(g);
+        if self.poster.as_mut().is_some_and(|p| p.due(now)) {
+            self.post_now();
         }
     }
 
     /// Posts its report and histograms (generation `gen`).
-    pub fn post_now(&self, gen: u64) {
+    pub fn post_now(&self) {
         let Some(p) = &self.poster else { return };
-        // The histograms go out whole; their quantiles are the reader's to compute.
-        let hists = self.hists.as_deref().map_or_else(Vec::new, |h| {
+        p.post(TreePart::Report(Box::new(self.snapshot(false))), self.hist_copies());
+    }
+
+    /// Its histograms, whole: their quantiles are the reader's to compute.
+    fn hist_copies(&self) -> fairfeed_io::counters::Hists {
+        self.hists.as_deref().map_or_else(Vec::new, |h| {
             vec![("owd", h.owd.clone()), ("hold", h.hold.clone()), ("release_error", h.release_error.clone())]
-        });
-        p.post_node(gen, NodePart { report: self.snapshot(false), hists });
+        })
     }
 
     /// The node's clock in its report: the host's bound, or the

@@ -12,8 +12,8 @@ use fairfeed_io::agent::{Agent, Turn};
 
 use super::control::Life;
 use super::{wall_ns, AgentError};
-use crate::publish::{publish, JsonSlot, PUBLISH_INTERVAL};
 use crate::snapshot::{ServiceConfig, SnapshotService};
+use fairfeed_io::counters::Poster;
 use fairfeed_io::mailbox::Incoming;
 
 /// Copies of sent packets waiting for the snapshot agent, at most.
@@ -25,8 +25,7 @@ pub struct SnapshotAgent {
     inbox: Incoming<Vec<u8>>,
     life: Arc<Life>,
     /// Where its report goes (the feed agent puts it in the node's counters).
-    slot: JsonSlot,
-    next_publish: u64,
+    poster: Poster,
     batch: Vec<Vec<u8>>,
 }
 
@@ -35,11 +34,11 @@ impl SnapshotAgent {
         cfg: &ServiceConfig,
         inbox: Incoming<Vec<u8>>,
         life: Arc<Life>,
-        slot: JsonSlot,
+        poster: Poster,
     ) -> Result<Self, AgentError> {
         let service = SnapshotService::new(cfg)
             .map_err(|e| AgentError::Io(format!("binding the snapshot service to {}", cfg.listen), e))?;
-        Ok(Self { service, inbox, life, slot, next_publish: 0, batch: Vec::new() })
+        Ok(Self { service, inbox, life, poster, batch: Vec::new() })
     }
 
     /// Where snapshots are served.
@@ -49,7 +48,7 @@ impl SnapshotAgent {
 
     /// Publishes its report now (at the end of a run).
     pub fn publish_now(&self) {
-        publish(&self.slot, &self.service.report());
+        self.poster.post(serde_json::to_value(self.service.report()).unwrap_or_default(), Vec::new());
     }
 }
 
@@ -73,8 +72,7 @@ impl Agent for SnapshotAgent {
         if !self.inbox.arm() {
             work += 1;
         }
-        if now >= self.next_publish {
-            self.next_publish = now + PUBLISH_INTERVAL.as_nanos() as u64;
+        if self.poster.due(now) {
             self.publish_now();
         }
         work
@@ -84,7 +82,7 @@ impl Agent for SnapshotAgent {
         if !self.inbox.is_empty() {
             return 0;
         }
-        self.service.next_due().min(self.next_publish)
+        self.service.next_due().min(self.poster.next_ns())
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
