@@ -981,12 +981,13 @@ impl ClockSync {
         self.synced && self.bound_ns(local) <= cap
     }
 
-    /// When something is due next (raw time), `u64::MAX` if never.
-    pub fn next_timeout(&self) -> u64 {
+    /// When something is due next (raw time); `None`: never.
+    pub fn next_timeout(&self) -> Option<u64> {
         if self.cfg.mode == SyncMode::Off || self.peers.is_empty() {
-            return u64::MAX;
+            return None;
         }
-        self.outside(self.seconds.iter().map(|s| s.0).min().unwrap_or(u64::MAX).min(self.next_round))
+        let inside = self.seconds.iter().map(|s| s.0).min().map_or(self.next_round, |s| s.min(self.next_round));
+        Some(self.outside(inside)).filter(|&t| t != u64::MAX)
     }
 
     /// The probing interval at `now`: `startup_interval_ns` during start-up,
@@ -1836,7 +1837,7 @@ mod tests {
         (s.synced, s.bound_ns, s.hard_ns, s.at, s.level, s.offset_ns, s.drift) =
             (true, 50.0, 500.0, t0, 1, 7_000.0, 2e-6);
         (s.started, s.next_round) = (Some(t0), t0 + 5_000);
-        let (due, before) = (s.next_timeout(), s.now_sync(t0 + 1_000));
+        let (due, before) = (s.next_timeout().expect("a probe is due"), s.now_sync(t0 + 1_000));
         for d in [1_000_000i64, -3_000_000] {
             let moved = s.moved;
             // Our raw clock jumps by `d` at t0 + 1,000 (raw, before the jump), known within 80 ns.
@@ -1845,7 +1846,7 @@ mod tests {
             assert_eq!(s.now_sync(raw(t0 + 1_000)), before, "{d}: the synchronized clock reads on");
             assert_eq!(s.to_local(before), raw(s.to_local(before).wrapping_sub((moved + d) as u64)));
             assert!(s.now_sync(s.to_local(before)) >= before);
-            assert_eq!(s.next_timeout(), (due as i64 + moved + d) as u64, "{d}: timers move with the clock");
+            assert_eq!(s.next_timeout(), Some((due as i64 + moved + d) as u64), "{d}: timers move with the clock");
             assert!((s.offset_at(raw(t0)) - (7_000.0 + (moved + d) as f64)).abs() < 1e-6, "{d}");
             assert!(s.within_limit(raw(t0 + 1_000)), "{d}: still synchronized");
         }
@@ -1854,7 +1855,7 @@ mod tests {
         assert_eq!((s.stats.own_steps, s.stats.own_steps_kept, s.stats.steps), (2, 2, 0));
         // Probes go out stamped on the stepless timescale.
         let mut after = Vec::new();
-        s.handle_timeout(s.next_timeout(), &mut |to, p| after.push((to, p.tx_ns)));
+        s.handle_timeout(s.next_timeout().expect("a probe is due"), &mut |to, p| after.push((to, p.tx_ns)));
         assert!(after.iter().all(|a| a.1 >= t0 && a.1 < t0 + 1_000_000_000), "{after:?}");
         // A size known no better than a jump shows: as a step of unknown size.
         s.clock_stepped_by(t0, 5_000_000, s.cfg.step_ns + 1);

@@ -176,7 +176,7 @@ impl World {
                 }
                 self.armed[id as usize] = u64::MAX;
                 let local = self.clocks[id as usize].local(t);
-                if self.nodes[id as usize].next_timeout() > local {
+                if self.nodes[id as usize].next_timeout().is_none_or(|t| t > local) {
                     self.arm(id, t);
                     continue;
                 }
@@ -214,10 +214,7 @@ impl World {
 
     /// Schedules node `id`'s next timer, in true time.
     fn arm(&mut self, id: u32, now: u64) {
-        let due = self.nodes[id as usize].next_timeout();
-        if due == u64::MAX {
-            return;
-        }
+        let Some(due) = self.nodes[id as usize].next_timeout() else { return };
         let c = self.clocks[id as usize];
         let local_now = c.local(now);
         let t = (now + ((due.saturating_sub(local_now)) as f64 / (1.0 + c.drift)).ceil() as u64).max(now + 1);
@@ -568,7 +565,7 @@ fn an_edge_is_probed_at_its_rate_in_steady_state() {
                 *sent.entry(to).or_default() += 1;
             }
         });
-        t = c.next_timeout().max(t + 1);
+        t = c.next_timeout().expect("a probe is due").max(t + 1);
     }
     // Pairs: two probes each; 4, 2 and 1 pairs per interval (±1 pair at the edges).
     let pairs = |id: u32| sent[&id] as f64 / 2.0 / 20.0;

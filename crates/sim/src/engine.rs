@@ -1267,10 +1267,7 @@ pub const REFIRE_PUSH_NS: u64 = 1_000;
 /// Puts a node's next timer on the queue (in true time) if it moved earlier.
 fn schedule(nodes: &[SimNode], net: &mut Net, timer_at: &mut [u64], id: u32) {
     let Some(node) = &nodes[id as usize].node else { return };
-    let local_due = node.next_timeout();
-    if local_due == u64::MAX {
-        return;
-    }
+    let Some(local_due) = node.next_timeout() else { return };
     // A timer armed for an earlier-or-equal local time fires no later (the
     // clock's inverse is monotone): nothing to do, and no float inverse.
     let i = id as usize;

@@ -473,11 +473,11 @@ impl Controller {
     }
 
     /// When [`Self::handle_timeout`] next has work.
-    pub fn next_timeout(&self) -> u64 {
+    pub fn next_timeout(&self) -> Option<u64> {
         let silent = self.members.values().map(|m| m.last_seen_ns.saturating_add(self.silence_allowed(m))).min();
         let held = self.held.values().min().copied();
         let leaving = self.leaving.values().map(|&(_, until)| until).min();
-        silent.into_iter().chain(held).chain(leaving).min().unwrap_or(u64::MAX)
+        silent.into_iter().chain(held).chain(leaving).min()
     }
 
     /// Declares the silent dead, repairs around them, ends hold-downs.
@@ -1173,12 +1173,12 @@ impl MemberClient {
         self.version
     }
 
-    /// When it next wants a turn (a registration or a heartbeat due; `u64::MAX`: none).
-    pub fn next_timeout(&self) -> u64 {
+    /// When it next wants a turn (a registration or a heartbeat due; `None`: never).
+    pub fn next_timeout(&self) -> Option<u64> {
         match self.state {
-            ClientState::Registering { next_ns } | ClientState::Member { next_ns, .. } => next_ns,
-            ClientState::Refused { until_ns } => until_ns,
-            ClientState::Left => u64::MAX,
+            ClientState::Registering { next_ns } | ClientState::Member { next_ns, .. } => Some(next_ns),
+            ClientState::Refused { until_ns } => Some(until_ns),
+            ClientState::Left => None,
         }
     }
 
@@ -1423,7 +1423,7 @@ mod tests {
                         self.c.handle_packet(now, addr(id), &b);
                     }
                 }
-                if self.c.next_timeout() <= now {
+                if self.c.next_timeout().is_some_and(|t| t <= now) {
                     self.c.handle_timeout(now);
                 }
                 while let Some((to, b)) = self.c.poll_transmit() {

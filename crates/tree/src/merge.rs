@@ -325,9 +325,9 @@ impl Merge {
         self.out.pop_front()
     }
 
-    /// When a pending barrier stops waiting (`u64::MAX`: none pending).
-    pub fn next_timeout(&self) -> u64 {
-        self.barrier.as_ref().map_or(u64::MAX, |b| b.since_ns.saturating_add(self.barrier_wait_ns))
+    /// When a pending barrier stops waiting (`None`: none pending).
+    pub fn next_timeout(&self) -> Option<u64> {
+        self.barrier.as_ref().map(|b| b.since_ns.saturating_add(self.barrier_wait_ns))
     }
 
     /// Releases queued behind a barrier.
@@ -387,7 +387,7 @@ mod tests {
         let mut m = Merge::new(2, 1_000);
         m.push(0, release(0, 1, 1, 10, true));
         m.flush(200);
-        assert_eq!(m.next_timeout(), 110 + 1_000);
+        assert_eq!(m.next_timeout(), Some(110 + 1_000));
         m.flush(1_109);
         assert!(m.poll().is_none());
         m.flush(1_110);

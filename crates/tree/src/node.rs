@@ -41,6 +41,12 @@ use crate::owd::OwdWindow;
 use crate::sharded::{ShardReceiver, ShardSender};
 use crate::tail::{TailConfig, TailEstimator, TailLog, TailStats};
 
+/// The earliest of some timers (`None`: none is set) — how every core's
+/// `next_timeout` combines its parts.
+pub fn earliest(timers: impl IntoIterator<Item = Option<u64>>) -> Option<u64> {
+    timers.into_iter().flatten().min()
+}
+
 /// Packets a receiver holds at most; beyond it the earliest is released early
 /// (counted) rather than memory growing without bound.
 pub const HOLD_MAX: usize = 65_536;
@@ -265,7 +271,7 @@ pub fn probe_packet(cfg: &NodeConfig, auth: Option<&Auth>, origin: u32, p: &Prob
 
 /// Sends what the node's clock synchronization has due.
 fn sync_timeout(sync: &mut ClockSync, cfg: &NodeConfig, auth: Option<&Auth>, now: u64, tx: &mut impl Transmit) {
-    if sync.next_timeout() > now {
+    if sync.next_timeout().is_none_or(|t| t > now) {
         return;
     }
     let id = sync.id;
@@ -612,7 +618,7 @@ impl Sender {
     }
 
     /// When the sender's probes are next due (its reports are handled as they come).
-    pub fn next_timeout(&self) -> u64 {
+    pub fn next_timeout(&self) -> Option<u64> {
         self.sync.next_timeout()
     }
 
@@ -783,8 +789,8 @@ impl Proxy {
     }
 
     /// When the next report or probe is due (raw local time).
-    pub fn next_timeout(&self) -> u64 {
-        self.sync.to_local(self.next_report_ns).min(self.sync.next_timeout())
+    pub fn next_timeout(&self) -> Option<u64> {
+        earliest([Some(self.sync.to_local(self.next_report_ns)), self.sync.next_timeout()])
     }
 
     /// Sends the merged report up if it is due, and the probes that are (`raw`: the raw local clock).
@@ -1171,9 +1177,9 @@ impl Receiver {
     }
 
     /// The earliest raw local time something is due: a held deadline, a report, a probe.
-    pub fn next_timeout(&self) -> u64 {
-        let deadline = self.held.peek().map_or(u64::MAX, |Reverse(h)| self.sync.to_local(self.due_ns(h)));
-        deadline.min(self.sync.to_local(self.next_report_ns)).min(self.sync.next_timeout())
+    pub fn next_timeout(&self) -> Option<u64> {
+        let deadline = self.held.peek().map(|Reverse(h)| self.sync.to_local(self.due_ns(h)));
+        earliest([deadline, Some(self.sync.to_local(self.next_report_ns)), self.sync.next_timeout()])
     }
 
     /// The earliest synchronized time a release or a report is due (what
@@ -1430,8 +1436,8 @@ impl Node {
         }
     }
 
-    /// The earliest raw local time something is due (`u64::MAX`: nothing).
-    pub fn next_timeout(&self) -> u64 {
+    /// The earliest raw local time something is due (`None`: nothing).
+    pub fn next_timeout(&self) -> Option<u64> {
         match self {
             Node::Sender(s) => s.next_timeout(),
             Node::Proxy(p) => p.next_timeout(),
@@ -1642,8 +1648,8 @@ mod tests {
         for (rx, copy) in [(&mut honest, &out.0[0].1), (&mut cheat, &out.0[1].1)] {
             rx.handle_packet(1_010_000, copy);
         }
-        assert_eq!(cheat.next_timeout(), deadline - 5_000);
-        assert_eq!(honest.next_timeout(), deadline);
+        assert_eq!(cheat.next_timeout(), Some(deadline - 5_000));
+        assert_eq!(honest.next_timeout(), Some(deadline));
         cheat.release_due(deadline - 5_000);
         honest.release_due(deadline - 5_000);
         assert!(honest.poll_release().is_none(), "the honest receiver holds to the deadline");
@@ -1663,7 +1669,7 @@ mod tests {
         let mut gw = Receiver::new(1, 9, cfg);
         gw.set_last_hop_ns(30_000);
         gw.handle_packet(1_010_000, &out.0[0].1);
-        assert_eq!(gw.next_timeout(), deadline - 30_000);
+        assert_eq!(gw.next_timeout(), Some(deadline - 30_000));
         gw.release_due(deadline - 30_000);
         let r = gw.poll_release().expect("released ahead of the hop");
         assert_eq!((r.deadline_ns, r.due_ns, r.late), (deadline, deadline - 30_000, false));

@@ -22,7 +22,7 @@ use fairfeed_clock::ClockSync;
 use fairfeed_wire::overlay::{self, HeaderRepr, Kind};
 
 use crate::merge::{Merge, MergeStats, SymbolFilter};
-use crate::node::{DeadlineRule, Node, NodeConfig};
+use crate::node::{earliest, DeadlineRule, Node, NodeConfig};
 use crate::node::{Outcome, Receiver, ReceiverStats, Refusal, Released, Sender, SenderStats, Transmit};
 use crate::plan::{Role, Topology};
 use crate::shard::{Dest, ShardError, ShardMap, ShardStats, Sharder};
@@ -93,8 +93,8 @@ impl ShardSender {
         o
     }
 
-    /// When it next wants a turn (`u64::MAX`: none).
-    pub fn next_timeout(&self) -> u64 {
+    /// When it next wants a turn (`None`: never).
+    pub fn next_timeout(&self) -> Option<u64> {
         self.sync.next_timeout()
     }
 
@@ -309,11 +309,10 @@ impl ShardReceiver {
     }
 
     /// The earliest raw local time something is due.
-    pub fn next_timeout(&self) -> u64 {
-        let due = self.due.iter().map(|d| d.next).min().unwrap_or(u64::MAX);
-        let due = due.min(self.merge.next_timeout());
-        let local = if due == u64::MAX { u64::MAX } else { self.sync.to_local(due) };
-        local.min(self.sync.next_timeout())
+    pub fn next_timeout(&self) -> Option<u64> {
+        let trees = self.due.iter().map(|d| Some(d.next).filter(|&n| n != u64::MAX));
+        let due = earliest(trees.chain([self.merge.next_timeout()]));
+        earliest([due.map(|d| self.sync.to_local(d)), self.sync.next_timeout()])
     }
 
     /// Releases what is due (in merged order), sends reports and probes.
@@ -321,7 +320,7 @@ impl ShardReceiver {
     /// clock has nothing due is passed over: its timeout would do nothing.
     pub fn handle_timeout(&mut self, raw: u64, tx: &mut impl Transmit) {
         for i in 0..self.trees.len() {
-            let quiet = self.sync.next_timeout() > raw && self.due[i].quiet > self.sync.now_sync(raw);
+            let quiet = self.sync.next_timeout().is_none_or(|t| t > raw) && self.due[i].quiet > self.sync.now_sync(raw);
             if !quiet {
                 self.lend(i, |r| r.handle_timeout(raw, tx));
             }

@@ -134,7 +134,7 @@ fn run(trees: usize, hedge: usize, receivers: usize, packets: usize, links: Link
             }
         }
         for (id, node) in &mut nodes {
-            if node.next_timeout() <= t {
+            if node.next_timeout().is_some_and(|due| due <= t) {
                 node.handle_timeout(t, &mut Tx(&mut net));
             }
             while let Some(m) = node.poll_release() {
@@ -344,7 +344,7 @@ fn quiet_trees_still_report_every_interval_and_release_on_time() {
             }
         }
         for node in nodes.values_mut() {
-            if node.next_timeout() <= t {
+            if node.next_timeout().is_some_and(|due| due <= t) {
                 node.handle_timeout(t, &mut Tx(&mut net));
             }
         }

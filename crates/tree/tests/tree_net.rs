@@ -159,7 +159,7 @@ fn run_with(
             }
         }
         for (id, node) in &mut nodes {
-            if node.next_timeout() <= t {
+            if node.next_timeout().is_some_and(|due| due <= t) {
                 node.handle_timeout(t, &mut Tx(&mut net));
             }
             while let Some(m) = node.poll_release() {

@@ -346,10 +346,10 @@ impl ControllerAgent {
     fn next_due_core(&self) -> u64 {
         if self.keeper.is_some() {
             let soon = fairfeed_io::clock::wall_ns() + 10_000_000;
-            let core = if self.leading { self.core.next_timeout() } else { u64::MAX };
+            let core = self.core.next_timeout().filter(|_| self.leading).unwrap_or(u64::MAX);
             return core.min(soon).min(self.end_ns);
         }
-        self.core.next_timeout().min(self.end_ns)
+        self.core.next_timeout().map_or(self.end_ns, |t| t.min(self.end_ns))
     }
 }
 
@@ -381,7 +381,7 @@ impl Agent for ControllerAgent {
                 }
             }
         }
-        if self.core.next_timeout() <= now {
+        if self.core.next_timeout().is_some_and(|t| t <= now) {
             self.core.handle_timeout(now);
             work += 1;
         }

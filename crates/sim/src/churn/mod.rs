@@ -30,7 +30,9 @@ use std::net::SocketAddr;
 
 use fairfeed_tree::controller::{Controller, ControllerConfig, ControllerStats, MemberClient, MemberConfig, Told};
 use fairfeed_tree::membership::MemberRole;
-use fairfeed_tree::node::{DeadlineRule, Node, NodeConfig, Proxy, Receiver, ReleaseOrder, Sender, Transmit, NO_LINK};
+use fairfeed_tree::node::{
+    earliest, DeadlineRule, Node, NodeConfig, Proxy, Receiver, ReleaseOrder, Sender, Transmit, NO_LINK,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 use serde::Serialize;
@@ -448,7 +450,7 @@ impl World {
             }
         }
         while self.ctl.poll_event().is_some() {}
-        let due = self.ctl.next_timeout();
+        let due = self.ctl.next_timeout().unwrap_or(u64::MAX);
         if due < self.ctl_timer_at {
             self.ctl_timer_at = due;
             self.push(due.max(self.now), Ev::ControllerTimer);
@@ -459,7 +461,7 @@ impl World {
     fn arm(&mut self, id: u32) {
         let Some(p) = self.procs.get_mut(&id).filter(|p| p.alive) else { return };
         let join_due = p.app.as_ref().map_or(u64::MAX, |a| a.joiner.next_due());
-        let due = p.node.next_timeout().min(p.client.next_timeout()).min(join_due);
+        let due = earliest([p.node.next_timeout(), p.client.next_timeout(), Some(join_due)]).unwrap_or(u64::MAX);
         if due < p.timer_at {
             p.timer_at = due;
             let gen = p.gen;
@@ -550,10 +552,10 @@ impl World {
         }
         p.timer_at = u64::MAX;
         let mut out = Out(Vec::new());
-        if p.node.next_timeout() <= now {
+        if p.node.next_timeout().is_some_and(|t| t <= now) {
             p.node.handle_timeout(now, &mut out);
         }
-        if p.client.next_timeout() <= now {
+        if p.client.next_timeout().is_some_and(|t| t <= now) {
             p.client.handle_timeout(now);
         }
         let login = p.app.as_mut().and_then(|a| {
@@ -759,7 +761,7 @@ pub fn run(cfg: &ChurnConfig) -> ChurnResult {
             Ev::Timer { id, gen } => w.on_timer(id, gen),
             Ev::ControllerTimer => {
                 w.ctl_timer_at = u64::MAX;
-                if w.ctl.next_timeout() <= t {
+                if w.ctl.next_timeout().is_some_and(|due| due <= t) {
                     w.ctl.handle_timeout(t);
                 }
                 w.flush_controller();

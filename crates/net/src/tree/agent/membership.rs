@@ -204,7 +204,7 @@ impl Membership {
                 None => {}
             }
         }
-        if self.client.next_timeout() <= now {
+        if self.client.next_timeout().is_some_and(|t| t <= now) {
             self.client.handle_timeout(now);
         }
         self.flush(sock);
@@ -226,6 +226,6 @@ impl Membership {
     }
 
     pub fn next_due(&self) -> u64 {
-        self.client.next_timeout()
+        self.client.next_timeout().unwrap_or(u64::MAX)
     }
 }

@@ -853,7 +853,7 @@ impl NodeAgent<'_> {
         let (skew, time) = (self.cfg.clock.skew, self.cfg.time);
         let mut work = 0;
         let mut tx = Pending { addrs: &self.addrs, handed: &mut self.handed, kernel: self.kernel.as_mut() };
-        if self.live.next_timeout() <= now {
+        if self.live.next_timeout().is_some_and(|t| t <= now) {
             // A fresh reading: probes sent now carry it as their send stamp.
             let fresh = skew.local(time.at(wall_ns()));
             self.live.handle_timeout(fresh, &mut tx);
@@ -1095,7 +1095,7 @@ impl Agent for NodeAgent<'_> {
         if self.feed.as_ref().is_some_and(|f| !f.is_empty()) {
             return 0;
         }
-        let mut due = self.wall_at_local(self.live.next_timeout());
+        let mut due = self.live.next_timeout().map_or(u64::MAX, |t| self.wall_at_local(t));
         if let Outbox::Inline(e) = &self.outbox {
             due = due.min(e.next_due().map_or(u64::MAX, |d| self.cfg.time.wall_at(d)));
         }
