@@ -561,7 +561,7 @@ fn seconds_text(s: f64) -> String {
 }
 
 /// Runs the schemes with a progress bar over every message they send (the
-/// runs share a [`Watch`]); Ctrl-C (or SIGTERM, SIGHUP) stops them early —
+/// runs share a `Watch`); Ctrl-C (or SIGTERM, SIGHUP) stops them early —
 /// each lets what it sent settle — and what was done is written. Returns
 /// the rows and whether it was stopped.
 fn fairness_watched(

@@ -49,6 +49,7 @@ impl Dedup {
     }
 
     /// The word [`Dedup::check`] will read for `seq` (a prefetch hint).
+    #[cfg(feature = "prefetch")]
     pub fn line(&self, seq: u64) -> *const u64 {
         self.bits.as_ptr().wrapping_add(Self::slot(seq).0)
     }

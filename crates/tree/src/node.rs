@@ -1283,6 +1283,7 @@ impl Receiver {
 
     /// The memory a data packet with `sequence` will touch beyond the
     /// receiver's own struct (prefetch hints: nothing is read).
+    #[cfg(feature = "prefetch")]
     pub(crate) fn hot_lines(&self, sequence: u64) -> [*const u8; 4] {
         let held = self.held.as_slice();
         [
@@ -1479,6 +1480,7 @@ impl Node {
     /// The memory beyond [`Node::state_span`] a data packet with `sequence`
     /// will touch (receivers and proxies: the duplicate window's word, the
     /// delay logs' next slots) — prefetch hints; nothing is read.
+    #[cfg(feature = "prefetch")]
     pub fn hot_lines(&self, tree: u16, sequence: u64) -> [*const u8; 4] {
         match self {
             Node::Receiver(r) => r.hot_lines(sequence),
@@ -1490,6 +1492,7 @@ impl Node {
 
     /// A receiver of several trees: the state of its receiver of `tree`,
     /// beyond [`Node::state_span`] (a prefetch hint; `None` for other nodes).
+    #[cfg(feature = "prefetch")]
     pub fn tree_span(&self, tree: u16) -> Option<(*const u8, usize)> {
         match self {
             Node::ShardReceiver(r) => r.tree_span(tree),
@@ -1500,6 +1503,7 @@ impl Node {
     /// Where the node's state lives and how many bytes it spans — for a
     /// driver that prefetches the state of nodes it will soon hand events
     /// to (the simulator, where at scale every event is a cache miss).
+    #[cfg(feature = "prefetch")]
     pub fn state_span(&self) -> (*const u8, usize) {
         match self {
             Node::Sender(s) => (std::ptr::from_ref::<Sender>(s).cast(), std::mem::size_of::<Sender>()),

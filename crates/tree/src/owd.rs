@@ -28,6 +28,7 @@ impl OwdWindow {
     }
 
     /// Where the next sample goes (a prefetch hint).
+    #[cfg(feature = "prefetch")]
     pub fn next_slot(&self) -> *const u64 {
         self.ring.as_ptr().wrapping_add(self.next)
     }

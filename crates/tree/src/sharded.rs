@@ -240,6 +240,7 @@ impl ShardReceiver {
 
     /// The receiver of `tree`, if it takes it: its state's address and size
     /// (a prefetch hint, like [`crate::node::Node::state_span`]).
+    #[cfg(feature = "prefetch")]
     pub fn tree_span(&self, tree: u16) -> Option<(*const u8, usize)> {
         let r = &self.trees[self.tree_index(tree)?].1;
         Some((std::ptr::from_ref::<Receiver>(r).cast(), std::mem::size_of::<Receiver>()))
@@ -247,6 +248,7 @@ impl ShardReceiver {
 
     /// The memory a data packet of `tree` with `sequence` will touch in that
     /// tree's receiver (prefetch hints; nothing is read there).
+    #[cfg(feature = "prefetch")]
     pub fn hot_lines(&self, tree: u16, sequence: u64) -> [*const u8; 4] {
         self.tree_index(tree).map_or([std::ptr::null(); 4], |i| self.trees[i].1.hot_lines(sequence))
     }

@@ -53,6 +53,7 @@ pub struct TailLog {
 
 impl TailLog {
     /// The newest entry (a prefetch hint; dangling when empty, never read).
+    #[cfg(feature = "prefetch")]
     pub fn back(&self) -> *const u64 {
         self.vals.back().map_or(std::ptr::null(), std::ptr::from_ref)
     }

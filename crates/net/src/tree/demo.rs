@@ -911,8 +911,8 @@ pub const WORK_PER_COPY_DATAGRAMS: f64 = 5.0;
 
 /// The time dilation for running `topos` at `rate_per_s` on this machine: the
 /// loop's work for one message (copies × the measured datagram cost ×
-/// [`WORK_PER_COPY_DATAGRAMS`]) must fit in [`BURST_SHARE`] of the message's
-/// emulated journey, and its average load in [`LOAD_SHARE`] of a core. The
+/// [`WORK_PER_COPY_DATAGRAMS`]) must fit in `BURST_SHARE` of the message's
+/// emulated journey, and its average load in `LOAD_SHARE` of a core. The
 /// demo checks during the run that it did (the tap's late copies) and runs
 /// again with more where it did not.
 pub fn calibrate(topos: &[&Topology], link: &LinkModel, rate_per_s: f64) -> std::io::Result<Calibration> {

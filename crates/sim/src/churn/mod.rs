@@ -16,7 +16,7 @@
 //! from the receiver's start to its first release.
 //!
 //! Receivers that join while the feed runs start from a snapshot of the
-//! sender's books ([`books`]: the snapshot service's and the joiner's own
+//! sender's books (`books`: the snapshot service's and the joiner's own
 //! cores), and their applications' books are checked against the whole
 //! feed's.
 //!

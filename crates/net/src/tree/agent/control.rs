@@ -165,7 +165,7 @@ pub fn compose<'a>(node: &AgentReport, extra: impl IntoIterator<Item = &'a serde
 pub struct ControlStats {
     pub requests: u64,
     /// `stat` requests dropped: [`PENDING_MAX`] were waiting, or
-    /// [`PENDING_PER_ADDRESS_MAX`] from the same address.
+    /// `PENDING_PER_ADDRESS_MAX` from the same address.
     pub dropped: u64,
     /// `stat` requests from a socket whose request was already waiting.
     pub coalesced: u64,
@@ -215,7 +215,7 @@ fn access(cmd: &str) -> Access {
 
 impl ControlAgent {
     /// The control agent of the node whose board is `board` (it posts there
-    /// as [`CONTROL_PART`]), answering on `sock` where there is one.
+    /// as `CONTROL_PART`), answering on `sock` where there is one.
     pub fn new(
         sock: Option<UdpSocket>,
         board: &Arc<NodeBoard>,

@@ -1,6 +1,6 @@
 //! A node under a controller (`--controller ADDR`): it registers before it
 //! starts ([`join`]: the first view is its topology), then keeps its
-//! membership from the node's own loop ([`Membership`]): a heartbeat every
+//! membership from the node's own loop (`Membership`): a heartbeat every
 //! interval, and each newer view put in force at once (the node's links and
 //! the addresses of the nodes they name). The logic is
 //! [`fairfeed_tree::controller::MemberClient`]; this is its shell.

@@ -8,7 +8,7 @@
 //! composition of agents (`fairfeed_io::agent`, Aeron's model;
 //! [`NodeAgents`]): the data path ([`NodeAgent`]: receive, the state
 //! machine, timers, releases, and the send side inline or as an
-//! [`egress::EgressAgent`]), a sender's [`FeedAgent`], a receiver's
+//! `egress::EgressAgent`), a sender's [`FeedAgent`], a receiver's
 //! [`DeliveryAgent`], and a [`ControlAgent`] for `stat`, `stop` and metrics —
 //! joined only by bounded mailboxes, a board for their counters and when to
 //! stop ([`Life`]), so where they run is configuration ([`Threading`]):

@@ -193,7 +193,7 @@ fn record(h: &mut Histogram<u64>, v: u64) {
 }
 
 /// One tree node's data path as an agent: its socket, its state machine and,
-/// inline or as an [`EgressAgent`] on a thread of its own, its send side. A
+/// inline or as an `EgressAgent` on a thread of its own, its send side. A
 /// sender's packets come from its [`super::FeedAgent`] and a receiver's
 /// releases go to its [`super::DeliveryAgent`], each behind a mailbox; its
 /// counters go to the [`super::ControlAgent`] through the board.
