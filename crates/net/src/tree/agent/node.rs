@@ -203,11 +203,32 @@ pub struct NodeAgent<'c> {
     who: String,
     role: Role,
     addr: SocketAddr,
+    live: Node,
+    /// Its sockets and the copies on their way out.
+    io: NodeIo,
+    /// What it does with a receiver's releases.
+    rel: ReleaseSide<'c>,
+    /// A sender's packets, from its feed.
+    feed: Option<Incoming<Vec<u8>>>,
+    poster: Option<Poster>,
+    life: Arc<Life>,
+    started_ns: u64,
+    tuning: Vec<Applied>,
+    /// The generation of the keyring last put in force (`cfg.keys`).
+    key_generation: u64,
+    /// Under a controller: registration, heartbeats, new views.
+    membership: Option<Membership>,
+    /// Steps of this node's clock, found and told to the clock sync.
+    steps: ClockSteps,
+}
+
+/// A node agent's network side: its socket, the addresses it sends to, and
+/// the copies on their way out.
+struct NodeIo {
     sock: UdpSocket,
     addrs: Vec<Option<SocketAddr>>,
     /// Keeps the topology's names resolved (none when every address is an IP).
     resolver: Option<Resolved>,
-    live: Node,
     emu: Option<LinkEmulator>,
     handed: Handed,
     kernel: Option<KernelFanout>,
@@ -216,23 +237,22 @@ pub struct NodeAgent<'c> {
     recv: RecvPath,
     packets_in: u64,
     recv_calls: u64,
+    /// A sender's deadline records to the exchange.
+    deadlines: Option<DeadlineTap>,
+}
+
+/// What a receiver's node agent does with its releases: measure them, log
+/// them, hand them to its delivery and to the fleet view.
+struct ReleaseSide<'c> {
     /// None when a harness taps the agent (it keeps its own measures, and
     /// a hundred agents' histograms on one thread cost cache misses per release).
     hists: Option<Box<Hists>>,
     rows: Vec<ReleaseRow>,
     max_released_seq: u64,
-    /// A sender's packets, from its feed.
-    feed: Option<Incoming<Vec<u8>>>,
     /// A receiver's releases, to its delivery.
     delivery: Option<Outgoing<Delivered>>,
     /// Releases the delivery's mailbox had no room for.
     delivery_full: u64,
-    poster: Option<Poster>,
-    life: Arc<Life>,
-    started_ns: u64,
-    tuning: Vec<Applied>,
-    /// The clock was over its bound limit at the last look (said once per change).
-    clock_over_limit: bool,
     on_release: OnRelease<'c>,
     /// Where a receiver's releases are kept for the fleet view, and a turn's batch of them.
     releases: Option<Arc<ReleaseLog>>,
@@ -240,14 +260,32 @@ pub struct NodeAgent<'c> {
     /// A last hop's largest lead (shared with the delivery), and the one the core has.
     last_hop: Option<Arc<std::sync::atomic::AtomicU64>>,
     last_hop_ns: u64,
-    /// The generation of the keyring last put in force (`cfg.keys`).
-    key_generation: u64,
-    /// A sender's deadline records to the exchange.
-    deadlines: Option<DeadlineTap>,
-    /// Under a controller: registration, heartbeats, new views.
-    membership: Option<Membership>,
-    /// Steps of this node's clock, found and told to the clock sync.
-    steps: ClockSteps,
+}
+
+impl<'c> ReleaseSide<'c> {
+    fn new(
+        cfg: &AgentConfig,
+        delivery: Option<Outgoing<Delivered>>,
+        releases: Option<Arc<ReleaseLog>>,
+        last_hop: Option<Arc<std::sync::atomic::AtomicU64>>,
+        on_release: OnRelease<'c>,
+    ) -> Self {
+        ReleaseSide {
+            hists: (cfg.tap.is_none() || cfg.board.is_some()).then(|| {
+                let d = if cfg.tap.is_some() { HIST_DIGITS_TAPPED } else { HIST_DIGITS };
+                Box::new(Hists { owd: hist(d), hold: hist(d), release_error: hist(d) })
+            }),
+            rows: Vec::new(),
+            max_released_seq: 0,
+            delivery,
+            delivery_full: 0,
+            on_release,
+            releases,
+            release_batch: Vec::new(),
+            last_hop,
+            last_hop_ns: 0,
+        }
+    }
 }
 
 /// How often a node with its own clock sync looks for a step of the host's
@@ -269,6 +307,8 @@ struct ClockSteps {
     /// sample, never one below the floor.
     stale_below: u64,
     told: u64,
+    /// The clock was over its bound limit at the last look (said once per change).
+    over_limit: bool,
 }
 
 /// A sender's deadline records on their way to the exchange (`SenderJob::deadlines_to`).
@@ -605,16 +645,11 @@ impl<'c> NodeAgent<'c> {
             .link
             .map(|l| LinkEmulator::new(l, ChaCha12Rng::seed_from_u64(cfg.seed ^ u64::from(me.id)), addrs.len()));
         let Links { feed, delivery, poster, life, releases, last_hop } = links;
-        Ok(NodeAgent {
-            cfg,
-            who: format!("{} {}", format!("{:?}", me.role).to_lowercase(), me.id),
-            role: me.role,
-            addr,
+        let io = NodeIo {
             recv,
             sock,
             addrs,
             resolver: resolver.watches_names().then_some(Resolved { resolver, generation: 0, send_failed: 0 }),
-            live,
             emu,
             handed: Handed { out: Vec::with_capacity(256), ..Handed::default() },
             kernel: cfg.replicate.as_ref().and_then(|r| {
@@ -626,29 +661,25 @@ impl<'c> NodeAgent<'c> {
             tx,
             packets_in: 0,
             recv_calls: 0,
-            hists: (cfg.tap.is_none() || cfg.board.is_some()).then(|| {
-                let d = if cfg.tap.is_some() { HIST_DIGITS_TAPPED } else { HIST_DIGITS };
-                Box::new(Hists { owd: hist(d), hold: hist(d), release_error: hist(d) })
-            }),
-            rows: Vec::new(),
-            max_released_seq: 0,
+            deadlines,
+        };
+        let rel = ReleaseSide::new(cfg, delivery, releases, last_hop, Box::new(on_release));
+        Ok(NodeAgent {
+            cfg,
+            who: format!("{} {}", format!("{:?}", me.role).to_lowercase(), me.id),
+            role: me.role,
+            addr,
+            live,
+            io,
+            rel,
             feed,
-            delivery,
-            delivery_full: 0,
             key_generation: cfg.keys.as_ref().map_or(0, |k| k.generation()),
             poster,
             life,
             started_ns: wall_ns(),
             tuning,
             // Unsynchronized at start is expected, not an alarm.
-            clock_over_limit: true,
-            steps: ClockSteps::default(),
-            on_release: Box::new(on_release),
-            releases,
-            release_batch: Vec::new(),
-            last_hop,
-            last_hop_ns: 0,
-            deadlines,
+            steps: ClockSteps { over_limit: true, ..ClockSteps::default() },
             membership,
         })
     }
@@ -675,9 +706,9 @@ impl NodeAgent<'_> {
     /// time `now`. Returns the copies sent now.
     fn dispatch(&mut self, now: u64) -> usize {
         let id = self.cfg.id;
-        let handed = self.handed.out.len();
-        for (to_id, to, bytes, fanout) in self.handed.out.drain(..) {
-            let dues = match &mut self.emu {
+        let handed = self.io.handed.out.len();
+        for (to_id, to, bytes, fanout) in self.io.handed.out.drain(..) {
+            let dues = match &mut self.io.emu {
                 Some(e) => {
                     let tree = bytes.get(4..6).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
                     e.arrivals_on(now, id, tree, to_id)
@@ -686,17 +717,17 @@ impl NodeAgent<'_> {
             };
             for due_ns in dues.into_iter().flatten() {
                 let c = Copy { due_ns, to, bytes: bytes.clone(), handed_ns: now, model_ns: due_ns - now, fanout };
-                match &mut self.outbox {
+                match &mut self.io.outbox {
                     Outbox::Inline(e) => e.push(c),
                     Outbox::Ring(h) => {
                         if h.ring.push(c).is_err() {
-                            self.tx.queue_full.fetch_add(1, Ordering::Relaxed);
+                            self.io.tx.queue_full.fetch_add(1, Ordering::Relaxed);
                         }
                     }
                 }
             }
         }
-        match &mut self.outbox {
+        match &mut self.io.outbox {
             Outbox::Inline(e) => e.flush(now) as usize,
             Outbox::Ring(h) => {
                 if handed > 0 {
@@ -710,8 +741,8 @@ impl NodeAgent<'_> {
     /// A sender's packets from its feed; returns how many.
     fn take_feed(&mut self, now: u64) -> usize {
         let Some(feed) = &mut self.feed else { return 0 };
-        let mut tx = Pending { addrs: &self.addrs, handed: &mut self.handed, kernel: self.kernel.as_mut() };
-        let (deadlines, sock) = (&mut self.deadlines, &self.sock);
+        let mut tx = Pending { addrs: &self.io.addrs, handed: &mut self.io.handed, kernel: self.io.kernel.as_mut() };
+        let (deadlines, sock) = (&mut self.io.deadlines, &self.io.sock);
         let n = match &mut self.live {
             Node::Sender(s) => feed.drain(|p| {
                 s.handle_message(now, &p, &mut tx);
@@ -741,12 +772,12 @@ impl NodeAgent<'_> {
     /// Reads what is waiting; returns the number of datagrams.
     fn receive(&mut self, now: u64) -> usize {
         let live = &mut self.live;
-        let mut tx = Pending { addrs: &self.addrs, handed: &mut self.handed, kernel: self.kernel.as_mut() };
-        let hists = &mut self.hists;
+        let mut tx = Pending { addrs: &self.io.addrs, handed: &mut self.io.handed, kernel: self.io.kernel.as_mut() };
+        let hists = &mut self.rel.hists;
         let (skew, time, tap, me) = (self.cfg.clock.skew, self.cfg.time, self.cfg.tap.as_deref(), self.addr);
         let membership = &mut self.membership;
         let stale_below = self.steps.stale_below;
-        let n = self.recv.recv_stamped(&self.sock, |b, stamp| {
+        let n = self.io.recv.recv_stamped(&self.io.sock, |b, stamp| {
             if let Some(m) = membership.as_mut().filter(|_| b.get(3) == Some(&MEMBERSHIP_KIND)) {
                 m.keep(b);
                 return;
@@ -772,8 +803,8 @@ impl NodeAgent<'_> {
             }
         });
         if n > 0 {
-            self.recv_calls += 1;
-            self.packets_in += n as u64;
+            self.io.recv_calls += 1;
+            self.io.packets_in += n as u64;
         }
         n
     }
@@ -823,8 +854,8 @@ impl NodeAgent<'_> {
     fn clock_alarm(&mut self) {
         let (over, bound) = (self.sync().stats.over_limit, self.sync().stats.bound_ns);
         let watched = self.cfg.clock.sync.mode != fairfeed_clock::SyncMode::Off || self.cfg.clock.host_bound.is_some();
-        if over != self.clock_over_limit && watched {
-            self.clock_over_limit = over;
+        if over != self.steps.over_limit && watched {
+            self.steps.over_limit = over;
             let who = &self.who;
             if over {
                 let b = if bound == u64::MAX { "unknown".to_string() } else { format!("{bound} ns") };
@@ -852,7 +883,7 @@ impl NodeAgent<'_> {
     fn timers(&mut self, now: u64) -> usize {
         let (skew, time) = (self.cfg.clock.skew, self.cfg.time);
         let mut work = 0;
-        let mut tx = Pending { addrs: &self.addrs, handed: &mut self.handed, kernel: self.kernel.as_mut() };
+        let mut tx = Pending { addrs: &self.io.addrs, handed: &mut self.io.handed, kernel: self.io.kernel.as_mut() };
         if self.live.next_timeout().is_some_and(|t| t <= now) {
             // A fresh reading: probes sent now carry it as their send stamp.
             let fresh = skew.local(time.at(wall_ns()));
@@ -866,15 +897,15 @@ impl NodeAgent<'_> {
             let t = time.at(wall);
             let local = skew.local(t);
             let t_sync = self.live.sync().now_sync(local);
-            if let (false, Some(h)) = (m.late, self.hists.as_deref_mut()) {
+            if let (false, Some(h)) = (m.late, self.rel.hists.as_deref_mut()) {
                 record(&mut h.release_error, t_sync.saturating_sub(m.deadline_ns));
                 record(&mut h.hold, m.deadline_ns.saturating_sub(m.arrival_ns));
             }
-            self.max_released_seq = self.max_released_seq.max(m.sequence);
+            self.rel.max_released_seq = self.rel.max_released_seq.max(m.sequence);
             // The fleet view lines receivers up by sequence: over several
             // trees, tree 0's (each tree numbers its own; all receivers take tree 0).
-            if self.releases.is_some() && m.tree == 0 {
-                self.release_batch.push(Release {
+            if self.rel.releases.is_some() && m.tree == 0 {
+                self.rel.release_batch.push(Release {
                     sequence: m.sequence,
                     at_ns: t_sync,
                     late: m.late,
@@ -883,9 +914,9 @@ impl NodeAgent<'_> {
             }
             // The deadline as a wall time: this release's, moved by how far off the deadline is.
             let deadline_wall_ns = wall.saturating_add_signed(m.deadline_ns as i64 - t_sync as i64);
-            (self.on_release)(&m, ReleaseAt { wall_ns: wall, true_ns: t, local_ns: local, deadline_wall_ns });
-            if self.cfg.job_keeps_log() && self.rows.len() < LOG_ROWS_MAX {
-                self.rows.push(ReleaseRow {
+            (self.rel.on_release)(&m, ReleaseAt { wall_ns: wall, true_ns: t, local_ns: local, deadline_wall_ns });
+            if self.cfg.job_keeps_log() && self.rel.rows.len() < LOG_ROWS_MAX {
+                self.rel.rows.push(ReleaseRow {
                     sequence: m.sequence,
                     send_ns: m.send_ns,
                     deadline_ns: m.deadline_ns,
@@ -894,21 +925,21 @@ impl NodeAgent<'_> {
                     late: m.late,
                 });
             }
-            if let Some(d) = &mut self.delivery {
+            if let Some(d) = &mut self.rel.delivery {
                 if d.push(Delivered { true_ns: t, deadline_wall_ns, payload: m.payload.into_vec() }).is_err() {
-                    self.delivery_full += 1;
+                    self.rel.delivery_full += 1;
                 }
             }
             work += 1;
         }
         if work > 0 {
-            if let Some(d) = &self.delivery {
+            if let Some(d) = &self.rel.delivery {
                 d.wake();
             }
         }
-        if let Some(log) = &self.releases {
-            log.push_all(&self.release_batch);
-            self.release_batch.clear();
+        if let Some(log) = &self.rel.releases {
+            log.push_all(&self.rel.release_batch);
+            self.rel.release_batch.clear();
         }
         work
     }
@@ -917,16 +948,16 @@ impl NodeAgent<'_> {
     /// force — the addresses it names, then the links. Returns what it did.
     fn membership_turn(&mut self, now: u64) -> usize {
         let Some(m) = &mut self.membership else { return 0 };
-        let Some(v) = m.turn(now, &self.sock) else { return 0 };
+        let Some(v) = m.turn(now, &self.io.sock) else { return 0 };
         for p in &v.peers {
             let i = p.id as usize;
             if i >= IDS_MAX {
                 continue;
             }
-            if self.addrs.len() <= i {
-                self.addrs.resize(i + 1, None);
+            if self.io.addrs.len() <= i {
+                self.io.addrs.resize(i + 1, None);
             }
-            self.addrs[i] = Some(p.addr);
+            self.io.addrs[i] = Some(p.addr);
         }
         match self.live.set_links(&fairfeed_tree::controller::view_links(&v)) {
             Ok(()) => tracing::info!(
@@ -980,7 +1011,7 @@ impl NodeAgent<'_> {
     /// (its own part: [`super::NodeAgents::finish`] adds the others').
     pub fn finish(mut self) -> AgentReport {
         let deadline = wall_ns() + DRAIN_NS;
-        match &mut self.outbox {
+        match &mut self.io.outbox {
             Outbox::Inline(e) => {
                 while !e.is_empty() && wall_ns() < deadline {
                     e.flush(self.cfg.time.at(wall_ns()));
@@ -996,14 +1027,14 @@ impl NodeAgent<'_> {
                 }
             }
         }
-        if let Some(d) = &self.delivery {
+        if let Some(d) = &self.rel.delivery {
             d.close();
         }
         if let Some(m) = &mut self.membership {
-            m.leave(&self.sock);
+            m.leave(&self.io.sock);
         }
         let mut r = self.snapshot(true);
-        r.rows = std::mem::take(&mut self.rows);
+        r.rows = std::mem::take(&mut self.rel.rows);
         r
     }
 
@@ -1014,20 +1045,20 @@ impl NodeAgent<'_> {
 
     /// Copies sent and send calls that failed so far.
     pub fn sent(&self) -> (u64, u64) {
-        (self.tx.packets_out.load(Ordering::Relaxed), self.tx.send_failed.load(Ordering::Relaxed))
+        (self.io.tx.packets_out.load(Ordering::Relaxed), self.io.tx.send_failed.load(Ordering::Relaxed))
     }
 }
 
 impl NodeAgent<'_> {
     /// Takes the resolver's new addresses, if any, and tells it of failed sends.
     fn follow_names(&mut self) {
-        let Some(r) = &mut self.resolver else { return };
+        let Some(r) = &mut self.io.resolver else { return };
         let g = r.resolver.generation();
         if g != r.generation {
             r.generation = g;
-            self.addrs = r.resolver.table();
+            self.io.addrs = r.resolver.table();
         }
-        let failed = self.tx.send_failed.load(Ordering::Relaxed);
+        let failed = self.io.tx.send_failed.load(Ordering::Relaxed);
         if failed != r.send_failed {
             r.send_failed = failed;
             r.resolver.send_failed();
@@ -1071,10 +1102,10 @@ impl Agent for NodeAgent<'_> {
                 self.live.set_keys(&k.keys());
             }
         }
-        if let Some(l) = &self.last_hop {
+        if let Some(l) = &self.rel.last_hop {
             let ns = l.load(std::sync::atomic::Ordering::Relaxed);
-            if ns != self.last_hop_ns {
-                self.last_hop_ns = ns;
+            if ns != self.rel.last_hop_ns {
+                self.rel.last_hop_ns = ns;
                 self.live.set_last_hop_ns(ns);
             }
         }
@@ -1087,7 +1118,7 @@ impl Agent for NodeAgent<'_> {
         self.clock_alarm();
         // Emulated links and the send side run on true time: an emulated
         // link starts from the moment the copy is handed over.
-        let t = if self.handed.out.is_empty() || self.emu.is_none() { now } else { wall_ns() };
+        let t = if self.io.handed.out.is_empty() || self.io.emu.is_none() { now } else { wall_ns() };
         work + self.dispatch(self.cfg.time.at(t))
     }
 
@@ -1096,7 +1127,7 @@ impl Agent for NodeAgent<'_> {
             return 0;
         }
         let mut due = self.live.next_timeout().map_or(u64::MAX, |t| self.wall_at_local(t));
-        if let Outbox::Inline(e) = &self.outbox {
+        if let Outbox::Inline(e) = &self.io.outbox {
             due = due.min(e.next_due().map_or(u64::MAX, |d| self.cfg.time.wall_at(d)));
         }
         if let Some(p) = &self.poster {
@@ -1109,9 +1140,9 @@ impl Agent for NodeAgent<'_> {
     }
 
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
-        let mut fds = vec![self.recv.fd(&self.sock)];
-        if self.recv.waits_on_socket_too() {
-            fds.push(self.sock.as_fd());
+        let mut fds = vec![self.io.recv.fd(&self.io.sock)];
+        if self.io.recv.waits_on_socket_too() {
+            fds.push(self.io.sock.as_fd());
         }
         fds.extend(self.feed.iter().map(Incoming::fd));
         fds.extend(self.poster.iter().map(Poster::fd));
@@ -1147,7 +1178,7 @@ impl NodeAgent<'_> {
 
     /// Its histograms, whole: their quantiles are the reader's to compute.
     fn hist_copies(&self) -> fairfeed_io::counters::Hists {
-        self.hists.as_deref().map_or_else(Vec::new, |h| {
+        self.rel.hists.as_deref().map_or_else(Vec::new, |h| {
             vec![("owd", h.owd.clone()), ("hold", h.hold.clone()), ("release_error", h.release_error.clone())]
         })
     }
@@ -1188,27 +1219,27 @@ impl NodeAgent<'_> {
     /// The node's report; `with_latency`: with the histograms' quantiles.
     fn snapshot(&self, with_latency: bool) -> AgentReport {
         let now = wall_ns();
-        let tx = &self.tx;
+        let tx = &self.io.tx;
         let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let mut counters = json!({
-            "packets_in": self.packets_in,
-            "recv_calls": self.recv_calls,
+            "packets_in": self.io.packets_in,
+            "recv_calls": self.io.recv_calls,
             "packets_out": l(&tx.packets_out),
-            "replicated_in_kernel": self.kernel.as_ref().map_or(0, |k| k.copies),
+            "replicated_in_kernel": self.io.kernel.as_ref().map_or(0, |k| k.copies),
             "send_calls": l(&tx.send_calls),
             "send_failed": l(&tx.send_failed),
             "queue_full": l(&tx.queue_full),
-            "unknown_destination": self.handed.unknown,
-            "buffers_allocated": self.handed.pool.allocated,
+            "unknown_destination": self.io.handed.unknown,
+            "buffers_allocated": self.io.handed.pool.allocated,
             "clock_steps": self.steps.told,
         });
-        if let Some(r) = &self.resolver {
+        if let Some(r) = &self.io.resolver {
             counters["resolve"] = serde_json::to_value(r.resolver.stats()).unwrap_or_default();
         }
         if let Some(k) = &self.cfg.keys {
             counters["keys"] = serde_json::to_value(k.stats()).unwrap_or_default();
         }
-        if let Some(d) = &self.deadlines {
+        if let Some(d) = &self.io.deadlines {
             counters["deadline_records"] =
                 json!({ "records": d.records, "datagrams": d.datagrams, "send_errors": d.send_errors });
         }
@@ -1224,9 +1255,9 @@ impl NodeAgent<'_> {
             if let Node::Receiver(r) = &self.live {
                 // Sequences never released: the tree lost them (and, when filling
                 // is on, the arbitrator below asked for their MoldUDP64 messages).
-                counters["overlay_missing"] = self.max_released_seq.saturating_sub(r.stats.released).into();
+                counters["overlay_missing"] = self.rel.max_released_seq.saturating_sub(r.stats.released).into();
             }
-            if let Some(h) = self.hists.as_ref().filter(|_| with_latency) {
+            if let Some(h) = self.rel.hists.as_ref().filter(|_| with_latency) {
                 latency = json!({
                     "owd": summary(&h.owd),
                     "hold": summary(&h.hold),
@@ -1234,10 +1265,10 @@ impl NodeAgent<'_> {
                 });
             }
         }
-        if self.delivery.is_some() {
-            counters["delivery_queue_full"] = self.delivery_full.into();
+        if self.rel.delivery.is_some() {
+            counters["delivery_queue_full"] = self.rel.delivery_full.into();
         }
-        if let Some((first, last)) = self.releases.as_ref().and_then(|l| l.range()) {
+        if let Some((first, last)) = self.rel.releases.as_ref().and_then(|l| l.range()) {
             counters["release_log"] = json!({"first": first, "last": last});
         }
         AgentReport {
