@@ -490,3 +490,43 @@ fn ask(sock: &UdpSocket, to: SocketAddr) -> Option<serde_json::Value> {
     let (n, _) = sock.recv_from(&mut buf).ok()?;
     serde_json::from_slice(&buf[..n]).ok()
 }
+
+/// The run in a few lines, as `fairfeed bench clock-sync` prints it.
+impl std::fmt::Display for ClockBenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self;
+        writeln!(
+            f,
+            "clock-sync, {} nodes on loopback (offsets ±{} ns, drifts ±{} ppm, {} s warm-up, {} s measured):\n  \
+             |error| p50 {:.0} ns, p99 {:.0} ns, max {:.0} ns over {} samples ({:.1} % synced); \
+             probes {:.2} % of packets; pure pairs {:.1} %",
+            r.nodes,
+            r.max_offset_ns,
+            r.max_drift_ppm,
+            r.warmup_s,
+            r.seconds,
+            r.error_p50_ns,
+            r.error_p99_ns,
+            r.error_max_ns,
+            r.samples,
+            r.synced_share * 100.0,
+            r.probe_share * 100.0,
+            r.pure_fraction * 100.0
+        )?;
+        if !r.stepped.is_empty() {
+            writeln!(
+                f,
+                "  nodes {:?} stepped{} by {} ns at {:.1} s: from then on |error| max {:.0} ns, synchronized in {:.1} %, \
+                 within their bound in {:.1} % of samples",
+                r.stepped,
+                if r.step_silent { " silently" } else { "" },
+                r.step_ns,
+                r.step_at_s,
+                r.stepped_error_max_ns,
+                r.stepped_synced_share * 100.0,
+                r.stepped_within_bound_share * 100.0
+            )?;
+        }
+        Ok(())
+    }
+}

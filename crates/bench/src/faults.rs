@@ -1383,6 +1383,37 @@ pub fn run(cfg: &FaultsConfig, progress: &mut dyn FnMut(u64, &SeedReport)) -> Re
     Ok(s)
 }
 
+/// The campaign in one line, as `fairfeed bench faults` prints it.
+impl std::fmt::Display for FaultsSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self;
+        writeln!(
+            f,
+            "faults: {} seeds, {} nodes, store {}; faults {}; {} messages; lost {}, duplicated {}, out of order {}, \
+             corrupted {}, unfinished {}; {} joins, books equal {}; {} gaps the trees left{}; {} repairs; {} children rebalanced; \
+             {} leads taken; failed seeds {:?}",
+            s.seeds,
+            s.nodes,
+            s.store,
+            serde_json::to_string(&s.c.faults).unwrap_or_default(),
+            s.c.messages,
+            s.c.lost,
+            s.c.duplicated,
+            s.c.out_of_order,
+            s.c.corrupted,
+            s.c.unfinished,
+            s.c.joins,
+            s.c.books_equal.map_or("n/a".to_string(), |b| b.to_string()),
+            s.c.tree_gaps,
+            if s.fill { " (filled from the journal)" } else { "" },
+            s.c.repairs,
+            s.c.rebalanced,
+            s.c.leads_taken,
+            s.failed_seeds
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -539,3 +539,40 @@ pub fn run(cfg: &AttackConfig, progress: &mut dyn FnMut(&str)) -> std::io::Resul
     let attacked = one_run(cfg, true, progress)?;
     Ok(AttackReport { receivers: cfg.receivers, rate: cfg.rate, seconds: cfg.seconds, clean, attacked })
 }
+
+/// The clean run beside the attacked one, as `fairfeed bench attack` prints it.
+impl std::fmt::Display for AttackReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self;
+        writeln!(
+            f,
+            "{} receivers, {} msg/s for {} s; clean run beside the attacked one:",
+            r.receivers, r.rate, r.seconds
+        )?;
+        writeln!(f, "{:<28} {:>14} {:>14}", "", "clean", "attacked")?;
+        let mut row = |name: &str, g: &dyn Fn(&RunReport) -> String| {
+            writeln!(f, "{name:<28} {:>14} {:>14}", g(&r.clean), g(&r.attacked))
+        };
+        row("messages lost", &|x| x.lost.to_string())?;
+        row("nodes stopped", &|x| x.stopped.len().to_string())?;
+        row("window p50 / p99 (µs)", &|x| {
+            format!("{:.0} / {:.0}", x.window_p50_ns as f64 / 1e3, x.window_p99_ns as f64 / 1e3)
+        })?;
+        row("P(F) 1 / 10 / 100 µs", &|x| format!("{:.2}/{:.2}/{:.2}", x.pf_1us, x.pf_10us, x.pf_100us))?;
+        row("late share", &|x| format!("{:.4}", x.late_share))?;
+        row("sealed commands admitted", &|x| format!("{} of {}", x.sealed_accepted, x.operator_requests))?;
+        row("control datagrams refused", &|x| {
+            x.control_refused
+                .as_object()
+                .map_or(0, |o| o.values().filter_map(serde_json::Value::as_u64).sum::<u64>())
+                .to_string()
+        })?;
+        row("overlay datagrams refused", &|x| x.data_refused.to_string())?;
+        row("of them replays", &|x| x.data_replays_refused.to_string())?;
+        row("metrics endpoints serving", &|x| format!("{} of {}", x.metrics_answered, x.metrics_nodes))?;
+        row("retransmit bytes in / back", &|x| {
+            format!("{} / {}", x.campaign.retransmit_bytes_in, x.campaign.retransmit_bytes_back)
+        })?;
+        writeln!(f, "attacks sent: {}", serde_json::to_string(&r.attacked.campaign).unwrap_or_default())
+    }
+}

@@ -341,36 +341,7 @@ fn clock_sync_cmd(b: Bench) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        println!(
-            "clock-sync, {} nodes on loopback (offsets ±{} ns, drifts ±{} ppm, {} s warm-up, {} s measured):\n  \
-             |error| p50 {:.0} ns, p99 {:.0} ns, max {:.0} ns over {} samples ({:.1} % synced); \
-             probes {:.2} % of packets; pure pairs {:.1} %",
-            r.nodes,
-            r.max_offset_ns,
-            r.max_drift_ppm,
-            r.warmup_s,
-            r.seconds,
-            r.error_p50_ns,
-            r.error_p99_ns,
-            r.error_max_ns,
-            r.samples,
-            r.synced_share * 100.0,
-            r.probe_share * 100.0,
-            r.pure_fraction * 100.0
-        );
-        if !r.stepped.is_empty() {
-            println!(
-                "  nodes {:?} stepped{} by {} ns at {:.1} s: from then on |error| max {:.0} ns, synchronized in {:.1} %, \
-                 within their bound in {:.1} % of samples",
-                r.stepped,
-                if r.step_silent { " silently" } else { "" },
-                r.step_ns,
-                r.step_at_s,
-                r.stepped_error_max_ns,
-                r.stepped_synced_share * 100.0,
-                r.stepped_within_bound_share * 100.0
-            );
-        }
+        print!("{r}");
     }
     Ok(())
 }
@@ -384,32 +355,7 @@ fn attack_cmd(receivers: usize, rate: u64, seconds: u64, port: u16, json: bool) 
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
-    println!("{receivers} receivers, {rate} msg/s for {seconds} s; clean run beside the attacked one:");
-    println!("{:<28} {:>14} {:>14}", "", "clean", "attacked");
-    let row = |name: &str, f: &dyn Fn(&fairfeed_bench::tree_attack::RunReport) -> String| {
-        println!("{name:<28} {:>14} {:>14}", f(&r.clean), f(&r.attacked));
-    };
-    row("messages lost", &|x| x.lost.to_string());
-    row("nodes stopped", &|x| x.stopped.len().to_string());
-    row("window p50 / p99 (µs)", &|x| {
-        format!("{:.0} / {:.0}", x.window_p50_ns as f64 / 1e3, x.window_p99_ns as f64 / 1e3)
-    });
-    row("P(F) 1 / 10 / 100 µs", &|x| format!("{:.2}/{:.2}/{:.2}", x.pf_1us, x.pf_10us, x.pf_100us));
-    row("late share", &|x| format!("{:.4}", x.late_share));
-    row("sealed commands admitted", &|x| format!("{} of {}", x.sealed_accepted, x.operator_requests));
-    row("control datagrams refused", &|x| {
-        x.control_refused
-            .as_object()
-            .map_or(0, |o| o.values().filter_map(serde_json::Value::as_u64).sum::<u64>())
-            .to_string()
-    });
-    row("overlay datagrams refused", &|x| x.data_refused.to_string());
-    row("of them replays", &|x| x.data_replays_refused.to_string());
-    row("metrics endpoints serving", &|x| format!("{} of {}", x.metrics_answered, x.metrics_nodes));
-    row("retransmit bytes in / back", &|x| {
-        format!("{} / {}", x.campaign.retransmit_bytes_in, x.campaign.retransmit_bytes_back)
-    });
-    println!("attacks sent: {}", serde_json::to_string(&r.attacked.campaign)?);
+    print!("{r}");
     Ok(())
 }
 
@@ -492,40 +438,13 @@ fn faults_cmd(b: Bench) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
-        print_faults(&s)?;
+        print!("{s}");
     }
     anyhow::ensure!(
         s.failed_seeds.is_empty(),
         "{} of {} seeds broke an invariant: {:?}",
         s.failed_seeds.len(),
         s.seeds,
-        s.failed_seeds
-    );
-    Ok(())
-}
-
-fn print_faults(s: &fairfeed_bench::faults::FaultsSummary) -> anyhow::Result<()> {
-    println!(
-        "faults: {} seeds, {} nodes, store {}; faults {}; {} messages; lost {}, duplicated {}, out of order {}, \
-         corrupted {}, unfinished {}; {} joins, books equal {}; {} gaps the trees left{}; {} repairs; {} children rebalanced; \
-         {} leads taken; failed seeds {:?}",
-        s.seeds,
-        s.nodes,
-        s.store,
-        serde_json::to_string(&s.c.faults)?,
-        s.c.messages,
-        s.c.lost,
-        s.c.duplicated,
-        s.c.out_of_order,
-        s.c.corrupted,
-        s.c.unfinished,
-        s.c.joins,
-        s.c.books_equal.map_or("n/a".to_string(), |b| b.to_string()),
-        s.c.tree_gaps,
-        if s.fill { " (filled from the journal)" } else { "" },
-        s.c.repairs,
-        s.c.rebalanced,
-        s.c.leads_taken,
         s.failed_seeds
     );
     Ok(())
@@ -829,53 +748,9 @@ fn churn_cmd(b: Bench) -> anyhow::Result<()> {
         "churn: {seeds} seeds, {receivers} receivers under {proxies} proxies (+{spares} spare, F = {fanout}, H = {hedge}), \
          {feed_s} s at {rate} msg/s, a change every {change_every_ms} ms"
     );
-    print_churn(&header, &s);
-    Ok(())
-}
-
-fn print_churn(header: &str, s: &fairfeed_sim::churn::ChurnSummary) {
     println!("{header}");
-    println!(
-        "  lost {} of {} deliveries ({} while one proxy killed alone was repaired, {} while two killed at once were, \
-         {} away from any kill: the links' own), duplicated {}, out of order {}",
-        s.lost,
-        s.deliveries_expected,
-        s.lost_in_single_kills,
-        s.lost_in_double_kills,
-        s.lost_outside_kills,
-        s.duplicated,
-        s.out_of_order
-    );
-    println!(
-        "  kills {} ({} double), restarts {}, repairs {}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (kill to every orphan on a live parent)",
-        s.kills, s.double_kills, s.restarts, s.repairs, s.repair_p50_ms, s.repair_p99_ms, s.repair_max_ms
-    );
-    println!(
-        "  joins {} ({} unserved): first live message after the snapshot p50 {:.1} ms, p99 {:.1} ms; leaves {}, receiver deaths {}",
-        s.joins,
-        s.joins_unserved,
-        s.join_first_message_p50_ms,
-        s.join_first_message_p99_ms,
-        s.leaves,
-        s.receiver_deaths
-    );
-    println!(
-        "  joiners' books against the whole feed's: {} checked, equal {} ({} differ; {} lines with {} messages missing, \
-         counted apart); {} snapshots fetched, {} failed and fetched again",
-        s.books.books_checked,
-        s.books_equal.map_or("n/a".to_string(), |b| b.to_string()),
-        s.books.books_differ,
-        s.books.books_with_gaps,
-        s.books.join_gaps,
-        s.books.snapshot_fetches,
-        s.books.snapshot_fetch_failures
-    );
-    println!(
-        "  P(F@1µs) {:.4} (virtual clocks), window p99 {:.2} µs (worst seed), late releases {:.4} %",
-        s.pf_1us,
-        s.window_p99_worst_us,
-        s.late_share * 100.0
-    );
+    print!("{s}");
+    Ok(())
 }
 
 /// `--target-pf`: 0 (the paper's rule) or 0.5..=0.999999.

@@ -923,6 +923,59 @@ pub fn campaign(cfg: &ChurnConfig, seeds: u64, progress: &(dyn Fn(u64) + Sync)) 
     }
 }
 
+/// The campaign's sums, as `fairfeed bench churn` prints them (after its header).
+impl std::fmt::Display for ChurnSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self;
+        writeln!(
+            f,
+            "  lost {} of {} deliveries ({} while one proxy killed alone was repaired, {} while two killed at once were, \
+             {} away from any kill: the links' own), duplicated {}, out of order {}",
+            s.lost,
+            s.deliveries_expected,
+            s.lost_in_single_kills,
+            s.lost_in_double_kills,
+            s.lost_outside_kills,
+            s.duplicated,
+            s.out_of_order
+        )?;
+        writeln!(
+            f,
+            "  kills {} ({} double), restarts {}, repairs {}: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (kill to every orphan on a live parent)",
+            s.kills, s.double_kills, s.restarts, s.repairs, s.repair_p50_ms, s.repair_p99_ms, s.repair_max_ms
+        )?;
+        writeln!(
+            f,
+            "  joins {} ({} unserved): first live message after the snapshot p50 {:.1} ms, p99 {:.1} ms; leaves {}, receiver deaths {}",
+            s.joins,
+            s.joins_unserved,
+            s.join_first_message_p50_ms,
+            s.join_first_message_p99_ms,
+            s.leaves,
+            s.receiver_deaths
+        )?;
+        writeln!(
+            f,
+            "  joiners' books against the whole feed's: {} checked, equal {} ({} differ; {} lines with {} messages missing, \
+             counted apart); {} snapshots fetched, {} failed and fetched again",
+            s.books.books_checked,
+            s.books_equal.map_or("n/a".to_string(), |b| b.to_string()),
+            s.books.books_differ,
+            s.books.books_with_gaps,
+            s.books.join_gaps,
+            s.books.snapshot_fetches,
+            s.books.snapshot_fetch_failures
+        )?;
+        writeln!(
+            f,
+            "  P(F@1µs) {:.4} (virtual clocks), window p99 {:.2} µs (worst seed), late releases {:.4} %",
+            s.pf_1us,
+            s.window_p99_worst_us,
+            s.late_share * 100.0
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
