@@ -876,120 +876,22 @@ fn calibration_cmd(c: &CalibrationConfig, out: &std::path::Path, label: &str) ->
 }
 
 /// Runs the clock experiment and writes its summary and error plot.
-/// Says — in the report and the log — that the engine had to move node
-/// timers on (a node bug that once hung the simulator); empty when none.
-fn stall_note(stalls: u64) -> String {
-    if stalls == 0 {
-        return String::new();
-    }
-    tracing::warn!(timer_stalls = stalls, "sim: {stalls} node timers stalled and were moved on");
-    format!(
-        " **{stalls} node timers kept coming due at the instant they fired and were moved on by 1 µs \
-         (a node bug: please report it with this command).**"
-    )
-}
-
 fn clock_cmd(c: &ClockConfig, out: &std::path::Path) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let pb = crate::fmt::progress(1, "simulating clock synchronization");
     let r = clock(c).map_err(anyhow::Error::msg)?;
     pb.finish_and_clear();
-    let wall = t0.elapsed().as_secs_f64();
-    let md = format!("{}{}", clock_model_md(c, &r), clock_table_md(&r, wall));
+    if r.timer_stalls > 0 {
+        tracing::warn!(timer_stalls = r.timer_stalls, "sim: {} node timers stalled and were moved on", r.timer_stalls);
+    }
+    let md = fairfeed_sim::report::clock_markdown(c, &r, t0.elapsed().as_secs_f64());
     write_json(out, &r, &md)?;
     clock_series(&r.series, out)
 }
 
-/// The clock report's opening: the model it ran on.
-fn clock_model_md(c: &ClockConfig, r: &fairfeed_sim::experiment::ClockSummary) -> String {
-    format!(
-        "# Clock synchronization, N = {} receivers ({} nodes), seed {}\n\n\
-         Raw clocks: ±{} µs offsets, ±{} ppm drift, {} ns mean timestamp noise; links: floor {} µs \
-         ({:.0} % unqueued), {:.1} % of directed links {} µs longer one way. Sync warm-up {} s, then \
-         {} s of feed at {} msg/s (Jasper + controller). Each node probes its parents and {} random peers; \
-         an edge to a parent up to {} pairs per interval.\n\n",
-        r.receivers,
-        r.nodes,
-        r.seed,
-        c.model.clock.offset_us,
-        c.model.clock.drift_ppm,
-        c.model.clock.timestamp_noise_ns,
-        c.model.link.floor_us,
-        c.model.link.unqueued * 100.0,
-        c.model.link.asymmetric_share * 100.0,
-        c.model.link.asymmetric_us,
-        r.warmup_s,
-        r.feed_seconds,
-        c.rate_per_s,
-        c.sync.random_peers,
-        c.sync.cfg.rate_max,
-    )
-}
-
-/// The clock report's table of figures.
-fn clock_table_md(r: &fairfeed_sim::experiment::ClockSummary, wall: f64) -> String {
-    let k = &r.clock;
-    format!(
-        "| measure | value |\n|---|---|\n\
-         | sync error p50 (ns) | {:.0} |\n| sync error p99 (ns) | {:.0} |\n| sync error max (ns) | {:.0} |\n\
-         | converged (s) | {} |\n| bound covers the true error | {:.1} % |\n\
-         | probe share of packets during the feed (mean node / worst receiver / worst proxy / sender) | {:.3} % / {:.3} % / {:.3} % / {:.3} % |\n\
-         | probes sent per node per s | {:.1} |\n| pure pairs | {:.1} % |\n\
-         | asymmetric links in the probe graph / flaggings | {} / {} |\n\
-         | nodes contested at the end / updates bounded by an unsettled dispute's hull | {} / {} |\n\
-         | clock steps detected | {} |\n\
-         | releases while over the bound limit (share of all releases) | {} ({:.4} %) |\n\
-         | feed: P(F@1µs) (target) / DWS p99 µs / late share / OML p50 µs / lost | {:.4} ({}) / {:.2} / {:.5} / {:.1} / {} |\n\
-         | feed: P(F@5µs) / P(F@10µs) | {:.4} / {:.4} |\n\
-         | feed, every receiver (synchronized or not): P(F@1µs) / P(F@5µs) / P(F@10µs) | {:.4} / {:.4} / {:.4} |\n\
-         | feed: smallest window fair at the target, synchronized receivers / all (µs) | {:.2} / {:.2} |\n\n\
-         {} events in {wall:.1} s.{}\n",
-        k.sync_error_p50_ns,
-        k.sync_error_p99_ns,
-        k.sync_error_max_ns,
-        k.converged_s.map_or("never".to_string(), |s| format!("{s:.1}")),
-        k.bound_coverage * 100.0,
-        k.probe_share * 100.0,
-        k.probe_share_max * 100.0,
-        k.probe_share_max_proxy * 100.0,
-        k.probe_share_sender * 100.0,
-        k.probes_sent_per_node_s,
-        k.pure_fraction * 100.0,
-        k.asymmetric_links,
-        k.asymmetric_flagged,
-        k.contested_nodes,
-        k.unresolved_disputes,
-        k.steps_detected,
-        k.unsynced_releases,
-        k.unsynced_share * 100.0,
-        r.pf_1us,
-        r.target_pf,
-        r.dws_p99_us,
-        r.late_fraction,
-        r.oml_p50_us,
-        r.lost_deliveries,
-        r.pf_5us,
-        r.pf_10us,
-        r.pf_1us_all,
-        r.pf_5us_all,
-        r.pf_10us_all,
-        r.fair_window_us,
-        r.fair_window_all_us,
-        r.events,
-        stall_note(r.timer_stalls),
-    )
-}
-
 /// `error.csv` and `error.svg`: the sync error over time.
 fn clock_series(series: &[fairfeed_sim::engine::ClockSample], out: &std::path::Path) -> anyhow::Result<()> {
-    let mut csv = String::from("time_s,p50_ns,p99_ns,max_ns,worst_node,over_limit,outside_bound\n");
-    for x in series {
-        csv.push_str(&format!(
-            "{:.3},{:.1},{:.1},{:.1},{},{},{}\n",
-            x.time_s, x.p50_ns, x.p99_ns, x.max_ns, x.worst_node, x.over_limit, x.outside_bound
-        ));
-    }
-    std::fs::write(out.join("error.csv"), csv)?;
+    std::fs::write(out.join("error.csv"), fairfeed_sim::report::clock_series_csv(series))?;
     let p50: Vec<(f64, f64)> = series.iter().map(|x| (x.time_s, x.p50_ns.max(1.0))).collect();
     let p99: Vec<(f64, f64)> = series.iter().map(|x| (x.time_s, x.p99_ns.max(1.0))).collect();
     let max: Vec<(f64, f64)> = series.iter().map(|x| (x.time_s, x.max_ns.max(1.0))).collect();
@@ -1013,7 +915,7 @@ fn clock_series(series: &[fairfeed_sim::engine::ClockSample], out: &std::path::P
 }
 
 fn hedging_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
-    let (receivers, seed, messages, rate) = (c.receivers, c.seed, c.messages, c.rate_per_s);
+    let (receivers, rate) = (c.receivers, c.rate_per_s);
     let pb = crate::fmt::progress(3, "simulating hedging factors");
     let rows = hedging(&c, &[0, 1, 2], |h| {
         pb.set_message(format!("simulating H={h}"));
@@ -1021,25 +923,7 @@ fn hedging_cmd(c: FairnessConfig, out: &std::path::Path) -> anyhow::Result<()> {
     })
     .map_err(anyhow::Error::msg)?;
     pb.finish_and_clear();
-    let mut md = format!(
-        "# Hedging (Jasper figures 8 and 9), N = {receivers}, seed {seed}, {messages} messages at {rate} msg/s, no holding\n\n\
-         | H | OML p50 µs | OML p99 µs | DWS p50 µs | DWS p99 µs | receivers' median p50 OWD µs | receivers' median p99 OWD µs | events | events/s |\n\
-         |---|---|---|---|---|---|---|---|---|\n"
-    );
-    for r in &rows {
-        md.push_str(&format!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} M |\n",
-            r.hedge,
-            r.oml_p50_us,
-            r.oml_p99_us,
-            r.dws_p50_us,
-            r.dws_p99_us,
-            r.receiver_owd_p50_median_us,
-            r.receiver_owd_p99_median_us,
-            r.events,
-            r.events_per_s / 1e6
-        ));
-    }
+    let md = fairfeed_sim::report::hedging_markdown(&c, &rows);
     write_json(out, &rows, &md)?;
     hedging_plots(&rows, receivers, rate, out);
     Ok(())

@@ -17,6 +17,7 @@ pub use fairfeed_model as model;
 pub mod montecarlo;
 pub mod plot;
 pub mod queue;
+pub mod report;
 pub mod trading;
 
 /// Why an experiment cannot run.
