@@ -715,19 +715,11 @@ fn churn_cmd(b: Bench) -> anyhow::Result<()> {
             m.link
         }
     };
-    // One layer of proxies under the sender: fan-out F ≈ √(1.5 N), room for half as
-    // many receivers again (joiners find a place), one spare.
-    let fanout = ((1.5 * (nodes as f64 - 2.0)).sqrt().ceil() as usize).max(4);
-    let spares = 1;
-    let receivers = ((nodes - 1 - spares) as f64 / (1.0 + 1.5 / fanout as f64)).floor() as usize;
-    let proxies = (nodes - 1 - spares - receivers).max(2);
-    anyhow::ensure!(proxies <= fanout, "--nodes {nodes}: the sender's fan-out {fanout} cannot take {proxies} proxies");
+    let shape = fairfeed_sim::churn::ChurnConfig::for_nodes(nodes)
+        .ok_or_else(|| anyhow::anyhow!("--nodes {nodes}: one sender's fan-out cannot take the proxies so many need"))?;
+    let (receivers, proxies, spares, fanout) = (shape.receivers, shape.proxies, shape.spares, shape.fanout);
     let cfg = fairfeed_sim::churn::ChurnConfig {
         seed,
-        receivers,
-        proxies,
-        spares,
-        fanout,
         hedge,
         feed_s,
         rate_per_s: rate,
@@ -735,7 +727,7 @@ fn churn_cmd(b: Bench) -> anyhow::Result<()> {
         target_pf: (target_pf > 0.0).then_some(target_pf),
         double_kills: !no_double_kills,
         link,
-        ..Default::default()
+        ..shape
     };
     let pb = crate::fmt::progress(seeds, "bench churn: seeds");
     let s = fairfeed_sim::churn::campaign(&cfg, seeds, &|n| pb.set_position(n));

@@ -103,6 +103,20 @@ impl Default for ChurnConfig {
     }
 }
 
+impl ChurnConfig {
+    /// The default run reshaped for `nodes` processes in all: one layer of
+    /// proxies under the sender, fan-out F ≈ √(1.5 N), room for half as
+    /// many receivers again (joiners find a place), one spare. `None` when
+    /// the sender's fan-out cannot take the proxies so many nodes need.
+    pub fn for_nodes(nodes: usize) -> Option<ChurnConfig> {
+        let fanout = ((1.5 * (nodes as f64 - 2.0)).sqrt().ceil() as usize).max(4);
+        let spares = 1;
+        let receivers = (nodes.checked_sub(1 + spares)? as f64 / (1.0 + 1.5 / fanout as f64)).floor() as usize;
+        let proxies = nodes.checked_sub(1 + spares + receivers)?.max(2);
+        (proxies <= fanout).then(|| ChurnConfig { receivers, proxies, spares, fanout, ..ChurnConfig::default() })
+    }
+}
+
 /// What a run measured.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ChurnResult {
@@ -979,6 +993,16 @@ impl std::fmt::Display for ChurnSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_node_count_bench_churn_takes_has_a_shape_that_fits() {
+        for nodes in 8..=5_000 {
+            let c = ChurnConfig::for_nodes(nodes).unwrap_or_else(|| panic!("{nodes} nodes: no shape"));
+            assert!(1 + c.spares + c.proxies + c.receivers <= nodes, "{nodes}: {c:?}");
+            assert!(c.proxies <= c.fanout && c.receivers > 0, "{nodes}: {c:?}");
+        }
+        assert!(ChurnConfig::for_nodes(1).is_none());
+    }
 
     #[test]
     fn the_same_seed_gives_the_same_run() {
