@@ -320,6 +320,8 @@ fn tshark_checks(cap: &std::path::Path, port: u16, itch_port: u16, itch_packets:
             "_ws.malformed",
             "-e",
             "_ws.expert.severity",
+            "-e",
+            "_ws.expert.message",
         ])
         .output()
         .unwrap();
@@ -331,7 +333,11 @@ fn tshark_checks(cap: &std::path::Path, port: u16, itch_port: u16, itch_packets:
     for l in text.lines() {
         let f: Vec<&str> = l.split('\t').collect();
         assert!(f[1].is_empty(), "malformed: {l}");
-        assert!(f[2].is_empty() || f[2] == comment, "expert item above Comment: {l}");
+        // The item's message (fourth field) says what tshark objected to.
+        assert!(
+            f[2].is_empty() || f[2] == comment,
+            "expert item above Comment: {l}\nevery ITCH packet as tshark saw it:\n{text}"
+        );
     }
 }
 
