@@ -374,7 +374,9 @@ impl Agent for SnapshotServerAgent {
         work += self.service.service(now);
         if self.poster.as_mut().is_some_and(|p| p.due(now)) {
             let r = serde_json::to_value(self.report()).unwrap_or_default();
-            self.poster.iter().for_each(|p| p.post(r.clone(), Vec::new()));
+            if let Some(p) = &self.poster {
+                p.post(r, Vec::new());
+            }
         }
         work
     }

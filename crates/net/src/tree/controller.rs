@@ -140,7 +140,9 @@ impl ControllerAgent {
     fn publish(&mut self, now: u64) {
         if self.poster.as_mut().is_some_and(|p| p.due(now)) {
             let v = serde_json::to_value(self.report()).unwrap_or_default();
-            self.poster.iter().for_each(|p| p.post(v.clone(), Vec::new()));
+            if let Some(p) = &self.poster {
+                p.post(v, Vec::new());
+            }
         }
     }
 
